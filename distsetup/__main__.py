@@ -1,0 +1,3 @@
+from distsetup.cli import main
+
+main()

@@ -1,0 +1,66 @@
+"""DeepSpeed's batch identity: train_batch_size = micro_batch * accumulation * world_size."""
+
+from dataclasses import dataclass
+
+from distsetup.errors import DistsetupError
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Batch sizes as resolved; a value stays None when it cannot be known yet."""
+
+    micro: int | None
+    accumulation: int | None
+    train_batch: int | None
+    world_size: int | None
+
+
+def resolve_batch(micro: int | None, accumulation: int | None, train_batch: int | None,
+                  world_size: int | None) -> BatchSizes:
+    """Fill in the third batch value from the other two, or fail showing the arithmetic."""
+    if world_size is None:
+        if train_batch is not None and micro is not None and accumulation is not None:
+            raise DistsetupError(
+                "--train_batch_size with --micro_batch_size and --gradient_accumulation_steps "
+                "can only be checked for a known world size.",
+                "add --world_size N (or --num_nodes and --num_gpus_per_node), or drop one of the three.")
+        return BatchSizes(micro, accumulation, train_batch, None)
+
+    given = sum(v is not None for v in (micro, accumulation, train_batch))
+    if given < 2 and train_batch is None:
+        micro, accumulation = micro or 1, accumulation or 1
+    elif given < 2:
+        micro = 1
+    if train_batch is None:
+        train_batch = micro * accumulation * world_size
+    elif micro is None or accumulation is None:
+        known = micro if micro is not None else accumulation
+        if train_batch % (known * world_size):
+            name = "--micro_batch_size" if micro is not None else "--gradient_accumulation_steps"
+            raise DistsetupError(
+                f"--train_batch_size {train_batch} is not divisible by {name} {known} x world size "
+                f"{world_size} = {known * world_size}.",
+                f"choose a train batch size that is a multiple of {known * world_size}.")
+        missing = train_batch // (known * world_size)
+        micro, accumulation = (micro, missing) if micro is not None else (missing, accumulation)
+    if micro * accumulation * world_size != train_batch:
+        raise DistsetupError(
+            f"batch sizes do not add up: micro_batch {micro} x gradient_accumulation {accumulation} "
+            f"x world_size {world_size} = {micro * accumulation * world_size}, "
+            f"not train_batch_size {train_batch}.",
+            "give any two of the three batch values and distsetup computes the third.")
+    return BatchSizes(micro, accumulation, train_batch, world_size)
+
+
+def world_size_from(world_size: int | None, num_nodes: int | None,
+                    num_gpus_per_node: int | None) -> int | None:
+    """The data-parallel world size from --world_size or --num_nodes x --num_gpus_per_node."""
+    if num_nodes is None and num_gpus_per_node is None:
+        return world_size
+    product = (num_nodes or 1) * (num_gpus_per_node or 1)
+    if world_size is not None and world_size != product:
+        raise DistsetupError(
+            f"--world_size {world_size} disagrees with --num_nodes {num_nodes or 1} x "
+            f"--num_gpus_per_node {num_gpus_per_node or 1} = {product}.",
+            "give either --world_size or the node and GPU counts.")
+    return product

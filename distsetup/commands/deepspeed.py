@@ -1,0 +1,99 @@
+"""`distsetup deepspeed`: write a DeepSpeed JSON config that DeepSpeed accepts."""
+
+import json
+
+import click
+
+from distsetup.batch import resolve_batch, world_size_from
+from distsetup.checks import deepspeed_problems
+from distsetup.deepspeed_config import (OPTIMIZERS, PRESETS, SCHEDULERS, DeepSpeedSpec, OptimizerSpec,
+                                        SchedulerSpec, Stage3Spec, build_deepspeed_config, check_spec)
+from distsetup.errors import DistsetupError
+from distsetup.options import batch_options, option, output_options, positive, switch, world_options
+from distsetup.output import emit
+
+OFFLOAD = click.Choice(["cpu", "nvme"])
+BYTES = click.IntRange(min=1)
+
+
+@click.command(epilog="""\b
+Examples:
+  distsetup deepspeed --zero_stage 2 --offload_optimizer --bf16 --output config/ds_config.json
+  distsetup deepspeed --preset zero3_offload --micro_batch_size 4 --world_size 16 -o ds.json
+  distsetup deepspeed --zero_stage 3 --hf_auto -o ds_hf.json   # for TrainingArguments(deepspeed=...)
+""")
+@option("preset", type=click.Choice(sorted(PRESETS)), help="Start from a common recipe; flags override it.")
+@option("zero_stage", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage 0-3.")
+@option("offload_optimizer", type=OFFLOAD, is_flag=False, flag_value="cpu",
+        help="Offload optimizer states (stages 1-3); bare flag = cpu.")
+@option("offload_param", type=OFFLOAD, is_flag=False, flag_value="cpu",
+        help="Offload parameters (stage 3 only); bare flag = cpu.")
+@option("nvme_path", help="Local NVMe folder, required for nvme offload.")
+@switch("pin_memory", default=True, show_default=True, help="Pin offloaded CPU memory (always written).")
+@option("bf16", is_flag=True, help="bfloat16 mixed precision.")
+@option("fp16", is_flag=True, help="float16 mixed precision with dynamic loss scaling.")
+@batch_options
+@world_options
+@option("gradient_clipping", type=click.FloatRange(min=0), help="Clip the gradient norm [1.0].")
+@switch("overlap_comm", default=None, help="Overlap gradient reduction with backward.")
+@switch("contiguous_gradients", default=None, help="Copy gradients into one buffer as produced.")
+@option("reduce_bucket_size", type=BYTES, help="Elements reduced at once.")
+@option("allgather_bucket_size", type=BYTES, help="Elements all-gathered at once (stages 1-2).")
+@option("stage3_prefetch_bucket_size", type=BYTES, help="Stage 3: parameters prefetched ahead.")
+@option("stage3_param_persistence_threshold", type=click.IntRange(min=0),
+        help="Stage 3: parameters smaller than this stay unpartitioned.")
+@option("stage3_max_live_parameters", type=BYTES, help="Stage 3: parameters resident at once per GPU.")
+@switch("stage3_gather_16bit_weights_on_model_save", default=None,
+        help="Stage 3: gather full 16-bit weights when saving the model.")
+@option("optimizer", type=click.Choice(OPTIMIZERS), default="AdamW", show_default=True,
+        help="Optimizer block; none lets the training script bring its own.")
+@option("lr", type=click.FloatRange(min=0, min_open=True), help="Learning rate [3e-4].")
+@option("betas", type=(float, float), help="Adam betas, e.g. --betas 0.9 0.95.")
+@option("eps", type=click.FloatRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
+@option("weight_decay", type=click.FloatRange(min=0), help="Weight decay [0.01].")
+@option("scheduler", type=click.Choice(SCHEDULERS), default="none", show_default=True,
+        help="LR schedule block.")
+@option("warmup_num_steps", type=click.IntRange(min=0), help="Warmup steps [100].")
+@option("total_num_steps", type=positive, help="Total steps (WarmupDecayLR, WarmupCosineLR).")
+@option("steps_per_print", type=positive, help="DeepSpeed's progress print interval [100].")
+@option("wall_clock_breakdown", is_flag=True, help="Time forward/backward/step.")
+@option("hf_auto", is_flag=True, help='Write "auto" where the HF Trainer fills values in.')
+@output_options
+@click.pass_context
+def deepspeed(ctx: click.Context, output, dry_run, **opts):
+    """Write a DeepSpeed config (ZeRO 0-3, offload, precision, batch sizes, optimizer)."""
+    if opts["preset"]:
+        for name, value in PRESETS[opts["preset"]].items():
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
+                opts[name] = value
+    spec = spec_from_options(opts)
+    for warning in check_spec(spec):
+        click.echo(f"Warning: {warning}", err=True)
+    config = build_deepspeed_config(spec)
+    problems = deepspeed_problems(config, spec.batch.world_size, hf=spec.hf_auto)
+    if problems:
+        raise DistsetupError(f"the generated config fails its own check: {problems[0]}",
+                             "this is a distsetup bug; please report the command line.")
+    emit(json.dumps(config, indent=2) + "\n", output, dry_run,
+         next_step=f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
+
+
+def spec_from_options(o: dict) -> DeepSpeedSpec:
+    if o["bf16"] and o["fp16"]:
+        raise DistsetupError("--bf16 and --fp16 are mutually exclusive.", "choose one (bf16 on A100/H100).")
+    precision = "bf16" if o["bf16"] else "fp16" if o["fp16"] else (None if o["hf_auto"] else "fp32")
+    world_size = world_size_from(o["world_size"], o["num_nodes"], o["num_gpus_per_node"])
+    batch = (resolve_batch(o["micro_batch_size"], o["gradient_accumulation_steps"], o["train_batch_size"],
+                           world_size))
+    return DeepSpeedSpec(
+        zero_stage=o["zero_stage"], offload_optimizer=o["offload_optimizer"], offload_param=o["offload_param"],
+        nvme_path=o["nvme_path"], pin_memory=o["pin_memory"], precision=precision, batch=batch,
+        gradient_clipping=o["gradient_clipping"], overlap_comm=o["overlap_comm"],
+        contiguous_gradients=o["contiguous_gradients"], reduce_bucket_size=o["reduce_bucket_size"],
+        allgather_bucket_size=o["allgather_bucket_size"],
+        stage3=Stage3Spec(o["stage3_prefetch_bucket_size"], o["stage3_param_persistence_threshold"],
+                          o["stage3_max_live_parameters"], o["stage3_gather_16bit_weights_on_model_save"]),
+        optimizer=OptimizerSpec(o["optimizer"], o["lr"], o["betas"], o["eps"], o["weight_decay"]),
+        scheduler=SchedulerSpec(o["scheduler"], o["warmup_num_steps"], o["total_num_steps"]),
+        steps_per_print=o["steps_per_print"], wall_clock_breakdown=o["wall_clock_breakdown"],
+        hf_auto=o["hf_auto"])

@@ -1,0 +1,73 @@
+"""A problem found in a config file: where it is, what is wrong, and the fix."""
+
+import difflib
+import json
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+
+import jsonschema
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str      # "zero_optimization.offload_param.device"; "" for the whole file
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path or '<file>'}: {self.message} Fix: {self.fix}"
+
+
+def as_json(problems: list[Problem]) -> str:
+    return json.dumps([asdict(p) for p in problems], indent=2)
+
+
+def join_path(parts) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts).replace(".[", "[")
+
+
+def suggest(word: str, choices) -> str:
+    """'did you mean X?' for a close match, else the list of valid choices."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "valid keys: " + ", ".join(sorted(choices)) + "."
+
+
+@cache
+def load_schema(name: str) -> dict:
+    """A JSON Schema shipped in distsetup/schemas/, e.g. 'deepspeed'."""
+    return json.loads(resources.files("distsetup.schemas").joinpath(f"{name}.schema.json").read_text())
+
+
+def schema_problems(data, schema_name: str) -> list[Problem]:
+    """Every place `data` breaks the named schema; unknown keys come with a close-match suggestion."""
+    validator = jsonschema.Draft202012Validator(load_schema(schema_name))
+    problems = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        path = list(error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = error.schema.get("properties", {})
+            for key in sorted(set(error.instance) - set(known)):
+                problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.",
+                                        f"{suggest(key, known)}"))
+        else:
+            problems.append(Problem(join_path(path), *_describe(error)))
+    return problems
+
+
+def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
+    """(what is wrong, the fix) for one schema violation."""
+    value, limit = error.instance, error.validator_value
+    if error.validator == "enum":
+        return f"{value!r} is not allowed.", f"use one of {', '.join(map(repr, limit))}."
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
+        bound = {"minimum": "at least", "exclusiveMinimum": "above", "maximum": "at most"}[error.validator]
+        return f"{value!r} is out of range.", f"use a value {bound} {limit}."
+    if error.validator == "type":
+        expected = " or ".join(limit) if isinstance(limit, list) else limit
+        return f"{value!r} has the wrong type.", f"write a{'n' if expected[0] in 'aeiou' else ''} {expected}."
+    if error.validator == "required":
+        return error.message + ".", "add it."
+    return error.message + ".", "see the schema in distsetup/schemas/."

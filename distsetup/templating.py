@@ -1,0 +1,35 @@
+"""The one Jinja environment for shell scripts: strict, shell-quoting, templates from templates/."""
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+import jinja2
+
+from distsetup.errors import DistsetupError
+
+
+def templates_dir() -> Path:
+    """templates/ of an installed wheel or editable install, else of the source checkout."""
+    spec = importlib.util.find_spec("distsetup.templates")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render(template_name: str, **context) -> str:
+    """Render a template, turning a template mistake into one line naming the template and variable."""
+    try:
+        return environment().get_template(template_name).render(**context)
+    except jinja2.UndefinedError as e:
+        raise DistsetupError(f"template {template_name}: {e.message}.", "this is a distsetup bug; please report it.")
+    except jinja2.TemplateSyntaxError as e:
+        raise DistsetupError(f"template {e.name} line {e.lineno}: {e.message}.",
+                             "this is a distsetup bug; please report it.")
