@@ -1,0 +1,13 @@
+"""Learning-rate scaling with the global batch size (Goyal et al.: linear; Krizhevsky: sqrt)."""
+
+import math
+
+RULES = ("none", "linear", "sqrt")
+
+
+def scaled_lr(lr: float, global_batch: int, base_batch: int | None, rule: str) -> float:
+    """lr tuned at `base_batch`, scaled to `global_batch` by `rule`."""
+    if rule == "none":
+        return lr
+    ratio = global_batch / base_batch
+    return lr * (ratio if rule == "linear" else math.sqrt(ratio))

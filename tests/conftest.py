@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from distsetup.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
+
+
+@pytest.fixture
+def run_cli():
+    """Invoke `distsetup ARGS...` in-process; returns Click's Result (exit_code, stdout, stderr)."""
+    runner = CliRunner()
+
+    def run(*args, **kwargs):
+        return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False, **kwargs)
+    return run
+
+
+def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """`python -m distsetup ARGS...` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "distsetup", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
