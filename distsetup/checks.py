@@ -31,6 +31,10 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
         problems += [Problem(join_path(p), '"auto" is only filled in by the Hugging Face Trainer.',
                              "write a value, or pass --hf if this file is for TrainingArguments(deepspeed=...).")
                      for p in auto_paths(config)]
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
+        problems.append(Problem("train_micro_batch_size_per_gpu", "neither train_batch_size nor "
+                                "train_micro_batch_size_per_gpu is set; DeepSpeed refuses to start.",
+                                "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps)."))
     config = without_auto(config)
     problems += schema_problems(config, "deepspeed")
     zero = _section(config, "zero_optimization")
@@ -71,10 +75,6 @@ def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:
     train = _positive_int(config, "train_batch_size")
     micro = _positive_int(config, "train_micro_batch_size_per_gpu")
     accumulation = _positive_int(config, "gradient_accumulation_steps")
-    if train is None and micro is None and not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
-        return [Problem("train_micro_batch_size_per_gpu", "neither train_batch_size nor "
-                        "train_micro_batch_size_per_gpu is set; DeepSpeed refuses to start.",
-                        "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps).")]
     if world_size is None or train is None:
         return []
     if micro is not None and accumulation is not None:

@@ -228,9 +228,6 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
     if training.scale_lr != "none" and training.base_batch_size is None:
         problems.append(Problem("training.base_batch_size", f"scale_lr {training.scale_lr} needs base_batch_size.",
                                 "set base_batch_size to the global batch size your lr was tuned for."))
-    if training.warmup_steps > training.max_steps:
-        problems.append(Problem("training.warmup_steps", f"warmup_steps {training.warmup_steps} exceeds "
-                                f"max_steps {training.max_steps}.", "lower warmup_steps."))
     return problems
 
 

@@ -1,0 +1,179 @@
+"""`distsetup deepspeed`: the output is what DeepSpeed's own DeepSpeedConfig accepts, for any flags."""
+
+import json
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from distsetup.checks import auto_paths, deepspeed_problems
+from distsetup.commands.deepspeed import deepspeed as deepspeed_command
+from distsetup.deepspeed_config import PRESETS
+from tests.conftest import REPO
+
+deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
+
+
+def deepspeed_accepts(config: dict, world_size: int = 1):
+    """Parse `config` with DeepSpeed's DeepSpeedConfig as if `world_size` ranks had started."""
+    dist = deepspeed_runtime_config.dist
+    with mock.patch.object(dist, "get_rank", return_value=0), \
+            mock.patch.object(dist, "get_world_size", return_value=world_size):
+        return deepspeed_runtime_config.DeepSpeedConfig(config)
+
+
+def invoke(run_cli, *args):
+    result = run_cli("deepspeed", *args)
+    return result, (json.loads(result.stdout) if result.exit_code == 0 else None)
+
+
+@st.composite
+def flag_lists(draw):
+    """`distsetup deepspeed` flags: mostly consistent for the drawn stage, sometimes deliberately not."""
+    pick = lambda *options: list(draw(st.sampled_from(options)))  # noqa: E731
+    stage = draw(st.integers(0, 3))
+    sloppy = draw(st.integers(0, 4)) == 0          # one draw in five may break a cross-field rule
+    flags = pick((), ("--preset", "zero1"), ("--preset", "zero2_offload"), ("--preset", "zero3_offload"))
+    flags += [draw(st.sampled_from(["--zero_stage", "--zero-stage"])), str(stage)]
+    device = draw(st.sampled_from(["cpu", "nvme"]))
+    if stage >= 1 or sloppy:
+        flags += pick((), ("--offload_optimizer",), ("--offload-optimizer", device))
+    if stage == 3 or sloppy:
+        flags += pick((), ("--offload_param",), ("--offload_param", device))
+        flags += pick((), ("--stage3_prefetch_bucket_size", "1000"), ("--stage3_max_live_parameters", "100000"),
+                      ("--stage3_gather_16bit_weights_on_model_save",), ("--stage3_param_persistence_threshold", "0"))
+    if "nvme" in flags and not sloppy:
+        flags += ["--nvme_path", "/local/nvme"]
+    flags += pick((), ("--no_pin_memory",), ("--pin-memory",))
+    flags += pick((), ("--bf16",), ("--fp16",), *([("--bf16", "--fp16")] if sloppy else []))
+    world = draw(st.sampled_from([None, 1, 4, 8]))
+    if world == 8:
+        flags += ["--num_nodes", "2", "--num_gpus_per_node", "4"]
+    elif world:
+        flags += ["--world_size", str(world)]
+    batch = [("--micro_batch_size", draw(st.sampled_from([1, 3, 4]))),
+             ("--gradient_accumulation_steps", draw(st.sampled_from([1, 2, 8]))),
+             ("--train_batch_size", draw(st.sampled_from([8, 24, 64])))]
+    for flag, value in draw(st.lists(st.sampled_from(batch), max_size=3 if world or sloppy else 2, unique=True)):
+        flags += [flag, str(value)]
+    flags += pick((), ("--gradient_clipping", "0.5"), ("--overlap_comm",), ("--no-contiguous-gradients",),
+                  ("--reduce_bucket_size", "200000000"), ("--allgather_bucket_size", "100000"))
+    flags += pick((), ("--optimizer", "none"), ("--optimizer", "Adam"), ("--lr", "1e-4", "--betas", "0.9", "0.95"))
+    flags += pick((), ("--scheduler", "WarmupLR"), ("--scheduler", "WarmupDecayLR", "--total_num_steps", "1000"),
+                  ("--scheduler", "WarmupCosineLR", "--total_num_steps", "500"),
+                  *([("--scheduler", "WarmupDecayLR")] if sloppy else []))
+    flags += pick((), ("--steps_per_print", "10"), ("--wall_clock_breakdown",))
+    return flags, world or 1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=flag_lists())
+def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run_cli, case):
+    flags, world = case
+    result, config = invoke(run_cli, *flags)
+    if result.exit_code != 0:
+        assert result.exit_code == 1 and result.stderr.startswith("Error: ") and "HINT:" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return
+    ds = deepspeed_accepts(config, world)
+    assert deepspeed_problems(config, world) == []
+    assert not auto_paths(config)
+    stage = config["zero_optimization"]["stage"]
+    assert ds.zero_optimization_stage == stage
+    assert ds.train_batch_size == ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * world
+    for block in ("offload_optimizer", "offload_param"):
+        if block in config["zero_optimization"]:
+            assert isinstance(config["zero_optimization"][block]["pin_memory"], bool)
+    assert not (ds.float16_config.enabled and ds.bfloat16_config.enabled)
+    assert ds.float16_config.enabled == ("--fp16" in flags)
+
+
+def test_zero2_offload_bf16_from_the_quick_start(run_cli):
+    _, config = invoke(run_cli, "--zero_stage", "2", "--offload_optimizer", "--bf16")
+    ds = deepspeed_accepts(config)
+    assert ds.zero_optimization_stage == 2 and ds.bfloat16_config.enabled and not ds.float16_config.enabled
+    assert config["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+
+
+def test_fp16_gets_dynamic_loss_scaling(run_cli):
+    _, config = invoke(run_cli, "--fp16")
+    ds = deepspeed_accepts(config)
+    assert ds.float16_config.enabled and ds.float16_config.loss_scale == 0  # 0 = dynamic loss scaling
+    assert ds.float16_config.initial_scale_power == config["fp16"]["initial_scale_power"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--zero_stage", "2", "--offload_param"], "--offload_param needs --zero_stage 3"),
+    (["--zero_stage", "3", "--offload_param", "nvme"], "--nvme_path"),
+    (["--bf16", "--fp16"], "mutually exclusive"),
+    (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "stage-3 options"),
+    (["--micro_batch_size", "4", "--gradient_accumulation_steps", "2", "--train_batch_size", "30",
+      "--world_size", "4"], "= 32, not train_batch_size 30"),
+    (["--zero_stage", "7"], "--zero_stage"),
+])
+def test_bad_flags_name_the_flag_and_write_nothing(run_cli, tmp_path, args, message):
+    out = tmp_path / "ds.json"
+    result = run_cli("deepspeed", *args, "--output", out)
+    assert result.exit_code != 0
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_nvme_at_stage_2_warns_that_states_stay_in_cpu_memory(run_cli):
+    result, config = invoke(run_cli, "--zero_stage", "2", "--offload_optimizer", "nvme", "--nvme_path", "/nvme")
+    assert "keeps optimizer states in CPU memory" in result.stderr
+    deepspeed_accepts(config)
+
+
+def test_world_size_makes_the_batch_explicit(run_cli):
+    _, config = invoke(run_cli, "--micro_batch_size", "4", "--num_nodes", "2", "--num_gpus_per_node", "8",
+                       "--gradient_accumulation_steps", "2")
+    assert config["train_batch_size"] == 4 * 2 * 16
+    assert deepspeed_accepts(config, 16).train_batch_size == 128
+
+
+def test_preset_is_overridden_by_explicit_flags(run_cli):
+    _, config = invoke(run_cli, "--preset", "zero3_offload", "--zero_stage", "3", "--no_pin_memory",
+                       "--overlap_comm")
+    zero = config["zero_optimization"]
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
+    _, plain = invoke(run_cli, "--preset", "zero2", "--no-overlap-comm")
+    assert plain["zero_optimization"]["overlap_comm"] is False
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_checked_in_presets_match_the_builder(run_cli, name):
+    """config/presets/*.json are generated (`make presets`); they must not drift from the code."""
+    _, config = invoke(run_cli, "--preset", name)
+    assert json.loads((REPO / "config" / "presets" / f"{name}.json").read_text()) == config
+    deepspeed_accepts(config)
+
+
+@pytest.mark.parametrize("args", [
+    ["--zero_stage", "3", "--hf_auto", "--scheduler", "WarmupDecayLR"],
+    ["--zero_stage", "2", "--hf_auto", "--micro_batch_size", "2", "--bf16"],
+    ["--zero_stage", "1", "--hf_auto", "--scheduler", "WarmupCosineLR", "--optimizer", "none"],
+])
+def test_hf_auto_values_are_exactly_the_ones_the_hf_trainer_fills(run_cli, tmp_path, args):
+    transformers = pytest.importorskip("transformers")
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    _, config = invoke(run_cli, *args)
+    assert auto_paths(config), "--hf_auto wrote no auto value"
+    assert deepspeed_problems(config, hf=True) == []
+    assert any("auto" in p.message for p in deepspeed_problems(config, hf=False))
+    training_args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2,
+                                                   gradient_accumulation_steps=3, learning_rate=1e-4,
+                                                   bf16="--bf16" in args, report_to=[], use_cpu=True)
+    hf = HfTrainerDeepSpeedConfig(config)
+    hf.trainer_config_process(training_args)
+    model = mock.Mock(config=mock.Mock(hidden_size=64, hidden_sizes=None))
+    hf.trainer_config_finalize(training_args, model, num_training_steps=100)
+    assert not auto_paths(hf.config), f"HF left auto at {auto_paths(hf.config)}"
+    assert deepspeed_accepts(hf.config).train_micro_batch_size_per_gpu == 2
+
+
+def test_without_hf_auto_no_value_is_auto(run_cli):
+    _, config = invoke(run_cli, "--zero_stage", "3", "--scheduler", "WarmupLR")
+    assert auto_paths(config) == []

@@ -1,0 +1,71 @@
+import json
+
+import pytest
+
+from distsetup.checks import fsdp_problems
+from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD, SHARDING_STRATEGIES
+
+
+def fsdp(run_cli, *args):
+    result = run_cli("fsdp", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_quick_start_writes_accelerate_keys(run_cli, tmp_path):
+    out = tmp_path / "config" / "fsdp_config.json"
+    result = run_cli("fsdp", "--sharding_strategy", "FULL_SHARD", "--mixed_precision", "BFLOAT16", "--output", out)
+    assert result.exit_code == 0
+    config = json.loads(out.read_text())
+    assert config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert config["fsdp_reshard_after_forward"] is True
+    assert config["mixed_precision"] == "bf16" and config["fsdp_reduce_dtype"] == "float32"
+    assert config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert config["fsdp_transformer_layer_cls_to_wrap"] == "Block"
+    assert all(k.startswith("fsdp_") or k == "mixed_precision" for k in config)
+    assert fsdp_problems(config) == []
+
+
+@pytest.mark.parametrize("strategy", SHARDING_STRATEGIES)
+def test_every_strategy_validates_and_maps_to_reshard(run_cli, strategy):
+    config = fsdp(run_cli, "--sharding-strategy", strategy)
+    assert config["fsdp_reshard_after_forward"] is RESHARDS_AFTER_FORWARD[strategy]
+    assert fsdp_problems(config) == []
+
+
+def test_layer_classes_repeatable_or_comma_separated(run_cli):
+    config = fsdp(run_cli, "--transformer_layer_cls_to_wrap", "LlamaDecoderLayer,MistralDecoderLayer",
+                  "--transformer-layer-cls-to-wrap", "Block")
+    assert config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer,MistralDecoderLayer,Block"
+
+
+def test_fsdp1_writes_its_own_knobs(run_cli):
+    config = fsdp(run_cli, "--fsdp_version", "1", "--backward_prefetch", "BACKWARD_POST", "--forward_prefetch",
+                  "--mixed_precision", "FLOAT16", "--buffer_dtype", "float16", "--cpu_ram_efficient_loading")
+    assert config["fsdp_backward_prefetch"] == "BACKWARD_POST" and config["fsdp_forward_prefetch"] is True
+    assert config["fsdp_buffer_dtype"] == "float16" and config["mixed_precision"] == "fp16"
+    assert config["fsdp_sync_module_states"] is True    # Accelerate needs it with cpu_ram_efficient_loading
+    assert "fsdp_reshard_after_forward" not in config
+    assert fsdp_problems(config) == []
+
+
+def test_size_based_wrap(run_cli):
+    config = fsdp(run_cli, "--auto_wrap_policy", "SIZE_BASED_WRAP", "--min_num_params", "1000000", "--cpu_offload")
+    assert config["fsdp_min_num_params"] == 1_000_000 and config["fsdp_offload_params"] is True
+    assert "fsdp_transformer_layer_cls_to_wrap" not in config
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backward_prefetch", "BACKWARD_PRE"], "--backward_prefetch means nothing with --fsdp_version 2"),
+    (["--use_orig_params"], "--use_orig_params means nothing with --fsdp_version 2"),
+    (["--buffer_dtype", "float32", "--mixed_precision", "BFLOAT16"], "--buffer_dtype means nothing"),
+    (["--auto_wrap_policy", "SIZE_BASED_WRAP"], "needs --min_num_params"),
+    (["--auto_wrap_policy", "NO_WRAP", "--transformer_layer_cls_to_wrap", "Block"], "only used with TRANSFORMER"),
+    (["--reduce_dtype", "bfloat16"], "need --mixed_precision"),
+    (["--sharding_strategy", "ZERO3"], "--sharding_strategy"),
+])
+def test_options_meaningless_together_are_errors(run_cli, tmp_path, args, message):
+    out = tmp_path / "fsdp.json"
+    result = run_cli("fsdp", *args, "-o", out)
+    assert result.exit_code != 0 and message in result.stderr
+    assert not out.exists()

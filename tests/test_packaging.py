@@ -1,0 +1,47 @@
+"""The installed wheel works on its own: schemas and templates ship inside it."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory):
+    dist, site = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist,
+                    REPO], check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("distsetup-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel],
+                   check=True, capture_output=True, timeout=300)
+    return wheel, site
+
+
+def test_wheel_contains_schemas_and_templates(wheel_site):
+    wheel, _ = wheel_site
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "distsetup/schemas/deepspeed.schema.json" in names
+    assert "distsetup/schemas/run_config.schema.json" in names
+    templates = {n for n in names if n.startswith("distsetup/templates/")}
+    shipped = {f"distsetup/templates/{p.name}" for p in (REPO / "templates").glob("*.j2")}
+    assert shipped <= templates
+
+
+def test_installed_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
+    _, site = wheel_site
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = ("import distsetup, distsetup.templating as t, sys; "
+            "print(distsetup.__file__); print(t.templates_dir())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    module_file, templates = out.stdout.split()
+    assert module_file.startswith(str(site)) and templates.startswith(str(site))
+    result = subprocess.run([sys.executable, "-m", "distsetup", "deepspeed", "--zero_stage", "3", "-o", "ds.json"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    check = subprocess.run([sys.executable, "-m", "distsetup", "validate", "ds.json"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

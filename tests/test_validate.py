@@ -1,0 +1,114 @@
+"""`distsetup validate`: every problem reported with its path and fix; exit 1 with problems, 0 without."""
+
+import json
+
+import pytest
+
+from distsetup.validate import validate_file
+
+GOOD_DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+           "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+
+
+def write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def problems_of(tmp_path, content, name="ds.json", **kwargs):
+    return {p.path: p for p in validate_file(write(tmp_path, name, content), **kwargs)[1]}
+
+
+def test_clean_deepspeed_file_exits_0(run_cli, tmp_path):
+    result = run_cli("validate", write(tmp_path, "ds.json", GOOD_DS), "--world_size", "16")
+    assert result.exit_code == 0
+    assert "DeepSpeed config, no problems for world size 16" in result.stderr + result.stdout
+
+
+def test_typo_that_deepspeed_accepts_silently_is_caught_with_suggestion(tmp_path):
+    found = problems_of(tmp_path, {**GOOD_DS, "zero_optimizaton": {"stage": 3}})
+    assert "did you mean 'zero_optimization'" in found["zero_optimizaton"].fix
+
+
+def test_unknown_key_deep_inside_a_section(tmp_path):
+    config = {**GOOD_DS, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memroy": True}}}
+    found = problems_of(tmp_path, config)
+    assert "did you mean 'pin_memory'" in found["zero_optimization.offload_param.pin_memroy"].fix
+
+
+def test_batch_identity_against_world_size(run_cli, tmp_path):
+    path = write(tmp_path, "ds.json", {**GOOD_DS, "train_batch_size": 64})
+    assert run_cli("validate", path, "--world_size", "8").exit_code == 0
+    result = run_cli("validate", path, "--num_nodes", "2", "--num_gpus_per_node", "8")
+    assert result.exit_code == 1
+    assert "64 != micro 4 x accumulation 2 x world size 16 = 128" in result.stdout
+
+
+@pytest.mark.parametrize("config, path, words", [
+    ({**GOOD_DS, "fp16": {"enabled": True}}, "bf16.enabled", "both enabled"),
+    ({**GOOD_DS, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+     "zero_optimization.offload_param", "ignores it silently"),
+    ({**GOOD_DS, "zero_optimization": {"stage": 1, "stage3_max_live_parameters": 10}},
+     "zero_optimization.stage3_max_live_parameters", "means nothing at ZeRO stage 1"),
+    ({**GOOD_DS, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+     "zero_optimization.offload_optimizer.nvme_path", "nvme_path"),
+    ({**GOOD_DS, "gradient_clipping": "auto"}, "gradient_clipping", "Hugging Face Trainer"),
+    ({**GOOD_DS, "zero_optimization": {"stage": 4}}, "zero_optimization.stage", "not allowed"),
+    ({**GOOD_DS, "gradient_accumulation_steps": "two"}, "gradient_accumulation_steps", "wrong type"),
+    ({**GOOD_DS, "gradient_clipping": -1}, "gradient_clipping", "out of range"),
+    ({"zero_optimization": {"stage": 2}}, "train_micro_batch_size_per_gpu", "refuses to start"),
+])
+def test_cross_field_and_schema_rules(tmp_path, config, path, words):
+    found = problems_of(tmp_path, config)
+    assert path in found and words in found[path].message, found
+
+
+def test_auto_is_allowed_with_hf(tmp_path):
+    config = {**GOOD_DS, "gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto"}
+    assert problems_of(tmp_path, config, hf=True) == {}
+
+
+def test_duplicate_json_keys(tmp_path):
+    found = problems_of(tmp_path, '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": '
+                                  '{"stage": 1, "stage": 2}}')
+    assert "appears more than once" in found["zero_optimization.stage"].message
+
+
+def test_every_problem_is_reported_not_just_the_first(run_cli, tmp_path):
+    config = {**GOOD_DS, "zero_optimizaton": {}, "fp16": {"enabled": True}, "steps_per_prnt": 1}
+    result = run_cli("validate", write(tmp_path, "ds.json", config), "--json")
+    assert result.exit_code == 1
+    paths = {p["path"] for p in json.loads(result.stdout)}
+    assert {"zero_optimizaton", "steps_per_prnt", "bf16.enabled"} <= paths
+    assert all(p["fix"] for p in json.loads(result.stdout))
+
+
+def test_fsdp_file_is_detected_and_checked_for_its_version(run_cli, tmp_path):
+    config = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_use_orig_params": True,
+              "fsdp_auto_wrap_policy": "NO_WRAP", "fsdp_state_dict_type": "LOCAL_STATE_DICT"}
+    result = run_cli("validate", write(tmp_path, "fsdp.json", config), "--json")
+    paths = {p["path"] for p in json.loads(result.stdout)}
+    assert result.exit_code == 1 and paths == {"fsdp_use_orig_params", "fsdp_state_dict_type"}
+
+
+def test_run_config_and_the_files_it_points_at(run_cli, tmp_path):
+    write(tmp_path, "ds.json", {**GOOD_DS, "train_batch_size": 24})
+    yaml_path = write(tmp_path, "config.yaml", "training:\n  lr: 3e-4\n  mirco_batch_size: 2\n"
+                      "distributed:\n  backend: deepspeed\n  deepspeed_config: ds.json\n")
+    result = run_cli("validate", yaml_path, "--world_size", "2", "--json")
+    found = {p["path"]: p for p in json.loads(result.stdout)}
+    assert result.exit_code == 1
+    assert "did you mean 'micro_batch_size'" in found["training.mirco_batch_size"]["fix"]
+    assert "distributed.deepspeed_config -> train_batch_size" in found
+
+
+def test_shipped_example_config_is_clean(run_cli):
+    assert run_cli("validate", "config/config.yaml").exit_code == 0
+
+
+@pytest.mark.parametrize("content, message", [("{not json", "not valid JSON"), ("[1, 2]", "JSON object")])
+def test_unreadable_file_is_one_clear_error(run_cli, tmp_path, content, message):
+    result = run_cli("validate", write(tmp_path, "x.json", content))
+    assert result.exit_code == 1 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
