@@ -26,3 +26,18 @@ def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess
     """`python -m distsetup ARGS...` in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "distsetup", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+_skipped_in_ci: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("CI") and report.skipped:
+        _skipped_in_ci.append(f"{report.nodeid}: {report.longrepr[-1] if report.longrepr else ''}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI every test must run: a skip there (a missing DeepSpeed, SLURM, ...) fails the run."""
+    if _skipped_in_ci and session.exitstatus == 0:
+        print("\nTests skipped under CI (each must run there):\n  " + "\n  ".join(_skipped_in_ci))
+        session.exitstatus = 1
