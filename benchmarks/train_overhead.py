@@ -1,0 +1,84 @@
+"""Benchmark 2: src/train.py's steps/s against the plain loops in reference_loop.py, same model, data,
+batch and steps, for single, DDP, FSDP full shard and ZeRO-1/2/3 (2 CPU processes). Each pair is run
+alternately; the ratio is of medians. Goal: train.py / reference >= 0.95."""
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from common import BIN, REPO, alternate, record, table
+
+GOAL = 0.95
+BACKENDS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3"]
+
+
+def launch(nproc: int, argv: list) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", *map(str, argv)]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def train_py_measure(backend: str, work: Path, a) -> callable:
+    """A function that runs src/train.py once for `backend` and returns its tokens/s."""
+    dist = {"single": "single", "ddp": "ddp", "fsdp": "fsdp"}.get(backend, "deepspeed")
+    overrides = [f"model.n_layer={a.n_layer}", f"model.n_embd={a.n_embd}", f"model.block_size={a.block_size}",
+                 f"training.max_steps={a.steps}", f"training.micro_batch_size={a.micro_batch_size}",
+                 f"training.checkpoint_interval={10 * a.steps}", "training.warmup_steps=0",
+                 f"distributed.backend={dist}"]
+    if dist == "deepspeed":
+        ds = work / f"{backend}.json"
+        subprocess.run([str(BIN / "distsetup"), "deepspeed", "--zero_stage", backend[-1], "--micro_batch_size",
+                        str(a.micro_batch_size), "--lr", "1e-3", "-o", ds], check=True, capture_output=True)
+        overrides.append(f"distributed.deepspeed_config={ds}")
+    runs = iter(range(10**6))
+
+    def measure() -> float:
+        out = work / f"train-{backend}-{next(runs)}"
+        launch(1 if backend == "single" else 2, ["src/train.py", "--config", REPO / "config" / "config.yaml",
+                                                 *overrides, f"training.output_dir={out}"])
+        return json.loads((out / "summary.json").read_text())["tokens_per_s"]
+    return measure
+
+
+def reference_measure(backend: str, a) -> callable:
+    def measure() -> float:
+        out = launch(1 if backend == "single" else 2,
+                     [REPO / "benchmarks" / "reference_loop.py", "--backend", backend, "--steps", a.steps,
+                      "--micro_batch_size", a.micro_batch_size, "--n_layer", a.n_layer, "--n_embd", a.n_embd,
+                      "--block_size", a.block_size])
+        return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+    return measure
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--micro_batch_size", type=int, default=8)
+    parser.add_argument("--n_layer", type=int, default=4)
+    parser.add_argument("--n_embd", type=int, default=128)
+    parser.add_argument("--block_size", type=int, default=64)
+    parser.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS)
+    a = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    rows = []
+    for backend in a.backends:
+        medians = alternate({"train.py": train_py_measure(backend, work, a),
+                             "reference": reference_measure(backend, a)}, a.repeats)
+        ratio = medians["train.py"] / medians["reference"]
+        rows.append([backend, medians["train.py"], medians["reference"], ratio,
+                     "met" if ratio >= GOAL else "NOT met"])
+    text = table(["backend", "train.py tokens/s", "reference tokens/s", "ratio", f"goal >= {GOAL}"], rows)
+    text += (f"\n\nGPT {a.n_layer} layers x {a.n_embd}, block {a.block_size}, micro batch {a.micro_batch_size}, "
+             f"{a.steps} steps, 2 processes (single: 1); medians of {a.repeats} alternating runs; fp32 on CPU.")
+    record("Training-loop overhead", text)
+
+
+if __name__ == "__main__":
+    main()
