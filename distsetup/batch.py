@@ -19,12 +19,13 @@ def resolve_batch(micro: int | None, accumulation: int | None, train_batch: int 
                   world_size: int | None) -> BatchSizes:
     """Fill in the third batch value from the other two, or fail showing the arithmetic."""
     if world_size is None:
-        if train_batch is not None and micro is not None and accumulation is not None:
+        if train_batch is not None:
             raise DistsetupError(
-                "--train_batch_size with --micro_batch_size and --gradient_accumulation_steps "
-                "can only be checked for a known world size.",
-                "add --world_size N (or --num_nodes and --num_gpus_per_node), or drop one of the three.")
-        return BatchSizes(micro, accumulation, train_batch, None)
+                "--train_batch_size needs the world size: the batch identity train = micro x accumulation "
+                "x world size only holds for one.",
+                "add --world_size N (or --num_nodes and --num_gpus_per_node), or give --micro_batch_size "
+                "and --gradient_accumulation_steps instead.")
+        return BatchSizes(micro, accumulation, None, None)
 
     given = sum(v is not None for v in (micro, accumulation, train_batch))
     if given < 2 and train_batch is None:

@@ -1,14 +1,39 @@
-"""The `distsetup` command group; each subcommand lives in distsetup/commands/."""
+"""The `distsetup` command group; each subcommand lives in distsetup/commands/ and is imported only
+when it runs (or when help lists it), so every command answers in a blink."""
+
+import importlib
 
 import click
 
 from distsetup import __version__
-from distsetup.commands.deepspeed import deepspeed
-from distsetup.commands.fsdp import fsdp
-from distsetup.commands.validate import validate
+
+# command name -> "module:function" under distsetup.commands
+COMMANDS = {
+    "deepspeed": "deepspeed:deepspeed",
+    "fsdp": "fsdp:fsdp",
+    "validate": "validate:validate",
+    "launcher": "launcher:launcher",
+    "slurm": "slurm:slurm",
+    "plan": "plan:plan_command",
+    "status": "status:status",
+    "doctor": "doctor:doctor",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(f"distsetup.commands.{module}"), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
              epilog="""\b
 Quick start:
   distsetup deepspeed --zero_stage 2 --offload_optimizer --bf16 --output config/ds_config.json
@@ -18,10 +43,6 @@ Shell completion (bash): eval "$(_DISTSETUP_COMPLETE=bash_source distsetup)"
 @click.version_option(__version__, prog_name="distsetup")
 def cli():
     """Configs, launchers and SLURM scripts for distributed PyTorch training."""
-
-
-for command in (deepspeed, fsdp, validate):
-    cli.add_command(command)
 
 
 def main():

@@ -6,6 +6,7 @@ from distsetup.batch import BatchSizes
 from distsetup.errors import DistsetupError
 
 AUTO = "auto"
+DEFAULT_LR = 3e-4
 SCHEDULERS = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 OPTIMIZERS = ("AdamW", "Adam", "none")
 FP16_LOSS_SCALING = {"loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
@@ -99,7 +100,7 @@ def build_deepspeed_config(spec: DeepSpeedSpec) -> dict:
     config["gradient_clipping"] = _pick(spec.gradient_clipping, auto, 1.0)
     config.update(_precision(spec.precision, auto))
     config["zero_optimization"] = _zero(spec, auto)
-    lr = _pick(spec.optimizer.lr, auto, 3e-4)
+    lr = _pick(spec.optimizer.lr, auto, DEFAULT_LR)
     if spec.optimizer.name != "none":
         config["optimizer"] = _optimizer(spec.optimizer, lr, auto)
     if spec.scheduler.name != "none":

@@ -23,9 +23,10 @@ def test_indivisible_train_batch_is_an_error():
         resolve_batch(4, None, 30, 4)
 
 
-def test_trio_without_world_size_cannot_be_checked():
-    with pytest.raises(DistsetupError, match="--world_size"):
-        resolve_batch(4, 2, 32, None)
+@pytest.mark.parametrize("micro, accumulation", [(4, 2), (3, None), (None, None)])
+def test_train_batch_without_world_size_is_an_error(micro, accumulation):
+    with pytest.raises(DistsetupError, match="--train_batch_size needs the world size"):
+        resolve_batch(micro, accumulation, 8, None)
 
 
 def test_world_size_from_nodes_and_gpus():

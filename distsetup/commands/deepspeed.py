@@ -1,14 +1,16 @@
 """`distsetup deepspeed`: write a DeepSpeed JSON config that DeepSpeed accepts."""
 
 import json
+from dataclasses import replace
 
 import click
 
 from distsetup.batch import resolve_batch, world_size_from
 from distsetup.checks import deepspeed_problems
-from distsetup.deepspeed_config import (OPTIMIZERS, PRESETS, SCHEDULERS, DeepSpeedSpec, OptimizerSpec,
+from distsetup.deepspeed_config import (DEFAULT_LR, OPTIMIZERS, PRESETS, SCHEDULERS, DeepSpeedSpec, OptimizerSpec,
                                         SchedulerSpec, Stage3Spec, build_deepspeed_config, check_spec)
 from distsetup.errors import DistsetupError
+from distsetup.lr_scaling import scaled_lr
 from distsetup.options import batch_options, option, output_options, positive, switch, world_options
 from distsetup.output import emit
 
@@ -48,6 +50,9 @@ Examples:
 @option("optimizer", type=click.Choice(OPTIMIZERS), default="AdamW", show_default=True,
         help="Optimizer block; none lets the training script bring its own.")
 @option("lr", type=click.FloatRange(min=0, min_open=True), help="Learning rate [3e-4].")
+@option("scale_lr", type=click.Choice(["linear", "sqrt"]),
+        help="Scale --lr from --base_batch_size to the global batch (needs the world size).")
+@option("base_batch_size", type=positive, help="Global batch size that --lr was tuned for.")
 @option("betas", type=(float, float), help="Adam betas, e.g. --betas 0.9 0.95.")
 @option("eps", type=click.FloatRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
 @option("weight_decay", type=click.FloatRange(min=0), help="Weight decay [0.01].")
@@ -67,6 +72,10 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
             if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
                 opts[name] = value
     spec = spec_from_options(opts)
+    if opts["scale_lr"]:
+        spec = scale_spec_lr(spec, opts["scale_lr"], opts["base_batch_size"])
+    elif opts["base_batch_size"]:
+        raise DistsetupError("--base_batch_size is only used with --scale_lr.", "add --scale_lr linear (or sqrt).")
     for warning in check_spec(spec):
         click.echo(f"Warning: {warning}", err=True)
     config = build_deepspeed_config(spec)
@@ -76,6 +85,24 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
                              "this is a distsetup bug; please report the command line.")
     emit(json.dumps(config, indent=2) + "\n", output, dry_run,
          next_step=f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
+
+
+def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:
+    """The spec with its lr scaled from `base_batch` to the global batch; says so on stderr."""
+    if base_batch is None:
+        raise DistsetupError(f"--scale_lr {rule} needs --base_batch_size.",
+                             "add --base_batch_size B, the global batch your --lr was tuned for.")
+    if spec.batch.train_batch is None:
+        raise DistsetupError(f"--scale_lr {rule} needs the global batch, so the world size must be known.",
+                             "add --world_size N (or --num_nodes and --num_gpus_per_node).")
+    if spec.hf_auto and spec.optimizer.lr is None:
+        raise DistsetupError("--scale_lr with --hf_auto needs --lr (the HF Trainer would fill lr unscaled).",
+                             "add --lr, the learning rate tuned at --base_batch_size.")
+    lr = spec.optimizer.lr if spec.optimizer.lr is not None else DEFAULT_LR
+    new_lr = scaled_lr(lr, spec.batch.train_batch, base_batch, rule)
+    click.echo(f"lr {lr:g} scaled {rule} from base batch {base_batch} to global batch {spec.batch.train_batch}: "
+               f"writing lr {new_lr:.6g}", err=True)
+    return replace(spec, optimizer=replace(spec.optimizer, lr=new_lr))
 
 
 def spec_from_options(o: dict) -> DeepSpeedSpec:
