@@ -1,0 +1,164 @@
+"""DeepSpeed ZeRO 0-3 from a DeepSpeed file; DeepSpeed owns the optimizer step and the checkpoints."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.lr_scaling import scaled_lr
+from distsetup.training import memory
+from distsetup.training.backends import Backend
+from distsetup.training.optim import lr_lambda, param_groups
+
+
+def read_ds_file(path: str) -> dict:
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DistsetupError(f"cannot read DeepSpeed file {path}: {e}.",
+                             "write one with `distsetup deepspeed --output FILE`.")
+    autos = [k for k, v in _flatten(config) if v == "auto"]
+    if autos:
+        raise DistsetupError(f"{path} has 'auto' values ({', '.join(autos)}); only the HF Trainer fills those in.",
+                             "regenerate it without --hf_auto.")
+    return config
+
+
+def _flatten(d: dict, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, int]:
+    """(micro, accumulation, train_batch) for this world size; the identity must hold, as DeepSpeed asserts."""
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps")
+    total = config.get("train_batch_size")
+    if micro is None and total is None:
+        raise DistsetupError(f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
+                             "set train_micro_batch_size_per_gpu.")
+    if total is not None and micro is None:
+        accumulation = accumulation or 1
+        micro = total // (accumulation * world_size)
+    accumulation = accumulation or (total // (micro * world_size) if total else 1)
+    if micro < 1 or accumulation < 1 or (total is not None and micro * accumulation * world_size != total):
+        raise DistsetupError(
+            f"{path}: train_batch_size {total} != micro batch {micro} x accumulation {accumulation} x world size "
+            f"{world_size} = {micro * accumulation * world_size}.",
+            f"regenerate it with `distsetup deepspeed --world_size {world_size} ...` or drop train_batch_size.")
+    return micro, accumulation, micro * accumulation * world_size
+
+
+class DeepSpeedBackend(Backend):
+    name = "deepspeed"
+
+    def __init__(self, cfg, world, device):
+        super().__init__(cfg, world, device)
+        path = cfg.distributed.deepspeed_config
+        self.ds_config = read_ds_file(path)
+        micro, accumulation, total = resolve_batch(self.ds_config, world.size, path)
+        t = cfg.training
+        if (micro, accumulation) != (t.micro_batch_size, t.gradient_accumulation_steps):
+            self.notes.append(f"micro batch {micro} and accumulation {accumulation} from the DeepSpeed file "
+                              f"(run config says {t.micro_batch_size} and {t.gradient_accumulation_steps})")
+        self.micro_batch, self.accumulation = micro, accumulation
+        self.ds_config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation,
+                              train_batch_size=total)
+        zero = self.ds_config.get("zero_optimization", {})
+        self.zero_stage = int(zero.get("stage", 0))
+        self.offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
+        precision = ("bf16" if self.ds_config.get("bf16", {}).get("enabled") else
+                     "fp16" if self.ds_config.get("fp16", {}).get("enabled") else "fp32")
+        if precision != self.precision:
+            self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
+        self.precision = precision
+        clip = self.ds_config.get("gradient_clipping", 0.0)
+        if clip != t.grad_clip:
+            self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
+        block = self.ds_config.get("optimizer")
+        if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
+            file_lr = block.get("params", {}).get("lr", t.lr)
+            block.setdefault("params", {})["lr"] = scaled_lr(file_lr, total, t.base_batch_size, t.scale_lr)
+            self.lr = block["params"]["lr"]
+            self.notes.append(f"optimizer {block.get('type')} (lr {file_lr}) from the DeepSpeed file")
+
+    def wrap(self, model, blocks):
+        import deepspeed
+        self._checkpoint_activations(model, blocks)
+        t = self.cfg.training
+        groups = param_groups(model, t.weight_decay)
+        optimizer = None
+        if "optimizer" not in self.ds_config:
+            if self.offload:  # ZeRO-Offload steps on the CPU and needs DeepSpeed's CPU Adam
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+                optimizer = DeepSpeedCPUAdam(groups, lr=self.lr, betas=tuple(t.betas), adamw_mode=True)
+            else:
+                optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=tuple(t.betas), foreach=False)
+        schedule = None
+        if "scheduler" in self.ds_config:
+            self.notes.append(f"LR scheduler {self.ds_config['scheduler'].get('type')} from the DeepSpeed file")
+        else:
+            factor = lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio)
+            schedule = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor)  # noqa: E731
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+            lr_scheduler=schedule, config=self.ds_config)
+        self.model = self.engine
+
+    def backward(self, x, y, last_micro):
+        loss = self.engine(x, y)
+        self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
+        if not last_micro:
+            self.engine.step()  # only advances DeepSpeed's micro-step counter
+        return loss.item()
+
+    def step(self):
+        if self.memory is None:
+            self._grad_bytes = self._held_grads()
+        self.engine.step()
+        self._measure_memory()
+
+    def save(self, path):
+        self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
+
+    def load(self, path):
+        loaded, _ = self.engine.load_checkpoint(str(path.parent), tag=path.name)
+        if loaded is None:
+            raise DistsetupError(f"DeepSpeed could not load checkpoint {path}.", "start with --no_resume.")
+
+    def current_lr(self):
+        return self.engine.get_lr()[0]
+
+    # -- the bytes each ZeRO stage really holds ---------------------------------------------------
+    def _held_grads(self) -> int:
+        """Gradients at the accumulation boundary: full .grad (stages 0-1) or this rank's partitions."""
+        opt = self.engine.optimizer
+        tensors = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
+            tensors += memory.state_tensors(getattr(opt, name, None))
+        # ZeRO-Offload accumulates this rank's gradients on its CPU master partition.
+        tensors += [t.grad for t in memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+                    if t.grad is not None]
+        tensors += memory.state_tensors(getattr(opt, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+                                                None))
+        return memory.tensor_bytes(tensors)
+
+    def _measure_memory(self):
+        if self.memory is not None:
+            return
+        opt, params = self.engine.optimizer, list(self.engine.module.parameters())
+        if self.zero_stage == 3:
+            held = [p.ds_tensor for p in params] + [p.data for p in params if getattr(p, "ds_persist", False)]
+        else:
+            held = params
+        inner = getattr(opt, "optimizer", opt)
+        # fp32 master copies of this rank's partition (ZeRO keeps them even when training in fp32).
+        master = (memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+                  + memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))) if self.zero_stage else []
+        self.memory = {"params": memory.tensor_bytes(held), "grads": self._grad_bytes,
+                       "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
+                       "master_params": memory.tensor_bytes(master)}

@@ -1,0 +1,64 @@
+"""One consolidated weights file from the newest complete checkpoint of any backend."""
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.training.checkpoint import atomic_save, latest_complete, read_meta
+
+EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)
+
+
+def consolidated_state_dict(path: Path) -> dict:
+    """The full fp32 model state dict of checkpoint folder `path`, whatever backend wrote it."""
+    meta = read_meta(path)
+    backend = meta["backend"]
+    if backend in ("single", "ddp"):
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)["model"]
+    elif backend == "fsdp" and (path / "full_state.pt").exists():
+        state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)["model"]
+    elif backend == "fsdp":
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(path / "model", Path(tmp) / "model.pt")
+            state = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=False)
+    elif meta.get("zero_stage"):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    else:  # ZeRO-0 keeps the whole module in the model-states file
+        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    return {_strip(k): v for k, v in state.items()}
+
+
+def _strip(key: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        key = key.replace(prefix, "")
+    return key
+
+
+def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
+    """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
+    path = latest_complete(checkpoints)
+    if path is None:
+        raise DistsetupError(f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir.")
+    state = consolidated_state_dict(path)
+    target = EXPORT_DTYPES[dtype]
+    state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save(state, out)
+    return path, len(state)
+
+
+def load_weights(model: torch.nn.Module, path: str) -> None:
+    """--init_from: an exported file into a freshly built model (strict: every key must match)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as e:
+        raise DistsetupError(f"cannot load --init_from {path}: {e}.", "pass a file written by --export.")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DistsetupError(f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}).", "use the run config the export was trained with.")

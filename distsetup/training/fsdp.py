@@ -1,0 +1,156 @@
+"""FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from distsetup.errors import DistsetupError
+from distsetup.training.backends import DTYPES, Backend
+from distsetup.training.checkpoint import atomic_save
+from distsetup.training.model import apply_activation_checkpointing, layer_modules
+
+DEFAULTS = {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
+            "fsdp_activation_checkpointing": False, "mixed_precision": "no"}
+RESHARD = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False,
+           "NO_SHARD": False}
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_fsdp_file(path: str | None) -> dict:
+    """The FSDP file with defaults filled in; none at all means full shard of each block."""
+    if not path:
+        return dict(DEFAULTS)
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DistsetupError(f"cannot read FSDP file {path}: {e}.", "write one with `distsetup fsdp --output FILE`.")
+    if raw.get("fsdp_version", 2) != 2:
+        raise DistsetupError(f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
+                             "regenerate it with `distsetup fsdp --fsdp_version 2`.")
+    strategy = raw.get("fsdp_sharding_strategy", "FULL_SHARD")
+    if strategy not in RESHARD:
+        raise DistsetupError(f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARD)}.")
+    return {**DEFAULTS, **raw}
+
+
+class FSDPBackend(Backend):
+    name = "fsdp"
+
+    def __init__(self, cfg, world, device):
+        super().__init__(cfg, world, device)
+        self.fsdp = read_fsdp_file(cfg.distributed.fsdp_config)
+        self.strategy = self.fsdp["fsdp_sharding_strategy"]
+        file_precision = self.fsdp["mixed_precision"]
+        if file_precision != "no" and file_precision != self.precision:
+            self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
+            self.precision = file_precision
+        if self.precision == "fp16":
+            raise DistsetupError("FSDP with fp16 needs loss scaling, which src/train.py does not do for FSDP.",
+                                 "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.")
+        self.full_state_dict = self.fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+
+    def wrap(self, model, blocks):
+        model = model.to(self.device)
+        units = self._units(model, blocks)
+        if self.fsdp["fsdp_activation_checkpointing"] or self.cfg.training.activation_checkpointing:
+            apply_activation_checkpointing(model, units)
+            wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
+            units = [wrapped.get(id(u), u) for u in units]
+        kwargs = {"mesh": self._mesh(), "reshard_after_forward": self.fsdp.get(
+            "fsdp_reshard_after_forward", RESHARD[self.strategy]), "mp_policy": self._mixed_precision(),
+            "offload_policy": self._offload()}
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
+        self.model = model
+        self.scaler = None
+        self._build_optimizer(model)
+
+    def _units(self, model, blocks):
+        policy = self.fsdp["fsdp_auto_wrap_policy"]
+        if policy == "NO_WRAP":
+            return []
+        if policy == "SIZE_BASED_WRAP":
+            return _size_based_units(model, int(self.fsdp.get("fsdp_min_num_params") or 1e8))
+        names = self.fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+        return layer_modules(model, names.split(",")) if names else blocks
+
+    def _mesh(self):
+        """1-D over all ranks; HYBRID_* and NO_SHARD: 2-D (replicate x shard), sharded within a node."""
+        size = self.world.size
+        if self.strategy == "NO_SHARD" or self.strategy.startswith("HYBRID"):
+            shard = 1 if self.strategy == "NO_SHARD" else self.world.local_size
+            if size % shard:
+                raise DistsetupError(f"{self.strategy} needs the world size ({size}) to be a multiple of the "
+                                     f"processes per node ({shard}).", "launch the same number on every node.")
+            return init_device_mesh(self.device.type, (size // shard, shard), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(self.device.type, (size,), mesh_dim_names=("shard",))
+
+    def _mixed_precision(self):
+        if self.precision == "fp32":
+            return MixedPrecisionPolicy()
+        reduce = REDUCE_DTYPES[self.fsdp.get("fsdp_reduce_dtype") or "float32"]
+        return MixedPrecisionPolicy(param_dtype=DTYPES[self.precision], reduce_dtype=reduce)
+
+    def _offload(self):
+        if not self.fsdp["fsdp_offload_params"]:
+            return OffloadPolicy()
+        if self.device.type != "cuda":
+            self.notes.append("fsdp_offload_params ignored: parameters already live on the CPU")
+            return OffloadPolicy()
+        return CPUOffloadPolicy(pin_memory=True)
+
+    def backward(self, x, y, last_micro):
+        self.model.set_requires_gradient_sync(last_micro)
+        loss = self.model(x, y)
+        (loss / self.accumulation).backward()
+        return loss.item()
+
+    def save(self, path):
+        if self.full_state_dict:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model = get_model_state_dict(self.model, options=options)
+            optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            if self.world.is_main:
+                atomic_save({"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()},
+                            path / "full_state.pt")
+            return
+        dcp.save(get_model_state_dict(self.model), checkpoint_id=path / "model")
+        dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=path / "optim")
+        if self.world.is_main:
+            atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
+
+    def load(self, path):
+        if (path / "full_state.pt").exists():
+            state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, state["model"], options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        else:
+            model = get_model_state_dict(self.model)
+            dcp.load(model, checkpoint_id=path / "model")
+            set_model_state_dict(self.model, model)
+            optim = get_optimizer_state_dict(self.model, self.optimizer)
+            dcp.load(optim, checkpoint_id=path / "optim")
+            set_optimizer_state_dict(self.model, self.optimizer, optim)
+            state = torch.load(path / "scheduler.pt", weights_only=False)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _size_based_units(model, min_num_params: int) -> list:
+    """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
+    units, taken = [], set()
+    for module in reversed(list(model.modules())[1:]):
+        own = [p for p in module.parameters() if id(p) not in taken]
+        if sum(p.numel() for p in own) >= min_num_params:
+            units.append(module)
+            taken.update(id(p) for p in own)
+    return units
