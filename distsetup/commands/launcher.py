@@ -1,0 +1,168 @@
+"""`distsetup launcher`: write scripts/run_training.sh, which starts one world on this node (or one node of many)."""
+
+import shlex
+from pathlib import Path
+
+import click
+
+from distsetup.errors import DistsetupError
+from distsetup.launch_plan import (DEFAULT_SCRIPT, LAUNCH_METHODS, NCCL_DEBUG_LEVELS, RDZV_BACKENDS, EnvSpec,
+                                   LaunchSpec, build_launcher_script, check_deepspeed_batch, launch_warnings,
+                                   parse_gpus, read_deepspeed_file)
+from distsetup.options import option, positive, stack, switch
+from distsetup.output import emit
+from distsetup.runconfig import load_run_config
+
+
+class GpuCount(click.ParamType):
+    """A positive integer or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor auto.", param, ctx)
+        return number
+
+
+# Options shared with `distsetup slurm`: what to run, with which backend and launcher, on how many GPUs.
+launch_options = stack(
+    option("config", type=click.Path(dir_okay=False), help="Run config (config.yaml); its backend is used "
+           "unless --use_deepspeed / --use_fsdp is given."),
+    option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
+    option("use_fsdp", is_flag=True, help="Train with FSDP."),
+    option("deepspeed_config", type=click.Path(dir_okay=False), help="DeepSpeed JSON (from `distsetup deepspeed`)."),
+    option("fsdp_config", type=click.Path(dir_okay=False), help="FSDP JSON (from `distsetup fsdp`)."),
+    option("launch_method", type=click.Choice(LAUNCH_METHODS), default="torchrun", show_default=True,
+           help="torchrun (no SSH), the deepspeed launcher, or accelerate."),
+    option("script", help=f"Training script [{DEFAULT_SCRIPT}]."),
+    option("num_gpus_per_node", type=GpuCount(), help="Processes per node: a number (CPU processes on a "
+           "machine without GPUs) or auto (every visible GPU) [auto, or the count of --gpus]."),
+    option("num_nodes", type=int, default=1, show_default=True, help="Nodes in the world."),
+    option("master_port", type=int, help="Rendezvous port [29500; a free one for torchrun on one node; "
+           "under SLURM derived from the job id]."),
+    option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
+    option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
+    option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
+    switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
+    option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
+    option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
+    option("preflight", is_flag=True, help="Run `python -m distsetup.preflight` (all-reduce + barrier) "
+           "across the same world before training."),
+    option("dry_run", is_flag=True, help="Print the script and write nothing."),
+)
+
+
+@click.command(epilog="""\b
+Examples:
+  distsetup launcher --config config.yaml --num_gpus_per_node 4 --use_deepspeed
+  distsetup launcher --use_deepspeed --deepspeed_config config/ds_config.json --num_gpus_per_node 2
+  distsetup launcher --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
+      --master_addr 10.1.2.3 --master_port 29500 --node_rank 1          # one script per node
+  distsetup launcher --use_fsdp --gpus 2,3 --preflight -o scripts/run_fsdp.sh
+""")
+@launch_options
+@option("module", help="Run a Python module (python -m) instead of --script.")
+@option("node_rank", type=int, help="This node's rank; without it the script reads NODE_RANK at run time.")
+@option("master_addr", default="127.0.0.1", show_default=True, help="Address of node 0.")
+@option("rdzv_backend", type=click.Choice(RDZV_BACKENDS), default="static", show_default=True,
+        help="torchrun rendezvous: static (--node_rank) or c10d (elastic; ranks assigned on joining).")
+@option("rdzv_id", default="distsetup", show_default=True, help="Rendezvous id for c10d (same on every node).")
+@option("hosts", help="Comma-separated node names for the deepspeed launcher's hostfile.")
+@option("ssh", is_flag=True, help="Deepspeed launcher over pdsh/ssh from node 0 (default: --no_ssh per node).")
+@option("gpus", help="GPUs to use: 0,1 (CUDA_VISIBLE_DEVICES) or auto:N (N with most free memory now).")
+@option("output", "-o", type=click.Path(dir_okay=False), default="scripts/run_training.sh", show_default=True,
+        help="Script to write; '-' prints it.")
+def launcher(output, dry_run, **opts):
+    """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world."""
+    spec = launch_spec_from_options(opts)
+    for warning in launch_warnings(spec):
+        click.echo(f"Warning: {warning}", err=True)
+    text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
+    emit(text, output, dry_run, next_step=f"bash {shlex.quote(str(output))}", executable=True)
+
+
+def regenerate_command(name: str) -> str:
+    """`distsetup NAME --option value ...` for the options given on the command line (for the header)."""
+    ctx = click.get_current_context()
+    words = ["distsetup", name]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        value = ctx.params.get(param.name)
+        if source in (None, click.core.ParameterSource.DEFAULT) or value is None:
+            continue
+        flag = param.opts[0].split("/")[0]
+        if getattr(param, "is_flag", False):
+            words.append(flag if value else param.secondary_opts[0] if param.secondary_opts else "")
+        else:
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                words += [flag, shlex.quote(str(item))]
+    return " ".join(w for w in words if w).replace("\n", "\\n").replace("\r", "\\r")
+
+
+def launch_spec_from_options(o: dict, slurm: bool = False) -> LaunchSpec:
+    """Options -> LaunchSpec: backend from the flags or the run config, GPUs resolved, batch identity checked."""
+    if o["use_deepspeed"] and o["use_fsdp"]:
+        raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
+    if o["script"] and o["module"]:
+        raise DistsetupError("--script and --module are mutually exclusive.", "give one of them.")
+    overrides = []
+    if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"]):
+        overrides.append("distributed.backend=deepspeed")
+    elif o["use_fsdp"]:
+        overrides.append("distributed.backend=fsdp")
+    for key in ("deepspeed_config", "fsdp_config"):
+        if o[key]:
+            overrides.append(f"distributed.{key}={o[key]}")
+    if not o["config"] and not overrides:
+        overrides.append("distributed.backend=ddp")
+    run = load_run_config(o["config"], overrides)
+    dist = run.distributed
+    gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
+    spec = LaunchSpec(
+        backend=dist.backend, launch_method=o["launch_method"],
+        script=None if o["module"] else (o["script"] or DEFAULT_SCRIPT), module=o["module"], config=o["config"],
+        deepspeed_config=dist.deepspeed_config if dist.backend == "deepspeed" else None,
+        fsdp_config=dist.fsdp_config if dist.backend == "fsdp" else None,
+        num_nodes=o["num_nodes"], nproc_per_node=nproc, node_rank=o.get("node_rank"),
+        master_addr=o.get("master_addr") or "127.0.0.1", master_port=o["master_port"],
+        rdzv_backend=o.get("rdzv_backend") or ("c10d" if slurm and o["launch_method"] == "torchrun" else "static"),
+        rdzv_id=o.get("rdzv_id") or "distsetup",
+        hosts=tuple(h.strip() for h in o["hosts"].split(",")) if o.get("hosts") else (),
+        ssh=bool(o.get("ssh")), gpus=gpus,
+        env=EnvSpec(o["omp_num_threads"], o["nccl_debug"], o["nccl_socket_ifname"], o["nccl_ib_disable"],
+                    o["timeout_minutes"], o["cuda_device_max_connections"], tuple(o.get("env_pairs") or ())),
+        preflight=o["preflight"])
+    if spec.deepspeed_config:
+        path = _config_relative(spec.deepspeed_config, o["config"])
+        check_deepspeed_batch(read_deepspeed_file(str(path)), spec.world_size, spec.deepspeed_config)
+    return spec
+
+
+def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:
+    """(--gpus as indices, processes per node); auto:N asks distsetup.gpus which GPUs are free now."""
+    gpus = None
+    if gpus_text:
+        parsed = parse_gpus(gpus_text)
+        if isinstance(parsed, int):
+            from distsetup.gpus import select_gpus  # lazy: NVML only when asked for
+            parsed = tuple(select_gpus(parsed))
+        gpus = parsed
+    if num_gpus_per_node == "auto" or num_gpus_per_node is None:
+        return gpus, (len(gpus) if gpus else None)
+    if num_gpus_per_node < 1:
+        raise DistsetupError(f"--num_gpus_per_node {num_gpus_per_node} must be at least 1.",
+                             "give the GPUs (or CPU processes) per node, or auto.")
+    return gpus, num_gpus_per_node
+
+
+def _config_relative(path: str, config: str | None) -> Path:
+    """A path from the run config: as given when it exists, else next to the config (as runconfig does)."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not config:
+        return p
+    return Path(config).parent / p

@@ -1,0 +1,292 @@
+"""The launch command line as plain data: what runs, on how many nodes and processes, with which launcher.
+
+`LaunchSpec` is the validated, frozen description shared by `distsetup launcher` (one script per node)
+and `distsetup slurm` (srun starts one launcher per node). `launch_context` turns it into the plain
+values the templates in templates/ render; `build_launcher_script` renders scripts/run_training.sh.
+Nothing here touches Click, the environment or the disk.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distsetup.checks import deepspeed_problems
+from distsetup.errors import DistsetupError
+from distsetup.templating import render
+
+BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
+LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
+RDZV_BACKENDS = ("static", "c10d")
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+DEFAULT_SCRIPT = "src/train.py"
+DEFAULT_MASTER_PORT = 29500
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The environment block; None leaves a variable unset (the script shows it commented out)."""
+
+    omp_num_threads: int | None = None
+    nccl_debug: str | None = None
+    nccl_socket_ifname: str | None = None
+    nccl_ib_disable: bool | None = None
+    timeout_minutes: int | None = None
+    cuda_device_max_connections: int | None = None
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One world: num_nodes x nproc_per_node processes running `script` (or `module`) with `train_args`."""
+
+    backend: str = "ddp"
+    launch_method: str = "torchrun"
+    script: str | None = DEFAULT_SCRIPT
+    module: str | None = None
+    config: str | None = None
+    deepspeed_config: str | None = None
+    fsdp_config: str | None = None
+    num_nodes: int = 1
+    nproc_per_node: int | None = None          # None: every visible GPU ("auto")
+    node_rank: int | None = None               # None: NODE_RANK from the environment at run time
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None             # None: 29500 (or a free port for a single node)
+    rdzv_backend: str = "static"
+    rdzv_id: str = "distsetup"
+    hosts: tuple[str, ...] = ()                 # deepspeed launcher multi-node: hostfile names
+    ssh: bool = False                           # deepspeed launcher: pdsh over ssh from node 0
+    gpus: tuple[int, ...] | None = None         # CUDA_VISIBLE_DEVICES
+    env: EnvSpec = field(default_factory=EnvSpec)
+    preflight: bool = False
+
+    @property
+    def world_size(self) -> int | None:
+        return None if self.nproc_per_node is None else self.num_nodes * self.nproc_per_node
+
+
+def parse_gpus(text: str) -> tuple[int, ...] | int:
+    """'0,1' -> (0, 1); 'auto:N' -> N (the caller picks N GPUs); anything else is an error."""
+    text = text.strip()
+    if text.startswith("auto:"):
+        count = text[5:]
+        if not count.isdigit() or int(count) < 1:
+            raise DistsetupError(f"--gpus {text}: auto:N needs a positive N.", "write e.g. --gpus auto:4.")
+        return int(count)
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise DistsetupError(f"--gpus {text} is not a list of GPU indices.", "write e.g. --gpus 0,1 or --gpus auto:2.")
+    ids = tuple(int(p) for p in parts)
+    if len(set(ids)) != len(ids):
+        raise DistsetupError(f"--gpus {text} names a GPU twice.", "list each GPU index once.")
+    return ids
+
+
+def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE strings -> pairs, with KEY a valid shell variable name."""
+    result = []
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise DistsetupError(f"{option} '{item}' is not KEY=VALUE with KEY a variable name.",
+                                 f"write e.g. {option} WANDB_MODE=offline.")
+        result.append((key, value))
+    return tuple(result)
+
+
+def check_text(name: str, value: str | None) -> None:
+    """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
+    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise DistsetupError(f"{name} {value!r} contains a control character (newline, tab, ...).",
+                             "rename the file or folder, or quote it without newlines.")
+
+
+def check_launch(spec: LaunchSpec) -> None:
+    """Every rule that spans options; raises DistsetupError naming the fix."""
+    for name in ("script", "module", "config", "deepspeed_config", "fsdp_config", "master_addr", "rdzv_id"):
+        check_text(f"--{name}", getattr(spec, name))
+    for name, value in spec.env.extra:
+        check_text(f"--env {name}", value)
+    if spec.backend not in BACKENDS:
+        raise DistsetupError(f"unknown backend {spec.backend}.", f"use one of {', '.join(BACKENDS)}.")
+    if spec.launch_method not in LAUNCH_METHODS:
+        raise DistsetupError(f"unknown launch method {spec.launch_method}.", f"use one of {', '.join(LAUNCH_METHODS)}.")
+    if (spec.script is None) == (spec.module is None):
+        raise DistsetupError("give exactly one of --script and --module.", "e.g. --script src/train.py.")
+    if spec.num_nodes < 1:
+        raise DistsetupError(f"--num_nodes {spec.num_nodes} must be at least 1.", "use --num_nodes 1 for one machine.")
+    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
+        raise DistsetupError(f"--num_gpus_per_node {spec.nproc_per_node} must be at least 1.",
+                             "give the GPUs (or CPU processes) per node, or auto.")
+    if spec.node_rank is not None and not 0 <= spec.node_rank < spec.num_nodes:
+        raise DistsetupError(f"--node_rank {spec.node_rank} is out of range for --num_nodes {spec.num_nodes}.",
+                             f"node ranks run from 0 to {spec.num_nodes - 1}.")
+    if spec.gpus is not None and spec.nproc_per_node is not None and len(spec.gpus) != spec.nproc_per_node:
+        raise DistsetupError(f"--gpus lists {len(spec.gpus)} GPU(s) but --num_gpus_per_node is {spec.nproc_per_node}.",
+                             "drop --num_gpus_per_node (it follows --gpus) or make them agree.")
+    if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
+        raise DistsetupError(f"--master_port {spec.master_port} is not a TCP port.", "use e.g. 29500.")
+    if spec.backend == "deepspeed" and not spec.deepspeed_config:
+        raise DistsetupError("backend deepspeed needs a DeepSpeed config file.",
+                             "add --deepspeed_config FILE (write one with `distsetup deepspeed`).")
+    if spec.rdzv_backend not in RDZV_BACKENDS:
+        raise DistsetupError(f"unknown rendezvous backend {spec.rdzv_backend}.", "use static or c10d.")
+    if spec.rdzv_backend == "c10d" and spec.launch_method != "torchrun":
+        raise DistsetupError(f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
+                             "drop --rdzv_backend or use --launch_method torchrun.")
+    for host in spec.hosts:
+        if not _HOST.match(host):
+            raise DistsetupError(f"host name '{host}' is not a valid host name.",
+                                 "list hosts as e.g. --hosts gpu01,gpu02.")
+    if spec.hosts and len(spec.hosts) != spec.num_nodes:
+        raise DistsetupError(f"--hosts lists {len(spec.hosts)} host(s) for --num_nodes {spec.num_nodes}.",
+                             "list one host per node.")
+    if spec.ssh and spec.launch_method != "deepspeed":
+        raise DistsetupError("--ssh is for the deepspeed launcher.", "add --launch_method deepspeed or drop --ssh.")
+    if spec.ssh and (spec.num_nodes < 2 or not spec.hosts):
+        raise DistsetupError("--ssh (pdsh) needs several nodes and their names.",
+                             "add --num_nodes N --hosts host1,host2,...")
+    if spec.ssh and spec.nproc_per_node is None:
+        raise DistsetupError("--ssh needs a GPU count per node for the hostfile slots.", "add --num_gpus_per_node N.")
+
+
+def check_deepspeed_batch(ds_config: dict, world_size: int | None, source: str) -> None:
+    """The DeepSpeed file's batch identity must hold for nodes x GPUs per node."""
+    if world_size is None:
+        return
+    problems = [p for p in deepspeed_problems(ds_config, world_size, hf=True) if p.path in BATCH_KEYS]
+    if problems:
+        raise DistsetupError(f"{source} does not fit world size {world_size}: {problems[0]}",
+                             "regenerate it with `distsetup deepspeed --world_size N ...` or change the "
+                             "node/GPU counts.")
+
+
+def read_deepspeed_file(path: str) -> dict:
+    """The DeepSpeed JSON at `path` (for the batch check); a clear error when it cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise DistsetupError(f"cannot read DeepSpeed config {path}: {e.strerror}.", "check --deepspeed_config.")
+    except json.JSONDecodeError as e:
+        raise DistsetupError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}.", "fix the file.")
+    if not isinstance(data, dict):
+        raise DistsetupError(f"{path} must hold a JSON object.", "write one with `distsetup deepspeed`.")
+    return data
+
+
+def hostfile_lines(hosts: tuple[str, ...], slots: int) -> list[str]:
+    """The deepspeed launcher's hostfile: one `host slots=N` line per node."""
+    return [f"{host} slots={slots}" for host in hosts]
+
+
+def launch_warnings(spec: LaunchSpec) -> list[str]:
+    """Things that are allowed but probably not meant."""
+    warnings = []
+    if spec.script and Path(spec.script).parts[-2:] == ("src", "train.py") and not spec.config:
+        warnings.append("no --config: src/train.py needs one; pass it when running the script "
+                        "(e.g. bash scripts/run_training.sh --config config.yaml) or regenerate with --config.")
+    if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
+        warnings.append("the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "
+                        "(give --hosts for real names).")
+    return warnings
+
+
+def train_args(spec: LaunchSpec) -> list[str]:
+    """Arguments after the script: the run config, the backend and its config file.
+
+    `section.key=value` overrides are train.py's syntax, so they go only to src/train.py; any
+    script gets `--deepspeed FILE`, the spelling of src/train.py and of the HF Trainer.
+    """
+    args = ["--config", spec.config] if spec.config else []
+    ours = spec.module is None and Path(spec.script).parts[-2:] == ("src", "train.py")
+    if ours:
+        args.append(f"distributed.backend={spec.backend}")
+        if spec.backend == "fsdp" and spec.fsdp_config:
+            args.append(f"distributed.fsdp_config={spec.fsdp_config}")
+        if spec.env.timeout_minutes is not None:
+            args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
+    if spec.backend == "deepspeed":
+        args += ["--deepspeed", spec.deepspeed_config]
+    return args
+
+
+def environment_lines(env: EnvSpec) -> list[dict]:
+    """The environment block: each variable with its explanation; unset ones are shown commented out."""
+    def var(name, value, example, why):
+        return {"name": name, "value": None if value is None else str(value), "example": example, "why": why}
+    ib = None if env.nccl_ib_disable is None else int(env.nccl_ib_disable)
+    lines = [
+        var("OMP_NUM_THREADS", env.omp_num_threads, "1", "CPU threads per process (torchrun sets 1 when unset)"),
+        var("NCCL_DEBUG", env.nccl_debug, "INFO", "NCCL logging: WARN, INFO (connection set-up), TRACE"),
+        var("NCCL_SOCKET_IFNAME", env.nccl_socket_ifname, "eth0", "network interface NCCL uses between nodes"),
+        var("NCCL_IB_DISABLE", ib, "1", "1 = no InfiniBand (use TCP sockets)"),
+        var("TORCH_NCCL_ASYNC_ERROR_HANDLING", None if env.timeout_minutes is None else 1, "1",
+            "a collective that times out ends the job instead of hanging"),
+        var("CUDA_DEVICE_MAX_CONNECTIONS", env.cuda_device_max_connections, "1",
+            "1 lets tensor-parallel compute and communication overlap"),
+    ]
+    lines += [var(name, value, value, "set with --env") for name, value in env.extra]
+    return lines
+
+
+def launch_context(spec: LaunchSpec) -> dict:
+    """Plain values for templates/_launch.sh.j2 and the scripts' headers."""
+    world = spec.world_size
+    nproc = "auto" if spec.nproc_per_node is None else spec.nproc_per_node
+    single = spec.num_nodes == 1
+    return {
+        "backend": spec.backend,
+        "launch_method": spec.launch_method,
+        "target": spec.module or spec.script,
+        "is_module": spec.module is not None,
+        "train_args": train_args(spec),
+        "num_nodes": spec.num_nodes,
+        "nproc_per_node": nproc,
+        "world_desc": f"{world} process(es)" if world else f"{spec.num_nodes} x (visible GPUs) processes",
+        "node_rank": 0 if single and spec.node_rank is None else spec.node_rank,
+        "master_addr": spec.master_addr,
+        "master_port": spec.master_port or DEFAULT_MASTER_PORT,
+        "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
+        "single_node": single,
+        "rdzv_backend": spec.rdzv_backend,
+        "rdzv_id": spec.rdzv_id,
+        "deepspeed_config": spec.deepspeed_config,
+        "hostfile": hostfile_lines(spec.hosts or tuple(f"node{i}" for i in range(spec.num_nodes)),
+                                   spec.nproc_per_node or 1),
+        "hosts_given": bool(spec.hosts),
+        "ssh": spec.ssh,
+        "gpus": None if spec.gpus is None else ",".join(map(str, spec.gpus)),
+        "env_lines": environment_lines(spec.env),
+        "preflight": spec.preflight,
+        "module_flag": "--module" if spec.launch_method == "deepspeed" else "-m",
+        # the deepspeed launcher adds --local_rank=N, which the preflight module does not take
+        "preflight_module_flag": "--no_local_rank --module" if spec.launch_method == "deepspeed" else "-m",
+    }
+
+
+def literal_dollars(context: dict) -> bool:
+    """Whether a user value holds $ or a backtick: single-quoted on purpose, which shellcheck notes (SC2016)."""
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from strings(item)
+    return any("$" in s or "`" in s for s in strings(context))
+
+
+def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = "scripts/run_training.sh") -> str:
+    """The script for one node; `command_line` (how to regenerate it) and `output` go in its header."""
+    check_launch(spec)
+    context = launch_context(spec)
+    if spec.ssh:
+        context["node_rank"] = 0  # pdsh starts every node from node 0
+    context["literal_dollars"] = literal_dollars(context)
+    return render("run_training.sh.j2", command_line=command_line,
+                  output_name=output if output not in (None, "-") else "scripts/run_training.sh", **context)

@@ -1,0 +1,80 @@
+#!/bin/bash
+# Written by `distsetup slurm`; regenerate it rather than editing by hand:
+#   distsetup slurm ...
+#
+# Runs src/train.py (deepspeed) with deepspeed on 2 node(s) x 8 GPU(s) = 16 process(es) in ONE world:
+# srun starts one deepspeed per node; each node's rank ($SLURM_NODEID) expands on that node.
+# Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
+#   sbatch scripts/slurm_job.sh training.max_steps=100
+#SBATCH --account=ml
+#SBATCH --cpus-per-task=64
+#SBATCH --gpus-per-node=8
+#SBATCH --job-name=distsetup
+#SBATCH --mem-per-gpu=64G
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --time=1-00:00:00
+set -euo pipefail
+
+# --- parameters ---
+export NNODES="$SLURM_NNODES"
+export NPROC_PER_NODE=8
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+export MASTER_ADDR
+export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
+export RDZV_ID="$SLURM_JOB_ID"
+export SCRIPT=src/train.py
+TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed config/ds_config.json)
+
+# --- environment ---
+module load cuda/12.4
+eval "$(conda shell.bash hook)"
+set +u  # conda's activate scripts read unset variables
+conda activate train
+set -u
+# export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
+# export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
+# export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
+# export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a collective that times out ends the job instead of hanging
+# export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
+
+# --- command ---
+echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
+SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+  SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
+fi
+# Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
+# processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
+# the next run resumes from the newest complete checkpoint.
+forward_preemption() {
+  echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
+  scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
+  wait "$SRUN_PID" || true
+  echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+}
+trap forward_preemption USR1
+# The single-quoted program runs once per node; its $VARIABLES expand there, not here.
+# shellcheck disable=SC2016
+srun "${SRUN_ARGS[@]}" bash -c '
+set -euo pipefail
+NODE_RANK="$SLURM_NODEID"
+echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
+HOSTFILE="${TMPDIR:-/tmp}/distsetup-hostfile-$SLURM_JOB_ID-$NODE_RANK"
+scontrol show hostnames "$SLURM_JOB_NODELIST" | while read -r host; do
+  echo "$host slots=$NPROC_PER_NODE"
+done >"$HOSTFILE"
+LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
+"${LAUNCH[@]}" --no_local_rank --module distsetup.preflight
+exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
+SRUN_PID=$!
+wait "$SRUN_PID"

@@ -1,0 +1,54 @@
+#!/bin/bash
+# Written by `distsetup slurm`; regenerate it rather than editing by hand:
+#   distsetup slurm ...
+#
+# Runs src/train.py (fsdp) with torchrun on 2 node(s) x 4 GPU(s) = 8 process(es) in ONE world:
+# srun starts one torchrun per node; each node's rank ($SLURM_NODEID) expands on that node.
+# Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
+#   sbatch scripts/slurm_job.sh training.max_steps=100
+#SBATCH --exclusive
+#SBATCH --gres=gpu:4
+#SBATCH --job-name=distsetup
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=%x-%j.out
+#SBATCH --reservation=big
+set -euo pipefail
+
+# --- parameters ---
+export NNODES="$SLURM_NNODES"
+export NPROC_PER_NODE=4
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+export MASTER_ADDR
+export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
+export RDZV_ID="$SLURM_JOB_ID"
+export SCRIPT=src/train.py
+TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp distributed.fsdp_config=config/fsdp.json)
+
+# --- environment ---
+# shellcheck source=/dev/null
+source .venv/bin/activate
+export OMP_NUM_THREADS=8  # CPU threads per process (torchrun sets 1 when unset)
+export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
+export NCCL_SOCKET_IFNAME=ib0  # network interface NCCL uses between nodes
+# export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a collective that times out ends the job instead of hanging
+# export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
+export HF_HOME=/scratch/hf  # set with --env
+
+# --- command ---
+echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
+SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+  SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
+fi
+# The single-quoted program runs once per node; its $VARIABLES expand there, not here.
+# shellcheck disable=SC2016
+srun "${SRUN_ARGS[@]}" bash -c '
+set -euo pipefail
+NODE_RANK="$SLURM_NODEID"
+echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
+LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
+LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
+exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+' distsetup-node "${TRAIN_ARGS[@]}" "$@"
