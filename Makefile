@@ -8,6 +8,9 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: venv test test-fast demo bench schemas presets clean
 
+# Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
+DEMO_PROCS ?= 2
+
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -24,6 +27,18 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m 'not slow'
+
+# The README's main job: a ZeRO-2 config and a launcher for this machine, then the run itself.
+demo: venv
+	$(VENV)/bin/distsetup deepspeed --zero_stage 2 --micro_batch_size 8 --world_size $(DEMO_PROCS) \
+		--optimizer none --output config/ds_config.json
+	$(VENV)/bin/distsetup launcher --config config/config.yaml --use_deepspeed \
+		--deepspeed_config config/ds_config.json --num_gpus_per_node $(DEMO_PROCS) --output scripts/run_training.sh
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_training.sh training.output_dir=runs/demo --no_resume
+
+# Benchmarks 1-3 (about 10 minutes on 2 cores); each appends its table to benchmarks/RESULTS.md.
+bench: venv
+	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py
 
 schemas: venv
 	$(PY) -m distsetup.runconfig > distsetup/schemas/run_config.schema.json
