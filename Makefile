@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # DeepSpeed compiles its CPU ops (CPUAdam) on first use; keep them so tests pay once.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
 export PYTHONUNBUFFERED := 1
+# The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: venv test test-fast demo bench schemas presets clean
 

@@ -10,6 +10,10 @@ from distsetup.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
+# Every process the tests start (torchrun, sbatch jobs, DeepSpeed's JIT builds) must find this
+# interpreter's tools first: two ninja versions write incompatible build logs, and alternating between
+# them recompiles DeepSpeed's CPU ops (30 s or more) on every run.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
 
 @pytest.fixture
