@@ -213,7 +213,7 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                                 "deepspeed_config: config/ds_config.json."))
     for key in ("deepspeed_config", "fsdp_config"):
         value = getattr(dist, key)
-        if value and base_dir is not None and not _resolve(value, base_dir).exists():
+        if value and base_dir is not None and not resolve_config_path(value, base_dir).exists():
             problems.append(Problem(f"distributed.{key}", f"file {value} does not exist.",
                                     f"create it with `distsetup {key.split('_')[0]}` or fix the path."))
     if model.type == "gpt" and model.n_embd % model.n_head:
@@ -231,10 +231,11 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
     return problems
 
 
-def _resolve(path: str, base_dir: Path) -> Path:
-    """Relative paths in a config are taken from the working directory, else next to the config."""
+def resolve_config_path(path: str, base_dir: Path | None) -> Path:
+    """A file named in a run config: as given when absolute or present in the working directory, else
+    next to the config (base_dir); every reader of the config resolves paths this way."""
     p = Path(path)
-    return p if p.is_absolute() or p.exists() else base_dir / p
+    return p if p.is_absolute() or p.exists() or base_dir is None else base_dir / p
 
 
 if __name__ == "__main__":

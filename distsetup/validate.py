@@ -6,7 +6,7 @@ from pathlib import Path
 from distsetup.checks import deepspeed_problems, fsdp_problems
 from distsetup.errors import DistsetupError
 from distsetup.problems import Problem, join_path
-from distsetup.runconfig import config_problems, read_yaml
+from distsetup.runconfig import config_problems, read_yaml, resolve_config_path
 
 KINDS = ("deepspeed", "fsdp", "run_config")
 
@@ -80,7 +80,7 @@ def _referenced_file_problems(raw: dict, base_dir: Path, world_size: int | None,
         value = (raw.get("distributed") or {}).get(key)
         if not isinstance(value, str):
             continue
-        target = Path(value) if Path(value).exists() else base_dir / value
+        target = resolve_config_path(value, base_dir)
         if target.exists():
             _, found = validate_file(target, kind, world_size, hf)
             problems += [Problem(f"distributed.{key} -> {p.path}", p.message, p.fix) for p in found]

@@ -162,11 +162,11 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
         kind, problems = validate_file(config, "run_config", world)
         found += [Finding(FAIL, str(config), str(p)) for p in problems]
         if not problems:
-            from distsetup.runconfig import load_run_config, _resolve
+            from distsetup.runconfig import load_run_config, resolve_config_path
             cfg = load_run_config(config)
             dist = cfg.distributed
-            ds_path = ds_path or (_resolve(dist.deepspeed_config, config.parent) if dist.deepspeed_config else None)
-            fsdp_path = fsdp_path or (_resolve(dist.fsdp_config, config.parent) if dist.fsdp_config else None)
+            ds_path = ds_path or (resolve_config_path(dist.deepspeed_config, config.parent) if dist.deepspeed_config else None)
+            fsdp_path = fsdp_path or (resolve_config_path(dist.fsdp_config, config.parent) if dist.fsdp_config else None)
     for path, kind in ((ds_path, "deepspeed"), (fsdp_path, "fsdp")):
         if path and not (config and cfg and _referenced(cfg, kind, path, config.parent)):
             _, problems = validate_file(path, kind, world)
@@ -185,9 +185,9 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
 
 def _referenced(cfg, kind: str, path: Path, base: Path) -> bool:
     """Whether validate_file(config) already checked `path` as the config's own DeepSpeed/FSDP file."""
-    from distsetup.runconfig import _resolve
+    from distsetup.runconfig import resolve_config_path
     value = getattr(cfg.distributed, f"{kind}_config")
-    return bool(value) and _resolve(value, base).resolve() == path.resolve()
+    return bool(value) and resolve_config_path(value, base).resolve() == path.resolve()
 
 
 def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None) -> list[tuple[str, str]]:
