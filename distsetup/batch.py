@@ -58,7 +58,10 @@ def world_size_from(world_size: int | None, num_nodes: int | None,
     """The data-parallel world size from --world_size or --num_nodes x --num_gpus_per_node."""
     if num_nodes is None and num_gpus_per_node is None:
         return world_size
-    product = (num_nodes or 1) * (num_gpus_per_node or 1)
+    if num_gpus_per_node is None:
+        raise DistsetupError(f"--num_nodes {num_nodes} needs --num_gpus_per_node: the world size is nodes x GPUs.",
+                             "add --num_gpus_per_node G (or give --world_size).")
+    product = (num_nodes or 1) * num_gpus_per_node
     if world_size is not None and world_size != product:
         raise DistsetupError(
             f"--world_size {world_size} disagrees with --num_nodes {num_nodes or 1} x "

@@ -1,9 +1,8 @@
 """Cross-field rules for DeepSpeed and FSDP config dicts: what a schema cannot say."""
 
+from distsetup.deepspeed_config import AUTO
 from distsetup.fsdp_config import FSDP1_ONLY
 from distsetup.problems import Problem, join_path, schema_problems
-
-AUTO = "auto"
 
 
 def auto_paths(data, path=()) -> list[tuple]:

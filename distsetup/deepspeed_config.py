@@ -31,14 +31,6 @@ class SchedulerSpec:
 
 
 @dataclass(frozen=True)
-class Stage3Spec:
-    prefetch_bucket_size: int | None = None
-    param_persistence_threshold: int | None = None
-    max_live_parameters: int | None = None
-    gather_16bit_weights_on_model_save: bool | None = None
-
-
-@dataclass(frozen=True)
 class DeepSpeedSpec:
     """Everything `distsetup deepspeed` was asked for, validated field by field by Click."""
 
@@ -54,7 +46,10 @@ class DeepSpeedSpec:
     contiguous_gradients: bool | None = None
     reduce_bucket_size: int | None = None
     allgather_bucket_size: int | None = None
-    stage3: Stage3Spec = field(default_factory=Stage3Spec)
+    stage3_prefetch_bucket_size: int | None = None
+    stage3_param_persistence_threshold: int | None = None
+    stage3_max_live_parameters: int | None = None
+    stage3_gather_16bit_weights_on_model_save: bool | None = None
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     steps_per_print: int | None = None
@@ -62,18 +57,36 @@ class DeepSpeedSpec:
     hf_auto: bool = False
 
 
+# The ZeRO stages at which each option means something; DeepSpeed silently ignores it at the others.
+STAGES = {
+    "offload_optimizer": (1, 2, 3), "offload_param": (3,), "overlap_comm": (1, 2, 3),
+    "contiguous_gradients": (1, 2, 3), "reduce_bucket_size": (1, 2, 3), "allgather_bucket_size": (1, 2),
+    "stage3_prefetch_bucket_size": (3,), "stage3_param_persistence_threshold": (3,),
+    "stage3_max_live_parameters": (3,), "stage3_gather_16bit_weights_on_model_save": (3,),
+}
+
+
+def applies(option: str, stage: int) -> bool:
+    """Whether `option` means something at ZeRO `stage` (options outside STAGES always do)."""
+    return stage in STAGES.get(option, (stage,))
+
+
 def check_spec(spec: DeepSpeedSpec) -> list[str]:
     """Reject combinations DeepSpeed would ignore silently; return warnings for ones it bends."""
-    if spec.offload_param and spec.zero_stage != 3:
-        raise DistsetupError(f"--offload_param needs --zero_stage 3 (got {spec.zero_stage}); "
-                             "DeepSpeed ignores offload_param below stage 3.",
-                             "use --zero_stage 3, or drop --offload_param.")
-    if spec.offload_optimizer and spec.zero_stage == 0:
-        raise DistsetupError("--offload_optimizer needs --zero_stage 1, 2 or 3.",
-                             "add --zero_stage 2 (the usual choice for optimizer offload).")
-    if spec.stage3 != Stage3Spec() and spec.zero_stage != 3:
-        raise DistsetupError("the stage-3 options (--stage3_*) mean nothing below --zero_stage 3.",
-                             "use --zero_stage 3, or drop them.")
+    for option, stages in STAGES.items():
+        if getattr(spec, option) is not None and spec.zero_stage not in stages:
+            where = "stage 3" if stages == (3,) else "stages " + ", ".join(map(str, stages))
+            raise DistsetupError(f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
+                                 f"at {where} only and ignores it silently otherwise.",
+                                 f"use --zero_stage {stages[-1] if stages != (1, 2) else 2}, or drop --{option}.")
+    if spec.optimizer.betas and not all(0 <= b < 1 for b in spec.optimizer.betas):
+        raise DistsetupError(f"--betas {spec.optimizer.betas[0]} {spec.optimizer.betas[1]}: each beta must be in "
+                             "[0, 1).", "use e.g. --betas 0.9 0.95.")
+    if spec.optimizer.name == "none" and spec.scheduler.name in ("WarmupLR", "WarmupDecayLR") \
+            and spec.optimizer.lr is None and not spec.hf_auto:
+        raise DistsetupError(f"--scheduler {spec.scheduler.name} with --optimizer none needs --lr: the schedule's "
+                             "warmup_max_lr replaces the training script's learning rate.",
+                             "add --lr with the peak learning rate of your optimizer.")
     nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
     if nvme and not spec.nvme_path:
         raise DistsetupError("offloading to nvme needs --nvme_path.",
@@ -161,11 +174,10 @@ def _zero(spec: DeepSpeedSpec, auto) -> dict:
     if reduce_bucket is not None:
         zero["reduce_bucket_size"] = reduce_bucket
     if spec.zero_stage == 3:
-        s3 = spec.stage3
-        for key, value in (("stage3_prefetch_bucket_size", _pick(s3.prefetch_bucket_size, auto)),
-                           ("stage3_param_persistence_threshold", _pick(s3.param_persistence_threshold, auto)),
-                           ("stage3_max_live_parameters", s3.max_live_parameters),
-                           ("stage3_gather_16bit_weights_on_model_save", s3.gather_16bit_weights_on_model_save)):
+        for key, value in (("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
+                           ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
+                           ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
+                           ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save)):
             if value is not None:
                 zero[key] = value
     return zero
@@ -176,6 +188,8 @@ def _optimizer(opt: OptimizerSpec, lr, auto) -> dict:
               "betas": list(opt.betas) if opt.betas else _pick(None, auto, [0.9, 0.999]),
               "eps": _pick(opt.eps, auto, 1e-8),
               "weight_decay": _pick(opt.weight_decay, auto, 0.01)}
+    if opt.name == "Adam":
+        params["adam_w_mode"] = False  # DeepSpeed's "Adam" is AdamW unless told otherwise
     return {"type": opt.name, "params": params}
 
 
@@ -183,11 +197,12 @@ def _scheduler(sched: SchedulerSpec, lr, auto) -> dict:
     warmup = _pick(sched.warmup_num_steps, auto, 100)
     if sched.name == "WarmupCosineLR":
         params = {"warmup_min_ratio": 0.0, "cos_min_ratio": 0.1, "warmup_num_steps": warmup,
-                  "total_num_steps": _pick(sched.total_num_steps, auto)}
+                  "total_num_steps": _pick(sched.total_num_steps, auto), "warmup_type": "linear"}
     else:
         params = {"warmup_min_lr": _pick(sched.warmup_min_lr, auto, 0.0),
                   "warmup_max_lr": lr,
-                  "warmup_num_steps": warmup}
+                  "warmup_num_steps": warmup,
+                  "warmup_type": "linear"}  # DeepSpeed's default is log
         if sched.name == "WarmupDecayLR":
             params["total_num_steps"] = _pick(sched.total_num_steps, auto)
     return {"type": sched.name, "params": params}

@@ -8,7 +8,8 @@ SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"
 # Strategies that free parameters after forward (and gather them again for backward).
 RESHARDS_AFTER_FORWARD = {"FULL_SHARD": True, "HYBRID_SHARD": True,
                           "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False, "NO_SHARD": False}
-MIXED_PRECISION = {"no": "no", "FLOAT16": "fp16", "BFLOAT16": "bf16"}
+MIXED_PRECISION = {"no": "no", "FLOAT16": "fp16", "BFLOAT16": "bf16"}     # --mixed_precision -> Accelerate's value
+FLAG_FOR_PRECISION = {"fp32": "no", "fp16": "FLOAT16", "bf16": "BFLOAT16"}  # training precision -> --mixed_precision
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
@@ -43,8 +44,8 @@ class FsdpSpec:
     use_orig_params: bool | None = None
 
 
-def check_fsdp_spec(spec: FsdpSpec) -> None:
-    """Reject options that mean nothing together, naming the flag and the fix."""
+def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
+    """Reject options that mean nothing together, naming the flag and the fix; return warnings."""
     if spec.fsdp_version == 2:
         for name, why in FSDP1_ONLY.items():
             if getattr(spec, name) is not None:
@@ -70,6 +71,12 @@ def check_fsdp_spec(spec: FsdpSpec) -> None:
     if spec.fsdp_version == 1 and spec.cpu_ram_efficient_loading and spec.sync_module_states is False:
         raise DistsetupError("--cpu_ram_efficient_loading with --fsdp_version 1 needs --sync_module_states: "
                              "other ranks start from empty weights.", "drop --no_sync_module_states.")
+    if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+        return [f"{spec.sharding_strategy} with FSDP2: src/train.py builds the device mesh it needs, but "
+                "Accelerate's FSDP2 reads only fsdp_reshard_after_forward"
+                + (" (false = SHARD_GRAD_OP); use DDP there for no sharding." if spec.sharding_strategy == "NO_SHARD"
+                   else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding.")]
+    return []
 
 
 def build_fsdp_config(spec: FsdpSpec) -> dict:

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import click
 
+from distsetup.errors import DistsetupError
+
 
 def write_atomic(path: Path, text: str, executable: bool = False) -> None:
     """Replace `path` with `text` whole, or leave it untouched if anything fails."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise DistsetupError(f"cannot write {path}: {e.strerror} ({e.filename}).",
+                             "choose an --output in a folder you can write to.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

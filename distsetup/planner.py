@@ -40,6 +40,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 
 from distsetup.errors import DistsetupError
+from distsetup.fsdp_config import FLAG_FOR_PRECISION
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -449,7 +450,7 @@ def fsdp_args(choice: Estimate, precision: str, layer_cls: str) -> list[str]:
     s = BY_KEY[choice.strategy]
     args = ["--sharding_strategy", s.sharding_strategy, "--transformer_layer_cls_to_wrap", layer_cls]
     if precision != "fp32":
-        args += ["--mixed_precision", {"bf16": "BFLOAT16", "fp16": "FLOAT16"}[precision]]
+        args += ["--mixed_precision", FLAG_FOR_PRECISION[precision]]
     if choice.activation_checkpointing:
         args.append("--activation_checkpointing")
     return args

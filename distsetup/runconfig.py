@@ -6,15 +6,15 @@ Each field's metadata also yields the JSON Schema shipped as distsetup/schemas/r
 
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import re
-
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.lr_scaling import RULES
 from distsetup.problems import Problem, schema_problems, suggest
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
@@ -67,8 +67,7 @@ class TrainingConfig:
     betas: list[float] = setting([0.9, 0.95], "AdamW betas", minItems=2, maxItems=2)
     grad_clip: float = setting(1.0, "clip the gradient norm to this; 0 disables", minimum=0)
     precision: str = setting("fp32", "fp32, bf16 or fp16", enum=list(PRECISIONS))
-    scale_lr: str = setting("none", "scale lr with the global batch: none, linear or sqrt",
-                            enum=["none", "linear", "sqrt"])
+    scale_lr: str = setting("none", "scale lr with the global batch: none, linear or sqrt", enum=list(RULES))
     base_batch_size: int | None = setting(None, "global batch size that lr was tuned for", minimum=1)
     activation_checkpointing: bool = setting(False, "recompute block activations in backward")
     checkpoint_interval: int = setting(50, "save every N steps (and at the end)", minimum=1)
@@ -150,7 +149,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if not isinstance(raw[section], dict):
             raise DistsetupError(f"override '{item}': '{section}' is not a section.",
                                  f"sections are {', '.join(SECTIONS)}.")
-        raw[section][key] = parse_yaml(value)
+        try:
+            raw[section][key] = parse_yaml(value)
+        except yaml.YAMLError:
+            raise DistsetupError(f"override '{item}': the value is not valid YAML.",
+                                 f"quote it: {dotted}='\"...\"' (a path or a string).")
     return raw
 
 
@@ -159,6 +162,8 @@ def read_yaml(path: Path) -> dict:
         raw = parse_yaml(path.read_text()) or {}
     except OSError as e:
         raise DistsetupError(f"cannot read run config {path}: {e.strerror}.", "check the --config path.")
+    except UnicodeDecodeError:
+        raise DistsetupError(f"run config {path} is not UTF-8 text.", "give the YAML run config itself.")
     except yaml.YAMLError as e:
         raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
     if not isinstance(raw, dict):
@@ -190,10 +195,8 @@ def _build(raw: dict) -> RunConfig:
     sections = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}
     config = RunConfig(**sections)
     dist = config.distributed
-    if dist.use_deepspeed and dist.backend in BACKENDS[:2]:
-        dist.backend = "deepspeed"
-    if dist.use_fsdp and dist.backend in BACKENDS[:2]:
-        dist.backend = "fsdp"
+    if "backend" not in raw.get("distributed", {}):     # the guides' keys pick it; an explicit one wins
+        dist.backend = "deepspeed" if dist.use_deepspeed else "fsdp" if dist.use_fsdp else dist.backend
     return config
 
 

@@ -43,6 +43,8 @@ def read_json(path: Path) -> dict:
         data = json.loads(path.read_text(), object_pairs_hook=_object_with_duplicates)
     except OSError as e:
         raise DistsetupError(f"cannot read {path}: {e.strerror}.", "check the path.")
+    except UnicodeDecodeError:
+        raise DistsetupError(f"{path} is not UTF-8 text.", "give the JSON config file itself.")
     except json.JSONDecodeError as e:
         raise DistsetupError(f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
                              "fix the JSON syntax (no comments or trailing commas).")

@@ -36,7 +36,7 @@ _skipped_in_ci: list[str] = []
 
 
 def pytest_runtest_logreport(report):
-    if os.environ.get("CI") and report.skipped:
+    if os.environ.get("CI") == "true" and report.skipped:
         _skipped_in_ci.append(f"{report.nodeid}: {report.longrepr[-1] if report.longrepr else ''}")
 
 

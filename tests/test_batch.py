@@ -34,3 +34,9 @@ def test_world_size_from_nodes_and_gpus():
     assert world_size_from(32, 4, 8) == 32
     with pytest.raises(DistsetupError, match="disagrees"):
         world_size_from(16, 4, 8)
+
+
+def test_nodes_without_gpus_per_node_is_an_error():
+    with pytest.raises(DistsetupError, match="--num_nodes 4 needs --num_gpus_per_node"):
+        world_size_from(None, 4, None)
+    assert world_size_from(None, None, 8) == 8          # one node

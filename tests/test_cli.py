@@ -16,6 +16,10 @@ GENERATING_COMMANDS = [
     ["deepspeed", "--zero_stage", "3", "--offload_param", "--bf16", "--world_size", "8"],
     ["fsdp", "--mixed_precision", "BFLOAT16"],
     ["validate", "config/config.yaml"],
+    ["launcher", "--config", "config/config.yaml", "--num_gpus_per_node", "2", "-o", "-"],
+    ["slurm", "--config", "config/config.yaml", "--num_nodes", "2", "--num_gpus_per_node", "4",
+     "--time_limit", "1:00:00", "--cpus_per_task", "8", "-o", "-"],
+    ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB"],
 ]
 
 
@@ -96,3 +100,21 @@ def test_weird_paths_with_spaces_and_quotes(run_cli, tmp_path):
     out = tmp_path / "my runs" / "it's \"quoted\"" / "ds.json"
     assert run_cli("deepspeed", "--zero_stage", "2", "-o", out).exit_code == 0
     assert run_cli("validate", out).exit_code == 0
+
+
+@pytest.mark.parametrize("make_target", [
+    lambda tmp: tmp / "afile" / "ds.json",              # a file where a folder should be
+    lambda tmp: "/proc/no/such/ds.json",                # a folder nobody can create
+])
+def test_unwritable_output_is_one_clear_error(run_cli, tmp_path, make_target):
+    (tmp_path / "afile").write_text("x")
+    result = run_cli("deepspeed", "--zero_stage", "1", "-o", make_target(tmp_path))
+    assert result.exit_code == 1 and result.stderr.startswith("Error: cannot write")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_binary_file_is_one_clear_error(run_cli, tmp_path):
+    for name in ("bin.json", "bin.yaml"):
+        (tmp_path / name).write_bytes(b"\xff\xfe\x00garbage")
+        result = run_cli("validate", tmp_path / name)
+        assert result.exit_code == 1 and "is not UTF-8 text" in result.stderr

@@ -104,10 +104,17 @@ def test_fp16_gets_dynamic_loss_scaling(run_cli):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--zero_stage", "2", "--offload_param"], "--offload_param needs --zero_stage 3"),
+    (["--zero_stage", "2", "--offload_param"], "--offload_param means nothing at --zero_stage 2"),
     (["--zero_stage", "3", "--offload_param", "nvme"], "--nvme_path"),
     (["--bf16", "--fp16"], "mutually exclusive"),
-    (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "stage-3 options"),
+    (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "--stage3_max_live_parameters means nothing"),
+    (["--zero_stage", "0", "--overlap_comm"], "--overlap_comm means nothing at --zero_stage 0"),
+    (["--zero_stage", "0", "--reduce_bucket_size", "100"], "--reduce_bucket_size means nothing"),
+    (["--zero_stage", "3", "--allgather_bucket_size", "100"], "at stages 1, 2 only"),
+    (["--betas", "1.5", "2"], "each beta must be in [0, 1)"),
+    (["--optimizer", "none", "--scheduler", "WarmupLR"], "needs --lr"),
+    (["--hf_auto", "--lr", "1e-4", "--scale_lr", "linear", "--base_batch_size", "1", "--world_size", "2"],
+     "--scale_lr cannot be combined with --hf_auto"),
     (["--micro_batch_size", "4", "--gradient_accumulation_steps", "2", "--train_batch_size", "30",
       "--world_size", "4"], "= 32, not train_batch_size 30"),
     (["--zero_stage", "7"], "--zero_stage"),
@@ -140,6 +147,30 @@ def test_preset_is_overridden_by_explicit_flags(run_cli):
     assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
     _, plain = invoke(run_cli, "--preset", "zero2", "--no-overlap-comm")
     assert plain["zero_optimization"]["overlap_comm"] is False
+
+
+@pytest.mark.parametrize("preset, stage", [("zero3", "2"), ("zero3_offload", "1"), ("zero2_offload", "0")])
+def test_preset_values_give_way_to_a_lower_stage(run_cli, preset, stage):
+    result, config = invoke(run_cli, "--preset", preset, "--zero_stage", stage)
+    assert result.exit_code == 0, result.stderr
+    zero = config["zero_optimization"]
+    assert zero["stage"] == int(stage)
+    assert not any(k.startswith("stage3_") or k == "offload_param" for k in zero)
+    assert ("offload_optimizer" in zero) == (preset.endswith("offload") and stage != "0")
+    assert deepspeed_problems(config) == []
+
+
+def test_adam_is_plain_adam_and_warmup_is_linear(run_cli):
+    _, config = invoke(run_cli, "--optimizer", "Adam", "--scheduler", "WarmupLR", "--warmup_min_lr", "1e-6")
+    assert config["optimizer"]["params"]["adam_w_mode"] is False
+    assert config["scheduler"]["params"]["warmup_type"] == "linear"
+    assert config["scheduler"]["params"]["warmup_min_lr"] == 1e-6
+    deepspeed_accepts(config)
+
+
+def test_hf_auto_points_at_the_trainer_not_the_launcher(run_cli, tmp_path):
+    result = run_cli("deepspeed", "--hf_auto", "-o", tmp_path / "ds.json")
+    assert "TrainingArguments(deepspeed=" in result.stderr and "distsetup launcher" not in result.stderr
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -69,3 +69,10 @@ def test_options_meaningless_together_are_errors(run_cli, tmp_path, args, messag
     result = run_cli("fsdp", *args, "-o", out)
     assert result.exit_code != 0 and message in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("strategy", ["NO_SHARD", "HYBRID_SHARD"])
+def test_fsdp2_strategies_accelerate_reads_differently_are_flagged(run_cli, strategy):
+    result = run_cli("fsdp", "--sharding_strategy", strategy)
+    assert result.exit_code == 0 and "Warning:" in result.stderr and "Accelerate" in result.stderr
+    assert "Warning" not in run_cli("fsdp", "--sharding_strategy", "FULL_SHARD").stderr

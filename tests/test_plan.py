@@ -322,3 +322,12 @@ def test_params_alone_assumes_a_published_shape_and_says_so(run_cli):
     zero3 = next(e for e in plan["estimates"] if e["strategy"] == "zero3")
     assert zero3["activations"] > 10e9                   # s=4096, b=2, h=4096, 32 layers in bf16
     assert zero3["gathered"] < 0.1 * 2 * 7e9             # gathered per module, not the whole model
+
+
+def test_fsdp_recommendation_wraps_the_users_layer_class(run_cli):
+    args = ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB", "--seq_len", "4096",
+            "--micro_batch_size", "2", "--bf16", "--strategy", "fsdp_full_shard"]
+    result = run_cli(*args)
+    assert "--transformer_layer_cls_to_wrap Block" in result.stdout and "give --layer_cls" in result.stderr
+    result = run_cli(*args, "--layer_cls", "LlamaDecoderLayer")
+    assert "--transformer_layer_cls_to_wrap LlamaDecoderLayer" in result.stdout and "--layer_cls" not in result.stderr

@@ -67,3 +67,16 @@ def test_missing_file_and_bad_override():
         load_run_config("no/such/config.yaml")
     with pytest.raises(DistsetupError, match="section.key=value"):
         load_run_config(None, ["lr=1"])
+
+
+def test_override_that_is_not_yaml_is_one_clear_error():
+    with pytest.raises(DistsetupError, match="not valid YAML"):
+        load_run_config(None, ["distributed.fsdp_config=[x].json"])
+    with pytest.raises(DistsetupError, match="not valid YAML"):
+        load_run_config(None, ["distributed.deepspeed_config=@ds.json"])
+
+
+def test_explicit_backend_wins_over_the_guides_keys_and_a_mismatch_is_reported(tmp_path):
+    path = write_yaml(tmp_path, "distributed:\n  backend: single\n  use_fsdp: true\n")
+    with pytest.raises(DistsetupError, match="use_fsdp is true but backend is single"):
+        load_run_config(path)

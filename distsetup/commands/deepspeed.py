@@ -8,7 +8,7 @@ import click
 from distsetup.batch import resolve_batch, world_size_from
 from distsetup.checks import deepspeed_problems
 from distsetup.deepspeed_config import (DEFAULT_LR, OPTIMIZERS, PRESETS, SCHEDULERS, DeepSpeedSpec, OptimizerSpec,
-                                        SchedulerSpec, Stage3Spec, build_deepspeed_config, check_spec)
+                                        SchedulerSpec, applies, build_deepspeed_config, check_spec)
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
 from distsetup.options import batch_options, option, output_options, positive, switch, world_options
@@ -60,6 +60,7 @@ Examples:
         help="LR schedule block.")
 @option("warmup_num_steps", type=click.IntRange(min=0), help="Warmup steps [100].")
 @option("total_num_steps", type=positive, help="Total steps (WarmupDecayLR, WarmupCosineLR).")
+@option("warmup_min_lr", type=click.FloatRange(min=0), help="Learning rate at the start of warmup [0].")
 @option("steps_per_print", type=positive, help="DeepSpeed's progress print interval [100].")
 @option("wall_clock_breakdown", is_flag=True, help="Time forward/backward/step.")
 @option("hf_auto", is_flag=True, help='Write "auto" where the HF Trainer fills values in.')
@@ -68,10 +69,16 @@ Examples:
 def deepspeed(ctx: click.Context, output, dry_run, **opts):
     """Write a DeepSpeed config (ZeRO 0-3, offload, precision, batch sizes, optimizer)."""
     if opts["preset"]:
-        for name, value in PRESETS[opts["preset"]].items():
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.DEFAULT:
-                opts[name] = value
+        given = {n for n in opts if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT}
+        preset = PRESETS[opts["preset"]]
+        stage = opts["zero_stage"] if "zero_stage" in given else preset["zero_stage"]
+        # A preset's values for its own stage give way to the stage the user chose.
+        opts.update({n: v for n, v in preset.items() if n not in given and applies(n, stage)})
     spec = spec_from_options(opts)
+    if opts["scale_lr"] and spec.hf_auto:
+        raise DistsetupError("--scale_lr cannot be combined with --hf_auto: the HF Trainer checks the file's lr "
+                             "against TrainingArguments.learning_rate and refuses a scaled one.",
+                             "drop --scale_lr and pass the scaled rate as TrainingArguments(learning_rate=...).")
     if opts["scale_lr"]:
         spec = scale_spec_lr(spec, opts["scale_lr"], opts["base_batch_size"])
     elif opts["base_batch_size"]:
@@ -83,8 +90,9 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
     if problems:
         raise DistsetupError(f"the generated config fails its own check: {problems[0]}",
                              "this is a distsetup bug; please report the command line.")
-    emit(json.dumps(config, indent=2) + "\n", output, dry_run,
-         next_step=f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
+    next_step = (f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script" if spec.hf_auto
+                 else f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
+    emit(json.dumps(config, indent=2) + "\n", output, dry_run, next_step=next_step)
 
 
 def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:
@@ -118,9 +126,11 @@ def spec_from_options(o: dict) -> DeepSpeedSpec:
         gradient_clipping=o["gradient_clipping"], overlap_comm=o["overlap_comm"],
         contiguous_gradients=o["contiguous_gradients"], reduce_bucket_size=o["reduce_bucket_size"],
         allgather_bucket_size=o["allgather_bucket_size"],
-        stage3=Stage3Spec(o["stage3_prefetch_bucket_size"], o["stage3_param_persistence_threshold"],
-                          o["stage3_max_live_parameters"], o["stage3_gather_16bit_weights_on_model_save"]),
+        stage3_prefetch_bucket_size=o["stage3_prefetch_bucket_size"],
+        stage3_param_persistence_threshold=o["stage3_param_persistence_threshold"],
+        stage3_max_live_parameters=o["stage3_max_live_parameters"],
+        stage3_gather_16bit_weights_on_model_save=o["stage3_gather_16bit_weights_on_model_save"],
         optimizer=OptimizerSpec(o["optimizer"], o["lr"], o["betas"], o["eps"], o["weight_decay"]),
-        scheduler=SchedulerSpec(o["scheduler"], o["warmup_num_steps"], o["total_num_steps"]),
+        scheduler=SchedulerSpec(o["scheduler"], o["warmup_num_steps"], o["total_num_steps"], o["warmup_min_lr"]),
         steps_per_print=o["steps_per_print"], wall_clock_breakdown=o["wall_clock_breakdown"],
         hf_auto=o["hf_auto"])

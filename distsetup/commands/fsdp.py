@@ -63,7 +63,8 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         cpu_offload=o["cpu_offload"], activation_checkpointing=o["activation_checkpointing"],
         cpu_ram_efficient_loading=o["cpu_ram_efficient_loading"], sync_module_states=o["sync_module_states"],
         use_orig_params=o["use_orig_params"])
-    check_fsdp_spec(spec)
+    for warning in check_fsdp_spec(spec):
+        click.echo(f"Warning: {warning}", err=True)
     config = build_fsdp_config(spec)
     problems = fsdp_problems(config)
     if problems:

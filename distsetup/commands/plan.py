@@ -10,7 +10,7 @@ import click
 from distsetup.batch import resolve_batch
 from distsetup.deepspeed_config import DeepSpeedSpec, build_deepspeed_config, check_spec
 from distsetup.errors import DistsetupError
-from distsetup.fsdp_config import FsdpSpec, build_fsdp_config, check_fsdp_spec
+from distsetup.fsdp_config import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
 from distsetup.options import option, positive, switch
 from distsetup.output import write_atomic
 from distsetup.planner import (BY_KEY, Hardware, ModelShape, Plan, Workload, assumed_shape, deepspeed_args, fsdp_args, gb,
@@ -34,6 +34,7 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("num_layers", type=positive, help="Transformer layers (for activations).")
 @option("num_heads", type=positive, help="Attention heads (only without flash attention).")
 @option("vocab_size", type=positive, help="Vocabulary size (for the logits).")
+@option("layer_cls", help="Your model's decoder-layer class, for FSDP wrapping (e.g. LlamaDecoderLayer).")
 @option("num_gpus", type=positive, help="GPUs in total (spread over --num_nodes).")
 @option("num_nodes", type=positive, default=1, show_default=True, help="Nodes.")
 @option("num_gpus_per_node", type=positive, help="GPUs per node.")
@@ -65,6 +66,9 @@ def plan_command(**o):
                     flash_attention=o["flash_attention"])
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
     command, files = recommended_files(result)
+    if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
+        click.echo("Note: the FSDP command wraps the built-in model's Block class; give --layer_cls with your "
+                   "model's decoder layer (e.g. LlamaDecoderLayer).", err=True)
     if o["as_json"]:
         click.echo(json.dumps({**result.to_dict(), "command": command}, indent=2))
     else:
@@ -93,7 +97,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict]:
                        f"(a published model of about this size); give --hidden_size/--num_layers/--num_heads/"
                        f"--vocab_size for yours.", err=True)
         return ModelShape(params=params, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                          vocab_size=vocab), {}
+                          vocab_size=vocab, layer_cls=o["layer_cls"] or "Block"), {}
     from distsetup.runconfig import load_run_config
     cfg = load_run_config(o["config"])
     shape = shape_from_run_config(cfg)
@@ -198,7 +202,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
         command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
     else:
         spec = FsdpSpec(sharding_strategy=s.sharding_strategy, transformer_layer_cls_to_wrap=(result.model.layer_cls,),
-                        mixed_precision={"fp32": "no", "bf16": "BFLOAT16", "fp16": "FLOAT16"}[precision],
+                        mixed_precision=FLAG_FOR_PRECISION[precision],
                         activation_checkpointing=choice.activation_checkpointing)
         check_fsdp_spec(spec)
         name, config = "fsdp_config.json", build_fsdp_config(spec)
@@ -211,7 +215,7 @@ def render_table(result: Plan, command: str | None) -> str:
     hw, work, model = result.hardware, result.workload, result.model
     lines = [f"Model: {model.params / 1e9:.3g}B parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
              f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}, "
-             f"sequence {work.seq_len}, micro-batch {result.estimates[0].micro_batch}. GB per GPU:"]
+             f"sequence {work.seq_len}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"]
     rows = [COLUMNS]
     for e in result.estimates:
         fits_ac = replace(e, activation_checkpointing=True)
