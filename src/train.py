@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--export", metavar="OUT.pt", help="write the newest checkpoint's weights to OUT.pt and exit")
     p.add_argument("--export_dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--init_from", metavar="FILE.pt", help="start from weights written by --export")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # overrides may follow options, as launcher scripts pass them
 
 
 def load_config(args):
@@ -97,6 +97,7 @@ def train(cfg, args) -> int:
     from distsetup.training.backends import make_backend
     from distsetup.training.data import ShardedSampler, build_dataset
     from distsetup.training.export import load_weights
+    from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, layer_modules
     from distsetup.training.world import (all_reduce_sum, barrier, destroy_process_group, init_process_group,
                                           pick_device, read_world)
@@ -154,11 +155,11 @@ def train(cfg, args) -> int:
             say(f"resumed from {resume} (step {step})")
         meta = {"backend": backend.name, "zero_stage": backend.zero_stage, "precision": backend.precision}
 
-        # loop
+        # loop (the timer leaves checkpoint writes out of the throughput)
         out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = open(out_dir / "metrics.jsonl", "a") if world.is_main else None
+        metrics = MetricsLog(out_dir, world.is_main)
         bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
-        start, first_step = time.time(), step
+        timer, first_step = StepTimer(), step
         while step < t.max_steps:
             lr = backend.current_lr()
             micro_losses = []
@@ -171,25 +172,30 @@ def train(cfg, args) -> int:
                                             device)
             loss = loss_sum / world.size
             bar.update(1)
-            if metrics and (step % t.log_interval == 0 or step == t.max_steps or stop):
-                metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr}) + "\n")
-                metrics.flush()
+            if step % t.log_interval == 0 or step == t.max_steps or stop:
+                metrics.write(step, loss=loss, lr=lr)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
             if stop or step % t.checkpoint_interval == 0 or step == t.max_steps:
-                ckpt.save_checkpoint(backend, ckpt_root, step, world,
-                                     {**meta, "loss": loss, "sampler": sampler.state_dict()})
+                with timer.checkpointing():
+                    ckpt.save_checkpoint(backend, ckpt_root, step, world,
+                                         {**meta, "loss": loss, "sampler": sampler.state_dict()})
             if stop:
                 bar.close()
+                metrics.close()
                 say(f"preempted: checkpoint at step {step}")
                 return PREEMPTED
         bar.close()
-        elapsed = time.time() - start
+        metrics.close()
 
         # teardown: rank 0's summary; the process group goes in `finally`
         if world.is_main:
+            seconds = timer.train_seconds
+            steps_per_s = (step - first_step) / seconds
             summary = {"steps": step, "final_loss": loss, "world_size": world.size, "backend": backend.name,
-                       "tokens_per_s": (step - first_step) * global_batch * cfg.model.block_size / max(elapsed, 1e-9),
-                       "zero_stage": backend.zero_stage, "precision": backend.precision, "memory": backend.memory}
+                       "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size, "steps_per_s": steps_per_s,
+                       "train_seconds": seconds, "checkpoint_seconds": timer.checkpoint_seconds,
+                       "zero_stage": backend.zero_stage, "precision": backend.precision, "memory": backend.memory,
+                       "peak_activation_bytes": backend.activation_bytes}
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             say(f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}")

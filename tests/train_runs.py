@@ -55,16 +55,21 @@ RUNS = {"single": (1, "single", None), "ddp": (2, "ddp", None),
 def write_run_config(folder: Path, name: str, **training) -> Path:
     """config.yaml (and the backend file) for run `name` in `folder`."""
     nproc, backend, backend_file = RUNS[name]
+    return write_config(folder, name, backend, backend_file,
+                        {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc, **training})
+
+
+def write_config(folder: Path, name: str, backend: str, backend_file: dict | None, training: dict,
+                 data: dict | None = None) -> Path:
+    """config.yaml for `backend` (its file written next to it as name.json), output in folder/out."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = {"backend": backend, "timeout_minutes": 2}
     if backend_file is not None:
         key = "fsdp_config" if backend == "fsdp" else "deepspeed_config"
         (folder / f"{name}.json").write_text(json.dumps(backend_file))
         dist[key] = str(folder / f"{name}.json")
-    config = {"model": MODEL, "data": {"num_samples": 2048},
-              "training": {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc,
-                           "output_dir": str(folder / "out"), **training},
-              "distributed": dist}
+    config = {"model": MODEL, "data": data or {"num_samples": 2048},
+              "training": {**training, "output_dir": str(folder / "out")}, "distributed": dist}
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -140,3 +145,102 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
             proc.kill()
             raise AssertionError(f"{path} did not appear within {timeout}s")
         time.sleep(0.005)
+
+
+# -- feature runs: global batch 16 = micro 4 x accumulation (4 / processes) x processes, 12 steps ------------
+# Backend files come from the CLI (`distsetup fsdp|deepspeed ...`), as users get them.
+
+FEATURE_STEPS, MICRO = 12, 4
+DS_ACC = ("--world_size", "2", "--micro_batch_size", str(MICRO), "--gradient_accumulation_steps", "2",
+          "--lr", str(TRAINING["lr"]), "--betas", "0.9", "0.95", "--weight_decay", "0.01")
+
+
+def cli_file(command: str, *args: str) -> dict:
+    """The JSON file `distsetup COMMAND ARGS --output FILE` writes."""
+    from click.testing import CliRunner
+    from distsetup.cli import cli
+    out = Path(tempfile.mkdtemp(dir=SHARED)) / f"{command}.json"
+    result = CliRunner().invoke(cli, [command, *args, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+def text_files(folder: Path) -> dict:
+    """A .txt and a .jsonl file of repetitive English (byte-level: the loss falls fast); the data section."""
+    folder.mkdir(parents=True, exist_ok=True)
+    line = "the quick brown fox jumps over the lazy dog while the cat sleeps. "
+    (folder / "a.txt").write_text(line * 120)
+    (folder / "b.jsonl").write_text("".join(json.dumps({"text": f"record {i}: {line}"}) + "\n" for i in range(60)))
+    return {"type": "files", "paths": [str(folder / "a.txt"), str(folder / "b.jsonl")]}
+
+
+# name -> (processes, backend, backend file (built lazily), training overrides, data, launched as 2 nodes)
+FEATURE_RUNS = {
+    "acc_single": lambda: (1, "single", None, {}, None, False),
+    "acc_ddp_ckpt": lambda: (2, "ddp", None, {"activation_checkpointing": True}, None, False),
+    "acc_fsdp_ckpt_full_sd": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "FULL_SHARD",
+                                      "--activation_checkpointing", "--state_dict_type", "FULL_STATE_DICT"),
+                                      {}, None, False),
+    "acc_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", *DS_ACC), {}, None, False),
+    # one plain `python src/train.py --deepspeed`-style process: DeepSpeed without a launcher's LOCAL_RANK
+    "acc_zero2_one_process": lambda: (1, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--world_size", "1",
+                                      "--micro_batch_size", str(MICRO), "--gradient_accumulation_steps", "4",
+                                      *DS_ACC[6:]), {}, None, False),
+    "acc_zero3_offload": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "3", "--offload_param",
+                                  "--offload_optimizer", "--stage3_param_persistence_threshold", "0", *DS_ACC),
+                                  {}, None, False),
+    "acc_fsdp_hybrid_size": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "HYBRID_SHARD",
+                                     "--auto_wrap_policy", "SIZE_BASED_WRAP", "--min_num_params", "5000"),
+                                     {}, None, False),
+    "acc_fsdp_hybrid_zero2_nodes": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "HYBRID_SHARD_ZERO2"),
+                                            {}, None, True),
+    # low precision (no parity: loss falls and stays finite); a higher lr so 12 steps show it
+    "bf16_ddp_files": lambda: (2, "ddp", None, {"precision": "bf16", "lr": 5e-3, "scale_lr": "linear",
+                                                "base_batch_size": 8}, text_files(SHARED / "text"), False),
+    "bf16_fsdp": lambda: (2, "fsdp", cli_file("fsdp", "--mixed_precision", "BFLOAT16"), {"lr": 1e-2}, None, False),
+    "bf16_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--bf16", *DS_ACC[:-7],
+                                                    "--lr", "1e-2", "--betas", "0.9", "0.95"), {}, None, False),
+    "fp16_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--fp16", *DS_ACC[:-7],
+                                                    "--lr", "1e-2", "--betas", "0.9", "0.95"), {}, None, False),
+}
+
+
+def write_feature_config(folder: Path, name: str, **training) -> tuple[Path, int, bool]:
+    """(config path, processes, as two nodes) for feature run `name`."""
+    nproc, backend, backend_file, extra, data = FEATURE_RUNS[name]()[:5]
+    accumulation = GLOBAL_BATCH // (MICRO * nproc)
+    settings = {**TRAINING, "max_steps": FEATURE_STEPS, "checkpoint_interval": FEATURE_STEPS,
+                "micro_batch_size": MICRO, "gradient_accumulation_steps": accumulation, **extra, **training}
+    return write_config(folder, name, backend, backend_file, settings, data), nproc, FEATURE_RUNS[name]()[5]
+
+
+@functools.cache
+def feature_run(name: str) -> Path:
+    """Run feature run `name` once per pytest process; returns its output_dir."""
+    config, nproc, nodes = write_feature_config(SHARED / name, name)
+    result = train_nodes(config) if nodes else train(config, nproc)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    (SHARED / name / "stdout.txt").write_text(result.stdout)
+    return SHARED / name / "out"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_nodes(config: Path, *args, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Two torchrun "nodes" of one process each on this machine (LOCAL_WORLD_SIZE 1, WORLD_SIZE 2)."""
+    port, procs, logs = free_port(), [], []
+    for node in range(2):
+        logs.append(config.parent / f"node{node}.log")
+        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), str(TRAIN), "--config", str(config),
+               *map(str, args)]
+        procs.append(subprocess.Popen(cmd, stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT, text=True,
+                                      env=environment(), cwd=REPO))
+    codes = [p.wait(timeout=timeout) for p in procs]
+    text = "".join(log.read_text() for log in logs)
+    return subprocess.CompletedProcess(procs[0].args, max(codes, key=abs), stdout=text, stderr=text)

@@ -31,6 +31,7 @@ class Backend:
         self.precision, self.lr = t.precision, t.lr
         self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
         self.memory: dict | None = None
+        self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
 
     # -- the interface -------------------------------------------------------------------------------
@@ -44,7 +45,7 @@ class Backend:
     def backward(self, x, y, last_micro: bool) -> float:
         """Forward and backward one micro-batch; gradients are synchronised on the last one only."""
         with self._sync(last_micro), self._autocast():
-            loss = self.model(x, y)
+            loss = self._forward(x, y)
         scaled = loss / self.accumulation
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return loss.item()
@@ -85,6 +86,15 @@ class Backend:
         return self.optimizer.param_groups[0]["lr"]
 
     # -- helpers --------------------------------------------------------------------------------------
+    def _forward(self, x, y) -> torch.Tensor:
+        """The model's loss; the first call also counts the bytes its forward saves for backward."""
+        if self.activation_bytes is not None:
+            return self.model(x, y)
+        with memory.SavedActivations(self.model) as saved:
+            loss = self.model(x, y)
+        self.activation_bytes = saved.bytes
+        return loss
+
     def _build_optimizer(self, model: nn.Module) -> None:
         t = self.cfg.training
         self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay)

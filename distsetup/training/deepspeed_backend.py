@@ -110,7 +110,7 @@ class DeepSpeedBackend(Backend):
         self.model = self.engine
 
     def backward(self, x, y, last_micro):
-        loss = self.engine(x, y)
+        loss = self._forward(x, y)
         self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter

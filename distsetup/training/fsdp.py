@@ -56,12 +56,16 @@ class FSDPBackend(Backend):
             raise DistsetupError("FSDP with fp16 needs loss scaling, which src/train.py does not do for FSDP.",
                                  "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.")
         self.full_state_dict = self.fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
+        if len(self.mesh_shape) == 2:
+            self.notes.append(f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard "
+                              f"{self.mesh_shape[1]}")
 
     def wrap(self, model, blocks):
         model = model.to(self.device)
         units = self._units(model, blocks)
         if self.fsdp["fsdp_activation_checkpointing"] or self.cfg.training.activation_checkpointing:
-            apply_activation_checkpointing(model, units)
+            apply_activation_checkpointing(model, blocks)  # the blocks, whatever the wrapping policy
             wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             units = [wrapped.get(id(u), u) for u in units]
         kwargs = {"mesh": self._mesh(), "reshard_after_forward": self.fsdp.get(
@@ -84,15 +88,9 @@ class FSDPBackend(Backend):
         return layer_modules(model, names.split(",")) if names else blocks
 
     def _mesh(self):
-        """1-D over all ranks; HYBRID_* and NO_SHARD: 2-D (replicate x shard), sharded within a node."""
-        size = self.world.size
-        if self.strategy == "NO_SHARD" or self.strategy.startswith("HYBRID"):
-            shard = 1 if self.strategy == "NO_SHARD" else self.world.local_size
-            if size % shard:
-                raise DistsetupError(f"{self.strategy} needs the world size ({size}) to be a multiple of the "
-                                     f"processes per node ({shard}).", "launch the same number on every node.")
-            return init_device_mesh(self.device.type, (size // shard, shard), mesh_dim_names=("replicate", "shard"))
-        return init_device_mesh(self.device.type, (size,), mesh_dim_names=("shard",))
+        if len(self.mesh_shape) == 2:
+            return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("shard",))
 
     def _mixed_precision(self):
         if self.precision == "fp32":
@@ -110,7 +108,7 @@ class FSDPBackend(Backend):
 
     def backward(self, x, y, last_micro):
         self.model.set_requires_gradient_sync(last_micro)
-        loss = self.model(x, y)
+        loss = self._forward(x, y)
         (loss / self.accumulation).backward()
         return loss.item()
 
@@ -145,10 +143,24 @@ class FSDPBackend(Backend):
         self.scheduler.load_state_dict(state["scheduler"])
 
 
+def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ...]:
+    """1-D over all ranks; HYBRID_* and NO_SHARD: 2-D (replicate, shard), sharded within a node
+    (LOCAL_WORLD_SIZE processes) and replicated across nodes; NO_SHARD shards over 1."""
+    if strategy != "NO_SHARD" and not strategy.startswith("HYBRID"):
+        return (world_size,)
+    shard = 1 if strategy == "NO_SHARD" else local_size
+    if world_size % shard:
+        raise DistsetupError(f"{strategy} needs the world size ({world_size}) to be a multiple of the "
+                             f"processes per node ({shard}).", "launch the same number on every node.")
+    return (world_size // shard, shard)
+
+
 def _size_based_units(model, min_num_params: int) -> list:
     """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
     units, taken = [], set()
     for module in reversed(list(model.modules())[1:]):
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            continue  # containers have no forward of their own, so their parameters would never be gathered
         own = [p for p in module.parameters() if id(p) not in taken]
         if sum(p.numel() for p in own) >= min_num_params:
             units.append(module)

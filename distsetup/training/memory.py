@@ -40,3 +40,40 @@ def state_tensors(state) -> list:
 
 def grad_bytes(params) -> int:
     return tensor_bytes(p.grad for p in params if p.grad is not None)
+
+
+class SavedActivations:
+    """Bytes autograd saves for backward while active (a forward pass), parameters left out.
+
+    Each storage counts once. Parameters are recognised when a tensor is saved, from the storages of
+    `model.parameters()` at that moment: FSDP2 and ZeRO-3 gather a parameter into a fresh storage for
+    the duration of its module's forward, and those are weights, not activations.
+    """
+
+    def __init__(self, model):
+        self.model, self.bytes, self._seen = model, 0, set()
+
+    def _pack(self, t):
+        try:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in self._seen and ptr not in {_storage_ptr(p) for p in self.model.parameters()}:
+                self._seen.add(ptr)
+                self.bytes += storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without a plain storage
+            pass
+        return t
+
+    def __enter__(self):
+        import torch.autograd.graph
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
+def _storage_ptr(p) -> int:
+    p = _local(p)
+    return p.untyped_storage().data_ptr() if p.numel() else -1

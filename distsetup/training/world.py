@@ -50,6 +50,10 @@ def init_process_group(world: World, backend: str, device: torch.device, timeout
     # DeepSpeed needs a process group even for one process; a plain `python train.py` has no rendezvous.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    # ...and DeepSpeed asserts LOCAL_RANK is set, which only a launcher does: describe the plain run to it.
+    for key, value in (("RANK", world.rank), ("LOCAL_RANK", world.local_rank), ("WORLD_SIZE", world.size),
+                       ("LOCAL_WORLD_SIZE", world.local_size)):
+        os.environ.setdefault(key, str(value))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=world.rank,
                             world_size=world.size, timeout=datetime.timedelta(minutes=timeout_minutes))
 

@@ -1,0 +1,73 @@
+"""Rank 0's metrics (JSONL, TensorBoard when installed) and the timer behind tokens_per_s."""
+
+import importlib.util
+import json
+import sys
+import time
+import types
+
+import pytest
+
+from distsetup.training.metrics import MetricsLog, StepTimer
+
+
+def test_jsonl_always_and_no_tensorboard_folder_without_tensorboard(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    log = MetricsLog(tmp_path, enabled=True)
+    log.write(1, loss=2.5, lr=1e-3)
+    log.write(2, loss=2.0, lr=2e-3)
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 2.0, "lr": 2e-3}]
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):
+    calls = []
+
+    class SummaryWriter:
+        def __init__(self, log_dir):
+            calls.append(("dir", log_dir))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            calls.append(("closed",))
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    log = MetricsLog(tmp_path, enabled=True)
+    log.write(3, loss=1.5, lr=4e-4)
+    log.close()
+    assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3),
+                     ("closed",)]
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    log = MetricsLog(tmp_path, enabled=False)
+    log.write(1, loss=1.0)
+    log.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed")
+def test_real_tensorboard_writes_event_files(tmp_path):
+    log = MetricsLog(tmp_path, enabled=True)
+    log.write(1, loss=1.0)
+    log.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_timer_leaves_checkpoint_time_out():
+    begin = time.perf_counter()
+    timer = StepTimer()
+    time.sleep(0.05)
+    with timer.checkpointing():
+        time.sleep(0.2)
+    time.sleep(0.05)
+    trained, wall = timer.train_seconds, time.perf_counter() - begin
+    assert timer.checkpoint_seconds >= 0.2 and trained >= 0.1
+    assert trained + timer.checkpoint_seconds == pytest.approx(wall, abs=0.02)
