@@ -27,7 +27,7 @@ except ImportError:  # src/ is not a package: run from a checkout without instal
 
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
-from distsetup.runconfig import load_run_config
+from distsetup.runconfig import load_run_config, resolve_config_path
 
 PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script requeues on
 
@@ -52,9 +52,8 @@ def load_config(args):
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
     cfg = load_run_config(args.config, overrides)
     for key in ("deepspeed_config", "fsdp_config"):
-        value = getattr(cfg.distributed, key)
-        if value and not Path(value).exists() and not Path(value).is_absolute():
-            setattr(cfg.distributed, key, str(Path(args.config).parent / value))
+        if value := getattr(cfg.distributed, key):
+            setattr(cfg.distributed, key, str(resolve_config_path(value, Path(args.config).parent)))
     return cfg
 
 
