@@ -8,14 +8,16 @@ Nothing here touches Click, the environment or the disk.
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distsetup.checks import deepspeed_problems
+from distsetup.checks import auto_paths, deepspeed_problems
 from distsetup.errors import DistsetupError
+from distsetup.problems import join_path
+from distsetup.runconfig import BACKENDS
 from distsetup.templating import render
 
-BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
 RDZV_BACKENDS = ("static", "c10d")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -53,7 +55,7 @@ class LaunchSpec:
     num_nodes: int = 1
     nproc_per_node: int | None = None          # None: every visible GPU ("auto")
     node_rank: int | None = None               # None: NODE_RANK from the environment at run time
-    master_addr: str = "127.0.0.1"
+    master_addr: str | None = None             # None: 127.0.0.1 on one node; MASTER_ADDR at run time on several
     master_port: int | None = None             # None: 29500 (or a free port for a single node)
     rdzv_backend: str = "static"
     rdzv_id: str = "distsetup"
@@ -66,6 +68,11 @@ class LaunchSpec:
     @property
     def world_size(self) -> int | None:
         return None if self.nproc_per_node is None else self.num_nodes * self.nproc_per_node
+
+    @property
+    def runs_train_py(self) -> bool:
+        """Whether the target is distsetup's src/train.py (which takes section.key=value overrides)."""
+        return self.module is None and self.script is not None and Path(self.script).parts[-2:] == ("src", "train.py")
 
 
 def parse_gpus(text: str) -> tuple[int, ...] | int:
@@ -110,10 +117,12 @@ def check_launch(spec: LaunchSpec) -> None:
         check_text(f"--{name}", getattr(spec, name))
     for name, value in spec.env.extra:
         check_text(f"--env {name}", value)
-    if spec.backend not in BACKENDS:
-        raise DistsetupError(f"unknown backend {spec.backend}.", f"use one of {', '.join(BACKENDS)}.")
-    if spec.launch_method not in LAUNCH_METHODS:
-        raise DistsetupError(f"unknown launch method {spec.launch_method}.", f"use one of {', '.join(LAUNCH_METHODS)}.")
+    # Click's choices make these unreachable from the CLI; the pure builder still needs them (an unknown
+    # launch method would otherwise render the accelerate branch).
+    for name, value, choices in (("backend", spec.backend, BACKENDS), ("launch method", spec.launch_method,
+                                 LAUNCH_METHODS), ("rendezvous backend", spec.rdzv_backend, RDZV_BACKENDS)):
+        if value not in choices:
+            raise DistsetupError(f"unknown {name} {value}.", f"use one of {', '.join(choices)}.")
     if (spec.script is None) == (spec.module is None):
         raise DistsetupError("give exactly one of --script and --module.", "e.g. --script src/train.py.")
     if spec.num_nodes < 1:
@@ -132,11 +141,16 @@ def check_launch(spec: LaunchSpec) -> None:
     if spec.backend == "deepspeed" and not spec.deepspeed_config:
         raise DistsetupError("backend deepspeed needs a DeepSpeed config file.",
                              "add --deepspeed_config FILE (write one with `distsetup deepspeed`).")
-    if spec.rdzv_backend not in RDZV_BACKENDS:
-        raise DistsetupError(f"unknown rendezvous backend {spec.rdzv_backend}.", "use static or c10d.")
     if spec.rdzv_backend == "c10d" and spec.launch_method != "torchrun":
         raise DistsetupError(f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
                              "drop --rdzv_backend or use --launch_method torchrun.")
+    if spec.rdzv_backend == "c10d" and spec.node_rank is not None and spec.num_nodes > 1:
+        raise DistsetupError("--node_rank is not used with --rdzv_backend c10d: ranks are assigned as nodes join.",
+                             "drop --node_rank (or use --rdzv_backend static).")
+    if spec.gpus is not None and spec.launch_method == "deepspeed" and spec.num_nodes > 1:
+        raise DistsetupError("--gpus does not work with the deepspeed launcher on several nodes: its hostfile "
+                             "resets CUDA_VISIBLE_DEVICES to 0..N-1, so it would train on other GPUs.",
+                             "use --launch_method torchrun (the default), or drop --gpus.")
     for host in spec.hosts:
         if not _HOST.match(host):
             raise DistsetupError(f"host name '{host}' is not a valid host name.",
@@ -149,43 +163,32 @@ def check_launch(spec: LaunchSpec) -> None:
     if spec.ssh and (spec.num_nodes < 2 or not spec.hosts):
         raise DistsetupError("--ssh (pdsh) needs several nodes and their names.",
                              "add --num_nodes N --hosts host1,host2,...")
-    if spec.ssh and spec.nproc_per_node is None:
-        raise DistsetupError("--ssh needs a GPU count per node for the hostfile slots.", "add --num_gpus_per_node N.")
 
 
-def check_deepspeed_batch(ds_config: dict, world_size: int | None, source: str) -> None:
-    """The DeepSpeed file's batch identity must hold for nodes x GPUs per node."""
-    if world_size is None:
+def check_deepspeed_file(ds_config: dict, spec: LaunchSpec, source: str) -> None:
+    """What DeepSpeed would refuse on every rank: "auto" values outside the HF Trainer (src/train.py hands
+    the file to DeepSpeed as is), and a batch identity that does not hold for nodes x GPUs per node."""
+    hf = not spec.runs_train_py  # a user's script may be the HF Trainer, which fills "auto" in
+    autos = [join_path(p) for p in auto_paths(ds_config)]
+    if autos and not hf:
+        raise DistsetupError(f'{source} has "auto" values ({", ".join(autos[:3])}{", ..." if len(autos) > 3 else ""})'
+                             ": \"auto\" is for the Hugging Face Trainer, which fills it in; src/train.py passes "
+                             "the file to DeepSpeed as is and every rank would fail.",
+                             "write numbers, e.g. regenerate it without --hf_auto: `distsetup deepspeed ... "
+                             "--output FILE`.")
+    if spec.world_size is None:
         return
-    problems = [p for p in deepspeed_problems(ds_config, world_size, hf=True) if p.path in BATCH_KEYS]
+    problems = [p for p in deepspeed_problems(ds_config, spec.world_size, hf=hf) if p.path in BATCH_KEYS]
     if problems:
-        raise DistsetupError(f"{source} does not fit world size {world_size}: {problems[0]}",
+        raise DistsetupError(f"{source} does not fit world size {spec.world_size}: {problems[0]}",
                              "regenerate it with `distsetup deepspeed --world_size N ...` or change the "
                              "node/GPU counts.")
-
-
-def read_deepspeed_file(path: str) -> dict:
-    """The DeepSpeed JSON at `path` (for the batch check); a clear error when it cannot be read."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise DistsetupError(f"cannot read DeepSpeed config {path}: {e.strerror}.", "check --deepspeed_config.")
-    except json.JSONDecodeError as e:
-        raise DistsetupError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}.", "fix the file.")
-    if not isinstance(data, dict):
-        raise DistsetupError(f"{path} must hold a JSON object.", "write one with `distsetup deepspeed`.")
-    return data
-
-
-def hostfile_lines(hosts: tuple[str, ...], slots: int) -> list[str]:
-    """The deepspeed launcher's hostfile: one `host slots=N` line per node."""
-    return [f"{host} slots={slots}" for host in hosts]
 
 
 def launch_warnings(spec: LaunchSpec) -> list[str]:
     """Things that are allowed but probably not meant."""
     warnings = []
-    if spec.script and Path(spec.script).parts[-2:] == ("src", "train.py") and not spec.config:
+    if spec.runs_train_py and not spec.config:
         warnings.append("no --config: src/train.py needs one; pass it when running the script "
                         "(e.g. bash scripts/run_training.sh --config config.yaml) or regenerate with --config.")
     if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
@@ -197,15 +200,15 @@ def launch_warnings(spec: LaunchSpec) -> list[str]:
 def train_args(spec: LaunchSpec) -> list[str]:
     """Arguments after the script: the run config, the backend and its config file.
 
-    `section.key=value` overrides are train.py's syntax, so they go only to src/train.py; any
+    `section.key=value` overrides are train.py's syntax, so they go only to src/train.py; train.py reads
+    their values as YAML, so a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
     script gets `--deepspeed FILE`, the spelling of src/train.py and of the HF Trainer.
     """
     args = ["--config", spec.config] if spec.config else []
-    ours = spec.module is None and Path(spec.script).parts[-2:] == ("src", "train.py")
-    if ours:
+    if spec.runs_train_py:
         args.append(f"distributed.backend={spec.backend}")
         if spec.backend == "fsdp" and spec.fsdp_config:
-            args.append(f"distributed.fsdp_config={spec.fsdp_config}")
+            args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config)}")
         if spec.env.timeout_minutes is not None:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
     if spec.backend == "deepspeed":
@@ -247,15 +250,15 @@ def launch_context(spec: LaunchSpec) -> dict:
         "nproc_per_node": nproc,
         "world_desc": f"{world} process(es)" if world else f"{spec.num_nodes} x (visible GPUs) processes",
         "node_rank": 0 if single and spec.node_rank is None else spec.node_rank,
-        "master_addr": spec.master_addr,
+        "master_addr": "127.0.0.1" if single and spec.master_addr is None else spec.master_addr,
+        "master_addr_sh": _always_quoted("127.0.0.1" if single and spec.master_addr is None else spec.master_addr),
         "master_port": spec.master_port or DEFAULT_MASTER_PORT,
         "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
         "single_node": single,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
-        "hostfile": hostfile_lines(spec.hosts or tuple(f"node{i}" for i in range(spec.num_nodes)),
-                                   spec.nproc_per_node or 1),
+        "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes))),  # hostfile: slots at run time
         "hosts_given": bool(spec.hosts),
         "ssh": spec.ssh,
         "gpus": None if spec.gpus is None else ",".join(map(str, spec.gpus)),
@@ -265,6 +268,14 @@ def launch_context(spec: LaunchSpec) -> dict:
         # the deepspeed launcher adds --local_rank=N, which the preflight module does not take
         "preflight_module_flag": "--no_local_rank --module" if spec.launch_method == "deepspeed" else "-m",
     }
+
+
+def _always_quoted(value: str | None) -> str | None:
+    """shlex.quote, but quoted even when safe: shellcheck reads a bare `MASTER_ADDR=host-0` as arithmetic."""
+    if value is None:
+        return None
+    quoted = shlex.quote(value)
+    return f"'{value}'" if quoted == value else quoted
 
 
 def literal_dollars(context: dict) -> bool:

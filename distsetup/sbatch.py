@@ -29,6 +29,20 @@ _TIME_FORMATS = (  # the forms `sbatch --time` accepts
     (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("days", "hours", "minutes", "seconds")),
 )
 _UNIT_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+_NO_LIMIT = ("UNLIMITED", "INFINITE")  # sbatch reads either, in any case, as no time limit
+_TASKS = "one task per node runs the launcher: set the processes with --num_gpus_per_node"
+# #SBATCH keys distsetup writes itself (or that would break one launcher per node) -> what to do instead.
+MANAGED_SBATCH_KEYS = {
+    **{key: f"use --{key.replace('-', '_')}" for key in ("partition", "account", "qos", "constraint", "exclusive",
+                                                          "cpus-per-task", "mem", "mem-per-gpu", "mail-user",
+                                                          "mail-type", "requeue", "job-name")},
+    **dict.fromkeys(("ntasks-per-node", "ntasks", "tasks-per-node", "ntasks-per-gpu", "gpus-per-task"), _TASKS),
+    "nodes": "use --num_nodes", "time": "use --time_limit", "output": "use --log_output",
+    "error": "use --log_error", "gres": "use --num_gpus_per_node (and --gpu_type)",
+    "gpus-per-node": "use --num_gpus_per_node with --gpu_request gpus-per-node", "gpus": "use --num_gpus_per_node",
+    "signal": "use --requeue --signal_seconds N", "no-requeue": "drop --requeue (the default)",
+}
+SHUTDOWN_MARGIN_SECONDS = 30  # of the warning time, left for `scontrol requeue` and the launcher's exit
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,10 @@ class SlurmSpec:
     signal_seconds: int = 120
 
 
-def time_limit_seconds(text: str) -> int:
-    """Seconds in a SLURM time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)."""
+def time_limit_seconds(text: str) -> int | None:
+    """Seconds in a SLURM time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: UNLIMITED."""
+    if text.strip().upper() in _NO_LIMIT:
+        return None
     for pattern, units in _TIME_FORMATS:
         match = pattern.match(text.strip())
         if match:
@@ -75,7 +91,8 @@ def time_limit_seconds(text: str) -> int:
                 break
             return total
     raise DistsetupError(f"time limit '{text}' is not one SLURM accepts.",
-                         "write minutes (90), MM:SS, HH:MM:SS (48:00:00), D-HH, D-HH:MM or D-HH:MM:SS (2-00:00:00).")
+                         "write minutes (90), MM:SS, HH:MM:SS (48:00:00), D-HH, D-HH:MM, D-HH:MM:SS (2-00:00:00) "
+                         "or UNLIMITED.")
 
 
 def parse_sbatch_pairs(items) -> tuple[tuple[str, str | None], ...]:
@@ -91,6 +108,12 @@ def parse_sbatch_pairs(items) -> tuple[tuple[str, str | None], ...]:
     return tuple(pairs)
 
 
+def shutdown_grace_seconds(signal_seconds: int) -> int:
+    """How long the launcher lets the training processes checkpoint after SIGTERM before SIGKILL: SLURM's
+    warning time (--signal_seconds) less a margin for the requeue (half the warning when it is short)."""
+    return max(signal_seconds - SHUTDOWN_MARGIN_SECONDS, signal_seconds // 2)
+
+
 def check_slurm(spec: SlurmSpec) -> None:
     """Every rule across the SLURM options; raises DistsetupError naming the fix."""
     check_launch(spec.launch)
@@ -100,7 +123,7 @@ def check_slurm(spec: SlurmSpec) -> None:
         raise DistsetupError(f"unknown GPU request {spec.gpu_request}.", f"use one of {', '.join(GPU_REQUESTS)}.")
     if spec.time_limit is not None:
         limit = time_limit_seconds(spec.time_limit)
-        if spec.requeue and spec.signal_seconds >= limit:
+        if spec.requeue and limit is not None and spec.signal_seconds >= limit:
             raise DistsetupError(f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit "
                                  f"{spec.time_limit}.", "signal a few minutes before the end, e.g. 300.")
     if spec.partition is not None and not _PARTITION.match(spec.partition):
@@ -127,6 +150,20 @@ def check_slurm(spec: SlurmSpec) -> None:
         check_text(f"--{name}", getattr(spec, name))
     for key, value in spec.extra_sbatch:
         check_text(f"--sbatch {key}", value)
+        managed = MANAGED_SBATCH_KEYS.get(key) or ("use --requeue" if key == "open-mode" and spec.requeue else None)
+        if managed:
+            raise DistsetupError(f"--sbatch {key}: distsetup writes #SBATCH --{key} itself.", f"{managed}.")
+
+
+def slurm_warnings(spec: SlurmSpec) -> list[str]:
+    """Things that are allowed but probably not meant."""
+    warnings = []
+    if spec.cpus_per_task is None and not spec.exclusive:
+        nproc = spec.launch.nproc_per_node or 1
+        warnings.append(f"no --cpus_per_task: SLURM may give each node's single task 1 CPU, shared by all "
+                        f"{nproc} process(es) and their data loaders; add e.g. --cpus_per_task {8 * nproc} "
+                        "(8 per GPU), or --exclusive for whole nodes.")
+    return warnings
 
 
 def sbatch_quote(value: str) -> str:
@@ -157,8 +194,7 @@ def sbatch_directives(spec: SlurmSpec) -> dict[str, str | None]:
         directives["requeue"] = None
         directives["open-mode"] = "append"  # keep the first run's log when the job is requeued
         directives["signal"] = f"B:USR1@{spec.signal_seconds}"
-    for key, value in spec.extra_sbatch:
-        directives[key] = value
+    directives.update(spec.extra_sbatch)
     return dict(sorted(directives.items()))
 
 
@@ -177,5 +213,6 @@ def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "script
                   output_name=output if output not in (None, "-") else "scripts/slurm_job.sh",
                   sbatch_lines=sbatch_lines(sbatch_directives(spec)), modules=list(spec.modules),
                   conda_env=spec.conda_env, venv=spec.venv, requeue=spec.requeue,
+                  signal_seconds=spec.signal_seconds, shutdown_timeout=shutdown_grace_seconds(spec.signal_seconds),
                   fixed_port=spec.launch.master_port,
                   per_node_unit="CPU process(es)" if spec.gpu_request == "none" else "GPU(s)", **context)

@@ -1,4 +1,5 @@
-"""Shell-script checks shared by the launcher and SLURM tests: shellcheck, and the per-node srun program."""
+"""Shell-script checks shared by the launcher and SLURM tests: shellcheck, the per-node srun program, and
+running a generated script with fake launchers that print what they were given."""
 
 import os
 import re
@@ -32,3 +33,26 @@ def srun_program(script: str) -> str:
     match = re.search(r"bash -c '\n(.*?)\n' distsetup-node ", script, re.S)
     assert match, "no srun bash -c program in the script"
     return "#!/bin/bash\n" + match.group(1) + "\n"
+
+
+def fake_tools(tmp_path: Path, *names: str, show_env=()) -> Path:
+    """A bin folder whose tools print the named environment variables, then their argv, one per line
+    (a tool already written there, with a body of a test's own, is kept)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    env_lines = "".join(f'echo "{name}=${{{name}:-<unset>}}"\n' for name in show_env)
+    for name in (n for n in names if not (fake / n).exists()):
+        (fake / name).write_text(f'#!/bin/bash\n{env_lines}printf "%s\\n" "$@"\n')
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def run_script(path_or_text, tmp_path: Path, *tools: str, env=None, show_env=(), args=(), cwd=None):
+    """Run a generated script with fake launchers first on PATH; returns the CompletedProcess."""
+    script = Path(path_or_text) if isinstance(path_or_text, Path) else tmp_path / "run.sh"
+    if not isinstance(path_or_text, Path):
+        script.write_text(path_or_text)
+    fake = fake_tools(tmp_path, *(tools or ("torchrun",)), show_env=show_env)
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NODE_RANK", "CUDA_VISIBLE_DEVICES")}
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, cwd=cwd,
+                          env={**base, **(env or {}), "PATH": f"{fake}:{os.environ['PATH']}"})

@@ -1,5 +1,6 @@
 """`distsetup launcher`: the pure builder, golden scripts, shellcheck over a grid, bad input, real CPU runs."""
 
+import importlib.util
 import itertools
 import json
 import os
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, hostfile_lines, parse_gpus
+from distsetup.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, parse_gpus
 from golden_files import check_golden
-from shell_checks import shellcheck
+from shell_checks import fake_tools, run_script, shellcheck
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "src" / "train.py"
@@ -55,6 +56,30 @@ def test_multinode_node_rank_given_or_read_at_run_time():
     assert 'NODE_RANK="${NODE_RANK:?' in build(num_nodes=2, nproc_per_node=8)
 
 
+def test_multinode_master_addr_is_read_at_run_time_unless_given(tmp_path):
+    """Bug: several nodes without --master_addr wrote 127.0.0.1, and node 1 waited for itself forever."""
+    text = build(num_nodes=2, nproc_per_node=8, node_rank=1)
+    assert "127.0.0.1" not in text and "MASTER_ADDR is read at run time" in text
+    missing = run_script(text, tmp_path)
+    assert missing.returncode != 0 and "set MASTER_ADDR to the address of the first node" in missing.stderr
+    given = run_script(text, tmp_path, env={"MASTER_ADDR": "10.0.0.5"}).stdout.splitlines()
+    assert given[given.index("--master_addr") + 1] == "10.0.0.5"
+    explicit = run_script(build(num_nodes=2, nproc_per_node=8, node_rank=1, master_addr="10.1.2.3"), tmp_path,
+                          env={"MASTER_ADDR": "10.0.0.5"}).stdout.splitlines()
+    assert explicit[explicit.index("--master_addr") + 1] == "10.1.2.3"
+    single = run_script(build(nproc_per_node=2, master_port=29555), tmp_path).stdout.splitlines()
+    assert single[single.index("--master_addr") + 1] == "127.0.0.1"
+
+
+def test_c10d_needs_no_node_rank(tmp_path):
+    """Bug: a c10d launch still demanded NODE_RANK, which c10d does not use."""
+    result = run_script(build(num_nodes=2, nproc_per_node=2, rdzv_backend="c10d", master_addr="h0"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--node_rank" not in result.stdout and "c10d assigns node ranks" in result.stderr
+    with pytest.raises(DistsetupError, match="--node_rank is not used with --rdzv_backend c10d"):
+        build(num_nodes=2, nproc_per_node=2, rdzv_backend="c10d", node_rank=1)
+
+
 def test_c10d_rendezvous():
     text = build(num_nodes=4, nproc_per_node=8, rdzv_backend="c10d", rdzv_id="job 7")
     assert '--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID"' in text
@@ -67,7 +92,8 @@ def test_deepspeed_backend_passes_its_file_to_train_py():
 
 
 def test_fsdp_backend_and_a_users_script_gets_no_overrides():
-    assert "distributed.fsdp_config=fsdp.json" in build(backend="fsdp", fsdp_config="fsdp.json", nproc_per_node=2)
+    text = build(backend="fsdp", fsdp_config="fsdp.json", nproc_per_node=2)
+    assert """'distributed.fsdp_config="fsdp.json"'""" in text
     text = build(backend="deepspeed", deepspeed_config="ds.json", script="mine.py", config="c.yaml")
     assert "TRAIN_ARGS=(--config c.yaml --deepspeed ds.json)" in text
 
@@ -83,18 +109,27 @@ def test_deepspeed_launcher_single_and_multi_node():
     assert 'LAUNCH+=(--num_gpus "$NPROC_PER_NODE")' in single and "--hostfile" not in single
     multi = build(launch_method="deepspeed", num_nodes=2, nproc_per_node=4, node_rank=0, hosts=("g1", "g2"))
     assert "--no_ssh --node_rank \"$NODE_RANK\"" in multi
-    assert "printf '%s\\n' 'g1 slots=4' 'g2 slots=4' >\"$HOSTFILE\"" in multi
     pdsh = build(launch_method="deepspeed", num_nodes=2, nproc_per_node=4, hosts=("g1", "g2"), ssh=True)
     assert "--launcher pdsh" in pdsh and "--no_ssh" not in pdsh
 
 
-def test_hostfile_lines():
-    assert hostfile_lines(("a", "b"), 8) == ["a slots=8", "b slots=8"]
+@pytest.mark.parametrize("nproc, visible, slots", [(None, "0,1,2", 3), (4, "0", 4)])
+def test_deepspeed_hostfile_slots_are_the_process_count_at_run_time(tmp_path, nproc, visible, slots):
+    """Bug: with the GPU count auto the hostfile said slots=1; it is now written when the count is known."""
+    fake = fake_tools(tmp_path, "deepspeed")
+    (fake / "deepspeed").write_text('#!/bin/bash\nwhile [[ "$1" != --hostfile ]]; do shift; done\ncat "$2"\n')
+    text = build(launch_method="deepspeed", num_nodes=2, nproc_per_node=nproc, node_rank=0, master_addr="g1",
+                 hosts=("g1", "g2"))
+    result = run_script(text, tmp_path, "deepspeed", env={"CUDA_VISIBLE_DEVICES": visible})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"g1 slots={slots}", f"g2 slots={slots}"]
 
 
-def test_gpus_and_auto_count():
+def test_gpus_and_auto_count(tmp_path):
     text = build(gpus=(2, 3), nproc_per_node=2)
-    assert "export CUDA_VISIBLE_DEVICES=2,3" in text
+    # Bug: --gpus (NVML, PCI order) without CUDA_DEVICE_ORDER=PCI_BUS_ID could pick other GPUs in CUDA's order.
+    env = run_script(text, tmp_path, show_env=("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")).stdout.splitlines()
+    assert env[:2] == ["CUDA_VISIBLE_DEVICES=2,3", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]
     auto = build()
     assert "NPROC_PER_NODE=auto" in auto and 'NPROC_PER_NODE="$GPUS_FOUND"' in auto
 
@@ -132,6 +167,8 @@ def test_preflight_runs_the_same_launcher_first():
     ({"num_nodes": 2, "hosts": ("a;rm", "b")}, "not a valid host name"),
     ({"config": "a\nb"}, "control character"),
     ({"ssh": True}, "--ssh is for the deepspeed launcher"),
+    ({"launch_method": "deepspeed", "num_nodes": 2, "gpus": (2, 3)}, "resets CUDA_VISIBLE_DEVICES"),
+    ({"launch_method": "torchrn"}, "unknown launch method torchrn"),
 ])
 def test_builder_rejects_bad_input(kwargs, message):
     with pytest.raises(DistsetupError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -161,6 +198,7 @@ GOLDEN = {
         config="config.yaml", backend="fsdp", fsdp_config="config/fsdp_config.json", num_nodes=2,
         nproc_per_node=2, gpus=(2, 3), rdzv_backend="c10d", master_addr="node0", master_port=29400,
         preflight=True, env=EnvSpec(omp_num_threads=8, nccl_debug="WARN", nccl_ib_disable=True, timeout_minutes=45)),
+    "launcher_multinode_torchrun_master_from_env.sh": dict(config="config.yaml", num_nodes=2, nproc_per_node=8),
     "launcher_accelerate_deepspeed.sh": dict(
         config="config.yaml", backend="deepspeed", deepspeed_config="ds.json", launch_method="accelerate",
         nproc_per_node=4),
@@ -201,6 +239,8 @@ def grid():
     yield LaunchSpec(num_nodes=2, nproc_per_node=2, rdzv_backend="c10d", rdzv_id=WEIRD, gpus=(0, 1),
                      env=EnvSpec(4, "INFO", "ib0", False, 30, 1, (("WEIRD", WEIRD),)))
     yield LaunchSpec(launch_method="deepspeed", num_nodes=2, nproc_per_node=2, hosts=("a", "b"), ssh=True)
+    yield LaunchSpec(launch_method="deepspeed", num_nodes=2, hosts=("a", "b"), ssh=True)  # auto slots, MASTER_ADDR
+    yield LaunchSpec(launch_method="deepspeed", num_nodes=2, node_rank=1)
 
 
 def test_shellcheck_grid(tmp_path):
@@ -219,19 +259,12 @@ def test_shellcheck_golden_files():
 
 def test_weird_values_survive_bash(tmp_path):
     """Every weird value reaches the training script unchanged (a fake torchrun echoes its argv)."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "torchrun").write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
-    (fake / "torchrun").chmod(0o755)
-    script = tmp_path / "run.sh"
-    script.write_text(build(config=f"{WEIRD}/config.yaml", script=f"{WEIRD}/train.py", backend="deepspeed",
-                            deepspeed_config=f"{WEIRD}/ds.json", nproc_per_node=1))
-    result = subprocess.run(["bash", str(script), "extra arg", "x=$y"], capture_output=True, text=True,
-                            env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    text = build(config=f"{WEIRD}/config.yaml", script=f"{WEIRD}/train.py", backend="deepspeed",
+                 deepspeed_config=f"{WEIRD}/ds.json", nproc_per_node=1)
+    result = run_script(text, tmp_path, args=("extra arg", "x=$y"))
     assert result.returncode == 0, result.stderr
-    argv = result.stdout.splitlines()
-    assert argv[-7:] == [f"{WEIRD}/train.py", "--config", f"{WEIRD}/config.yaml", "--deepspeed",
-                         f"{WEIRD}/ds.json", "extra arg", "x=$y"]
+    assert result.stdout.splitlines()[-7:] == [f"{WEIRD}/train.py", "--config", f"{WEIRD}/config.yaml",
+                                               "--deepspeed", f"{WEIRD}/ds.json", "extra arg", "x=$y"]
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -286,6 +319,8 @@ def test_flags_override_the_configs_backend(run_cli, project):
     (["--use_deepspeed", "--use_fsdp"], "mutually exclusive"),
     (["--gpus", "0,x"], "is not a list of GPU indices"),
     (["--num_gpus_per_node", "many"], "neither a number nor auto"),
+    (["--gpus", "2,3", "--launch_method", "deepspeed", "--num_nodes", "2", "--master_addr", "h0"],
+     "use --launch_method torchrun"),
 ])
 def test_bad_input_is_an_error_and_writes_nothing(run_cli, project, args, message):
     result = run_cli("launcher", "--config", "config.yaml", *args)
@@ -300,6 +335,110 @@ def test_gpus_auto_uses_distsetup_gpus(run_cli, project, monkeypatch):
     result = run_cli("launcher", "--use_fsdp", "--gpus", "auto:2", "-o", "-")
     assert result.exit_code == 0, result.output
     assert "export CUDA_VISIBLE_DEVICES=3,1" in result.stdout and "NPROC_PER_NODE=2" in result.stdout
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in result.stdout  # NVML's indices are in PCI bus order
+
+
+def train_py_config(argv: list[str]):
+    """The run config src/train.py builds from `argv`, through its own parse_args and load_config."""
+    spec = importlib.util.spec_from_file_location("train_under_test", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # no torch: train.py imports it inside train()
+    return module.load_config(module.parse_args(argv))
+
+
+def script_argv(result) -> list[str]:
+    """What the script hands to src/train.py, from a fake launcher's printed argv."""
+    assert result.returncode == 0, result.stderr
+    argv = result.stdout.splitlines()
+    return argv[argv.index("src/train.py") + 1:]
+
+
+# File names YAML would misread: an alias (@), a flow list ([), a mapping (: ), a comment (#), a boolean.
+YAML_TRAPS = ["@ds.json", "[x].json", "a: b.json", "#x.json", "a #b.json", "yes", "sp ace 'q\" $x.json"]
+
+
+@pytest.mark.parametrize("kind", ["deepspeed", "fsdp"])
+@pytest.mark.parametrize("name", YAML_TRAPS)
+def test_file_names_yaml_would_misread_reach_train_py(run_cli, tmp_path, monkeypatch, name, kind):
+    """Bug: --deepspeed_config / --fsdp_config went through YAML parsing (in the command and in train.py):
+    tracebacks, or `yes` read as true. The generated script now hands train.py exactly the file named."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("distributed: {backend: ddp}\n")
+    (tmp_path / name).write_text(json.dumps(DS_CONFIG if kind == "deepspeed" else {"fsdp_version": 2}))
+    result = run_cli("launcher", "--config", "config.yaml", f"--use_{kind}", f"--{kind}_config", name,
+                     "--num_gpus_per_node", "2", "-o", "run.sh")
+    assert result.exit_code == 0, result.output
+    cfg = train_py_config(script_argv(run_script(tmp_path / "run.sh", tmp_path, cwd=tmp_path)))
+    assert cfg.distributed.backend == kind
+    assert getattr(cfg.distributed, f"{kind}_config") == name
+
+
+def test_auto_values_are_refused_for_train_py(run_cli, project):
+    """Bug: a DeepSpeed file with "auto" (HF Trainer only) was accepted for src/train.py; every rank failed."""
+    (project / "hf.json").write_text(json.dumps({**DS_CONFIG, "gradient_accumulation_steps": "auto"}))
+    result = run_cli("launcher", "--deepspeed_config", "hf.json", "--num_gpus_per_node", "2", "-o", "-")
+    assert result.exit_code != 0
+    assert '"auto" values (gradient_accumulation_steps)' in result.output and "Hugging Face Trainer" in result.output
+    mine = run_cli("launcher", "--deepspeed_config", "hf.json", "--num_gpus_per_node", "2", "--script", "hf.py",
+                   "-o", "-")
+    assert mine.exit_code == 0, mine.output  # a user's script may be the HF Trainer
+
+
+def test_accelerate_gets_the_deepspeed_file_resolved_next_to_the_config(run_cli, tmp_path, monkeypatch):
+    """Bug: a path relative to the config's folder went to accelerate unresolved (it resolves against cwd)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ds.json").write_text(json.dumps(DS_CONFIG))
+    (tmp_path / "sub" / "config.yaml").write_text("distributed: {backend: deepspeed, deepspeed_config: ds.json}\n")
+    result = run_cli("launcher", "--config", "sub/config.yaml", "--launch_method", "accelerate",
+                     "--num_gpus_per_node", "2", "-o", "run.sh")
+    assert result.exit_code == 0, result.output
+    fake = fake_tools(tmp_path, "accelerate")
+    (fake / "accelerate").write_text('#!/bin/bash\nwhile [[ "$1" != --deepspeed_config_file ]]; do shift; done\n'
+                                     '[[ -f "$2" ]] && echo "found $2"\n')
+    run = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path)
+    assert run.stdout == "found sub/ds.json\n", run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("command", ["launcher", "slurm"])
+def test_use_deepspeed_finds_config_ds_config_json(run_cli, project, command):
+    """Bug: the user path of DESIGN.md (the shipped config.yaml has no deepspeed_config) failed with a
+    run config problem although `distsetup deepspeed --output config/ds_config.json` had written one."""
+    (project / "config.yaml").write_text("distributed:\n  backend: ddp\n")
+    result = run_cli(command, "--config", "config.yaml", "--num_gpus_per_node", "2", "--use_deepspeed", "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert "using config/ds_config.json" in result.stderr
+    assert "TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed config/ds_config.json)" \
+        in result.stdout
+    (project / "config" / "ds_config.json").unlink()
+    missing = run_cli(command, "--config", "config.yaml", "--num_gpus_per_node", "2", "--use_deepspeed", "-o", "-")
+    assert missing.exit_code != 0 and "run config problem" not in missing.output
+    assert "--deepspeed_config" in missing.output and "--output config/ds_config.json" in missing.output
+
+
+def test_use_fsdp_finds_config_fsdp_config_json_or_runs_without(run_cli, project, tmp_path):
+    without = run_cli("launcher", "--config", "config.yaml", "--num_gpus_per_node", "2", "--use_fsdp", "-o", "-")
+    assert without.exit_code == 0, without.output
+    assert "TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp)" in without.stdout
+    (project / "config" / "fsdp_config.json").write_text(json.dumps({"fsdp_version": 2}))
+    found = run_cli("launcher", "--config", "config.yaml", "--num_gpus_per_node", "2", "--use_fsdp", "-o", "run.sh")
+    assert found.exit_code == 0, found.output
+    assert "using config/fsdp_config.json" in found.stderr
+    cfg = train_py_config(script_argv(run_script(project / "run.sh", tmp_path, cwd=project)))
+    assert cfg.distributed.fsdp_config == "config/fsdp_config.json"
+
+
+def test_validation_errors_come_before_warnings(run_cli, project):
+    """Nit: the "no --config" warning was printed before the error that stopped the command."""
+    result = run_cli("launcher", "--num_nodes", "0")
+    assert result.exit_code != 0 and "--num_nodes 0 must be at least 1" in result.output
+    assert "Warning" not in result.output
+
+
+def test_several_nodes_without_master_addr_read_it_at_run_time(run_cli, project):
+    result = run_cli("launcher", "--num_nodes", "2", "--num_gpus_per_node", "8", "--node_rank", "1", "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert "127.0.0.1" not in result.stdout and 'MASTER_ADDR="${MASTER_ADDR:?' in result.stdout
 
 
 def test_command_does_not_import_torch():
@@ -371,6 +510,21 @@ def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, back
     assert "no GPUs found: starting 2 CPU process(es) per node" in log
     if "--preflight" in backend_args:
         assert "preflight OK: 2 ranks" in log
+
+
+@pytest.mark.slow
+def test_fsdp_file_named_as_yaml_would_misread_it_trains(run_cli, tmp_path):
+    """Bug 3 end to end: the FSDP file's own setting (a full state dict) reaches 2 real processes."""
+    root = write_project(tmp_path / WEIRD)
+    name = "@f [s] a: b #c 'q\" yes.json"
+    (root / name).write_text(json.dumps({"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}))
+    script = generate(run_cli, root, "--num_gpus_per_node", "2", "--use_fsdp", "--fsdp_config", root / name,
+                      "--master_port", free_port())
+    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True,
+                            timeout=400)
+    assert_trained(root, result, "fsdp")
+    final = root / "out" / "checkpoints" / "step_0000004"
+    assert (final / "full_state.pt").exists(), sorted(p.name for p in final.iterdir())
 
 
 @pytest.mark.slow

@@ -3,6 +3,9 @@
 import itertools
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,8 +14,8 @@ import pytest
 
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import EnvSpec, LaunchSpec
-from distsetup.sbatch import (SlurmSpec, build_slurm_script, parse_sbatch_pairs, sbatch_directives, sbatch_quote,
-                              time_limit_seconds)
+from distsetup.sbatch import (MANAGED_SBATCH_KEYS, SlurmSpec, build_slurm_script, parse_sbatch_pairs,
+                              sbatch_directives, sbatch_quote, shutdown_grace_seconds, time_limit_seconds)
 from golden_files import check_golden
 from shell_checks import require_tool, shellcheck, srun_program
 from slurm_cluster import LocalSlurm, slurm_available
@@ -54,17 +57,49 @@ def test_gpu_request_styles():
     assert not {"gres", "gpus-per-node"} & set(sbatch_directives(spec(gpu_request="none")))
 
 
-def test_extra_sbatch_pairs_win_and_flags():
-    pairs = parse_sbatch_pairs(["reservation=big", "--nice=10", "overcommit", "job-name=mine"])
+def test_extra_sbatch_pairs_and_flags():
+    pairs = parse_sbatch_pairs(["reservation=big", "--nice=10", "overcommit"])
     d = sbatch_directives(spec(extra_sbatch=pairs))
-    assert d["reservation"] == "big" and d["nice"] == "10" and d["overcommit"] is None and d["job-name"] == "mine"
+    assert d["reservation"] == "big" and d["nice"] == "10" and d["overcommit"] is None
     with pytest.raises(DistsetupError, match="not KEY=VALUE"):
         parse_sbatch_pairs(["Bad Key=1"])
+
+
+@pytest.mark.parametrize("item, flag", [("nodes=3", "--num_nodes"), ("ntasks-per-node=8", "--num_gpus_per_node"),
+                                        ("gres=gpu:2", "--num_gpus_per_node"), ("gpus-per-node=2", "--gpu_request"),
+                                        ("signal=B:USR1@60", "--signal_seconds"), ("time=10", "--time_limit"),
+                                        ("requeue", "--requeue"), ("job-name=x", "--job_name")])
+def test_sbatch_pairs_cannot_override_what_distsetup_writes(item, flag):
+    """Bug: --num_nodes 2 --sbatch nodes=3 wrote --nodes=3 silently (one world of 2 nodes on 3)."""
+    with pytest.raises(DistsetupError, match=f"distsetup writes #SBATCH --{item.split('=')[0]} itself.*{flag}"):
+        build(extra_sbatch=parse_sbatch_pairs([item]))
+    assert set(MANAGED_SBATCH_KEYS) >= {k for k in sbatch_directives(spec(requeue=True, exclusive=True, mem="1G"))
+                                         if k != "open-mode"}
 
 
 def test_requeue_lines():
     d = sbatch_directives(spec(requeue=True, signal_seconds=300))
     assert d["requeue"] is None and d["signal"] == "B:USR1@300" and d["open-mode"] == "append"
+
+
+GRACE = re.compile(r"^export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+) ", re.M)
+
+
+@pytest.mark.parametrize("signal_seconds, grace", [(300, 270), (120, 90), (60, 30), (20, 10)])
+def test_requeue_gives_torchrun_a_grace_period_from_signal_seconds(signal_seconds, grace):
+    """Bug: torchrun SIGKILLs its workers 30 s after SIGTERM by default, mid-way through a big checkpoint."""
+    assert shutdown_grace_seconds(signal_seconds) == grace
+    for method in ("torchrun", "accelerate"):
+        text = build(requeue=True, signal_seconds=signal_seconds, launch={"launch_method": method})
+        assert [int(v) for v in GRACE.findall(text)] == [grace]
+    assert not GRACE.search(build())
+
+
+def test_deepspeed_launcher_header_says_its_limits():
+    text = build(requeue=True, launch={"launch_method": "deepspeed", "backend": "deepspeed",
+                                       "deepspeed_config": "ds.json"})
+    assert "SIGKILLs the training processes 30 s after SIGTERM" in text and not GRACE.search(text)
+    assert "uses local GPU ids 0..N-1" in text and "uses local GPU ids" not in build()
 
 
 def test_sbatch_quote():
@@ -74,7 +109,7 @@ def test_sbatch_quote():
 
 @pytest.mark.parametrize("text, seconds", [
     ("90", 5400), ("05:30", 330), ("48:00:00", 172800), ("2-12", 216000), ("1-02:30", 95400),
-    ("1-00:00:01", 86401)])
+    ("1-00:00:01", 86401), ("UNLIMITED", None), ("infinite", None)])
 def test_time_limits_slurm_accepts(text, seconds):
     assert time_limit_seconds(text) == seconds
 
@@ -102,6 +137,10 @@ def test_time_limits_slurm_rejects(text):
 def test_bad_input(kwargs, message):
     with pytest.raises(DistsetupError, match=message):
         build(**kwargs)
+
+
+def test_unlimited_time_with_requeue():
+    assert "#SBATCH --time=UNLIMITED" in build(time_limit="UNLIMITED", requeue=True)
 
 
 # --- the script ----------------------------------------------------------------------------------
@@ -162,6 +201,8 @@ GOLDEN = {
                                  "deepspeed_config": "config/ds_config.json", "preflight": True},
         requeue=True, signal_seconds=300, time_limit="1-00:00:00", account="ml", modules=("cuda/12.4",),
         conda_env="train", mem_per_gpu="64G", cpus_per_task=64, gpu_request="gpus-per-node"),
+    "slurm_torchrun_requeue.sh": dict(nodes=2, gpus=8, requeue=True, signal_seconds=600, time_limit="UNLIMITED",
+                                      cpus_per_task=64),
     "slurm_fsdp_env_venv.sh": dict(
         nodes=2, gpus=4, launch={"backend": "fsdp", "fsdp_config": "config/fsdp.json",
                                  "env": EnvSpec(omp_num_threads=8, nccl_debug="INFO", nccl_socket_ifname="ib0",
@@ -241,6 +282,22 @@ def test_command_bad_input_writes_nothing(run_cli, tmp_path, monkeypatch, args, 
     assert not (tmp_path / "scripts").exists()
 
 
+def test_sbatch_option_of_a_flag_is_refused(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("slurm", "--num_nodes", "2", "--num_gpus_per_node", "2", "--sbatch", "nodes=3")
+    assert result.exit_code != 0 and "HINT: use --num_nodes" in result.output
+    assert not (tmp_path / "scripts").exists()
+
+
+@pytest.mark.parametrize("args, warned", [([], True), (["--cpus_per_task", "16"], False), (["--exclusive"], False)])
+def test_warns_about_one_cpu_per_node(run_cli, tmp_path, monkeypatch, args, warned):
+    """Bug: without --cpus_per_task SLURM may give each node's one task 1 CPU for all its processes."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("slurm", "--num_gpus_per_node", "2", "-o", "-", *args)
+    assert result.exit_code == 0, result.output
+    assert ("--cpus_per_task 16 (8 per GPU)" in result.stderr) == warned
+
+
 def test_submit_prints_the_job_id(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "bin"
@@ -252,6 +309,34 @@ def test_submit_prints_the_job_id(run_cli, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "4242"
     assert run_cli("slurm", "--submit", "--dry_run").exit_code != 0
+
+
+@pytest.mark.slow
+def test_torchrun_honours_the_grace_period(tmp_path):
+    """The variable the requeue script exports makes torchrun wait before SIGKILL: a worker that needs
+    3 s after SIGTERM finishes with the script's grace period, and is killed with a 1 s one."""
+    grace = int(GRACE.search(build(requeue=True, signal_seconds=20)).group(1))
+    assert grace == 10
+    worker = tmp_path / "worker.sh"
+    worker.write_text('#!/bin/bash\ntrap \'sleep 3; touch "$1.done"; exit 0\' TERM\ntouch "$1.ready"\n'
+                      'while true; do sleep 0.1; done\n')
+    worker.chmod(0o755)
+    procs = {}
+    for name, timeout in (("grace", grace), ("short", 1)):
+        env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(timeout), "OMP_NUM_THREADS": "1"}
+        procs[name] = subprocess.Popen(["torchrun", "--standalone", "--nproc_per_node", "1", "--no_python",
+                                        str(worker), str(tmp_path / name)], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    for name, proc in procs.items():
+        while not (tmp_path / f"{name}.ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        proc.communicate(timeout=60)
+    assert (tmp_path / "grace.done").exists()
+    assert not (tmp_path / "short.done").exists()
 
 
 # --- a real two-node SLURM cluster ---------------------------------------------------------------

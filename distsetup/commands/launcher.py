@@ -7,11 +7,15 @@ import click
 
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import (DEFAULT_SCRIPT, LAUNCH_METHODS, NCCL_DEBUG_LEVELS, RDZV_BACKENDS, EnvSpec,
-                                   LaunchSpec, build_launcher_script, check_deepspeed_batch, launch_warnings,
-                                   parse_gpus, read_deepspeed_file)
+                                   LaunchSpec, build_launcher_script, check_deepspeed_file, check_launch,
+                                   launch_warnings, parse_gpus)
 from distsetup.options import option, positive, stack, switch
 from distsetup.output import emit
-from distsetup.runconfig import load_run_config
+from distsetup.runconfig import config_problems, read_yaml, resolve_config_path
+from distsetup.validate import read_json
+
+# Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (DESIGN.md).
+DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
 
 
 class GpuCount(click.ParamType):
@@ -68,7 +72,7 @@ Examples:
 @launch_options
 @option("module", help="Run a Python module (python -m) instead of --script.")
 @option("node_rank", type=int, help="This node's rank; without it the script reads NODE_RANK at run time.")
-@option("master_addr", default="127.0.0.1", show_default=True, help="Address of node 0.")
+@option("master_addr", help="Address of node 0 [127.0.0.1 on one node; on several, MASTER_ADDR at run time].")
 @option("rdzv_backend", type=click.Choice(RDZV_BACKENDS), default="static", show_default=True,
         help="torchrun rendezvous: static (--node_rank) or c10d (elastic; ranks assigned on joining).")
 @option("rdzv_id", default="distsetup", show_default=True, help="Rendezvous id for c10d (same on every node).")
@@ -79,10 +83,12 @@ Examples:
         help="Script to write; '-' prints it.")
 def launcher(output, dry_run, **opts):
     """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world."""
-    spec = launch_spec_from_options(opts)
+    spec, notes = launch_spec_from_options(opts)
+    text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
+    for note in notes:
+        click.echo(f"Note: {note}", err=True)
     for warning in launch_warnings(spec):
         click.echo(f"Warning: {warning}", err=True)
-    text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     emit(text, output, dry_run, next_step=f"bash {shlex.quote(str(output))}", executable=True)
 
 
@@ -104,32 +110,21 @@ def regenerate_command(name: str) -> str:
     return " ".join(w for w in words if w).replace("\n", "\\n").replace("\r", "\\r")
 
 
-def launch_spec_from_options(o: dict, slurm: bool = False) -> LaunchSpec:
-    """Options -> LaunchSpec: backend from the flags or the run config, GPUs resolved, batch identity checked."""
+def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:
+    """Options -> (LaunchSpec, notes for stderr): backend and files from the flags or the run config, GPUs
+    resolved, the DeepSpeed file checked for this world."""
     if o["use_deepspeed"] and o["use_fsdp"]:
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
     if o["script"] and o["module"]:
         raise DistsetupError("--script and --module are mutually exclusive.", "give one of them.")
-    overrides = []
-    if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"]):
-        overrides.append("distributed.backend=deepspeed")
-    elif o["use_fsdp"]:
-        overrides.append("distributed.backend=fsdp")
-    for key in ("deepspeed_config", "fsdp_config"):
-        if o[key]:
-            overrides.append(f"distributed.{key}={o[key]}")
-    if not o["config"] and not overrides:
-        overrides.append("distributed.backend=ddp")
-    run = load_run_config(o["config"], overrides)
-    dist = run.distributed
+    backend, files, notes = distributed_settings(o)
     gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
     spec = LaunchSpec(
-        backend=dist.backend, launch_method=o["launch_method"],
+        backend=backend, launch_method=o["launch_method"],
         script=None if o["module"] else (o["script"] or DEFAULT_SCRIPT), module=o["module"], config=o["config"],
-        deepspeed_config=dist.deepspeed_config if dist.backend == "deepspeed" else None,
-        fsdp_config=dist.fsdp_config if dist.backend == "fsdp" else None,
+        deepspeed_config=files.get("deepspeed"), fsdp_config=files.get("fsdp"),
         num_nodes=o["num_nodes"], nproc_per_node=nproc, node_rank=o.get("node_rank"),
-        master_addr=o.get("master_addr") or "127.0.0.1", master_port=o["master_port"],
+        master_addr=o.get("master_addr"), master_port=o["master_port"],
         rdzv_backend=o.get("rdzv_backend") or ("c10d" if slurm and o["launch_method"] == "torchrun" else "static"),
         rdzv_id=o.get("rdzv_id") or "distsetup",
         hosts=tuple(h.strip() for h in o["hosts"].split(",")) if o.get("hosts") else (),
@@ -137,10 +132,52 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> LaunchSpec:
         env=EnvSpec(o["omp_num_threads"], o["nccl_debug"], o["nccl_socket_ifname"], o["nccl_ib_disable"],
                     o["timeout_minutes"], o["cuda_device_max_connections"], tuple(o.get("env_pairs") or ())),
         preflight=o["preflight"])
+    check_launch(spec)  # node and GPU counts first: the file check below needs a sane world size
     if spec.deepspeed_config:
-        path = _config_relative(spec.deepspeed_config, o["config"])
-        check_deepspeed_batch(read_deepspeed_file(str(path)), spec.world_size, spec.deepspeed_config)
-    return spec
+        check_deepspeed_file(read_json(Path(spec.deepspeed_config)), spec, spec.deepspeed_config)
+    return spec, notes
+
+
+def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
+    """(backend, {"deepspeed"|"fsdp": file}, notes) from the flags over the run config, checked as the run
+    config is. Paths from the flags go into the config as the user typed them (never parsed as YAML), and
+    every file is resolved as train.py resolves it (cwd, else next to the config), so the script names it
+    from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
+    config = o["config"]
+    base_dir = Path(config).parent if config else None
+    raw = read_yaml(Path(config)) if config else {}
+    dist = raw.setdefault("distributed", {})
+    if not isinstance(dist, dict):
+        dist = {}  # a schema problem: config_problems below names it
+    flag = ("deepspeed" if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"])
+            else "fsdp" if o["use_fsdp"] else None)
+    if flag:
+        dist.update(backend=flag, use_deepspeed=False, use_fsdp=False)
+    for kind in DEFAULT_FILES:
+        if o[f"{kind}_config"]:
+            dist[f"{kind}_config"] = o[f"{kind}_config"]
+    # runconfig folds use_deepspeed / use_fsdp into the backend the same way
+    backend = ("deepspeed" if dist.get("use_deepspeed") is True else "fsdp" if dist.get("use_fsdp") is True
+               else dist.get("backend", "ddp"))
+    notes = []
+    if backend in DEFAULT_FILES and not dist.get(f"{backend}_config"):
+        default = DEFAULT_FILES[backend]
+        if Path(default).is_file():
+            dist[f"{backend}_config"] = default
+            notes.append(f"using {default} for {backend} (none given with --{backend}_config or in the run config).")
+        elif backend == "deepspeed":
+            raise DistsetupError("DeepSpeed needs a config file: none given with --deepspeed_config, none in the "
+                                 f"run config, and no {default} here.",
+                                 f"write one with `distsetup deepspeed --zero_stage 2 --output {default}` "
+                                 "or pass --deepspeed_config FILE.")
+    problems = config_problems(raw, base_dir)
+    if problems:
+        where = f" in {config}" if config else ""
+        raise DistsetupError(f"run config problem{where}: {problems[0]}",
+                             f"fix it (`distsetup validate {config}` lists every problem)." if config else None)
+    files = {kind: str(resolve_config_path(dist[f"{kind}_config"], base_dir))
+             for kind in DEFAULT_FILES if kind == backend and dist.get(f"{kind}_config")}
+    return backend, files, notes
 
 
 def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:
@@ -154,15 +191,4 @@ def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int
         gpus = parsed
     if num_gpus_per_node == "auto" or num_gpus_per_node is None:
         return gpus, (len(gpus) if gpus else None)
-    if num_gpus_per_node < 1:
-        raise DistsetupError(f"--num_gpus_per_node {num_gpus_per_node} must be at least 1.",
-                             "give the GPUs (or CPU processes) per node, or auto.")
-    return gpus, num_gpus_per_node
-
-
-def _config_relative(path: str, config: str | None) -> Path:
-    """A path from the run config: as given when it exists, else next to the config (as runconfig does)."""
-    p = Path(path)
-    if p.is_absolute() or p.exists() or not config:
-        return p
-    return Path(config).parent / p
+    return gpus, num_gpus_per_node  # check_launch rejects counts below 1

@@ -11,7 +11,7 @@ from distsetup.errors import DistsetupError
 from distsetup.launch_plan import launch_warnings, parse_env_pairs
 from distsetup.options import option, positive
 from distsetup.output import emit
-from distsetup.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs
+from distsetup.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
 
 @click.command(epilog="""\b
@@ -30,7 +30,7 @@ Examples:
 @option("cpus_per_task", type=positive, help="CPUs for each node's launcher and its processes.")
 @option("mem", help="Memory per node, e.g. 256G.")
 @option("mem_per_gpu", help="Memory per GPU, e.g. 64G (instead of --mem).")
-@option("time_limit", help="Wall time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS.")
+@option("time_limit", help="Wall time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED.")
 @option("partition", help="Partition (queue).")
 @option("account", help="Account to charge.")
 @option("qos", help="Quality of service.")
@@ -40,46 +40,50 @@ Examples:
 @option("log_error", help="Separate error log (#SBATCH --error).")
 @option("mail_user", help="Mail address for job events.")
 @option("mail_type", help="Job events to mail, e.g. END,FAIL.")
-@option("sbatch", multiple=True, metavar="KEY=VALUE", help="Any other #SBATCH option (repeatable).")
+@option("sbatch", multiple=True, metavar="KEY=VALUE", help="Any other #SBATCH option (repeatable); options "
+        "with a flag of their own (nodes, time, gres, ...) are refused.")
 @option("module", multiple=True, help="`module load` this before training (repeatable).")
 @option("conda_env", help="Conda environment to activate.")
 @option("venv", help="Python virtual environment folder to activate.")
 @option("env", multiple=True, metavar="KEY=VALUE", help="Export a variable (repeatable).")
 @option("requeue", is_flag=True, help="On preemption or near the time limit: checkpoint, requeue, resume.")
 @option("signal_seconds", type=positive, default=120, show_default=True,
-        help="With --requeue: seconds before the time limit that SLURM signals the job.")
+        help="With --requeue: seconds before the time limit that SLURM signals the job; torchrun gives the "
+        "processes this less 30 s to checkpoint.")
 @option("submit", is_flag=True, help="Run sbatch on the written script and print the job id.")
 @option("output", "-o", type=click.Path(dir_okay=False), default="scripts/slurm_job.sh", show_default=True,
         help="Script to write; '-' prints it.")
 def slurm(output, dry_run, submit, **opts):
     """Write a SLURM batch script: srun starts one launcher per node and all nodes form one world."""
-    spec = slurm_spec_from_options(opts)
-    for warning in launch_warnings(spec.launch):
-        warning = warning.replace("bash scripts/run_training.sh", "sbatch scripts/slurm_job.sh")
-        click.echo(f"Warning: {warning}", err=True)
-    text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     if submit and (dry_run or output in (None, "-")):
         raise DistsetupError("--submit needs a script file.", "drop --dry_run / -o - or drop --submit.")
+    spec, notes = slurm_spec_from_options(opts)
+    text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
+    for note in notes:
+        click.echo(f"Note: {note}", err=True)
+    for warning in launch_warnings(spec.launch) + slurm_warnings(spec):
+        warning = warning.replace("bash scripts/run_training.sh", "sbatch scripts/slurm_job.sh")
+        click.echo(f"Warning: {warning}", err=True)
     emit(text, output, dry_run, next_step=None if submit else f"sbatch {shlex.quote(str(output))}",
          executable=True)
     if submit:
         click.echo(submit_job(output))
 
 
-def slurm_spec_from_options(o: dict) -> SlurmSpec:
+def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
     if o["num_gpus_per_node"] == "auto":
         raise DistsetupError("distsetup slurm needs a number for --num_gpus_per_node, not auto.",
                              "e.g. --num_gpus_per_node 8.")
     launch_opts = dict(o, module=o["python_module"], env_pairs=parse_env_pairs(o["env"]))
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
-    launch = launch_spec_from_options(launch_opts, slurm=True)
+    launch, notes = launch_spec_from_options(launch_opts, slurm=True)
     return SlurmSpec(
         launch=launch, job_name=o["job_name"], gpu_request=o["gpu_request"], gpu_type=o["gpu_type"],
         cpus_per_task=o["cpus_per_task"], mem=o["mem"], mem_per_gpu=o["mem_per_gpu"], time_limit=o["time_limit"],
         partition=o["partition"], account=o["account"], qos=o["qos"], constraint=o["constraint"],
         exclusive=o["exclusive"], log_output=o["log_output"], log_error=o["log_error"], mail_user=o["mail_user"],
         mail_type=o["mail_type"], extra_sbatch=parse_sbatch_pairs(o["sbatch"]), modules=tuple(o["module"]),
-        conda_env=o["conda_env"], venv=o["venv"], requeue=o["requeue"], signal_seconds=o["signal_seconds"])
+        conda_env=o["conda_env"], venv=o["venv"], requeue=o["requeue"], signal_seconds=o["signal_seconds"]), notes
 
 
 def submit_job(script: str) -> str:

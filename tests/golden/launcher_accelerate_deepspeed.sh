@@ -11,7 +11,7 @@ set -euo pipefail
 NNODES=1
 NPROC_PER_NODE=4
 NODE_RANK="${NODE_RANK:-0}"  # NODE_RANK in the environment wins
-MASTER_ADDR=127.0.0.1
+MASTER_ADDR='127.0.0.1'
 MASTER_PORT=29500
 SCRIPT=src/train.py
 TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed ds.json)

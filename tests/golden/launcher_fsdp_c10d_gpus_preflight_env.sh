@@ -3,7 +3,7 @@
 #   distsetup launcher ...
 #
 # Runs src/train.py (fsdp) with torchrun: 2 node(s) x 2 process(es) per node = 4 process(es).
-# Run this script on every node; each node needs its own NODE_RANK (0..1).
+# Run this script on every node; c10d assigns the node ranks as the nodes join.
 # Change the world size with --num_nodes / --num_gpus_per_node; extra arguments go to the training script:
 #   bash scripts/run_training.sh training.max_steps=100
 set -euo pipefail
@@ -11,15 +11,15 @@ set -euo pipefail
 # --- parameters ---
 NNODES=2
 NPROC_PER_NODE=2
-NODE_RANK="${NODE_RANK:?set NODE_RANK to the rank of this node, 0..1}"
-MASTER_ADDR=node0
+MASTER_ADDR='node0'
 MASTER_PORT=29400
 RDZV_ID=distsetup
 SCRIPT=src/train.py
-TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp distributed.fsdp_config=config/fsdp_config.json distributed.timeout_minutes=45)
+TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp 'distributed.fsdp_config="config/fsdp_config.json"' distributed.timeout_minutes=45)
 
 # --- environment ---
 export CUDA_VISIBLE_DEVICES=2,3  # chosen with --gpus
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # number GPUs in PCI bus order, as nvidia-smi and --gpus do
 export OMP_NUM_THREADS=8  # CPU threads per process (torchrun sets 1 when unset)
 export NCCL_DEBUG=WARN  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
@@ -45,7 +45,7 @@ elif [[ "$GPUS_FOUND" -lt "$NPROC_PER_NODE" ]]; then
 fi
 
 # --- command ---
-echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
+echo "distsetup: one of $NNODES node(s) (c10d assigns node ranks), $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")

@@ -12,12 +12,11 @@ set -euo pipefail
 NNODES=2
 NPROC_PER_NODE=8
 NODE_RANK="${NODE_RANK:-1}"  # NODE_RANK in the environment wins
-MASTER_ADDR=10.1.2.3
+MASTER_ADDR='10.1.2.3'
 MASTER_PORT=29500
 SCRIPT=src/train.py
 TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed config/ds_config.json)
-HOSTFILE="$(mktemp)"  # names are labels only with --no_ssh
-printf '%s\n' 'node0 slots=8' 'node1 slots=8' >"$HOSTFILE"
+HOSTS=(node0 node1)  # hostfile names: labels only with --no_ssh
 
 # --- environment ---
 # export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
@@ -46,6 +45,10 @@ fi
 
 # --- command ---
 echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
+HOSTFILE="$(mktemp)"  # the deepspeed launcher's hostfile, with this node's process count as slots
+for host in "${HOSTS[@]}"; do
+  echo "$host slots=$NPROC_PER_NODE"
+done >"$HOSTFILE"
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 exec "${LAUNCH[@]}" "$SCRIPT" "$@"

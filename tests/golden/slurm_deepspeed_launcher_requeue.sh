@@ -6,6 +6,11 @@
 # srun starts one deepspeed per node; each node's rank ($SLURM_NODEID) expands on that node.
 # Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
 #   sbatch scripts/slurm_job.sh training.max_steps=100
+# The deepspeed launcher uses local GPU ids 0..N-1 on each node (its hostfile resets CUDA_VISIBLE_DEVICES):
+# right only where SLURM constrains each job to its own GPUs (cgroups); torchrun (the default) keeps SLURM's.
+# --requeue: the deepspeed launcher SIGKILLs the training processes 30 s after SIGTERM (fixed in
+# deepspeed/launcher/launch.py), so a checkpoint that takes longer is lost; torchrun (the default) would
+# wait 270 s here (300 s of warning less a margin for the requeue).
 #SBATCH --account=ml
 #SBATCH --cpus-per-task=64
 #SBATCH --gpus-per-node=8

@@ -23,7 +23,7 @@ export MASTER_ADDR
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
 export RDZV_ID="$SLURM_JOB_ID"
 export SCRIPT=src/train.py
-TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp distributed.fsdp_config=config/fsdp.json)
+TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp 'distributed.fsdp_config="config/fsdp.json"')
 
 # --- environment ---
 # shellcheck source=/dev/null

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Written by `distsetup launcher`; regenerate it rather than editing by hand:
+#   distsetup launcher ...
+#
+# Runs src/train.py (ddp) with torchrun: 2 node(s) x 8 process(es) per node = 16 process(es).
+# Run this script on every node; each node needs its own NODE_RANK (0..1).
+# MASTER_ADDR is read at run time: export MASTER_ADDR=<first node's address> on every node (or regenerate with --master_addr).
+# Change the world size with --num_nodes / --num_gpus_per_node; extra arguments go to the training script:
+#   bash scripts/run_training.sh training.max_steps=100
+set -euo pipefail
+
+# --- parameters ---
+NNODES=2
+NPROC_PER_NODE=8
+NODE_RANK="${NODE_RANK:?set NODE_RANK to the rank of this node, 0..1}"
+MASTER_ADDR="${MASTER_ADDR:?set MASTER_ADDR to the address of the first node (or regenerate with --master_addr)}"
+MASTER_PORT=29500
+SCRIPT=src/train.py
+TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)
+
+# --- environment ---
+# export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
+# export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
+# export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
+# export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a collective that times out ends the job instead of hanging
+# export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
+gpu_count() {
+  if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+    local ids
+    IFS=, read -r -a ids <<<"$CUDA_VISIBLE_DEVICES"
+    echo "${#ids[@]}"
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
+  else
+    echo 0
+  fi
+}
+GPUS_FOUND="$(gpu_count)"
+if [[ "$GPUS_FOUND" -eq 0 ]]; then
+  echo "distsetup: no GPUs found: starting $NPROC_PER_NODE CPU process(es) per node (gloo)" >&2
+elif [[ "$GPUS_FOUND" -lt "$NPROC_PER_NODE" ]]; then
+  echo "distsetup: warning: $NPROC_PER_NODE processes per node but only $GPUS_FOUND GPU(s) visible" >&2
+fi
+
+# --- command ---
+echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
+set -- "${TRAIN_ARGS[@]}" "$@"
+LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
+LAUNCH+=(--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+exec "${LAUNCH[@]}" "$SCRIPT" "$@"

@@ -1,0 +1,70 @@
+#!/bin/bash
+# Written by `distsetup slurm`; regenerate it rather than editing by hand:
+#   distsetup slurm ...
+#
+# Runs src/train.py (ddp) with torchrun on 2 node(s) x 8 GPU(s) = 16 process(es) in ONE world:
+# srun starts one torchrun per node; each node's rank ($SLURM_NODEID) expands on that node.
+# Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
+#   sbatch scripts/slurm_job.sh training.max_steps=100
+# --requeue: SLURM warns 600 s before the time limit; torchrun then gives the processes 570 s to checkpoint.
+#SBATCH --cpus-per-task=64
+#SBATCH --gres=gpu:8
+#SBATCH --job-name=distsetup
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --open-mode=append
+#SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@600
+#SBATCH --time=UNLIMITED
+set -euo pipefail
+
+# --- parameters ---
+export NNODES="$SLURM_NNODES"
+export NPROC_PER_NODE=8
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+export MASTER_ADDR
+export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
+export RDZV_ID="$SLURM_JOB_ID"
+export SCRIPT=src/train.py
+TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)
+
+# --- environment ---
+# export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
+# export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
+# export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
+# export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a collective that times out ends the job instead of hanging
+# export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=570  # seconds to checkpoint after SIGTERM before SIGKILL (default 30)
+
+# --- command ---
+echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
+SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+  SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
+fi
+# Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
+# processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
+# the next run resumes from the newest complete checkpoint.
+forward_preemption() {
+  echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
+  scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
+  wait "$SRUN_PID" || true
+  echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+}
+trap forward_preemption USR1
+# The single-quoted program runs once per node; its $VARIABLES expand there, not here.
+# shellcheck disable=SC2016
+srun "${SRUN_ARGS[@]}" bash -c '
+set -euo pipefail
+NODE_RANK="$SLURM_NODEID"
+echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
+LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
+LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
+exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
+SRUN_PID=$!
+wait "$SRUN_PID"
