@@ -15,7 +15,7 @@ import yaml
 
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import RULES
-from distsetup.problems import Problem, schema_problems, suggest
+from distsetup.problems import Problem, schema_problems
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -191,12 +191,19 @@ def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunCo
     return _build(raw)
 
 
+def backend_of(distributed: dict) -> str:
+    """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys."""
+    if "backend" in distributed:
+        return distributed["backend"]
+    if distributed.get("use_deepspeed") is True:
+        return "deepspeed"
+    return "fsdp" if distributed.get("use_fsdp") is True else DistributedConfig.backend
+
+
 def _build(raw: dict) -> RunConfig:
     sections = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}
     config = RunConfig(**sections)
-    dist = config.distributed
-    if "backend" not in raw.get("distributed", {}):     # the guides' keys pick it; an explicit one wins
-        dist.backend = "deepspeed" if dist.use_deepspeed else "fsdp" if dist.use_fsdp else dist.backend
+    config.distributed.backend = backend_of(raw.get("distributed", {}))
     return config
 
 

@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsetup.checks import auto_paths, deepspeed_problems
-from distsetup.commands.deepspeed import deepspeed as deepspeed_command
 from distsetup.deepspeed_config import PRESETS
 from tests.conftest import REPO
 

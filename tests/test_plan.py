@@ -174,7 +174,7 @@ def test_table_output_and_fsdp_command(run_cli):
 
 
 def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from distsetup.training.model import GPT
     cfg = tmp_path / "config.yaml"
     cfg.write_text("model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n"

@@ -11,7 +11,7 @@ from distsetup.launch_plan import (DEFAULT_SCRIPT, LAUNCH_METHODS, NCCL_DEBUG_LE
                                    launch_warnings, parse_gpus)
 from distsetup.options import option, positive, stack, switch
 from distsetup.output import emit
-from distsetup.runconfig import config_problems, read_yaml, resolve_config_path
+from distsetup.runconfig import backend_of, config_problems, read_yaml, resolve_config_path
 from distsetup.validate import read_json
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (DESIGN.md).
@@ -156,9 +156,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
     for kind in DEFAULT_FILES:
         if o[f"{kind}_config"]:
             dist[f"{kind}_config"] = o[f"{kind}_config"]
-    # runconfig folds use_deepspeed / use_fsdp into the backend the same way
-    backend = ("deepspeed" if dist.get("use_deepspeed") is True else "fsdp" if dist.get("use_fsdp") is True
-               else dist.get("backend", "ddp"))
+    backend = backend_of(dist)
     notes = []
     if backend in DEFAULT_FILES and not dist.get(f"{backend}_config"):
         default = DEFAULT_FILES[backend]
