@@ -13,14 +13,8 @@ import pytest
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, parse_gpus
 from golden_files import check_golden
+from launch_inputs import DS_CONFIG, TRAIN, WEIRD
 from shell_checks import fake_tools, run_script, shellcheck
-
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = REPO / "src" / "train.py"
-VENV_BIN = Path(sys.executable).parent
-WEIRD = "we ird 'dir\" $x"   # spaces, both quotes and a dollar: every path must survive quoting
-DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-             "zero_optimization": {"stage": 1}, "steps_per_print": 100}
 
 
 def build(**kwargs) -> str:

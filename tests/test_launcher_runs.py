@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = REPO / "src" / "train.py"
+from launch_inputs import DS_CONFIG, REPO, TRAIN, WEIRD
+
 VENV_BIN = Path(sys.executable).parent
-WEIRD = "we ird 'dir\" $x"   # spaces, both quotes and a dollar: every path must survive quoting
-DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-             "zero_optimization": {"stage": 1}, "steps_per_print": 100}
 
 
 def free_port() -> int:

@@ -1,0 +1,9 @@
+"""Inputs the launcher tests share: the training script, a DeepSpeed file and a name that tests quoting."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "src" / "train.py"
+WEIRD = "we ird 'dir\" $x"   # spaces, both quotes and a dollar: every path must survive quoting
+DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+             "zero_optimization": {"stage": 1}, "steps_per_print": 100}
