@@ -105,6 +105,12 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
     return warnings
 
 
+def precision_of(config: dict) -> str:
+    """The training precision a DeepSpeed config asks for: bf16, fp16 or fp32."""
+    enabled = lambda key: isinstance(config.get(key), dict) and config[key].get("enabled") is True  # noqa: E731
+    return "bf16" if enabled("bf16") else "fp16" if enabled("fp16") else "fp32"
+
+
 def build_deepspeed_config(spec: DeepSpeedSpec) -> dict:
     """The DeepSpeed config dict for `spec` (call check_spec first)."""
     auto = AUTO if spec.hf_auto else None

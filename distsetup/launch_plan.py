@@ -185,12 +185,12 @@ def check_deepspeed_file(ds_config: dict, spec: LaunchSpec, source: str) -> None
                              "node/GPU counts.")
 
 
-def launch_warnings(spec: LaunchSpec) -> list[str]:
-    """Things that are allowed but probably not meant."""
+def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
+    """Things that are allowed but probably not meant; `run_command` starts the script (bash X, sbatch X)."""
     warnings = []
     if spec.runs_train_py and not spec.config:
         warnings.append("no --config: src/train.py needs one; pass it when running the script "
-                        "(e.g. bash scripts/run_training.sh --config config.yaml) or regenerate with --config.")
+                        f"(e.g. {run_command} --config config.yaml) or regenerate with --config.")
     if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
         warnings.append("the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "
                         "(give --hosts for real names).")

@@ -426,3 +426,12 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["steps"] == 200 and summary["world_size"] == 2
+
+
+def test_missing_config_warning_names_the_command_that_runs_the_script(run_cli, tmp_path):
+    for command, runner, extra in (("launcher", "bash", []), ("slurm", "sbatch", ["--time_limit", "1:00:00",
+                                                                              "--cpus_per_task", "8"])):
+        out = tmp_path / f"my {command}.sh"
+        result = run_cli(command, "--num_gpus_per_node", "2", *extra, "-o", out)
+        assert result.exit_code == 0, result.output
+        assert f"(e.g. {runner} '{out}' --config config.yaml)" in result.stderr

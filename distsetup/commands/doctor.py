@@ -15,6 +15,7 @@ import click
 
 from distsetup import __version__
 from distsetup.batch import world_size_from
+from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
 from distsetup.options import option, positive
@@ -207,8 +208,7 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
             out.append((WARN, f"the DeepSpeed file's micro-batch {micro} x accumulation {accumulation} differs from "
                               f"the run config's {t.micro_batch_size} x {t.gradient_accumulation_steps}: the "
                               "DeepSpeed file wins."))
-        precision = "bf16" if (ds.get("bf16") or {}).get("enabled") is True else \
-            "fp16" if (ds.get("fp16") or {}).get("enabled") is True else "fp32"
+        precision = precision_of(ds)
         if precision != t.precision:
             out.append((WARN, f"the DeepSpeed file trains in {precision}, the run config says {t.precision}: the "
                               "DeepSpeed file wins."))

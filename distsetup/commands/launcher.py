@@ -87,9 +87,10 @@ def launcher(output, dry_run, **opts):
     text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     for note in notes:
         click.echo(f"Note: {note}", err=True)
-    for warning in launch_warnings(spec):
+    run_command = f"bash {shlex.quote(str(output))}"
+    for warning in launch_warnings(spec, run_command):
         click.echo(f"Warning: {warning}", err=True)
-    emit(text, output, dry_run, next_step=f"bash {shlex.quote(str(output))}", executable=True)
+    emit(text, output, dry_run, next_step=run_command, executable=True)
 
 
 def regenerate_command(name: str) -> str:

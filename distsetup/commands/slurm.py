@@ -61,11 +61,10 @@ def slurm(output, dry_run, submit, **opts):
     text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     for note in notes:
         click.echo(f"Note: {note}", err=True)
-    for warning in launch_warnings(spec.launch) + slurm_warnings(spec):
-        warning = warning.replace("bash scripts/run_training.sh", "sbatch scripts/slurm_job.sh")
+    run_command = f"sbatch {shlex.quote(str(output))}"
+    for warning in launch_warnings(spec.launch, run_command) + slurm_warnings(spec):
         click.echo(f"Warning: {warning}", err=True)
-    emit(text, output, dry_run, next_step=None if submit else f"sbatch {shlex.quote(str(output))}",
-         executable=True)
+    emit(text, output, dry_run, next_step=None if submit else run_command, executable=True)
     if submit:
         click.echo(submit_job(output))
 

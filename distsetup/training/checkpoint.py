@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
+from distsetup.output import write_atomic
 from distsetup.training.world import World, barrier
 
 MARKER = "COMPLETE"
@@ -27,12 +28,6 @@ def atomic_save(obj, path: Path) -> None:
     """torch.save to a temporary name, then rename: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -84,7 +79,7 @@ def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict) ->
     atomic_save(rng_state(), path / f"rng_rank{world.rank}.pt")
     barrier()
     if world.is_main:
-        atomic_write_text(path / MARKER, json.dumps({**meta, "step": step, "world_size": world.size}, indent=2))
+        write_atomic(path / MARKER, json.dumps({**meta, "step": step, "world_size": world.size}, indent=2))
     barrier()
     return path
 

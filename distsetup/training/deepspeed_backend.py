@@ -1,36 +1,26 @@
 """DeepSpeed ZeRO 0-3 from a DeepSpeed file; DeepSpeed owns the optimizer step and the checkpoints."""
 
-import json
 from pathlib import Path
 
-import torch
 
+from distsetup.checks import auto_paths
+from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
+from distsetup.problems import join_path
 from distsetup.training import memory
 from distsetup.training.backends import Backend
-from distsetup.training.optim import lr_lambda, param_groups
+from distsetup.training.optim import adamw, lambda_scheduler, param_groups
+from distsetup.validate import read_json
 
 
 def read_ds_file(path: str) -> dict:
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DistsetupError(f"cannot read DeepSpeed file {path}: {e}.",
-                             "write one with `distsetup deepspeed --output FILE`.")
-    autos = [k for k, v in _flatten(config) if v == "auto"]
+    config = read_json(Path(path))
+    autos = [join_path(p) for p in auto_paths(config)]
     if autos:
         raise DistsetupError(f"{path} has 'auto' values ({', '.join(autos)}); only the HF Trainer fills those in.",
                              "regenerate it without --hf_auto.")
     return config
-
-
-def _flatten(d: dict, prefix=""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _flatten(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
 
 
 def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, int]:
@@ -71,8 +61,7 @@ class DeepSpeedBackend(Backend):
         zero = self.ds_config.get("zero_optimization", {})
         self.zero_stage = int(zero.get("stage", 0))
         self.offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
-        precision = ("bf16" if self.ds_config.get("bf16", {}).get("enabled") else
-                     "fp16" if self.ds_config.get("fp16", {}).get("enabled") else "fp32")
+        precision = precision_of(self.ds_config)
         if precision != self.precision:
             self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
         self.precision = precision
@@ -97,13 +86,12 @@ class DeepSpeedBackend(Backend):
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
                 optimizer = DeepSpeedCPUAdam(groups, lr=self.lr, betas=tuple(t.betas), adamw_mode=True)
             else:
-                optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=tuple(t.betas), foreach=False)
+                optimizer = adamw(model, self.lr, t.betas, t.weight_decay)
         schedule = None
         if "scheduler" in self.ds_config:
             self.notes.append(f"LR scheduler {self.ds_config['scheduler'].get('type')} from the DeepSpeed file")
         else:
-            factor = lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio)
-            schedule = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor)  # noqa: E731
+            schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
             lr_scheduler=schedule, config=self.ds_config)

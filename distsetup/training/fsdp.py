@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
+from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD
 from distsetup.training.backends import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import apply_activation_checkpointing, layer_modules
@@ -19,8 +20,6 @@ from distsetup.training.model import apply_activation_checkpointing, layer_modul
 DEFAULTS = {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
             "fsdp_activation_checkpointing": False, "mixed_precision": "no"}
-RESHARD = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD_ZERO2": False,
-           "NO_SHARD": False}
 REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -36,8 +35,8 @@ def read_fsdp_file(path: str | None) -> dict:
         raise DistsetupError(f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
                              "regenerate it with `distsetup fsdp --fsdp_version 2`.")
     strategy = raw.get("fsdp_sharding_strategy", "FULL_SHARD")
-    if strategy not in RESHARD:
-        raise DistsetupError(f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARD)}.")
+    if strategy not in RESHARDS_AFTER_FORWARD:
+        raise DistsetupError(f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARDS_AFTER_FORWARD)}.")
     return {**DEFAULTS, **raw}
 
 
@@ -69,7 +68,7 @@ class FSDPBackend(Backend):
             wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             units = [wrapped.get(id(u), u) for u in units]
         kwargs = {"mesh": self._mesh(), "reshard_after_forward": self.fsdp.get(
-            "fsdp_reshard_after_forward", RESHARD[self.strategy]), "mp_policy": self._mixed_precision(),
+            "fsdp_reshard_after_forward", RESHARDS_AFTER_FORWARD[self.strategy]), "mp_policy": self._mixed_precision(),
             "offload_policy": self._offload()}
         for unit in units:
             fully_shard(unit, **kwargs)
