@@ -2,6 +2,7 @@
 `deepspeed --help` (both import torch). Ratios of medians measured alternately in one run."""
 
 import argparse
+import compileall
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    # As `pip install` does: an editable checkout under PYTHONDONTWRITEBYTECODE would compile every run.
+    compileall.compile_dir(REPO / "distsetup", quiet=1)
     distsetup = str(BIN / "distsetup")
     ours = {
         "deepspeed": [distsetup, "deepspeed", "--zero_stage", "3", "--offload_param", "--bf16", "-o", work / "ds.json"],

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
 
-import jsonschema
+from distsetup.fast_schema import conforms
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,11 @@ def load_schema(name: str) -> dict:
 
 def schema_problems(data, schema_name: str) -> list[Problem]:
     """Every place `data` breaks the named schema; unknown keys come with a close-match suggestion."""
-    validator = jsonschema.Draft202012Validator(load_schema(schema_name))
+    schema = load_schema(schema_name)
+    if conforms(data, schema):
+        return []
+    import jsonschema  # only when there is something to explain (a quarter of a command's time)
+    validator = jsonschema.Draft202012Validator(schema)
     problems = []
     for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         path = list(error.absolute_path)
@@ -57,7 +61,7 @@ def schema_problems(data, schema_name: str) -> list[Problem]:
     return problems
 
 
-def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
+def _describe(error) -> tuple[str, str]:
     """(what is wrong, the fix) for one schema violation."""
     value, limit = error.instance, error.validator_value
     if error.validator == "enum":

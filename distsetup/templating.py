@@ -1,5 +1,6 @@
 """The one Jinja environment for shell scripts: strict, shell-quoting, templates from templates/."""
 
+import contextlib
 import importlib.util
 import shlex
 from pathlib import Path
@@ -17,9 +18,30 @@ def templates_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "templates"
 
 
+class CompiledTemplateCache(jinja2.FileSystemBytecodeCache):
+    """Templates compiled by earlier runs (a fifth of a launcher command's time), in Jinja's private per-user
+    temp folder and keyed by the template's source; a cache that cannot be used is skipped, never an error."""
+
+    def load_bytecode(self, bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().load_bytecode(bucket)
+
+    def dump_bytecode(self, bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
+def compiled_template_cache() -> CompiledTemplateCache | None:
+    try:
+        return CompiledTemplateCache()
+    except (OSError, RuntimeError):  # no safe, writable temp folder: compile every time
+        return None
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
+                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True,
+                             bytecode_cache=compiled_template_cache())
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
     return env
 

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from distsetup.checks import auto_paths, deepspeed_problems
 from distsetup.deepspeed_config import PRESETS
+from distsetup.fast_schema import conforms
+from distsetup.problems import load_schema
 from tests.conftest import REPO
 
 deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
@@ -77,6 +79,7 @@ def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run
         return
     ds = deepspeed_accepts(config, world)
     assert deepspeed_problems(config, world) == []
+    assert conforms(config, load_schema("deepspeed"))  # every file written takes the fast path
     assert not auto_paths(config)
     stage = config["zero_optimization"]["stage"]
     assert ds.zero_optimization_stage == stage
