@@ -98,7 +98,7 @@ def train(cfg, args) -> int:
     from distsetup.training.export import load_weights
     from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, layer_modules
-    from distsetup.training.world import (all_reduce_sum, barrier, destroy_process_group, init_process_group,
+    from distsetup.training.world import (PendingSum, barrier, destroy_process_group, init_process_group,
                                           pick_device, read_world)
 
     # config -> backend: every check that can fail does so here, before any process group or training
@@ -165,10 +165,13 @@ def train(cfg, args) -> int:
             for m, idx in enumerate(sampler.next_step()):
                 x, y = data[idx, :-1].to(device), data[idx, 1:].to(device)
                 micro_losses.append(backend.backward(x, y, last_micro=m == backend.accumulation - 1))
+            # the step's loss and the stop flag reach every rank while the optimizer steps
+            stop_flag = torch.tensor([float(preemption.requested)], dtype=torch.float64, device=device)
+            sums = PendingSum(torch.cat([torch.stack(micro_losses).double().mean().reshape(1), stop_flag]))
             backend.step()
             step += 1
-            loss_sum, stop = all_reduce_sum([sum(micro_losses) / len(micro_losses), float(preemption.requested)],
-                                            device)
+            loss_sum, stop = sums.result()
+            timer.step_done()
             loss = loss_sum / world.size
             bar.update(1)
             if step % t.log_interval == 0 or step == t.max_steps or stop:
@@ -189,12 +192,14 @@ def train(cfg, args) -> int:
         # teardown: rank 0's summary; the process group goes in `finally`
         if world.is_main:
             seconds = timer.train_seconds
-            steps_per_s = (step - first_step) / seconds
+            steps_per_s = (step - first_step) / max(seconds, 1e-9)
             summary = {"steps": step, "final_loss": loss, "world_size": world.size, "backend": backend.name,
                        "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size, "steps_per_s": steps_per_s,
                        "train_seconds": seconds, "checkpoint_seconds": timer.checkpoint_seconds,
+                       "median_step_seconds": timer.median_step_seconds,
                        "zero_stage": backend.zero_stage, "precision": backend.precision, "memory": backend.memory,
-                       "peak_activation_bytes": backend.activation_bytes}
+                       "peak_activation_bytes": backend.activation_bytes,
+                       "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             say(f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}")

@@ -63,11 +63,16 @@ def test_real_tensorboard_writes_event_files(tmp_path):
 
 def test_timer_leaves_checkpoint_time_out():
     begin = time.perf_counter()
-    timer = StepTimer()
-    time.sleep(0.05)
-    with timer.checkpointing():
-        time.sleep(0.2)
-    time.sleep(0.05)
-    trained, wall = timer.train_seconds, time.perf_counter() - begin
-    assert timer.checkpoint_seconds >= 0.2 and trained >= 0.1
-    assert trained + timer.checkpoint_seconds == pytest.approx(wall, abs=0.02)
+    timer = StepTimer(window=2)
+    for seconds in (0.05, 0.02, 0.03):  # the first step also writes a checkpoint
+        time.sleep(seconds)
+        timer.step_done()
+        if seconds == 0.05:
+            with timer.checkpointing():
+                time.sleep(0.2)
+    wall = time.perf_counter() - begin
+    assert timer.checkpoint_seconds >= 0.2
+    assert timer.train_seconds + timer.checkpoint_seconds == pytest.approx(wall, abs=0.02)
+    second, third = timer.recent_steps  # the window keeps the latest two
+    assert 0.02 <= second < 0.2 and 0.03 <= third < 0.2  # the checkpoint's 0.2 s is in neither
+    assert timer.median_step_seconds == (second + third) / 2

@@ -42,13 +42,14 @@ class Backend:
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
-    def backward(self, x, y, last_micro: bool) -> float:
-        """Forward and backward one micro-batch; gradients are synchronised on the last one only."""
+    def backward(self, x, y, last_micro: bool) -> torch.Tensor:
+        """Forward and backward one micro-batch, returning its loss (left on the device: reading it would make
+        the host wait for the device); gradients are synchronised on the last micro-batch only."""
         with self._sync(last_micro), self._autocast():
             loss = self._forward(x, y)
         scaled = loss / self.accumulation
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        return loss.item()
+        return loss.detach()
 
     def step(self) -> None:
         """Clip, update, advance the schedule, drop the gradients."""

@@ -102,7 +102,7 @@ class DeepSpeedBackend(Backend):
         self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter
-        return loss.item()
+        return loss.detach()
 
     def step(self):
         if self.memory is None:

@@ -109,7 +109,7 @@ class FSDPBackend(Backend):
         self.model.set_requires_gradient_sync(last_micro)
         loss = self._forward(x, y)
         (loss / self.accumulation).backward()
-        return loss.item()
+        return loss.detach()
 
     def save(self, path):
         if self.full_state_dict:

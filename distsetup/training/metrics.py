@@ -1,7 +1,10 @@
 """Rank 0's record of the run: metrics.jsonl always, TensorBoard scalars too when it is installed."""
 
+import contextlib
 import json
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 
 
@@ -40,25 +43,31 @@ def tensorboard_writer(folder: Path):
 
 
 class StepTimer:
-    """Seconds spent in training steps, the time spent writing checkpoints left out (what throughput divides by)."""
+    """Seconds spent in training steps, checkpoint writes left out: in all (what throughput divides by) and for
+    each of the latest steps (their median is the steady pace, without the first step's one-off costs)."""
 
-    def __init__(self):
-        self.start, self.checkpoint_seconds = time.perf_counter(), 0.0
+    def __init__(self, window: int = 1000):
+        self.train_seconds = self.checkpoint_seconds = 0.0
+        self.recent_steps: deque[float] = deque(maxlen=window)
+        self._step_began, self._paused = time.perf_counter(), 0.0
 
-    def checkpointing(self):
-        return _Pause(self)
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        seconds = now - self._step_began - self._paused
+        self.train_seconds += seconds
+        self.recent_steps.append(seconds)
+        self._step_began, self._paused = now, 0.0
 
     @property
-    def train_seconds(self) -> float:
-        return max(time.perf_counter() - self.start - self.checkpoint_seconds, 1e-9)
+    def median_step_seconds(self) -> float | None:
+        return statistics.median(self.recent_steps) if self.recent_steps else None
 
-
-class _Pause:
-    def __init__(self, timer: StepTimer):
-        self.timer = timer
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.timer.checkpoint_seconds += time.perf_counter() - self.t0
+    @contextlib.contextmanager
+    def checkpointing(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - began
+            self.checkpoint_seconds += seconds
+            self._paused += seconds

@@ -68,9 +68,14 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum a few floats over all ranks in one collective (loss and the stop flag travel together)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
+class PendingSum:
+    """A sum over all ranks that travels while the caller goes on (the optimizer step); `result()` waits."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values = values
+        self.work = dist.all_reduce(values, async_op=True) if dist.is_initialized() else None
+
+    def result(self) -> list[float]:
+        if self.work is not None:
+            self.work.wait()
+        return self.values.tolist()
