@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
+RESULTS = Path(os.environ.get("DISTSETUP_BENCH_RESULTS", REPO / "benchmarks" / "RESULTS.md"))  # tests redirect it
 BIN = Path(sys.executable).parent
 
 
@@ -26,12 +26,19 @@ def timed_run(argv: list[str], cwd=None, env=None) -> float:
 
 
 def alternate(measures: dict, repeats: int) -> dict:
-    """Run each measure once per round, in alternation, `repeats` rounds; return name -> median."""
+    """Run each measure once per round, in alternation, `repeats` rounds; return name -> median (a measure
+    that returns a dict of figures gets the median of each)."""
     samples = {name: [] for name in measures}
     for _ in range(repeats):
         for name, measure in measures.items():
             samples[name].append(measure())
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: median(values) for name, values in samples.items()}
+
+
+def median(values: list):
+    if isinstance(values[0], dict):
+        return {key: statistics.median(v[key] for v in values) for key in values[0]}
+    return statistics.median(values)
 
 
 def table(headers: list[str], rows: list[list]) -> str:
@@ -54,3 +61,13 @@ def record(title: str, text: str) -> None:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     with RESULTS.open("a") as f:
         f.write(f"\n## {title}\n\n{stamp}; {machine()}; `{command}`\n\n{text}\n")
+
+
+def launch(nproc: int, argv: list) -> str:
+    """stdout of `torchrun --standalone` running `argv` in `nproc` processes (the cores shared among them)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", *map(str, argv)]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout

@@ -1,9 +1,12 @@
 """The plain training loops src/train.py is measured against: same model, data, batch and steps, nothing
-else (no checkpoints, no metrics). Run under torchrun; prints one JSON line with tokens/s."""
+else (no checkpoints, no metrics). Run under torchrun; prints one JSON line with tokens/s, the median
+step time and, on a GPU, the peak memory. One process per GPU where there are GPUs, else the CPU."""
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -19,31 +22,44 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--micro_batch_size", type=int, default=8)
     p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_head", type=int, default=4)
     p.add_argument("--n_embd", type=int, default=128)
     p.add_argument("--block_size", type=int, default=64)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = p.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if a.backend != "single":
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(1234)
-    model = GPT(256, a.block_size, a.n_layer, 4, a.n_embd, 0.0)
+    model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)
     data = synthetic_dataset(4096, a.block_size, 256, 1234)
+    autocast = contextlib.nullcontext()
 
     if a.backend.startswith("zero"):
         import deepspeed
         config = {"train_micro_batch_size_per_gpu": a.micro_batch_size, "gradient_accumulation_steps": 1,
                   "zero_optimization": {"stage": int(a.backend[-1])}, "gradient_clipping": 1.0,
+                  "bf16": {"enabled": a.precision == "bf16"},
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
         forward, backward, step = engine, engine.backward, engine.step
     else:
+        model = model.to(device)
         if a.backend == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model)
         elif a.backend == "fsdp":
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if a.precision == "bf16" else MixedPrecisionPolicy()
             for block in model.blocks:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+        elif a.precision == "bf16":
+            autocast = torch.autocast(device.type, dtype=torch.bfloat16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
         def backward(loss):
@@ -55,16 +71,23 @@ def main():
             optimizer.zero_grad(set_to_none=True)
         forward = model
 
-    start = time.perf_counter()
+    step_ends = [time.perf_counter()]
     for i in range(a.steps):
         idx = (torch.arange(a.micro_batch_size) + (i * world + rank) * a.micro_batch_size) % len(data)
-        loss = forward(data[idx, :-1], data[idx, 1:])
+        with autocast:
+            loss = forward(data[idx, :-1].to(device), data[idx, 1:].to(device))
         backward(loss)
         step()
-    elapsed = time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # a step's time is its GPU work, not the time to queue it
+        step_ends.append(time.perf_counter())
     if rank == 0:
         tokens = a.steps * a.micro_batch_size * world * a.block_size
-        print(json.dumps({"backend": a.backend, "tokens_per_s": tokens / elapsed, "loss": loss.item()}))
+        steps = [end - begin for begin, end in zip(step_ends, step_ends[1:])]
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        print(json.dumps({"backend": a.backend, "tokens_per_s": tokens / sum(steps),
+                          "median_step_seconds": statistics.median(steps), "peak_device_bytes": peak,
+                          "loss": loss.item()}))
     if dist.is_initialized():
         dist.destroy_process_group()
 

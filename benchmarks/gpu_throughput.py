@@ -1,0 +1,131 @@
+"""Benchmark 4 (for a GPU): tokens/s per GPU and MFU of src/train.py with the built-in GPT at about 1B
+parameters in bf16 on one GPU (plain, FSDP2 over one rank, DeepSpeed ZeRO-3 over one rank), against the
+same model in reference_loop.py's minimal loop. Goal: MFU >= 40%.
+
+MFU = tokens/s x training FLOPs per token / the GPU's dense bf16 peak, with FLOPs per token = 6N + 12 L d T
+(N parameters outside the embedding tables, L layers, width d, sequence T: the PaLM paper's appendix B, as nanoGPT counts). tokens/s
+comes from each run's median step, so start-up and the first steps' warm-up are left out.
+
+Without a GPU it runs the same way on the CPU: give a small model and --peak_tflops (tests do this).
+"""
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from common import BIN, REPO, alternate, launch, machine, record, table
+
+GOAL = 0.40
+# Dense bf16 peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
+PEAK_BF16_TFLOPS = {"H200": 989, "H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "A100": 312, "L40S": 362,
+                    "A10G": 70, "L4": 121}
+RUNS = ["train.py single", "train.py fsdp", "train.py zero3", "reference loop"]
+
+
+def peak_tflops(device_name: str) -> float | None:
+    return next((peak for name, peak in PEAK_BF16_TFLOPS.items() if name in device_name), None)
+
+
+def parameters(a, matmul_only: bool = False) -> int:
+    """The built-in GPT's parameters, counted on the meta device; `matmul_only` leaves out the embedding
+    tables, which are looked up, not multiplied (as the FLOPs count wants)."""
+    import torch
+
+    from distsetup.training.model import GPT
+    with torch.device("meta"):
+        model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)
+    return sum(p.numel() for name, p in model.named_parameters()
+               if not (matmul_only and name.startswith(("wte.", "wpe."))))
+
+
+def flops_per_token(a) -> float:
+    return 6 * parameters(a, matmul_only=True) + 12 * a.n_layer * a.n_embd * a.block_size
+
+
+def measure_train_py(run: str, work: Path, a):
+    backend = run.split()[-1]
+    overrides = [f"model.n_layer={a.n_layer}", f"model.n_head={a.n_head}", f"model.n_embd={a.n_embd}",
+                 f"model.block_size={a.block_size}", f"training.max_steps={a.steps}",
+                 f"training.micro_batch_size={a.micro_batch_size}", f"training.precision={a.precision}",
+                 f"training.checkpoint_interval={10 * a.steps}", "training.warmup_steps=0"]
+    if backend == "zero3":
+        ds = work / "zero3.json"
+        precision = ["--bf16"] if a.precision == "bf16" else []
+        subprocess.run([str(BIN / "distsetup"), "deepspeed", "--zero_stage", "3", *precision,
+                        "--micro_batch_size", str(a.micro_batch_size), "--lr", "1e-3", "-o", ds],
+                       check=True, capture_output=True)
+        overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
+    else:
+        overrides.append(f"distributed.backend={backend}")
+    runs = iter(range(10**6))
+
+    def measure() -> dict:
+        out = work / f"{backend}-{next(runs)}"
+        launch(1, ["src/train.py", "--config", REPO / "config" / "config.yaml", *overrides,
+                   f"training.output_dir={out}"])
+        return figures(json.loads((out / "summary.json").read_text()), a)
+    return measure
+
+
+def measure_reference(a):
+    def measure() -> dict:
+        out = launch(1, [REPO / "benchmarks" / "reference_loop.py", "--backend", "single", "--steps", a.steps,
+                         "--micro_batch_size", a.micro_batch_size, "--n_layer", a.n_layer, "--n_head", a.n_head,
+                         "--n_embd", a.n_embd, "--block_size", a.block_size, "--precision", a.precision])
+        return figures(json.loads(out.strip().splitlines()[-1]), a)
+    return measure
+
+
+def figures(result: dict, a) -> dict:
+    tokens_per_s = a.micro_batch_size * a.block_size / result["median_step_seconds"]
+    return {"tokens_per_s": tokens_per_s, "peak_gb": (result.get("peak_device_bytes") or 0) / 1e9}
+
+
+def device_name() -> str:
+    probe = "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+    return subprocess.run([str(BIN / "python"), "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n_layer", type=int, default=20)   # 20 x 2048 wide: 1.01B parameters
+    parser.add_argument("--n_head", type=int, default=16)
+    parser.add_argument("--n_embd", type=int, default=2048)
+    parser.add_argument("--block_size", type=int, default=2048)
+    parser.add_argument("--micro_batch_size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--peak_tflops", type=float, help="the device's peak for --precision (default: "
+                        "from the GPU's name for bf16)")
+    parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)
+    a = parser.parse_args()
+    device = device_name()
+    peak = a.peak_tflops or (peak_tflops(device) if a.precision == "bf16" else None)
+    if peak is None:
+        parser.error(f"no known peak for {device!r} in {a.precision}: give --peak_tflops")
+    work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    measures = {run: measure_reference(a) if run == "reference loop" else measure_train_py(run, work, a)
+                for run in a.runs}
+    medians = alternate(measures, a.repeats)
+    reference = medians.get("reference loop")
+    rows = []
+    for run, m in medians.items():
+        mfu = m["tokens_per_s"] * flops_per_token(a) / (peak * 1e12)
+        vs_reference = m["tokens_per_s"] / reference["tokens_per_s"] if reference else ""
+        rows.append([run, m["tokens_per_s"], f"{100 * mfu:.1f}%", vs_reference, m["peak_gb"] or "",
+                     "met" if mfu >= GOAL else "NOT met"])
+    text = table(["run", "tokens/s per GPU", "MFU", "vs reference loop", "peak GB", f"goal MFU >= {GOAL:.0%}"],
+                 rows)
+    text += (f"\n\nDevice: {device} ({machine()}); peak {peak:g} TFLOP/s {a.precision}. GPT {a.n_layer} layers x "
+             f"{a.n_embd} ({a.n_head} heads; {parameters(a) / 1e9:.2f}B parameters), sequence {a.block_size}, "
+             f"micro batch {a.micro_batch_size}, {a.steps} steps, one process; tokens/s from each run's median "
+             f"step, medians of {a.repeats} alternating runs. 'peak GB': torch.cuda.max_memory_allocated.")
+    record("GPU throughput", text)
+
+
+if __name__ == "__main__":
+    main()
