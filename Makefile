@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test test-fast demo bench schemas presets clean
+.PHONY: venv test test-fast demo bench bench-gpu schemas presets clean
 
 # Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
 DEMO_PROCS ?= 2
@@ -41,6 +41,10 @@ demo: venv
 # Benchmarks 1-3 (about 10 minutes on 2 cores); each appends its table to benchmarks/RESULTS.md.
 bench: venv
 	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py
+
+# Benchmark 4, on a machine with a CUDA GPU and a CUDA build of torch: tokens/s and MFU of a 1B model.
+bench-gpu: venv
+	cd benchmarks && ../$(PY) gpu_throughput.py
 
 schemas: venv
 	$(PY) -m distsetup.runconfig > distsetup/schemas/run_config.schema.json

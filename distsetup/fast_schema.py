@@ -13,11 +13,13 @@ PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "
 
 def conforms(value, schema: dict) -> bool:
     """True only if `value` is valid under `schema`; False if it is not, or if unsure."""
+    if isinstance(schema, bool):  # `true` accepts anything, `false` nothing
+        return schema
     if not KNOWN_KEYWORDS.issuperset(schema):
         return False
     if "type" in schema and not _has_type(value, schema["type"]):
         return False
-    if "enum" in schema and not any(type(value) is type(choice) and value == choice for choice in schema["enum"]):
+    if "enum" in schema and not any(_same_scalar(value, choice) for choice in schema["enum"]):
         return False
     if _is_number(value) and not _within_bounds(value, schema):
         return False
@@ -28,6 +30,11 @@ def conforms(value, schema: dict) -> bool:
     if isinstance(value, dict) and not _conforming_object(value, schema):
         return False
     return True
+
+
+def _same_scalar(value, choice) -> bool:
+    """Equal and of one type (so True is not 1); lists and objects are left to jsonschema."""
+    return type(value) is type(choice) and not isinstance(value, (list, dict)) and value == choice
 
 
 def _has_type(value, expected) -> bool:

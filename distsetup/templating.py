@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jinja2
 
+from distsetup import __version__
 from distsetup.errors import DistsetupError
 
 
@@ -20,11 +21,17 @@ def templates_dir() -> Path:
 
 class CompiledTemplateCache(jinja2.FileSystemBytecodeCache):
     """Templates compiled by earlier runs (a fifth of a launcher command's time), in Jinja's private per-user
-    temp folder and keyed by the template's source; a cache that cannot be used is skipped, never an error."""
+    temp folder, keyed by the template's source and distsetup's version (which fixes the environment's
+    settings); a cache that cannot be used is skipped, never an error."""
+
+    def __init__(self, directory: str | None = None):
+        super().__init__(directory, pattern=f"__distsetup_{__version__}_%s.cache")
 
     def load_bytecode(self, bucket) -> None:
-        with contextlib.suppress(OSError):
+        try:
             super().load_bytecode(bucket)
+        except Exception:  # unreadable or damaged (Jinja unpickles the checksum unguarded): compile afresh
+            bucket.reset()
 
     def dump_bytecode(self, bucket) -> None:
         with contextlib.suppress(OSError):

@@ -10,7 +10,8 @@
 Without GPUs it runs on the CPU with gloo; with GPUs, one process per GPU (LOCAL_RANK) with NCCL.
 Checkpoints go to training.output_dir/checkpoints/step_NNNNNNN/ and the run resumes from the newest
 complete one (--no_resume starts afresh). SIGTERM or SIGUSR1 (SLURM's warning before preemption) make
-every rank finish its step, checkpoint and exit with status 75, which the sbatch script requeues on.
+every rank, within about a second (or a step, if longer), checkpoint at the same step and exit with status
+75, which the sbatch script requeues on.
 """
 
 import argparse
@@ -58,7 +59,7 @@ def load_config(args):
 
 
 class Preemption:
-    """Remembers SIGTERM/SIGUSR1; the loop turns it into a checkpoint at the next step boundary."""
+    """Remembers SIGTERM/SIGUSR1; the loop turns it into a checkpoint once the ranks have agreed to stop."""
 
     def __init__(self):
         self.requested = False
@@ -98,7 +99,7 @@ def train(cfg, args) -> int:
     from distsetup.training.export import load_weights
     from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, layer_modules
-    from distsetup.training.world import (PendingSum, barrier, destroy_process_group, init_process_group,
+    from distsetup.training.world import (StepAgreement, barrier, destroy_process_group, init_process_group,
                                           pick_device, read_world)
 
     # config -> backend: every check that can fail does so here, before any process group or training
@@ -159,25 +160,26 @@ def train(cfg, args) -> int:
         metrics = MetricsLog(out_dir, world.is_main)
         bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
         timer, first_step = StepTimer(), step
+        agreement = StepAgreement(world.size, device)
         while step < t.max_steps:
             lr = backend.current_lr()
             micro_losses = []
             for m, idx in enumerate(sampler.next_step()):
                 x, y = data[idx, :-1].to(device), data[idx, 1:].to(device)
                 micro_losses.append(backend.backward(x, y, last_micro=m == backend.accumulation - 1))
-            # the step's loss and the stop flag reach every rank while the optimizer steps
-            stop_flag = torch.tensor([float(preemption.requested)], dtype=torch.float64, device=device)
-            sums = PendingSum(torch.cat([torch.stack(micro_losses).double().mean().reshape(1), stop_flag]))
             backend.step()
             step += 1
-            loss_sum, stop = sums.result()
             timer.step_done()
-            loss = loss_sum / world.size
             bar.update(1)
-            if step % t.log_interval == 0 or step == t.max_steps or stop:
+            log_now = step % t.log_interval == 0 or step == t.max_steps
+            checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
+            stop = False
+            if log_now or checkpoint_now or agreement.due(step):
+                loss, stop = agreement.settle(step, micro_losses, preemption.requested, timer.median_step_seconds)
+            if log_now or stop:
                 metrics.write(step, loss=loss, lr=lr)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-            if stop or step % t.checkpoint_interval == 0 or step == t.max_steps:
+            if stop or checkpoint_now:
                 with timer.checkpointing():
                     ckpt.save_checkpoint(backend, ckpt_root, step, world,
                                          {**meta, "loss": loss, "sampler": sampler.state_dict()})

@@ -40,7 +40,8 @@ def test_gpu_throughput_runs_every_backend_on_the_cpu(tmp_path):
     assert sorted(table) == ["reference loop", "train.py fsdp", "train.py single", "train.py zero3"]
     from types import SimpleNamespace
     flops = flops_per_token(SimpleNamespace(**SMALL))
-    for name, (tokens_per_s, mfu, vs_reference, _, verdict) in table.items():
+    for name, (tokens_per_s, mfu, vs_reference, _, planned, verdict) in table.items():
+        assert float(planned) > 0
         assert float(tokens_per_s) > 0
         assert float(mfu.rstrip("%")) == pytest.approx(100 * float(tokens_per_s) * flops / 0.5e12, rel=0.01, abs=0.06)
         assert verdict == ("met" if float(mfu.rstrip("%")) >= 40 else "NOT met")

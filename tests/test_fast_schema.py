@@ -88,6 +88,9 @@ def test_shipped_files_take_the_fast_path(label, name, document):
     (True, {"type": "integer"}),                           # a bool is not a number to JSON Schema
     (1.0, {"type": "string"}),
     (True, {"enum": [1, 2]}),
+    ([True], {"enum": [[1]]}),                             # jsonschema compares inside lists strictly too
+    (1, {"properties": {}, "not_a_keyword": False}),
+    (1, False),                                            # a `false` schema accepts nothing
     (7, {"type": "integer", "exclusiveMinimum": 7}),
     ({"a": 1}, {"properties": {"b": {}}, "additionalProperties": False}),
     ({}, {"required": ["a"]}),

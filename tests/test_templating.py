@@ -24,7 +24,7 @@ def test_second_run_loads_the_compiled_template(monkeypatch, tmp_path, template)
     template("python {{ script | shquote }}\n")
     cache = templating.CompiledTemplateCache(str(tmp_path))
     first = render_with(monkeypatch, cache, script="a b.py")
-    assert first == "python 'a b.py'\n" and list(tmp_path.glob("__jinja2_*"))
+    assert first == "python 'a b.py'\n" and list(tmp_path.glob("__distsetup_*"))
     monkeypatch.setattr(jinja2.Environment, "compile", lambda *a, **k: pytest.fail("compiled again"))
     assert render_with(monkeypatch, cache, script="a b.py") == first
 
@@ -43,3 +43,14 @@ def test_a_cache_that_cannot_be_written_is_skipped(monkeypatch, tmp_path, templa
     unwritable = templating.CompiledTemplateCache(str(tmp_path / "a_file" / "cache"))
     assert render_with(monkeypatch, unwritable, x=1) == "1"
     assert render_with(monkeypatch, None, x=2) == "2"
+
+
+def test_a_damaged_cache_file_is_compiled_afresh(monkeypatch, tmp_path, template):
+    template("{{ x }}")
+    cache = templating.CompiledTemplateCache(str(tmp_path))
+    assert render_with(monkeypatch, cache, x=1) == "1"
+    header, stored = len(jinja2.bccache.bc_magic), list(tmp_path.glob("*.cache"))
+    assert stored
+    for path in stored:
+        path.write_bytes(path.read_bytes()[:header + 3])  # the header, then a broken-off checksum
+    assert render_with(monkeypatch, cache, x=2) == "2"

@@ -7,8 +7,10 @@ import time
 import types
 
 import pytest
+import torch
 
 from distsetup.training.metrics import MetricsLog, StepTimer
+from distsetup.training.world import StepAgreement
 
 
 def test_jsonl_always_and_no_tensorboard_folder_without_tensorboard(tmp_path, monkeypatch):
@@ -76,3 +78,13 @@ def test_timer_leaves_checkpoint_time_out():
     second, third = timer.recent_steps  # the window keeps the latest two
     assert 0.02 <= second < 0.2 and 0.03 <= third < 0.2  # the checkpoint's 0.2 s is in neither
     assert timer.median_step_seconds == (second + third) / 2
+
+
+def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
+    agreement = StepAgreement(world_size=1, device=torch.device("cpu"), every_seconds=1.0)
+    assert agreement.due(1)
+    loss, stop = agreement.settle(1, [torch.tensor(2.0), torch.tensor(4.0, dtype=torch.bfloat16)], False, 0.05)
+    assert (loss, stop) == (3.0, False)
+    assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
+    assert agreement.settle(21, [torch.tensor(1.0)], True, 3.0) == (1.0, True)
+    assert agreement.due(22)  # steps longer than the period: every step

@@ -68,14 +68,29 @@ def barrier() -> None:
         dist.barrier()
 
 
-class PendingSum:
-    """A sum over all ranks that travels while the caller goes on (the optimizer step); `result()` waits."""
+class StepAgreement:
+    """What the ranks agree on after a step: the mean loss, and whether to stop (a preemption signal reached
+    at least one rank). One small all-reduce settles both; it runs on steps the caller must agree on (logs,
+    checkpoints) and otherwise about every `every_seconds`, so a signal is acted on within about that time
+    while short steps do not each pay a collective (a gloo all-reduce costs a 50 ms CPU step 3%)."""
 
-    def __init__(self, values: torch.Tensor):
-        self.values = values
-        self.work = dist.all_reduce(values, async_op=True) if dist.is_initialized() else None
+    def __init__(self, world_size: int, device: torch.device, every_seconds: float = 1.0):
+        self.world_size, self.device, self.every_seconds = world_size, device, every_seconds
+        self.next_step = 1
 
-    def result(self) -> list[float]:
-        if self.work is not None:
-            self.work.wait()
-        return self.values.tolist()
+    def due(self, step: int) -> bool:
+        return step >= self.next_step
+
+    def settle(self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool,
+               step_seconds: float) -> tuple[float, bool]:
+        """(the step's mean loss over micro-batches and ranks, stop?); every rank calls it at the same step."""
+        loss = torch.stack(micro_losses).double().mean().reshape(1)
+        extras = torch.tensor([float(stop_requested), step_seconds], dtype=torch.float64, device=self.device)
+        values = torch.cat([loss, extras])
+        if dist.is_initialized():
+            dist.all_reduce(values)
+        loss_sum, stops, seconds_sum = values.tolist()
+        # The summed step time is the same on every rank, so they all pick the same next step.
+        steps_per_period = self.every_seconds / max(seconds_sum / self.world_size, 1e-6)
+        self.next_step = step + int(min(max(steps_per_period, 1), 1000))
+        return loss_sum / self.world_size, stops > 0
