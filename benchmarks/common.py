@@ -25,14 +25,19 @@ def timed_run(argv: list[str], cwd=None, env=None) -> float:
     return elapsed
 
 
-def alternate(measures: dict, repeats: int) -> dict:
-    """Run each measure once per round, in alternation, `repeats` rounds; return name -> median (a measure
-    that returns a dict of figures gets the median of each)."""
+def rounds(measures: dict, repeats: int) -> dict:
+    """Run each measure once per round, in alternation, `repeats` rounds; return name -> its results."""
     samples = {name: [] for name in measures}
     for _ in range(repeats):
         for name, measure in measures.items():
             samples[name].append(measure())
-    return {name: median(values) for name, values in samples.items()}
+    return samples
+
+
+def alternate(measures: dict, repeats: int) -> dict:
+    """name -> median of its results over alternating rounds (a measure that returns a dict of figures
+    gets the median of each)."""
+    return {name: median(values) for name, values in rounds(measures, repeats).items()}
 
 
 def median(values: list):

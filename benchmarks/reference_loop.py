@@ -1,5 +1,5 @@
-"""The plain training loops src/train.py is measured against: same model, data, batch and steps, nothing
-else (no checkpoints, no metrics). Run under torchrun; prints one JSON line with tokens/s, the median
+"""The plain training loops src/train.py is measured against: same model, data, batch, steps and recipe
+(AdamW with weight decay on matrices only, nanoGPT's two groups), nothing else (no checkpoints, no metrics). Run under torchrun; prints one JSON line with tokens/s, the median
 step time and, on a GPU, the peak memory. One process per GPU where there are GPUs, else the CPU."""
 
 import argparse
@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from distsetup.training.data import synthetic_dataset
 from distsetup.training.model import GPT
+from distsetup.training.optim import param_groups
 
 
 def main():
@@ -45,7 +46,7 @@ def main():
                   "zero_optimization": {"stage": int(a.backend[-1])}, "gradient_clipping": 1.0,
                   "bf16": {"enabled": a.precision == "bf16"},
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, 0.01), config=config)
         forward, backward, step = engine, engine.backward, engine.step
     else:
         model = model.to(device)
@@ -60,7 +61,7 @@ def main():
             fully_shard(model, mp_policy=mp)
         elif a.precision == "bf16":
             autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3)
 
         def backward(loss):
             loss.backward()
