@@ -18,7 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from common import BIN, REPO, alternate, launch, machine, record, table
+from common import (BIN, add_run_arguments, alternate, launch, machine, record, reference_argv, table,
+                    train_py_argv)
 
 GOAL = 0.40
 # Dense bf16 peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
@@ -51,11 +52,6 @@ def flops_per_token(a) -> float:
 
 def measure_train_py(run: str, work: Path, a):
     backend = run.split()[-1]
-    overrides = [f"model.n_layer={a.n_layer}", f"model.n_head={a.n_head}", f"model.n_embd={a.n_embd}",
-                 f"model.block_size={a.block_size}", f"training.max_steps={a.steps}",
-                 f"training.micro_batch_size={a.micro_batch_size}", "training.gradient_accumulation_steps=1",
-                 f"training.precision={a.precision}",
-                 f"training.checkpoint_interval={10 * a.steps}", "training.warmup_steps=0"]
     if backend == "zero3":
         ds = work / "zero3.json"
         precision = ["--bf16"] if a.precision == "bf16" else []
@@ -63,15 +59,14 @@ def measure_train_py(run: str, work: Path, a):
         # would be its FusedAdam, compiled on first use with nvcc).
         subprocess.run([str(BIN / "distsetup"), "deepspeed", "--zero_stage", "3", *precision, "--optimizer", "none",
                         "--micro_batch_size", str(a.micro_batch_size), "-o", ds], check=True, capture_output=True)
-        overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
+        overrides = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
     else:
-        overrides.append(f"distributed.backend={backend}")
+        overrides = [f"distributed.backend={backend}"]
     runs = itertools.count()
 
     def measure() -> dict:
         out = work / f"{backend}-{next(runs)}"
-        launch(1, ["src/train.py", "--config", REPO / "config" / "config.yaml", *overrides,
-                   f"training.output_dir={out}"])
+        launch(1, train_py_argv(a, out, overrides))
         summary = json.loads((out / "summary.json").read_text())
         shutil.rmtree(out)  # the final checkpoint of a 1B model: about 12 GB per run
         return figures(summary, a)
@@ -80,9 +75,7 @@ def measure_train_py(run: str, work: Path, a):
 
 def measure_reference(a):
     def measure() -> dict:
-        out = launch(1, [REPO / "benchmarks" / "reference_loop.py", "--backend", "single", "--steps", a.steps,
-                         "--micro_batch_size", a.micro_batch_size, "--n_layer", a.n_layer, "--n_head", a.n_head,
-                         "--n_embd", a.n_embd, "--block_size", a.block_size, "--precision", a.precision])
+        out = launch(1, reference_argv("single", a))
         return figures(json.loads(out.strip().splitlines()[-1]), a)
     return measure
 
@@ -113,14 +106,9 @@ def device_name() -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n_layer", type=int, default=20)   # 20 x 2048 wide: 1.01B parameters
-    parser.add_argument("--n_head", type=int, default=16)
-    parser.add_argument("--n_embd", type=int, default=2048)
-    parser.add_argument("--block_size", type=int, default=2048)
-    parser.add_argument("--micro_batch_size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=20)
+    add_run_arguments(parser, n_layer=20, n_head=16, n_embd=2048, block_size=2048, micro_batch_size=4, steps=20,
+                      precision="bf16")  # 20 layers x 2048 wide: 1.01B parameters
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--peak_tflops", type=float, help="the device's peak for --precision (default: "
                         "from the GPU's name for bf16)")
     parser.add_argument("--runs", nargs="+", default=RUNS, choices=RUNS)

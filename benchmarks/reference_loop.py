@@ -1,6 +1,7 @@
 """The plain training loops src/train.py is measured against: same model, data, batch, steps and recipe
-(AdamW with weight decay on matrices only, nanoGPT's two groups), nothing else (no checkpoints, no metrics). Run under torchrun; prints one JSON line with tokens/s, the median
-step time and, on a GPU, the peak memory. One process per GPU where there are GPUs, else the CPU."""
+(AdamW with weight decay on matrices only, nanoGPT's two groups), nothing else (no checkpoints, no
+metrics). Run under torchrun; prints one JSON line with tokens/s, the median step time and, on a GPU, the
+peak memory. One process per GPU where there are GPUs, else the CPU."""
 
 import argparse
 import contextlib
@@ -16,17 +17,13 @@ from distsetup.training.data import synthetic_dataset
 from distsetup.training.model import GPT
 from distsetup.training.optim import param_groups
 
+from common import add_run_arguments
+
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", choices=["single", "ddp", "fsdp", "zero1", "zero2", "zero3"], required=True)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--micro_batch_size", type=int, default=8)
-    p.add_argument("--n_layer", type=int, default=4)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=128)
-    p.add_argument("--block_size", type=int, default=64)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    add_run_arguments(p)
     a = p.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None

@@ -6,6 +6,7 @@ at the steady pace (each run's median step: what a long run sees); the whole run
 one-off costs included, is shown beside it."""
 
 import argparse
+import itertools
 import json
 import subprocess
 import tempfile
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import statistics
 
-from common import BIN, REPO, launch, median, record, rounds, table
+from common import (BIN, add_run_arguments, launch, median, record, reference_argv, rounds, table,
+                    train_py_argv)
 
 GOAL = 0.95
 BACKENDS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3"]
@@ -24,33 +26,26 @@ def figures(result: dict) -> dict:
 
 
 def train_py_measure(backend: str, work: Path, a) -> callable:
-    """A function that runs src/train.py once for `backend` and returns its tokens/s."""
+    """A function that runs src/train.py once for `backend` and returns its figures (steady, whole run)."""
     dist = {"single": "single", "ddp": "ddp", "fsdp": "fsdp"}.get(backend, "deepspeed")
-    overrides = [f"model.n_layer={a.n_layer}", f"model.n_embd={a.n_embd}", f"model.block_size={a.block_size}",
-                 f"training.max_steps={a.steps}", f"training.micro_batch_size={a.micro_batch_size}",
-                 f"training.checkpoint_interval={10 * a.steps}", "training.warmup_steps=0",
-                 f"distributed.backend={dist}"]
+    overrides = [f"distributed.backend={dist}"]
     if dist == "deepspeed":
         ds = work / f"{backend}.json"
         subprocess.run([str(BIN / "distsetup"), "deepspeed", "--zero_stage", backend[-1], "--micro_batch_size",
                         str(a.micro_batch_size), "--lr", "1e-3", "-o", ds], check=True, capture_output=True)
         overrides.append(f"distributed.deepspeed_config={ds}")
-    runs = iter(range(10**6))
+    runs = itertools.count()
 
-    def measure() -> float:
+    def measure() -> dict:
         out = work / f"train-{backend}-{next(runs)}"
-        launch(1 if backend == "single" else 2, ["src/train.py", "--config", REPO / "config" / "config.yaml",
-                                                 *overrides, f"training.output_dir={out}"])
+        launch(1 if backend == "single" else 2, train_py_argv(a, out, overrides))
         return figures(json.loads((out / "summary.json").read_text()))
     return measure
 
 
 def reference_measure(backend: str, a) -> callable:
-    def measure() -> float:
-        out = launch(1 if backend == "single" else 2,
-                     [REPO / "benchmarks" / "reference_loop.py", "--backend", backend, "--steps", a.steps,
-                      "--micro_batch_size", a.micro_batch_size, "--n_layer", a.n_layer, "--n_embd", a.n_embd,
-                      "--block_size", a.block_size])
+    def measure() -> dict:
+        out = launch(1 if backend == "single" else 2, reference_argv(backend, a))
         return figures(json.loads(out.strip().splitlines()[-1]))
     return measure
 
@@ -58,11 +53,7 @@ def reference_measure(backend: str, a) -> callable:
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--micro_batch_size", type=int, default=8)
-    parser.add_argument("--n_layer", type=int, default=4)
-    parser.add_argument("--n_embd", type=int, default=128)
-    parser.add_argument("--block_size", type=int, default=64)
+    add_run_arguments(parser)
     parser.add_argument("--backends", nargs="+", default=BACKENDS, choices=BACKENDS)
     a = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
