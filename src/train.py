@@ -16,6 +16,7 @@ every rank, within about a second (or a step, if longer), checkpoint at the same
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -48,6 +49,12 @@ def parse_args(argv=None):
 
 def load_config(args):
     """The run config, with --deepspeed folded in and backend files resolved as the config resolves them."""
+    for flag in ("config", "deepspeed", "export", "init_from"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise DistsetupError(f"--{flag} is empty.", f"name a file after --{flag}, or leave the option out.")
+    if args.export and Path(args.export).is_dir():
+        raise DistsetupError(f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}.")
     overrides = list(args.overrides)
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
@@ -82,6 +89,14 @@ def main(argv=None) -> int:
         return e.exit_code
 
 
+def exit_now(status: int) -> None:
+    """Leave without the interpreter's slow teardown: once one rank of a preempted job exits, torchrun sends
+    SIGTERM to the others, and a rank still tearing down (handlers already reset) would die of it (-15)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def export(cfg, args) -> int:
     from distsetup.training.export import export_weights
     used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
@@ -99,8 +114,9 @@ def train(cfg, args) -> int:
     from distsetup.training.export import load_weights
     from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, layer_modules
+    from distsetup.training.run_lock import OutputDirLock
     from distsetup.training.world import (StepAgreement, barrier, destroy_process_group, init_process_group,
-                                          pick_device, read_world)
+                                          is_lost_contact, lost_contact, pick_device, read_world)
 
     # config -> backend: every check that can fail does so here, before any process group or training
     t = cfg.training
@@ -109,17 +125,27 @@ def train(cfg, args) -> int:
     backend_name = cfg.distributed.backend
     device = pick_device(world)
     backend = make_backend(backend_name, cfg, world, device)
+    backend.check_device_support()
     global_batch = backend.micro_batch * backend.accumulation * world.size
     if t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {}):  # else the file's lr, scaled
         backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
     out_dir, ckpt_root = Path(t.output_dir), Path(t.output_dir) / "checkpoints"
-    resume = None if args.no_resume else ckpt.latest_complete(ckpt_root)
+    lock = OutputDirLock(out_dir)
+    if world.is_main:
+        lock.acquire()
+    resume, damaged = (None, []) if args.no_resume else ckpt.find_resume(ckpt_root)
     if resume:
         ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
+    elif damaged:
+        raise DistsetupError(f"no intact checkpoint to resume from: {damaged[0]}.",
+                             "move the damaged folder aside, or start afresh with --no_resume.")
     preemption = Preemption()
 
+    step, metrics, bar = 0, None, None
     init_process_group(world, backend_name, device, cfg.distributed.timeout_minutes)
     try:
+        for problem in damaged:
+            say(f"passed over damaged checkpoint {problem}")
         say(f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
             f"on {world.size} x {device.type}; global batch {global_batch} = micro {backend.micro_batch} x "
             f"accumulation {backend.accumulation} x world {world.size}")
@@ -147,7 +173,7 @@ def train(cfg, args) -> int:
         backend.wrap(model, blocks)
         torch.manual_seed(t.seed + world.rank)  # dropout differs per rank
 
-        step, loss = 0, float("nan")
+        loss = float("nan")
         if resume:
             meta = ckpt.load_checkpoint(backend, resume, world)
             sampler.load_state_dict(meta["sampler"])
@@ -184,8 +210,6 @@ def train(cfg, args) -> int:
                     ckpt.save_checkpoint(backend, ckpt_root, step, world,
                                          {**meta, "loss": loss, "sampler": sampler.state_dict()})
             if stop:
-                bar.close()
-                metrics.close()
                 say(f"preempted: checkpoint at step {step}")
                 return PREEMPTED
         bar.close()
@@ -206,9 +230,20 @@ def train(cfg, args) -> int:
             say(f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}")
         return 0
+    except RuntimeError as e:
+        if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
+            raise lost_contact(e, world, step, cfg.distributed.timeout_minutes) from None
+        raise
     finally:
+        for sink in (bar, metrics):  # also when training raised: the last metrics line reaches the disk
+            if sink is not None:
+                sink.close()
         destroy_process_group()
+        lock.release()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == PREEMPTED:
+        exit_now(status)
+    sys.exit(status)

@@ -34,7 +34,7 @@ def test_deepspeed_batch_identity_checked_for_the_real_world_size(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(bad))
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
-    line = assert_clean_error(result, f"train_batch_size {GLOBAL_BATCH}", "world size 1")
+    line = assert_clean_error(result, f"train_batch_size: {GLOBAL_BATCH} != micro 8", "world size 1")
     assert "= 8" in line
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
@@ -57,3 +57,56 @@ def test_checkpoint_from_another_backend(tmp_path):
     result = train(config, 1, "distributed.backend=ddp")
     assert_clean_error(result, "written by backend single", "this run uses ddp")
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
+
+
+def test_empty_strings_are_not_files(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    assert_clean_error(train(config, 1, "--deepspeed", ""), "--deepspeed is empty")
+    assert_clean_error(train(config, 1, "--export", tmp_path), "--export", "is a folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_cannot_be_a_folder(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    (tmp_path / "taken").write_text("a file, not a folder")
+    assert_clean_error(train(config, 1, f"training.output_dir={tmp_path / 'taken'}"), "training.output_dir",
+                       "taken")
+    assert (tmp_path / "taken").read_text() == "a file, not a folder"
+    assert_clean_error(train(config, 1, "training.output_dir=/proc/distsetup-run"), "training.output_dir", "/proc")
+
+
+def test_empty_data_file(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "data.type=files", f"data.paths=[{json.dumps(str(tmp_path / 'empty.txt'))}]")
+    assert_clean_error(result, "empty.txt", "empty")
+
+
+def test_init_from_a_file_that_is_no_weights_file(tmp_path):
+    (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 40)
+    config = write_run_config(tmp_path, "single")
+    assert_clean_error(train(config, 1, "--init_from", tmp_path / "random.pt"), "--init_from", "random.pt")
+
+
+def test_model_too_large_to_build_is_one_line(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "model.n_layer=2000", "model.n_embd=16384", "model.n_head=128")
+    assert_clean_error(result, "parameters", "model.n_embd")
+
+
+def test_mistyped_deepspeed_key_is_refused_not_ignored(tmp_path):
+    typo = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}  # the identity holds for 1 process
+    typo["zero_optimizaton"] = typo.pop("zero_optimization")  # DeepSpeed itself would run ZeRO-0 silently
+    (tmp_path / "ds.json").write_text(json.dumps(typo))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "zero_optimizaton", "zero_optimization")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
+    (tmp_path / "fsdp.json").write_text(json.dumps({"fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+                                                    "fsdp_min_num_params": -7, "fsdp_offload_params": "yes"}))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}")
+    assert_clean_error(result, "FSDP file", "fsdp_")

@@ -15,7 +15,8 @@ import signal
 import pytest
 import torch
 
-from train_runs import (FEATURE_STEPS, GLOBAL_BATCH, MODEL, MICRO, feature_run, final_weights, losses, start, train,
+from train_runs import (FEATURE_STEPS, GLOBAL_BATCH, MODEL, MICRO, feature_attempt, feature_run, final_weights, losses,
+                        start, train,
                         wait_for, worker_pids, write_feature_config)
 
 RTOL = 1e-4  # as tests/test_train_parity.py: fp32, same data, same arithmetic up to summation order
@@ -112,10 +113,27 @@ def test_hybrid_shard_needs_equal_nodes():
 LOW_PRECISION = {"bf16_ddp_files": "bf16", "bf16_fsdp": "bf16", "bf16_zero2": "bf16", "fp16_zero2": "fp16"}
 
 
+def deepspeed_supports(precision: str) -> bool:
+    """What DeepSpeed's accelerator says of this machine (fp16 on a CPU needs oneDNN fp16: some have it)."""
+    from deepspeed.accelerator import get_accelerator
+    return bool({"fp16": get_accelerator().is_fp16_supported, "bf16": get_accelerator().is_bf16_supported}[precision]())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LOW_PRECISION))
-def test_low_precision_runs_learn(name):
-    """DeepSpeed fp16 (with its loss scaler) runs on the CPU too, so it is trained here rather than refused."""
+def test_low_precision_runs_learn_where_the_device_supports_them(name):
+    """Where DeepSpeed supports the precision on this device the run learns (fp16 with its loss scaler);
+    where it does not, the trainer refuses before any process group, in one line naming the setting."""
+    precision = LOW_PRECISION[name]
+    if name.endswith("zero2") and not deepspeed_supports(precision):
+        result = feature_attempt(name)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        ours = 'train.py", line' in result.stderr or "distsetup/training/" in result.stderr  # torchrun's may follow
+        assert result.returncode != 0 and errors and not ours, result.stderr[-3000:]
+        assert f"enables {precision}, which DeepSpeed does not support on this cpu device" in errors[0]
+        assert f"set {precision}.enabled to false" in errors[0]
+        assert "backend deepspeed" not in result.stdout  # refused before the process group and the model
+        return
     curve, summary = losses(feature_run(name)), summary_of(name)
     assert len(curve) == FEATURE_STEPS and all(math.isfinite(x) for x in curve), curve
     assert curve[-1] < curve[0] - 0.3, curve

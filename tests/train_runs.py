@@ -215,12 +215,18 @@ def write_feature_config(folder: Path, name: str, **training) -> tuple[Path, int
 
 
 @functools.cache
-def feature_run(name: str) -> Path:
-    """Run feature run `name` once per pytest process; returns its output_dir."""
+def feature_attempt(name: str) -> subprocess.CompletedProcess:
+    """Run feature run `name` once per pytest process, whatever its outcome."""
     config, nproc, nodes = write_feature_config(SHARED / name, name)
     result = train_nodes(config) if nodes else train(config, nproc)
-    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     (SHARED / name / "stdout.txt").write_text(result.stdout)
+    return result
+
+
+def feature_run(name: str) -> Path:
+    """Feature run `name`, which must succeed; returns its output_dir."""
+    result = feature_attempt(name)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return SHARED / name / "out"
 
 

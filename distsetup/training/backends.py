@@ -86,6 +86,12 @@ class Backend:
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    def check_device_support(self) -> None:
+        """Refuse, before any process group, a precision this device cannot train in."""
+        if self.device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise DistsetupError("training.precision bf16 needs an Ampere or newer GPU, and this one is older.",
+                                 "set training.precision: fp16 (or fp32).")
+
     # -- helpers --------------------------------------------------------------------------------------
     def _forward(self, x, y) -> torch.Tensor:
         """The model's loss; the first call also counts the bytes its forward saves for backward."""

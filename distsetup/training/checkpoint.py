@@ -1,23 +1,28 @@
 """Checkpoint folders: naming, the COMPLETE marker, atomic writes, RNG state and resume checks.
 
 A checkpoint is `output_dir/checkpoints/step_NNNNNNN/`. It counts only once `COMPLETE` exists: rank 0
-writes it (atomically, holding the run's metadata) after a barrier that every rank reaches only when its
-own part is on disk. A crash mid-save therefore leaves the previous complete checkpoint as the newest.
+writes it (atomically, holding the run's metadata and the size of every file in the folder) after a barrier
+that every rank reaches only when its own part is on disk. A crash mid-save therefore leaves the previous
+complete checkpoint as the newest, and a folder damaged later (a truncated or missing file, a marker that
+is not ours) is passed over for the one before it, which every rank decides alike before any collective.
 """
 
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.output import write_atomic
 from distsetup.training.world import World, barrier
 
 MARKER = "COMPLETE"
+STEP_FOLDER = re.compile(r"step_(\d+)")
+REQUIRED_META = ("backend", "step", "world_size")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -32,13 +37,51 @@ def atomic_save(obj, path: Path) -> None:
 
 
 def latest_complete(root: Path) -> Path | None:
-    """The newest checkpoint folder that has its COMPLETE marker (DeepSpeed's `latest` is never read)."""
-    done = [d for d in root.glob("step_*") if (d / MARKER).is_file()] if root.is_dir() else []
-    return max(done, key=lambda d: int(d.name.split("_")[1]), default=None)
+    """The newest checkpoint folder that is complete and intact (DeepSpeed's `latest` is never read)."""
+    return find_resume(root)[0]
+
+
+def find_resume(root: Path) -> tuple[Path | None, list[str]]:
+    """(the newest intact checkpoint, what was wrong with each newer folder that has a COMPLETE marker)."""
+    steps = [(int(m.group(1)), d) for d in root.glob("step_*")
+             if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()] if root.is_dir() else []
+    damaged = []
+    for _, path in sorted(steps, reverse=True):
+        problem = damage(path)
+        if problem is None:
+            return path, damaged
+        damaged.append(f"{path}: {problem}")
+    return None, damaged
+
+
+def damage(path: Path) -> str | None:
+    """What makes checkpoint folder `path` unusable, or None: its marker must be ours and name its own step,
+    and every file the marker lists must be there with the size it had when the checkpoint completed."""
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError):
+        return f"{MARKER} is not a distsetup marker (unreadable or not JSON)"
+    if not isinstance(meta, dict) or any(key not in meta for key in REQUIRED_META):
+        return f"{MARKER} lacks {', '.join(REQUIRED_META)}"
+    if meta["step"] != int(STEP_FOLDER.fullmatch(path.name).group(1)):
+        return f"{MARKER} names step {meta['step']}"
+    for name, size in (meta.get("files") or {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, not the {size} it was written with"
+    return None
 
 
 def read_meta(path: Path) -> dict:
     return json.loads((path / MARKER).read_text())
+
+
+def file_sizes(path: Path) -> dict[str, int]:
+    """Every file under checkpoint folder `path` (its marker aside) and its size in bytes."""
+    return {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*"))
+            if f.is_file() and f.name != MARKER}
 
 
 def check_compatible(meta: dict, path: Path, backend: str, world_size: int, zero_stage) -> None:
@@ -70,25 +113,65 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict) -> Path:
     """Every rank writes its part; the COMPLETE marker follows only once all have finished."""
     path = step_dir(root, step)
-    if world.is_main:
-        if path.exists():  # leftovers of a save that crashed at this very step
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
+    with disk_errors(path):
+        if world.is_main:
+            if path.exists():  # leftovers of a save that crashed at this very step
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
     barrier()
-    backend.save(path)
-    atomic_save(rng_state(), path / f"rng_rank{world.rank}.pt")
+    with disk_errors(path):
+        backend.save(path)
+        atomic_save(rng_state(), path / f"rng_rank{world.rank}.pt")
     barrier()
     if world.is_main:
-        write_atomic(path / MARKER, json.dumps({**meta, "step": step, "world_size": world.size}, indent=2))
+        with disk_errors(path):
+            marker = {**meta, "step": step, "world_size": world.size, "files": file_sizes(path)}
+            atomic_write_text(path / MARKER, json.dumps(marker, indent=2))
     barrier()
     return path
 
 
+@contextlib.contextmanager
+def disk_errors(path: Path):
+    """A failed write (a full disk, a quota, a folder gone) as one line naming the folder and the free space."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from C++
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        raise DistsetupError(f"cannot write checkpoint {path}: {reason}; {free_space(path)} free on that disk.",
+                             "free space there or set training.output_dir to a disk with room; the previous "
+                             "complete checkpoint is untouched and the run resumes from it.") from None
+
+
+def free_space(path: Path) -> str:
+    for folder in (path, *path.parents):
+        try:
+            return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB"
+        except OSError:
+            continue
+    return "unknown"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def load_checkpoint(backend, path: Path, world: World) -> dict:
-    """Restore model, optimizer and scheduler (the backend's job), then this rank's RNG; returns the metadata."""
+    """Restore model, optimizer and scheduler (the backend's job), then this rank's RNG; returns the metadata.
+    Damage that left every size intact shows only here, as one line naming the folder."""
     meta = read_meta(path)
-    backend.load(path)
     rng_file = path / f"rng_rank{world.rank}.pt"
-    if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+    try:
+        backend.load(path)
+        if rng_file.exists():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+    except DistsetupError:
+        raise
+    except Exception as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
+        detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise DistsetupError(f"cannot load checkpoint {path}: {detail}.",
+                             f"move {path} aside to resume from the checkpoint before it, or start afresh "
+                             "with --no_resume.") from None
     return meta

@@ -34,12 +34,15 @@ def file_dataset(paths: list[str], block_size: int, vocab_size: int) -> torch.Te
             raise DistsetupError(f"cannot read data file {path}: {e}.", "check data.paths.")
         if path.suffix == ".jsonl":
             text = "\n".join(_jsonl_texts(path, text))
+        if not text:
+            raise DistsetupError(f"data file {path} is empty.", "add text to it or remove it from data.paths.")
         chunks.append(text.encode("utf-8"))
-    tokens = torch.frombuffer(bytearray(b"\n".join(chunks)), dtype=torch.uint8).long()
-    n = len(tokens) // (block_size + 1)
+    corpus = b"\n".join(chunks)
+    n = len(corpus) // (block_size + 1)
     if n == 0:
-        raise DistsetupError(f"data.paths hold {len(tokens)} bytes, fewer than one sample of "
+        raise DistsetupError(f"data.paths hold {len(corpus)} bytes, fewer than one sample of "
                              f"{block_size + 1}.", "add text or lower model.block_size.")
+    tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()
     return tokens[: n * (block_size + 1)].view(n, block_size + 1)
 
 

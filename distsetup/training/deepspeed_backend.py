@@ -3,24 +3,22 @@
 from pathlib import Path
 
 
-from distsetup.checks import auto_paths
 from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
-from distsetup.problems import join_path
 from distsetup.training import memory
 from distsetup.training.backends import Backend
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.validate import read_json
+from distsetup.validate import read_json, validate_file
 
 
-def read_ds_file(path: str) -> dict:
-    config = read_json(Path(path))
-    autos = [join_path(p) for p in auto_paths(config)]
-    if autos:
-        raise DistsetupError(f"{path} has 'auto' values ({', '.join(autos)}); only the HF Trainer fills those in.",
-                             "regenerate it without --hf_auto.")
-    return config
+def read_ds_file(path: str, world_size: int) -> dict:
+    """The DeepSpeed file, refused with its first problem where `distsetup validate` would report any."""
+    _, problems = validate_file(Path(path), "deepspeed", world_size)
+    if problems:
+        raise DistsetupError(f"DeepSpeed file {path}: {problems[0]}",
+                             f"`distsetup validate {path} --world_size {world_size}` lists every problem.")
+    return read_json(Path(path))
 
 
 def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, int]:
@@ -49,7 +47,7 @@ class DeepSpeedBackend(Backend):
     def __init__(self, cfg, world, device):
         super().__init__(cfg, world, device)
         path = cfg.distributed.deepspeed_config
-        self.ds_config = read_ds_file(path)
+        self.ds_config = read_ds_file(path, world.size)
         micro, accumulation, total = resolve_batch(self.ds_config, world.size, path)
         t = cfg.training
         if (micro, accumulation) != (t.micro_batch_size, t.gradient_accumulation_steps):
@@ -74,6 +72,18 @@ class DeepSpeedBackend(Backend):
             block.setdefault("params", {})["lr"] = scaled_lr(file_lr, total, t.base_batch_size, t.scale_lr)
             self.lr = block["params"]["lr"]
             self.notes.append(f"optimizer {block.get('type')} (lr {file_lr}) from the DeepSpeed file")
+
+    def check_device_support(self):
+        from deepspeed.accelerator import get_accelerator
+        accelerator = get_accelerator()
+        supported = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
+        if self.precision in supported and not supported[self.precision]():
+            other = "bf16" if self.precision == "fp16" and accelerator.is_bf16_supported() else "fp32"
+            raise DistsetupError(f"DeepSpeed file {self.cfg.distributed.deepspeed_config} enables {self.precision}, "
+                                 f"which DeepSpeed does not support on this {accelerator.device_name()} device.",
+                                 f"set {self.precision}.enabled to false (regenerate the file with "
+                                 f"{'--bf16' if other == 'bf16' else 'neither --fp16 nor --bf16'}) to train in "
+                                 f"{other}.")
 
     def wrap(self, model, blocks):
         import deepspeed

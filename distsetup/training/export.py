@@ -56,8 +56,11 @@ def load_weights(model: torch.nn.Module, path: str) -> None:
     """--init_from: an exported file into a freshly built model (strict: every key must match)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as e:
-        raise DistsetupError(f"cannot load --init_from {path}: {e}.", "pass a file written by --export.")
+    except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DistsetupError(f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected "

@@ -1,6 +1,5 @@
 """FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
 
-import json
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD
 from distsetup.training.backends import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import apply_activation_checkpointing, layer_modules
+from distsetup.validate import read_json, validate_file
 
 DEFAULTS = {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
@@ -27,10 +27,10 @@ def read_fsdp_file(path: str | None) -> dict:
     """The FSDP file with defaults filled in; none at all means full shard of each block."""
     if not path:
         return dict(DEFAULTS)
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DistsetupError(f"cannot read FSDP file {path}: {e}.", "write one with `distsetup fsdp --output FILE`.")
+    _, problems = validate_file(Path(path), "fsdp")
+    if problems:
+        raise DistsetupError(f"FSDP file {path}: {problems[0]}", f"`distsetup validate {path}` lists every problem.")
+    raw = read_json(Path(path))
     if raw.get("fsdp_version", 2) != 2:
         raise DistsetupError(f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
                              "regenerate it with `distsetup fsdp --fsdp_version 2`.")

@@ -1,6 +1,7 @@
 """The models: a nanoGPT-style decoder (its block class is `Block`) and Hugging Face causal LMs."""
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -103,6 +104,7 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
     m = cfg.model
     if m.type == "gpt":
         layers = [m.layer_cls] if m.layer_cls else ["Block"]
+        check_fits_in_memory(gpt_parameter_count(m.vocab_size, m.block_size, m.n_layer, m.n_embd))
         return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout), layers
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -125,6 +127,34 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
     if not layers:
         raise DistsetupError(f"{type(hf).__name__} names no layer class.", "set model.layer_cls.")
     return HFCausalLM(hf), layers
+
+
+def gpt_parameter_count(vocab_size: int, block_size: int, n_layer: int, n_embd: int) -> int:
+    """Parameters of GPT(...) above: embeddings and head, then per block attention, MLP and two LayerNorms."""
+    d = n_embd
+    per_block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
+    return vocab_size * d + block_size * d + n_layer * per_block + 2 * d + d * vocab_size
+
+
+def check_fits_in_memory(parameters: int) -> None:
+    """Every rank builds the whole model in CPU memory first (4 bytes a parameter): refuse one that cannot be
+    built, in one line, rather than a traceback from the allocator or a visit from the OOM killer."""
+    needed, available = 4 * parameters, available_memory()
+    if needed > available:
+        raise DistsetupError(f"the model has {parameters:,} parameters ({needed / 2**30:,.1f} GiB in fp32), more "
+                             f"than this machine's {available / 2**30:,.1f} GiB of free memory can build.",
+                             "lower model.n_embd, model.n_layer or model.vocab_size.")
+
+
+def available_memory() -> int:
+    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def layer_modules(model: nn.Module, class_names: list[str]) -> list[nn.Module]:

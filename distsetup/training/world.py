@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from distsetup.errors import DistsetupError
 
@@ -54,8 +55,33 @@ def init_process_group(world: World, backend: str, device: torch.device, timeout
     for key, value in (("RANK", world.rank), ("LOCAL_RANK", world.local_rank), ("WORLD_SIZE", world.size),
                        ("LOCAL_WORLD_SIZE", world.local_size)):
         os.environ.setdefault(key, str(value))
+    timeout = datetime.timedelta(minutes=timeout_minutes)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=world.rank,
-                            world_size=world.size, timeout=datetime.timedelta(minutes=timeout_minutes))
+                            world_size=world.size, timeout=timeout)
+    # Groups made later (DeepSpeed's data-parallel group, FSDP's 2-D mesh) take torch's default timeout
+    # (30 minutes), not ours: a stopped rank would hang them that long. Make ours their default too.
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
+
+
+# How gloo and NCCL say a peer is gone; gloo raises a plain RuntimeError, so its text is all there is.
+LOST_PEER = ("Timed out waiting", "timed out", "Connection reset by peer", "Connection closed by peer",
+             "/gloo/transport/")
+
+
+def is_lost_contact(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed because another rank stopped, hung or died."""
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError)
+                                                  and any(text in str(error) for text in LOST_PEER))
+
+
+def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: int) -> DistsetupError:
+    """The one line a rank prints when a collective failed: another rank stopped, hung or died."""
+    detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    return DistsetupError(
+        f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({detail}): "
+        "another rank stopped, hung or died.",
+        "look at the other ranks' first error; if a step or a checkpoint legitimately takes longer than "
+        f"{timeout_minutes} min, raise distributed.timeout_minutes.")
 
 
 def destroy_process_group() -> None:
