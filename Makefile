@@ -8,21 +8,31 @@ export PYTHONUNBUFFERED := 1
 # The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test test-fast demo bench bench-gpu schemas presets clean
+.PHONY: venv constraints test test-fast demo bench bench-gpu schemas presets clean
 
 # Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
 DEMO_PROCS ?= 2
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# Every version the tests run with, resolved by pip-tools from setup.cfg's ranges and requirements/ci.in
+# (`make constraints` refreshes it); users' own installs keep the ranges.
+CONSTRAINTS := requirements/constraints.txt
+
+$(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first and pinned (an unpinned torch pulls the CUDA wheels), then DeepSpeed against it.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --no-build-isolation deepspeed
-	$(PY) -m pip install -q -e '.[train,hf,test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) pip setuptools wheel
+	# torch first, the CPU build (an unpinned torch pulls the CUDA wheels), then DeepSpeed built against it.
+	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation deepspeed
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train,hf,test]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+constraints: venv
+	$(PY) -m pip install -q pip-tools
+	CUSTOM_COMPILE_COMMAND="make constraints" $(VENV)/bin/pip-compile --quiet --upgrade --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra train --extra hf --extra test --pip-args "--no-build-isolation" \
+		--output-file $(CONSTRAINTS) setup.cfg requirements/ci.in
 
 test: venv
 	$(PY) -m pytest -q

@@ -45,3 +45,29 @@ def test_installed_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
     check = subprocess.run([sys.executable, "-m", "distsetup", "validate", "ds.json"], cwd=tmp_path, env=env,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_ci_constraints_pin_every_declared_requirement_within_its_range():
+    """requirements/constraints.txt (`make constraints`) pins what setup.cfg declares, inside the declared
+    ranges: CI installs exactly these versions, users keep the ranges."""
+    import configparser
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = {}
+    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    declared = setup["options"]["install_requires"].split() + [
+        line for extra in ("train", "hf", "test") for line in setup["options.extras_require"][extra].split()]
+    for text in declared:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is declared in setup.cfg but not pinned: run `make constraints`"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (text, str(pins[name]))
+    assert str(pins["torch"]).endswith("+cpu"), "CI installs the CPU build of torch"
