@@ -1,0 +1,252 @@
+"""Train a GPT (or a local Hugging Face causal LM) on one process, DDP, FSDP2 or DeepSpeed ZeRO 0-3.
+
+    python -m distsetup.train --config config/config.yaml distributed.backend=single   # one process
+    torchrun --nproc_per_node 2 -m distsetup.train --config config/config.yaml        # backend from the config
+    deepspeed --num_gpus 2 --module distsetup.train --config config/config.yaml --deepspeed config/ds_config.json
+    python -m distsetup.train --config config/config.yaml training.max_steps=50        # any key: section.key=value
+    python -m distsetup.train --config config/config.yaml --export runs/demo/model.pt --export_dtype bf16
+    python -m distsetup.train --config config/config.yaml distributed.backend=single --init_from runs/demo/model.pt
+
+`src/train.py` (the name the guides use) runs the same: `torchrun --nproc_per_node 2 src/train.py ...`.
+
+Without GPUs it runs on the CPU with gloo; with GPUs, one process per GPU (LOCAL_RANK) with NCCL.
+Checkpoints go to training.output_dir/checkpoints/step_NNNNNNN/ and the run resumes from the newest
+complete one (--no_resume starts afresh). SIGTERM or SIGUSR1 (SLURM's warning before preemption) make
+every rank, within about a second (or a step, if longer), checkpoint at the same step and exit with status
+75, which the sbatch script requeues on.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from distsetup.errors import DistsetupError
+from distsetup.lr_scaling import scaled_lr
+from distsetup.runconfig import load_run_config, resolve_config_path
+
+PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script requeues on
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m distsetup.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="run config (config.yaml)")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. training.max_steps=50")
+    p.add_argument("--deepspeed", help="DeepSpeed file; implies distributed.backend=deepspeed")
+    p.add_argument("--local_rank", type=int, help="accepted from the deepspeed launcher; LOCAL_RANK is used")
+    p.add_argument("--no_resume", action="store_true", help="ignore existing checkpoints")
+    p.add_argument("--export", metavar="OUT.pt", help="write the newest checkpoint's weights to OUT.pt and exit")
+    p.add_argument("--export_dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--init_from", metavar="FILE.pt", help="start from weights written by --export")
+    return p.parse_intermixed_args(argv)  # overrides may follow options, as launcher scripts pass them
+
+
+def load_config(args):
+    """The run config, with --deepspeed folded in and backend files resolved as the config resolves them."""
+    for flag in ("config", "deepspeed", "export", "init_from"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise DistsetupError(f"--{flag} is empty.", f"name a file after --{flag}, or leave the option out.")
+    if args.export and Path(args.export).is_dir():
+        raise DistsetupError(f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}.")
+    overrides = list(args.overrides)
+    if args.deepspeed:
+        overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
+    cfg = load_run_config(args.config, overrides)
+    for key in ("deepspeed_config", "fsdp_config"):
+        if value := getattr(cfg.distributed, key):
+            setattr(cfg.distributed, key, str(resolve_config_path(value, Path(args.config).parent)))
+    return cfg
+
+
+class Preemption:
+    """Remembers SIGTERM/SIGUSR1; the loop turns it into a checkpoint once the ranks have agreed to stop."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args)
+        if args.export:
+            return export(cfg, args)
+        return train(cfg, args)
+    except DistsetupError as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        return e.exit_code
+
+
+def exit_now(status: int) -> None:
+    """Leave without the interpreter's slow teardown: once one rank of a preempted job exits, torchrun sends
+    SIGTERM to the others, and a rank still tearing down (handlers already reset) would die of it (-15)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def export(cfg, args) -> int:
+    from distsetup.training.export import export_weights
+    used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
+    print(f"exported {count} tensors ({args.export_dtype}) from {used} to {args.export}")
+    return 0
+
+
+def train(cfg, args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from distsetup.training import checkpoint as ckpt
+    from distsetup.training.backends import make_backend
+    from distsetup.training.data import ShardedSampler, build_dataset
+    from distsetup.training.export import load_weights
+    from distsetup.training.metrics import MetricsLog, StepTimer
+    from distsetup.training.model import build_model, layer_modules
+    from distsetup.training.run_lock import OutputDirLock
+    from distsetup.training.world import (StepAgreement, barrier, destroy_process_group, init_process_group,
+                                          is_lost_contact, lost_contact, pick_device, read_world)
+
+    # config -> backend: every check that can fail does so here, before any process group or training
+    t = cfg.training
+    world = read_world()
+    say = print if world.is_main else (lambda *a, **k: None)
+    backend_name = cfg.distributed.backend
+    device = pick_device(world)
+    backend = make_backend(backend_name, cfg, world, device)
+    backend.check_device_support()
+    global_batch = backend.micro_batch * backend.accumulation * world.size
+    if t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {}):  # else the file's lr, scaled
+        backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
+    out_dir, ckpt_root = Path(t.output_dir), Path(t.output_dir) / "checkpoints"
+    lock = OutputDirLock(out_dir)
+    if world.is_main:
+        lock.acquire()
+    resume, damaged = (None, []) if args.no_resume else ckpt.find_resume(ckpt_root)
+    if resume:
+        ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
+    elif damaged:
+        raise DistsetupError(f"no intact checkpoint to resume from: {damaged[0]}.",
+                             "move the damaged folder aside, or start afresh with --no_resume.")
+    preemption = Preemption()
+
+    step, metrics, bar = 0, None, None
+    init_process_group(world, backend_name, device, cfg.distributed.timeout_minutes)
+    try:
+        for problem in damaged:
+            say(f"passed over damaged checkpoint {problem}")
+        say(f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
+            f"on {world.size} x {device.type}; global batch {global_batch} = micro {backend.micro_batch} x "
+            f"accumulation {backend.accumulation} x world {world.size}")
+        for note in backend.notes:
+            say(f"note: {note}")
+        if t.scale_lr != "none":
+            say(f"lr scaled ({t.scale_lr}) to {backend.lr:.6g} for global batch {global_batch}")
+
+        if args.no_resume and world.is_main and ckpt_root.exists():  # else a later resume picks a stale step
+            aside = ckpt_root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            ckpt_root.rename(aside)
+            say(f"--no_resume: moved the old checkpoints to {aside}")
+        barrier()
+
+        # data
+        data = build_dataset(cfg)
+        sampler = ShardedSampler(len(data), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed)
+
+        # model (same seed on every rank: identical initial weights), then wrap
+        torch.manual_seed(t.seed)
+        model, layer_classes = build_model(cfg)
+        blocks = layer_modules(model, layer_classes)
+        if args.init_from:
+            load_weights(model, args.init_from)
+        backend.wrap(model, blocks)
+        torch.manual_seed(t.seed + world.rank)  # dropout differs per rank
+
+        loss = float("nan")
+        if resume:
+            meta = ckpt.load_checkpoint(backend, resume, world)
+            sampler.load_state_dict(meta["sampler"])
+            step, loss = meta["step"], meta.get("loss", loss)
+            say(f"resumed from {resume} (step {step})")
+        meta = {"backend": backend.name, "zero_stage": backend.zero_stage, "precision": backend.precision}
+
+        # loop (the timer leaves checkpoint writes out of the throughput)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = MetricsLog(out_dir, world.is_main)
+        bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
+        timer, first_step = StepTimer(), step
+        agreement = StepAgreement(world.size, device)
+        while step < t.max_steps:
+            lr = backend.current_lr()
+            micro_losses = []
+            for m, idx in enumerate(sampler.next_step()):
+                x, y = data[idx, :-1].to(device), data[idx, 1:].to(device)
+                micro_losses.append(backend.backward(x, y, last_micro=m == backend.accumulation - 1))
+            backend.step()
+            step += 1
+            timer.step_done()
+            bar.update(1)
+            log_now = step % t.log_interval == 0 or step == t.max_steps
+            checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
+            stop = False
+            if log_now or checkpoint_now or agreement.due(step):
+                loss, stop = agreement.settle(step, micro_losses, preemption.requested, timer.median_step_seconds)
+            if log_now or stop:
+                metrics.write(step, loss=loss, lr=lr)
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+            if stop or checkpoint_now:
+                with timer.checkpointing():
+                    ckpt.save_checkpoint(backend, ckpt_root, step, world,
+                                         {**meta, "loss": loss, "sampler": sampler.state_dict()})
+            if stop:
+                say(f"preempted: checkpoint at step {step}")
+                return PREEMPTED
+        bar.close()
+        metrics.close()
+
+        # teardown: rank 0's summary; the process group goes in `finally`
+        if world.is_main:
+            seconds = timer.train_seconds
+            steps_per_s = (step - first_step) / max(seconds, 1e-9)
+            summary = {"steps": step, "final_loss": loss, "world_size": world.size, "backend": backend.name,
+                       "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size, "steps_per_s": steps_per_s,
+                       "train_seconds": seconds, "checkpoint_seconds": timer.checkpoint_seconds,
+                       "median_step_seconds": timer.median_step_seconds,
+                       "zero_stage": backend.zero_stage, "precision": backend.precision, "memory": backend.memory,
+                       "peak_activation_bytes": backend.activation_bytes,
+                       "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            say(f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
+                f"summary in {out_dir / 'summary.json'}")
+        return 0
+    except RuntimeError as e:
+        if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
+            raise lost_contact(e, world, step, cfg.distributed.timeout_minutes) from None
+        raise
+    finally:
+        for sink in (bar, metrics):  # also when training raised: the last metrics line reaches the disk
+            if sink is not None:
+                sink.close()
+        destroy_process_group()
+        lock.release()
+
+
+def run(argv=None) -> None:
+    """The process's whole life: train (or export), then exit with the status."""
+    status = main(argv)
+    if status == PREEMPTED:
+        exit_now(status)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    run()
