@@ -1,8 +1,14 @@
-"""DeepSpeed's batch identity: train_batch_size = micro_batch * accumulation * world_size."""
+"""DeepSpeed's batch identity: train_batch_size = micro_batch * accumulation * world_size, and the world."""
 
+import math
 from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
+
+# The largest clusters have some tens of thousands of nodes and the densest nodes 8-72 GPUs: counts beyond
+# these are typos (and a per-node list of 10^20 entries would never finish).
+MAX_NODES = 100_000
+MAX_PROCESSES_PER_NODE = 1024
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,16 @@ def resolve_batch(micro: int | None, accumulation: int | None, train_batch: int 
                   world_size: int | None) -> BatchSizes:
     """Fill in the third batch value from the other two, or fail showing the arithmetic."""
     if world_size is None:
+        known = [v for v in (micro, accumulation) if v is not None]
+        if train_batch is not None and known and train_batch % math.prod(known):
+            names = " x ".join(f"{flag} {v}" for flag, v in (("--micro_batch_size", micro),
+                                                              ("--gradient_accumulation_steps", accumulation))
+                               if v is not None)
+            product = math.prod(known)
+            raise DistsetupError(
+                f"--train_batch_size {train_batch} is not a multiple of {names}"
+                + (f" = {product}" if len(known) > 1 else "") + ", so no world size gives it.",
+                f"use a multiple of {product} (e.g. {product * max(1, round(train_batch / product))}).")
         if train_batch is not None:
             raise DistsetupError(
                 "--train_batch_size needs the world size: the batch identity train = micro x accumulation "
@@ -53,9 +69,26 @@ def resolve_batch(micro: int | None, accumulation: int | None, train_batch: int 
     return BatchSizes(micro, accumulation, train_batch, world_size)
 
 
+def check_world_counts(num_nodes: int | None, per_node: int | None, nodes_flag: str = "--num_nodes",
+                       per_node_flag: str = "--num_gpus_per_node") -> None:
+    """Node and per-node process counts between 1 and MAX_NODES / MAX_PROCESSES_PER_NODE (None: not given)."""
+    for flag, value, most, what, hint in (
+            (nodes_flag, num_nodes, MAX_NODES, "cluster", "use --num_nodes 1 for one machine."),
+            (per_node_flag, per_node, MAX_PROCESSES_PER_NODE, "node", "give the GPUs (or CPU processes) per node.")):
+        if value is not None and value < 1:
+            raise DistsetupError(f"{flag} {value} must be at least 1.", hint)
+        if value is not None and value > most:
+            raise DistsetupError(f"{flag} {value} is more than {most:,}, more than any real {what} has.",
+                                 f"give the real count (at most {most:,}).")
+
+
 def world_size_from(world_size: int | None, num_nodes: int | None,
                     num_gpus_per_node: int | None) -> int | None:
     """The data-parallel world size from --world_size or --num_nodes x --num_gpus_per_node."""
+    check_world_counts(num_nodes, num_gpus_per_node)
+    if world_size is not None and world_size > MAX_NODES * MAX_PROCESSES_PER_NODE:
+        raise DistsetupError(f"--world_size {world_size} is more than {MAX_NODES * MAX_PROCESSES_PER_NODE:,} "
+                             f"({MAX_NODES:,} nodes x {MAX_PROCESSES_PER_NODE:,} processes).", "give the real count.")
     if num_nodes is None and num_gpus_per_node is None:
         return world_size
     if num_gpus_per_node is None:

@@ -1,6 +1,6 @@
 """Cross-field rules for DeepSpeed and FSDP config dicts: what a schema cannot say."""
 
-from distsetup.deepspeed_config import AUTO
+from distsetup.deepspeed_config import AUTO, warmup_too_long
 from distsetup.fsdp_config import FSDP1_ONLY
 from distsetup.problems import Problem, join_path, schema_problems
 
@@ -27,9 +27,10 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
     """Schema problems, then the rules DeepSpeed itself checks late, silently ignores or bends."""
     problems = []
     if not hf:
-        problems += [Problem(join_path(p), '"auto" is only filled in by the Hugging Face Trainer.',
-                             "write a value, or pass --hf if this file is for TrainingArguments(deepspeed=...).")
-                     for p in auto_paths(config)]
+        problems += [Problem(join_path(p), '"auto" is only filled in by the Hugging Face Trainer; DeepSpeed '
+                             "itself (and src/train.py) cannot use it.", "write a value (`distsetup deepspeed` without "
+                             "--hf_auto writes numbers); a file for TrainingArguments(deepspeed=...) passes "
+                             "`distsetup validate --hf`.") for p in auto_paths(config)]
     if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
         problems.append(Problem("train_micro_batch_size_per_gpu", "neither train_batch_size nor "
                                 "train_micro_batch_size_per_gpu is set; DeepSpeed refuses to start.",
@@ -55,6 +56,12 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
         if offload.get("device") == "nvme" and not offload.get("nvme_path"):
             problems.append(Problem(f"zero_optimization.{block}.nvme_path", "device nvme needs nvme_path.",
                                     "add \"nvme_path\": \"/local/nvme\" (a fast local disk)."))
+    schedule = _section(_section(config, "scheduler"), "params")
+    if warmup_too_long(schedule.get("warmup_num_steps"), schedule.get("total_num_steps")):
+        problems.append(Problem("scheduler.params.warmup_num_steps",
+                                f"{schedule['warmup_num_steps']} warmup steps are not fewer than total_num_steps "
+                                f"{schedule['total_num_steps']}: the warmup would take the whole run.",
+                                "warm up for a small part of the run (e.g. a tenth), or raise total_num_steps."))
     problems += _batch_problems(config, world_size)
     return problems
 

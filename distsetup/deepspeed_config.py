@@ -7,6 +7,7 @@ from distsetup.errors import DistsetupError
 
 AUTO = "auto"
 DEFAULT_LR = 3e-4
+DEFAULT_WARMUP_STEPS = 100
 SCHEDULERS = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 OPTIMIZERS = ("AdamW", "Adam", "none")
 FP16_LOSS_SCALING = {"loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
@@ -66,6 +67,13 @@ STAGES = {
 }
 
 
+def warmup_too_long(warmup, total) -> bool:
+    """Whether a schedule warms up for the whole run or longer: the decay never comes (WarmupDecayLR), or
+    DeepSpeed divides by total - warmup = 0 (WarmupCosineLR). Values that are not step counts: no opinion."""
+    steps = [v for v in (warmup, total) if isinstance(v, int) and not isinstance(v, bool)]
+    return len(steps) == 2 and warmup >= total
+
+
 def applies(option: str, stage: int) -> bool:
     """Whether `option` means something at ZeRO `stage` (options outside STAGES always do)."""
     return stage in STAGES.get(option, (stage,))
@@ -98,6 +106,14 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
     if needs_total and spec.scheduler.total_num_steps is None and not spec.hf_auto:
         raise DistsetupError(f"--scheduler {spec.scheduler.name} needs --total_num_steps.",
                              "add --total_num_steps N (the number of optimizer steps of the run).")
+    warmup = spec.scheduler.warmup_num_steps
+    if needs_total and warmup_too_long(DEFAULT_WARMUP_STEPS if warmup is None else warmup,
+                                       spec.scheduler.total_num_steps):
+        given = f"--warmup_num_steps {warmup}" if warmup is not None else \
+            f"the default --warmup_num_steps {DEFAULT_WARMUP_STEPS}"
+        raise DistsetupError(f"{given} is not shorter than --total_num_steps {spec.scheduler.total_num_steps}: the "
+                             "warmup would take the whole run.",
+                             "warm up for a small part of the run (e.g. a tenth), or raise --total_num_steps.")
     warnings = []
     if spec.offload_optimizer == "nvme" and spec.zero_stage in (1, 2):
         warnings.append(f"at ZeRO stage {spec.zero_stage} DeepSpeed keeps optimizer states in CPU memory; "
@@ -200,7 +216,7 @@ def _optimizer(opt: OptimizerSpec, lr, auto) -> dict:
 
 
 def _scheduler(sched: SchedulerSpec, lr, auto) -> dict:
-    warmup = _pick(sched.warmup_num_steps, auto, 100)
+    warmup = _pick(sched.warmup_num_steps, auto, DEFAULT_WARMUP_STEPS)
     if sched.name == "WarmupCosineLR":
         params = {"warmup_min_ratio": 0.0, "cos_min_ratio": 0.1, "warmup_num_steps": warmup,
                   "total_num_steps": _pick(sched.total_num_steps, auto), "warmup_type": "linear"}

@@ -12,9 +12,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distsetup.checks import auto_paths, deepspeed_problems
+from distsetup.batch import check_world_counts
 from distsetup.errors import DistsetupError
-from distsetup.problems import join_path
 from distsetup.runconfig import BACKENDS
 from distsetup.templating import render
 
@@ -23,7 +22,6 @@ RDZV_BACKENDS = ("static", "c10d")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 DEFAULT_SCRIPT = "src/train.py"
 DEFAULT_MASTER_PORT = 29500
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -125,11 +123,7 @@ def check_launch(spec: LaunchSpec) -> None:
             raise DistsetupError(f"unknown {name} {value}.", f"use one of {', '.join(choices)}.")
     if (spec.script is None) == (spec.module is None):
         raise DistsetupError("give exactly one of --script and --module.", "e.g. --script src/train.py.")
-    if spec.num_nodes < 1:
-        raise DistsetupError(f"--num_nodes {spec.num_nodes} must be at least 1.", "use --num_nodes 1 for one machine.")
-    if spec.nproc_per_node is not None and spec.nproc_per_node < 1:
-        raise DistsetupError(f"--num_gpus_per_node {spec.nproc_per_node} must be at least 1.",
-                             "give the GPUs (or CPU processes) per node, or auto.")
+    check_world_counts(spec.num_nodes, spec.nproc_per_node)
     if spec.node_rank is not None and not 0 <= spec.node_rank < spec.num_nodes:
         raise DistsetupError(f"--node_rank {spec.node_rank} is out of range for --num_nodes {spec.num_nodes}.",
                              f"node ranks run from 0 to {spec.num_nodes - 1}.")
@@ -163,26 +157,6 @@ def check_launch(spec: LaunchSpec) -> None:
     if spec.ssh and (spec.num_nodes < 2 or not spec.hosts):
         raise DistsetupError("--ssh (pdsh) needs several nodes and their names.",
                              "add --num_nodes N --hosts host1,host2,...")
-
-
-def check_deepspeed_file(ds_config: dict, spec: LaunchSpec, source: str) -> None:
-    """What DeepSpeed would refuse on every rank: "auto" values outside the HF Trainer (src/train.py hands
-    the file to DeepSpeed as is), and a batch identity that does not hold for nodes x GPUs per node."""
-    hf = not spec.runs_train_py  # a user's script may be the HF Trainer, which fills "auto" in
-    autos = [join_path(p) for p in auto_paths(ds_config)]
-    if autos and not hf:
-        raise DistsetupError(f'{source} has "auto" values ({", ".join(autos[:3])}{", ..." if len(autos) > 3 else ""})'
-                             ": \"auto\" is for the Hugging Face Trainer, which fills it in; src/train.py passes "
-                             "the file to DeepSpeed as is and every rank would fail.",
-                             "write numbers, e.g. regenerate it without --hf_auto: `distsetup deepspeed ... "
-                             "--output FILE`.")
-    if spec.world_size is None:
-        return
-    problems = [p for p in deepspeed_problems(ds_config, spec.world_size, hf=hf) if p.path in BATCH_KEYS]
-    if problems:
-        raise DistsetupError(f"{source} does not fit world size {spec.world_size}: {problems[0]}",
-                             "regenerate it with `distsetup deepspeed --world_size N ...` or change the "
-                             "node/GPU counts.")
 
 
 def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
@@ -258,7 +232,9 @@ def launch_context(spec: LaunchSpec) -> dict:
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
-        "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes))),  # hostfile: slots at run time
+        # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
+        "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
+        if spec.launch_method == "deepspeed" and not single else [],
         "hosts_given": bool(spec.hosts),
         "ssh": spec.ssh,
         "gpus": None if spec.gpus is None else ",".join(map(str, spec.gpus)),

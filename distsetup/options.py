@@ -1,12 +1,73 @@
-"""Options shared by several commands, each spelled --snake_case (as guides write it) and --dash-case."""
+"""Options shared by several commands, each spelled --snake_case (as guides write it) and --dash-case.
+
+Every option made here takes its value through `Checked`: a value that names something is never empty,
+a number is finite, and a value the option cannot take is one line naming the flag (a DistsetupError,
+exit 1), not Click's usage block.
+"""
+
+import math
 
 import click
 
+from distsetup.errors import DistsetupError
+
+
+def flag_of(param) -> str:
+    """How the user spelled a parameter: --name for an option, NAME for an argument."""
+    longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    return longs[0] if longs else param.human_readable_name if param is not None else "a value"
+
+
+class Checked(click.ParamType):
+    """A Click type with the rules every option follows: empty or blank text is refused (it would be read
+    as "not given", or write MASTER_ADDR=''), NaN and infinities are refused (they reach JSON as NaN), and
+    the wrapped type's own failures are one line naming the flag."""
+
+    def __init__(self, inner: click.ParamType):
+        self.inner = inner
+        self.name = inner.name
+        self.is_composite, self.arity = inner.is_composite, inner.arity
+        self.envvar_list_splitter = inner.envvar_list_splitter
+
+    def convert(self, value, param, ctx):
+        flag = flag_of(param)
+        if isinstance(value, str) and not value.strip():
+            raise DistsetupError(f"{flag} is empty.", f"give a value, or leave {flag} out.")
+        try:
+            result = self.inner.convert(value, param, ctx)
+        except click.BadParameter as e:
+            raise DistsetupError(f"{flag}: {e.message}", f"see `--help` for what {flag} takes.") from None
+        for number in result if isinstance(result, tuple) else (result,):
+            if isinstance(number, float) and not math.isfinite(number):
+                raise DistsetupError(f"{flag}: {number} is not a finite number.", "give a number such as 0.5.")
+        return result
+
+    def get_metavar(self, *args, **kwargs):
+        return self.inner.get_metavar(*args, **kwargs)
+
+    def get_missing_message(self, *args, **kwargs):
+        return self.inner.get_missing_message(*args, **kwargs)
+
+    def shell_complete(self, ctx, param, incomplete):
+        return self.inner.shell_complete(ctx, param, incomplete)
+
+    def to_info_dict(self) -> dict:
+        return self.inner.to_info_dict()
+
+
+def checked(type_=None, default=None) -> Checked:
+    """`type_` (a Click type, a Python type, a tuple of them, or None for text) under the rules of Checked."""
+    return type_ if isinstance(type_, Checked) else Checked(click.types.convert_type(type_, default))
+
 
 def option(name: str, *extra_decls: str, **kwargs):
-    """`--name` and `--na-me` for one Click option."""
+    """`--name` and `--na-me` for one Click option; a valued option's type goes through `checked`."""
     dashed = name.replace("_", "-")
     decls = [f"--{name}", *([f"--{dashed}"] if dashed != name else []), *extra_decls]
+    is_flag = kwargs.get("is_flag", "flag_value" in kwargs)
+    if not is_flag:
+        default = kwargs.get("default")
+        kwargs["type"] = checked(kwargs.get("type"), default[0] if kwargs.get("multiple") and default else default)
     return click.option(*decls, name, **kwargs)
 
 
@@ -24,6 +85,14 @@ def stack(*decorators):
             func = decorator(func)
         return func
     return apply
+
+
+def chosen_precision(bf16: bool, fp16: bool, fp32: bool = False) -> str | None:
+    """The precision flag given (bf16, fp16 or fp32), None for none; two of them are an error."""
+    given = [name for name, on in (("bf16", bf16), ("fp16", fp16), ("fp32", fp32)) if on]
+    if len(given) > 1:
+        raise DistsetupError(f"--{' and --'.join(given)} are mutually exclusive.", "choose one (bf16 on A100/H100).")
+    return given[0] if given else None
 
 
 positive = click.IntRange(min=1)

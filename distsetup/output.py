@@ -1,5 +1,6 @@
-"""Writing generated files: atomically, or to stdout, or not at all (dry run)."""
+"""Writing generated files: atomically, or to stdout, or not at all (dry run), and never over an input."""
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -9,14 +10,63 @@ import click
 from distsetup.errors import DistsetupError
 
 
-def write_atomic(path: Path, text: str, executable: bool = False) -> None:
-    """Replace `path` with `text` whole, or leave it untouched if anything fails."""
+def json_text(data: dict) -> str:
+    """A config as JSON text: strict JSON (no NaN or Infinity, which Python's json would write)."""
+    try:
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise DistsetupError("a value of the config is not a finite number (NaN or infinity).",
+                             "give finite numbers; a computed value that overflows means the inputs are too large.")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one file: the same resolved path, or (both existing) the same inode."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def writable_target(path: Path, inputs: dict[str, str | Path | None], option: str = "--output") -> Path:
+    """The file that writing `path` replaces: `path`, or the file its symbolic link points at (the link stays).
+
+    Refused, each in one line: a link to nothing or a loop of links (replacing it would silently turn the
+    link into a file), something that is not a regular file (a folder, /dev/null, a FIFO), and any of the
+    command's `inputs` ({what: path}), also when reached through a link or a hard link.
+    """
+    shown = path
+    if path.is_symlink():
+        try:
+            path.stat()
+        except FileNotFoundError:
+            raise DistsetupError(f"{option} {path} is a symbolic link to {os.readlink(path)}, which does not exist.",
+                                 f"point the link at a file, remove it, or choose another {option}.")
+        except OSError as e:
+            raise DistsetupError(f"{option} {path} is a symbolic link that cannot be followed ({e.strerror}).",
+                                 f"fix or remove the link, or choose another {option}.")
+        path = Path(os.path.realpath(path))
+        shown = f"{shown} (a link to {path})"
+    if path.exists() and not path.is_file():
+        raise DistsetupError(f"{option} {shown} exists and is not a regular file.", f"choose a file name for {option}.")
+    for what, source in inputs.items():
+        if source and _same_file(path, Path(source)):
+            raise DistsetupError(f"{option} {shown} is this command's {what} ({source}): writing there would "
+                                 "destroy it.", f"choose another {option}.")
+    return path
+
+
+def write_atomic(path: Path, text: str, executable: bool = False, inputs: dict[str, str | Path | None] | None = None,
+                 option: str = "--output") -> None:
+    """Replace `path` with `text` whole, or leave it untouched if anything fails (see writable_target)."""
+    path = writable_target(Path(path), inputs or {}, option)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise DistsetupError(f"cannot write {path}: {e.strerror} ({e.filename}).",
-                             "choose an --output in a folder you can write to.")
+                             f"choose an {option} in a folder you can write to.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -28,8 +78,15 @@ def write_atomic(path: Path, text: str, executable: bool = False) -> None:
 
 
 def emit(text: str, output: str | None, dry_run: bool, next_step: str | None = None,
-         executable: bool = False) -> None:
-    """Print `text` (no output, '-' or a dry run) or write it to `output` and say what comes next."""
+         executable: bool = False, inputs: dict[str, str | Path | None] | None = None,
+         remarks: list[str] = ()) -> None:
+    """Print `text` (no output, '-' or a dry run) or write it to `output` (never over one of the command's
+    `inputs`, {what: path}) and say what comes next. `remarks` ("Note: ...", "Warning: ...") go to stderr
+    once nothing stands in the way, so they never precede an error."""
+    if output not in (None, "-") and not dry_run:
+        writable_target(Path(output), inputs or {})
+    for remark in remarks:
+        click.echo(remark, err=True)
     if output in (None, "-"):
         click.echo(text, nl=False)
         return
@@ -37,7 +94,7 @@ def emit(text: str, output: str | None, dry_run: bool, next_step: str | None = N
         click.echo(text, nl=False)
         click.echo(f"# dry run: would write {output}", err=True)
         return
-    write_atomic(Path(output), text, executable=executable)
+    write_atomic(Path(output), text, executable=executable, inputs=inputs)
     click.echo(f"Wrote {output}", err=True)
     if next_step:
         click.echo(f"Next: {next_step}", err=True)

@@ -15,10 +15,14 @@ import yaml
 
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import RULES
-from distsetup.problems import Problem, schema_problems
+from distsetup.problems import Problem, TooComplex, check_size, join_path, read_config_text, schema_problems, too_complex
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of
+# hidden size 16-25k with 128 heads, vocabularies of 256k tokens, contexts of 10M tokens); a larger value is
+# a typo, and would make `distsetup plan` compute with absurd numbers or the trainer allocate without end.
+MODEL_MAXIMA = {"vocab_size": 2 ** 20, "block_size": 2 ** 24, "n_layer": 4096, "n_head": 1024, "n_embd": 2 ** 17}
 
 
 def setting(default, doc: str, **schema):
@@ -33,11 +37,14 @@ class ModelConfig:
 
     type: str = setting("gpt", "gpt (built in) or hf (a transformers causal LM from hf_path)",
                         enum=["gpt", "hf"])
-    vocab_size: int = setting(256, "vocabulary size; 256 = bytes", minimum=1)
-    block_size: int = setting(64, "sequence length in tokens", minimum=2)
-    n_layer: int = setting(2, "transformer blocks", minimum=1)
-    n_head: int = setting(4, "attention heads per block", minimum=1)
-    n_embd: int = setting(64, "hidden size; a multiple of n_head", minimum=1)
+    vocab_size: int = setting(256, "vocabulary size; 256 = bytes; at most 2^20", minimum=1,
+                              maximum=MODEL_MAXIMA["vocab_size"])
+    block_size: int = setting(64, "sequence length in tokens; at most 2^24", minimum=2,
+                              maximum=MODEL_MAXIMA["block_size"])
+    n_layer: int = setting(2, "transformer blocks; at most 4096", minimum=1, maximum=MODEL_MAXIMA["n_layer"])
+    n_head: int = setting(4, "attention heads per block; at most 1024", minimum=1, maximum=MODEL_MAXIMA["n_head"])
+    n_embd: int = setting(64, "hidden size; a multiple of n_head; at most 2^17", minimum=1,
+                          maximum=MODEL_MAXIMA["n_embd"])
     dropout: float = setting(0.0, "dropout probability", minimum=0, maximum=1)
     hf_path: str | None = setting(None, "local folder with a config.json (and weights, if a checkpoint)")
     layer_cls: str | None = setting(None, "block class to shard and checkpoint; default: the model's own")
@@ -48,7 +55,7 @@ class DataConfig:
     """Training data: a synthetic task, or the user's text/JSONL files tokenised byte-level."""
 
     type: str = setting("synthetic", "synthetic or files", enum=["synthetic", "files"])
-    paths: list[str] = setting([], "text or .jsonl files (with a 'text' field) for type: files")
+    paths: list[str] = setting([], "text or .jsonl files (with a 'text' field) for type: files; each must exist")
     num_samples: int = setting(4096, "samples in the synthetic task", minimum=1)
 
 
@@ -125,7 +132,36 @@ def _json_type(hint) -> dict:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string)."""
+    """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string).
+
+    Composed within problems.check_size, an alias counting as every value it stands for: a nesting bomb or
+    an alias bomb ("billion laughs": a few lines that expand to 10^9 values) is refused after at most
+    MAX_VALUES nodes, before anything walks the expanded data; an anchor used inside itself is refused too.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth) with aliases expanded
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            target = self.anchors.get(self.peek_event().anchor)
+            if target is not None and id(target) not in self._sizes:
+                raise TooComplex("uses an anchor inside itself (a recursive alias)")
+            return super().compose_node(parent, index)  # a node composed and measured before
+        self._depth += 1
+        check_size(0, self._depth)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        sizes = [self._sizes[id(child)] for child in children]
+        self._sizes[id(node)] = (1 + sum(v for v, _ in sizes), 1 + max((d for _, d in sizes), default=0))
+        check_size(*self._sizes[id(node)])
+        return node
 
 
 _Loader.add_implicit_resolver(
@@ -151,32 +187,85 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                                  f"sections are {', '.join(SECTIONS)}.")
         try:
             raw[section][key] = parse_yaml(value)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # ValueError: a bad date, a 5000-digit integer, a bomb
             raise DistsetupError(f"override '{item}': the value is not valid YAML.",
                                  f"quote it: {dotted}='\"...\"' (a path or a string).")
     return raw
 
 
 def read_yaml(path: Path) -> dict:
+    """A run config file as a dict, read within the limits of problems.read_config_text and _Loader."""
+    text = read_config_text(path, "run config")
     try:
-        raw = parse_yaml(path.read_text()) or {}
-    except OSError as e:
-        raise DistsetupError(f"cannot read run config {path}: {e.strerror}.", "check the --config path.")
-    except UnicodeDecodeError:
-        raise DistsetupError(f"run config {path} is not UTF-8 text.", "give the YAML run config itself.")
+        raw = parse_yaml(text) or {}
+    except TooComplex as e:
+        raise too_complex(path, "run config", e)
     except yaml.YAMLError as e:
         raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
+    except ValueError as e:  # a date such as 2024-13-45, an integer of more digits than Python converts
+        raise DistsetupError(f"{path} is not valid YAML: {str(e).split(';')[0]}.",
+                             "fix the value, or quote it to make it a string.")
     if not isinstance(raw, dict):
         raise DistsetupError(f"{path} must hold a mapping of sections.", "start with e.g. 'training:'.")
     return raw
 
 
 def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
-    """Every problem in a raw run config: schema (unknown keys, types, ranges), then cross-field rules."""
+    """Every problem in a raw run config: keys that are not names, the schema (unknown keys, types, ranges,
+    NaN and infinities), what the schema cannot say (whole numbers, blank names), then cross-field rules."""
+    problems = _key_problems(raw)
+    if problems:
+        return problems
     problems = schema_problems(raw, "run_config")
+    reported = {p.path for p in problems}
+    problems += [p for p in _value_problems(raw) if p.path not in reported]
     if problems:
         return problems
     return _cross_field_problems(_build(raw), base_dir)
+
+
+def _key_problems(data, path=()) -> list[Problem]:
+    """Keys that YAML read as something other than a name: `1:`, `yes:` (true), `null:`, a date."""
+    if isinstance(data, list):
+        return [p for i, item in enumerate(data) for p in _key_problems(item, path + (i,))]
+    if not isinstance(data, dict):
+        return []
+    problems = []
+    for key, value in data.items():
+        if isinstance(key, str):
+            problems += _key_problems(value, path + (key,))
+        else:
+            problems.append(Problem(join_path(path + (repr(key),)), f"key {key!r} ({type(key).__name__}) is not a "
+                                    "name.", "write the key's name, e.g. micro_batch_size; quote it if YAML reads it "
+                                    "as a number, a boolean or a date."))
+    return problems
+
+
+def _value_problems(raw: dict) -> list[Problem]:
+    """What JSON Schema cannot say: an integer field holds a Python int (the schema's "integer" takes 8.0,
+    which the trainer cannot use as a batch size), and a text field that names something is not blank."""
+    problems = []
+    for section, cls in SECTIONS.items():
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in values:
+                continue
+            value, kinds, where = values[f.name], _scalar_types(hints[f.name]), f"{section}.{f.name}"
+            if int in kinds and isinstance(value, float):
+                example = int(value) if value.is_integer() and abs(value) <= 2 ** 53 else f.default
+                problems.append(Problem(where, f"{value!r} is not a whole number.", f"write e.g. {example}."))
+            if str in kinds and "enum" not in f.metadata and any(
+                    isinstance(item, str) and not item.strip() for item in (value if isinstance(value, list) else [value])):
+                problems.append(Problem(where, "is empty.", f"write a value, or remove {f.name} for the default."))
+    return problems
+
+
+def _scalar_types(hint) -> set:
+    """int | None -> {int, NoneType}; list[str] -> {str}; int -> {int}."""
+    return set(typing.get_args(hint)) or {hint}
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
@@ -235,6 +324,11 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
     if config.data.type == "files" and not config.data.paths:
         problems.append(Problem("data.paths", "data type files needs at least one path.",
                                 "list your .txt or .jsonl files under data.paths."))
+    for i, name in enumerate(config.data.paths):
+        if not resolve_config_path(name, base_dir).is_file():
+            problems.append(Problem(f"data.paths[{i}]", f"file {name} does not exist.",
+                                    "correct the path (a relative one is read from the working directory, else "
+                                    "next to the config)."))
     if training.scale_lr != "none" and training.base_batch_size is None:
         problems.append(Problem("training.base_batch_size", f"scale_lr {training.scale_lr} needs base_batch_size.",
                                 "set base_batch_size to the global batch size your lr was tuned for."))

@@ -46,7 +46,7 @@ def parse_args(argv=None):
 
 
 def load_config(args):
-    """The run config, with --deepspeed folded in and backend files resolved as the config resolves them."""
+    """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it."""
     for flag in ("config", "deepspeed", "export", "init_from"):
         value = getattr(args, flag)
         if value is not None and not value.strip():
@@ -57,9 +57,11 @@ def load_config(args):
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
     cfg = load_run_config(args.config, overrides)
+    base_dir = Path(args.config).parent
     for key in ("deepspeed_config", "fsdp_config"):
         if value := getattr(cfg.distributed, key):
-            setattr(cfg.distributed, key, str(resolve_config_path(value, Path(args.config).parent)))
+            setattr(cfg.distributed, key, str(resolve_config_path(value, base_dir)))
+    cfg.data.paths = [str(resolve_config_path(path, base_dir)) for path in cfg.data.paths]
     return cfg
 
 

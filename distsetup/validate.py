@@ -1,11 +1,12 @@
 """`distsetup validate`: find a config file's kind and every problem in it."""
 
 import json
+import shlex
 from pathlib import Path
 
 from distsetup.checks import deepspeed_problems, fsdp_problems
 from distsetup.errors import DistsetupError
-from distsetup.problems import Problem, join_path
+from distsetup.problems import TOO_DEEP, Problem, TooComplex, check_shape, join_path, read_config_text, too_complex
 from distsetup.runconfig import config_problems, read_yaml, resolve_config_path
 
 KINDS = ("deepspeed", "fsdp", "run_config")
@@ -39,15 +40,21 @@ def duplicate_key_problems(data, path=()) -> list[Problem]:
 
 
 def read_json(path: Path) -> dict:
+    """A JSON config file as a dict, read within the limits of problems.read_config_text and check_shape.
+    NaN and Infinity are read as floats: schema_problems reports them with their key path."""
+    text = read_config_text(path, "JSON file")
     try:
-        data = json.loads(path.read_text(), object_pairs_hook=_object_with_duplicates)
-    except OSError as e:
-        raise DistsetupError(f"cannot read {path}: {e.strerror}.", "check the path.")
-    except UnicodeDecodeError:
-        raise DistsetupError(f"{path} is not UTF-8 text.", "give the JSON config file itself.")
+        data = json.loads(text, object_pairs_hook=_object_with_duplicates)
+        check_shape(data)
+    except RecursionError:
+        raise too_complex(path, "JSON file", TooComplex(TOO_DEEP))
+    except TooComplex as e:
+        raise too_complex(path, "JSON file", e)
     except json.JSONDecodeError as e:
         raise DistsetupError(f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
                              "fix the JSON syntax (no comments or trailing commas).")
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise DistsetupError(f"{path} is not valid JSON: {str(e).split(';')[0]}.", "write the numbers a config needs.")
     if not isinstance(data, dict):
         raise DistsetupError(f"{path} must hold a JSON object.", "wrap the settings in { }.")
     return data
@@ -64,7 +71,7 @@ def detect_kind(path: Path, data: dict) -> str:
 def validate_file(path: Path, kind: str | None = None, world_size: int | None = None,
                   hf: bool = False) -> tuple[str, list[Problem]]:
     """(kind, problems) for a DeepSpeed JSON, an FSDP JSON or a run config YAML."""
-    if path.suffix in (".yaml", ".yml") or kind == "run_config":
+    if kind == "run_config" or (kind is None and path.suffix in (".yaml", ".yml")):
         raw = read_yaml(path)
         problems = config_problems(raw, path.parent)
         return "run_config", problems + _referenced_file_problems(raw, path.parent, world_size, hf)
@@ -75,15 +82,31 @@ def validate_file(path: Path, kind: str | None = None, world_size: int | None = 
     return kind, problems
 
 
+def refuse_problems(path: str | Path, kind: str, world_size: int | None = None, hf: bool = False) -> None:
+    """For commands that use a file: refuse what `distsetup validate` would report, in one line with the first
+    problem (the same checks through validate_file, so a file is never accepted here and flagged there)."""
+    _, problems = validate_file(Path(path), kind, world_size, hf)
+    if problems:
+        command = ["distsetup", "validate", str(path), *(["--world_size", str(world_size)] if world_size else []),
+                   *(["--hf"] if hf else [])]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DistsetupError(f"{path}: {problems[0]}{more}", f"`{shlex.join(command)}` lists every problem.")
+
+
 def _referenced_file_problems(raw: dict, base_dir: Path, world_size: int | None, hf: bool) -> list[Problem]:
     """Problems in the DeepSpeed/FSDP files a run config points at, prefixed with the config key."""
     problems = []
+    distributed = raw.get("distributed")
     for key, kind in (("deepspeed_config", "deepspeed"), ("fsdp_config", "fsdp")):
-        value = (raw.get("distributed") or {}).get(key)
-        if not isinstance(value, str):
+        value = distributed.get(key) if isinstance(distributed, dict) else None
+        if not isinstance(value, str) or not value.strip():
             continue
         target = resolve_config_path(value, base_dir)
         if target.exists():
-            _, found = validate_file(target, kind, world_size, hf)
+            try:
+                _, found = validate_file(target, kind, world_size, hf)
+            except DistsetupError as e:  # unreadable: one problem, and the run config's others still listed
+                problems.append(Problem(f"distributed.{key}", e.message, "give the file itself."))
+                continue
             problems += [Problem(f"distributed.{key} -> {p.path}", p.message, p.fix) for p in found]
     return problems

@@ -23,10 +23,28 @@ def test_indivisible_train_batch_is_an_error():
         resolve_batch(4, None, 30, 4)
 
 
-@pytest.mark.parametrize("micro, accumulation", [(4, 2), (3, None), (None, None)])
+@pytest.mark.parametrize("micro, accumulation", [(4, 2), (2, None), (None, None)])
 def test_train_batch_without_world_size_is_an_error(micro, accumulation):
     with pytest.raises(DistsetupError, match="--train_batch_size needs the world size"):
         resolve_batch(micro, accumulation, 8, None)
+
+
+@pytest.mark.parametrize("micro, accumulation, message", [
+    (4, 4, "15 is not a multiple of --micro_batch_size 4 x --gradient_accumulation_steps 4 = 16"),
+    (None, 2, "15 is not a multiple of --gradient_accumulation_steps 2,")])
+def test_train_batch_no_world_size_can_give_says_so_without_asking_for_it(micro, accumulation, message):
+    """Bug (issue 10, 17): 15 with micro 4 x accumulation 4 said "needs the world size"; no world size fits."""
+    with pytest.raises(DistsetupError, match=message) as info:
+        resolve_batch(micro, accumulation, 15, None)
+    assert "no world size gives it" in info.value.message
+
+
+@pytest.mark.parametrize("nodes, per_node, message", [
+    (100_001, 8, "--num_nodes 100001 is more than 100,000"), (2, 1025, "--num_gpus_per_node 1025 is more than 1,024"),
+    (0, 8, "--num_nodes 0 must be at least 1")])
+def test_node_and_gpu_counts_have_sane_maxima(nodes, per_node, message):
+    with pytest.raises(DistsetupError, match=message):
+        world_size_from(None, nodes, per_node)
 
 
 def test_world_size_from_nodes_and_gpus():

@@ -150,7 +150,8 @@ def test_one_world_across_nodes_with_per_node_values_expanding_on_each_node():
     program = srun_program(text)
     assert 'srun "${SRUN_ARGS[@]}" bash -c \'' in text
     assert "--ntasks-per-node=1" in text
-    assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"' in text
+    assert 'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
+    assert 'export MASTER_ADDR="${HOSTS[0]:?' in text
     assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in text
     assert 'NODE_RANK="$SLURM_NODEID"' in program           # inside the single quotes: expands per node
     outside = text.replace(program[len("#!/bin/bash\n"):], "")
@@ -271,7 +272,7 @@ def test_command_writes_the_script(run_cli, tmp_path, monkeypatch):
     (["--partition", "a b"], "not a SLURM partition name"),
     (["--env", "1X=2"], "not KEY=VALUE"),
     (["--use_deepspeed", "--deepspeed_config", "ds.json", "--num_nodes", "2", "--num_gpus_per_node", "2"],
-     "does not fit world size 4"),
+     "6 is not divisible by 3 x world size 4"),
 ])
 def test_command_bad_input_writes_nothing(run_cli, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

@@ -1,6 +1,6 @@
 """`distsetup deepspeed`: write a DeepSpeed JSON config that DeepSpeed accepts."""
 
-import json
+import math
 from dataclasses import replace
 
 import click
@@ -11,8 +11,8 @@ from distsetup.deepspeed_config import (DEFAULT_LR, OPTIMIZERS, PRESETS, SCHEDUL
                                         SchedulerSpec, applies, build_deepspeed_config, check_spec)
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
-from distsetup.options import batch_options, option, output_options, positive, switch, world_options
-from distsetup.output import emit
+from distsetup.options import batch_options, chosen_precision, option, output_options, positive, switch, world_options
+from distsetup.output import emit, json_text
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
 BYTES = click.IntRange(min=1)
@@ -83,8 +83,7 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
         spec = scale_spec_lr(spec, opts["scale_lr"], opts["base_batch_size"])
     elif opts["base_batch_size"]:
         raise DistsetupError("--base_batch_size is only used with --scale_lr.", "add --scale_lr linear (or sqrt).")
-    for warning in check_spec(spec):
-        click.echo(f"Warning: {warning}", err=True)
+    warnings = check_spec(spec)
     config = build_deepspeed_config(spec)
     problems = deepspeed_problems(config, spec.batch.world_size, hf=spec.hf_auto)
     if problems:
@@ -92,7 +91,7 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
                              "this is a distsetup bug; please report the command line.")
     next_step = (f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script" if spec.hf_auto
                  else f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
-    emit(json.dumps(config, indent=2) + "\n", output, dry_run, next_step=next_step)
+    emit(json_text(config), output, dry_run, next_step=next_step, remarks=[f"Warning: {w}" for w in warnings])
 
 
 def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:
@@ -108,15 +107,16 @@ def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> Dee
                              "add --lr, the learning rate tuned at --base_batch_size.")
     lr = spec.optimizer.lr if spec.optimizer.lr is not None else DEFAULT_LR
     new_lr = scaled_lr(lr, spec.batch.train_batch, base_batch, rule)
+    if not math.isfinite(new_lr):
+        raise DistsetupError(f"--lr {lr:g} scaled {rule} to global batch {spec.batch.train_batch} is no finite number.",
+                             "give the learning rate your model was tuned with.")
     click.echo(f"lr {lr:g} scaled {rule} from base batch {base_batch} to global batch {spec.batch.train_batch}: "
                f"writing lr {new_lr:.6g}", err=True)
     return replace(spec, optimizer=replace(spec.optimizer, lr=new_lr))
 
 
 def spec_from_options(o: dict) -> DeepSpeedSpec:
-    if o["bf16"] and o["fp16"]:
-        raise DistsetupError("--bf16 and --fp16 are mutually exclusive.", "choose one (bf16 on A100/H100).")
-    precision = "bf16" if o["bf16"] else "fp16" if o["fp16"] else (None if o["hf_auto"] else "fp32")
+    precision = chosen_precision(o["bf16"], o["fp16"]) or (None if o["hf_auto"] else "fp32")
     world_size = world_size_from(o["world_size"], o["num_nodes"], o["num_gpus_per_node"])
     batch = (resolve_batch(o["micro_batch_size"], o["gradient_accumulation_steps"], o["train_batch_size"],
                            world_size))

@@ -160,8 +160,8 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
     found = []
     cfg = None
     if config:
-        kind, problems = validate_file(config, "run_config", world)
-        found += [Finding(FAIL, str(config), str(p)) for p in problems]
+        problems = _file_findings(config, "run_config", world)
+        found += problems
         if not problems:
             from distsetup.runconfig import load_run_config, resolve_config_path
             cfg = load_run_config(config)
@@ -170,18 +170,29 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
             fsdp_path = fsdp_path or (resolve_config_path(dist.fsdp_config, config.parent) if dist.fsdp_config else None)
     for path, kind in ((ds_path, "deepspeed"), (fsdp_path, "fsdp")):
         if path and not (config and cfg and _referenced(cfg, kind, path, config.parent)):
-            _, problems = validate_file(path, kind, world)
-            found += [Finding(FAIL, str(path), str(p)) for p in problems]
+            found += _file_findings(path, kind, world)
     if cfg is not None:
-        ds = read_json(ds_path) if ds_path else None
-        fsdp = read_json(fsdp_path) if fsdp_path else None
-        found += [Finding(level, "consistency", msg) for level, msg in cross_file_rules(cfg, ds, fsdp, world)]
+        try:
+            ds = read_json(ds_path) if ds_path else None
+            fsdp = read_json(fsdp_path) if fsdp_path else None
+            found += [Finding(level, "consistency", msg) for level, msg in cross_file_rules(cfg, ds, fsdp, world)]
+        except DistsetupError:
+            pass  # a file that cannot be read is a finding above already
     if not any(f.level == FAIL for f in found) and (config or ds_path or fsdp_path):
         checked = ", ".join(str(p) for p in (config, ds_path, fsdp_path) if p)
         found.append(Finding(OK, "configs", f"{checked} agree" + (f" for world size {world}." if world else
                                                                   " (give --num_nodes/--num_gpus_per_node to "
                                                                   "check the batch identity).")))
     return found
+
+
+def _file_findings(path: Path, kind: str, world: int | None) -> list[Finding]:
+    """`distsetup validate`'s problems with one file, as findings; a file it cannot read is one finding."""
+    try:
+        _, problems = validate_file(path, kind, world)
+    except DistsetupError as e:
+        return [Finding(FAIL, str(path), e.message)]
+    return [Finding(FAIL, str(path), str(p)) for p in problems]
 
 
 def _referenced(cfg, kind: str, path: Path, base: Path) -> bool:
@@ -213,7 +224,7 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
             out.append((WARN, f"the DeepSpeed file trains in {precision}, the run config says {t.precision}: the "
                               "DeepSpeed file wins."))
     if fsdp is not None and backend == "fsdp":
-        precision = {"bf16": "bf16", "fp16": "fp16"}.get(fsdp.get("mixed_precision"), "fp32")
+        precision = {"bf16": "bf16", "fp16": "fp16"}.get(str(fsdp.get("mixed_precision")), "fp32")
         if precision != t.precision:
             out.append((WARN, f"the FSDP file's mixed_precision means {precision}, the run config says {t.precision}."))
         if fsdp.get("fsdp_activation_checkpointing") is not None and \

@@ -1,7 +1,5 @@
 """`distsetup fsdp`: write an FSDP config with Accelerate's key names."""
 
-import json
-
 import click
 
 from distsetup.checks import fsdp_problems
@@ -10,7 +8,7 @@ from distsetup.fsdp_config import (BACKWARD_PREFETCH, DTYPES, MIXED_PRECISION, S
                                    STATE_DICT_TYPES, WRAP_POLICIES, FsdpSpec, build_fsdp_config,
                                    check_fsdp_spec)
 from distsetup.options import option, output_options, switch
-from distsetup.output import emit
+from distsetup.output import emit, json_text
 
 
 def _class_names(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -63,12 +61,11 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         cpu_offload=o["cpu_offload"], activation_checkpointing=o["activation_checkpointing"],
         cpu_ram_efficient_loading=o["cpu_ram_efficient_loading"], sync_module_states=o["sync_module_states"],
         use_orig_params=o["use_orig_params"])
-    for warning in check_fsdp_spec(spec):
-        click.echo(f"Warning: {warning}", err=True)
+    warnings = check_fsdp_spec(spec)
     config = build_fsdp_config(spec)
     problems = fsdp_problems(config)
     if problems:
         raise DistsetupError(f"the generated config fails its own check: {problems[0]}",
                              "this is a distsetup bug; please report the command line.")
-    emit(json.dumps(config, indent=2) + "\n", output, dry_run,
-         next_step=f"distsetup launcher --use_fsdp --fsdp_config {output}")
+    emit(json_text(config), output, dry_run, next_step=f"distsetup launcher --use_fsdp --fsdp_config {output}",
+         remarks=[f"Warning: {w}" for w in warnings])

@@ -7,12 +7,11 @@ import click
 
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import (DEFAULT_SCRIPT, LAUNCH_METHODS, NCCL_DEBUG_LEVELS, RDZV_BACKENDS, EnvSpec,
-                                   LaunchSpec, build_launcher_script, check_deepspeed_file, check_launch,
-                                   launch_warnings, parse_gpus)
+                                   LaunchSpec, build_launcher_script, check_launch, launch_warnings, parse_gpus)
 from distsetup.options import option, positive, stack, switch
 from distsetup.output import emit
 from distsetup.runconfig import backend_of, config_problems, read_yaml, resolve_config_path
-from distsetup.validate import read_json
+from distsetup.validate import refuse_problems
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (DESIGN.md).
 DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
@@ -85,12 +84,15 @@ def launcher(output, dry_run, **opts):
     """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world."""
     spec, notes = launch_spec_from_options(opts)
     text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
-    for note in notes:
-        click.echo(f"Note: {note}", err=True)
     run_command = f"bash {shlex.quote(str(output))}"
-    for warning in launch_warnings(spec, run_command):
-        click.echo(f"Warning: {warning}", err=True)
-    emit(text, output, dry_run, next_step=run_command, executable=True)
+    remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in launch_warnings(spec, run_command)]
+    emit(text, output, dry_run, next_step=run_command, executable=True, inputs=launch_inputs(spec), remarks=remarks)
+
+
+def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:
+    """The files a launch reads, which its script must never be written over: {what: path}."""
+    return {"run config": spec.config, "DeepSpeed config": spec.deepspeed_config, "FSDP config": spec.fsdp_config,
+            "training script": spec.script}
 
 
 def regenerate_command(name: str) -> str:
@@ -133,9 +135,13 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         env=EnvSpec(o["omp_num_threads"], o["nccl_debug"], o["nccl_socket_ifname"], o["nccl_ib_disable"],
                     o["timeout_minutes"], o["cuda_device_max_connections"], tuple(o.get("env_pairs") or ())),
         preflight=o["preflight"])
-    check_launch(spec)  # node and GPU counts first: the file check below needs a sane world size
+    check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
+    # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
+    # it in: src/train.py hands the file to DeepSpeed as is, and every rank would fail.
     if spec.deepspeed_config:
-        check_deepspeed_file(read_json(Path(spec.deepspeed_config)), spec, spec.deepspeed_config)
+        refuse_problems(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_train_py)
+    if spec.fsdp_config:
+        refuse_problems(spec.fsdp_config, "fsdp")
     return spec, notes
 
 

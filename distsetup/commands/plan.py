@@ -7,14 +7,16 @@ from pathlib import Path
 
 import click
 
-from distsetup.batch import resolve_batch
+from distsetup.batch import check_world_counts, resolve_batch
 from distsetup.deepspeed_config import DeepSpeedSpec, build_deepspeed_config, check_spec
 from distsetup.errors import DistsetupError
 from distsetup.fsdp_config import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
-from distsetup.options import option, positive, switch
-from distsetup.output import write_atomic
-from distsetup.planner import (BY_KEY, Hardware, ModelShape, Plan, Workload, assumed_shape, deepspeed_args, fsdp_args, gb,
-                               gpt_params, parse_count, parse_memory, plan)
+from distsetup.options import chosen_precision, option, positive, switch
+from distsetup.output import json_text, write_atomic
+from distsetup.planner import (BY_KEY, MAX_BATCH, Hardware, ModelShape, Plan, Workload, assumed_shape, deepspeed_args,
+                               fsdp_args, gb, gpt_params, parse_count, parse_memory, plan)
+from distsetup.runconfig import MODEL_MAXIMA
+from distsetup.validate import read_json
 
 COLUMNS = ("strategy", "params", "grads", "optim", "gathered", "buffers", "act", "act(ckpt)", "total", "CPU/node",
            "comm", "fits")
@@ -30,10 +32,11 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 """)
 @option("params", help="Parameter count, e.g. 7B, 350M (or give --config).")
 @option("config", type=click.Path(dir_okay=False, exists=True), help="Run config: the model is counted from it.")
-@option("hidden_size", type=positive, help="Hidden size (for activations).")
-@option("num_layers", type=positive, help="Transformer layers (for activations).")
-@option("num_heads", type=positive, help="Attention heads (only without flash attention).")
-@option("vocab_size", type=positive, help="Vocabulary size (for the logits).")
+@option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="Hidden size (for activations).")
+@option("num_layers", type=click.IntRange(1, MODEL_MAXIMA["n_layer"]), help="Transformer layers (for activations).")
+@option("num_heads", type=click.IntRange(1, MODEL_MAXIMA["n_head"]),
+        help="Attention heads (only without flash attention).")
+@option("vocab_size", type=click.IntRange(1, MODEL_MAXIMA["vocab_size"]), help="Vocabulary size (for the logits).")
 @option("layer_cls", help="Your model's decoder-layer class, for FSDP wrapping (e.g. LlamaDecoderLayer).")
 @option("num_gpus", type=positive, help="GPUs in total (spread over --num_nodes).")
 @option("num_nodes", type=positive, default=1, show_default=True, help="Nodes.")
@@ -42,12 +45,14 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("cpu_memory", help="CPU memory per node for offload, e.g. 512GB [not judged].")
 @option("headroom", type=click.FloatRange(0, 0.9), default=0.1, show_default=True,
         help="Fraction of GPU memory kept free.")
-@option("seq_len", type=positive, help="Tokens per sample [model.block_size, else 2048].")
-@option("micro_batch_size", type=positive, help="Samples per GPU per pass [the largest that fits].")
-@option("global_batch_size", type=positive, help="Samples per optimizer step [run config's, else none].")
-@click.option("--bf16", "precision", flag_value="bf16", help="bfloat16 mixed precision.")
-@click.option("--fp16", "precision", flag_value="fp16", help="float16 mixed precision.")
-@click.option("--fp32", "precision", flag_value="fp32", help="fp32 training [default without a config].")
+@option("seq_len", type=click.IntRange(1, MODEL_MAXIMA["block_size"]),
+        help="Tokens per sample [model.block_size, else 2048].")
+@option("micro_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per GPU per pass [the largest that fits].")
+@option("global_batch_size", type=click.IntRange(1, MAX_BATCH),
+        help="Samples per optimizer step [run config's, else none].")
+@option("bf16", is_flag=True, help="bfloat16 mixed precision.")
+@option("fp16", is_flag=True, help="float16 mixed precision.")
+@option("fp32", is_flag=True, help="fp32 training [default without a config].")
 @switch("flash_attention", default=True, show_default=True,
         help="Fused attention (SDPA/flash): no s^2 attention scores kept.")
 @option("strategy", multiple=True, type=click.Choice(list(BY_KEY)),
@@ -56,16 +61,21 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(**o):
     """Estimate per-GPU memory for DDP, ZeRO 1-3 (+offload) and FSDP, and recommend the fastest that fits."""
-    model, defaults = model_from_options(o)
+    model, defaults, notes = model_from_options(o)
     hw = hardware_from_options(o)
-    precision = o["precision"] or defaults.get("precision", "fp32")
+    precision = chosen_precision(o["bf16"], o["fp16"], o["fp32"]) or defaults.get("precision", "fp32")
     global_batch = o["global_batch_size"] or (defaults["per_rank_batch"] * hw.world_size
                                               if "per_rank_batch" in defaults else None)
+    if global_batch is not None and global_batch > MAX_BATCH:
+        raise DistsetupError(f"the run config's global batch {global_batch:,} is more than {MAX_BATCH:,} samples.",
+                             "give --global_batch_size, or lower training.micro_batch_size.")
     work = Workload(precision=precision, seq_len=o["seq_len"] or defaults.get("seq_len", 2048),
                     micro_batch_size=o["micro_batch_size"], global_batch_size=global_batch,
                     flash_attention=o["flash_attention"])
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
     command, files = recommended_files(result)
+    for note in notes:  # after every check: a note never precedes an error
+        click.echo(f"Note: {note}", err=True)
     if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
         click.echo("Note: the FSDP command wraps the built-in model's Block class; give --layer_cls with your "
                    "model's decoder layer (e.g. LlamaDecoderLayer).", err=True)
@@ -79,25 +89,30 @@ def plan_command(**o):
                                                else "no strategy fits."), err=True)
         for name, config in files.items():
             path = Path(o["write"]) / name
-            write_atomic(path, json.dumps(config, indent=2) + "\n")
+            write_atomic(path, json_text(config), inputs={"run config": o["config"]}, option="--write")
             click.echo(f"Wrote {path}", err=True)
 
 
-def model_from_options(o: dict) -> tuple[ModelShape, dict]:
-    """The model shape from --params (+ shape flags) or the run config, and defaults the config implies."""
+def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
+    """The model shape from --params (+ shape flags) or the run config, defaults the config implies, and notes
+    on what was assumed."""
     if bool(o["params"]) == bool(o["config"]):
         raise DistsetupError("give exactly one of --params and --config.",
                              "e.g. --params 7B --hidden_size 4096 --num_layers 32, or --config config.yaml.")
     if o["params"]:
         params = parse_count(o["params"])
         given = (o["hidden_size"], o["num_layers"], o["num_heads"], o["vocab_size"])
+        if o["hidden_size"] and o["num_heads"] and o["hidden_size"] % o["num_heads"]:
+            h, a = o["hidden_size"], o["num_heads"]
+            raise DistsetupError(f"--hidden_size {h} is not divisible by --num_heads {a}: every head gets "
+                                 "hidden_size / num_heads dimensions.",
+                                 f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.")
         hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params)))
-        if None in given[:2]:
-            click.echo(f"Note: activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} "
-                       f"(a published model of about this size); give --hidden_size/--num_layers/--num_heads/"
-                       f"--vocab_size for yours.", err=True)
+        notes = [f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
+                 "model of about this size); give --hidden_size/--num_layers/--num_heads/--vocab_size for yours."
+                 ] if None in given[:2] else []
         return ModelShape(params=params, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                          vocab_size=vocab, layer_cls=o["layer_cls"] or "Block"), {}
+                          vocab_size=vocab, layer_cls=o["layer_cls"] or "Block"), {}, notes
     from distsetup.runconfig import load_run_config
     cfg = load_run_config(o["config"])
     shape = shape_from_run_config(cfg)
@@ -105,7 +120,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict]:
                 "per_rank_batch": cfg.training.micro_batch_size * cfg.training.gradient_accumulation_steps}
     if cfg.model.type == "gpt":
         defaults["seq_len"] = cfg.model.block_size
-    return shape, defaults
+    return shape, defaults, []
 
 
 def shape_from_run_config(cfg) -> ModelShape:
@@ -148,15 +163,16 @@ def count_on_meta(cfg) -> ModelShape:
 
 def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     """A Llama/GPT-style decoder's parameters from its config.json, without torch or transformers."""
+    c = read_json(path)
     try:
-        c = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DistsetupError(f"cannot read {path}: {e}.", "point model.hf_path at a folder with a config.json.")
-    h, n, v = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    heads = c.get("num_attention_heads", max(1, h // 128))
-    kv = c.get("num_key_value_heads", heads)
-    inter = c.get("intermediate_size", 4 * h)
-    block = 2 * h * h + 2 * h * (h // heads) * kv + 3 * h * inter + 2 * h
+        h, n, v = (int(c[key]) for key in ("hidden_size", "num_hidden_layers", "vocab_size"))
+        heads = int(c.get("num_attention_heads", max(1, h // 128)))
+        kv = int(c.get("num_key_value_heads", heads))
+        inter = int(c.get("intermediate_size", 4 * h))
+        block = 2 * h * h + 2 * h * (h // heads) * kv + 3 * h * inter + 2 * h
+    except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        raise DistsetupError(f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
+                             "point model.hf_path at a folder with a transformers config.json.")
     embeddings = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
     arch = (c.get("architectures") or ["Model"])[0].replace("ForCausalLM", "DecoderLayer")
     return ModelShape(params=n * block + embeddings + h, hidden_size=h, num_layers=n, num_heads=heads, vocab_size=v,
@@ -172,6 +188,8 @@ def hardware_from_options(o: dict) -> Hardware:
                                  + (f" x --num_gpus_per_node {per_node}" if per_node else "") + ".",
                                  "give --num_gpus, or --num_nodes with --num_gpus_per_node.")
         per_node = o["num_gpus"] // nodes
+    check_world_counts(nodes, per_node, per_node_flag="--num_gpus / --num_nodes =" if o["num_gpus"]
+                       else "--num_gpus_per_node")
     if o["gpu_memory"]:
         memory = parse_memory(o["gpu_memory"])
     else:
@@ -180,7 +198,8 @@ def hardware_from_options(o: dict) -> Hardware:
         memory = min(g.memory_total for g in gpus)
         per_node = per_node or len(gpus)
     return Hardware(num_nodes=nodes, gpus_per_node=per_node or 1, gpu_memory=memory,
-                    cpu_memory=parse_memory(o["cpu_memory"]) if o["cpu_memory"] else None, headroom=o["headroom"])
+                    cpu_memory=parse_memory(o["cpu_memory"], "--cpu_memory") if o["cpu_memory"] else None,
+                    headroom=o["headroom"])
 
 
 def recommended_files(result: Plan) -> tuple[str | None, dict]:

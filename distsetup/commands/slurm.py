@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from distsetup.commands.launcher import launch_options, launch_spec_from_options, regenerate_command
+from distsetup.commands.launcher import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import launch_warnings, parse_env_pairs
 from distsetup.options import option, positive
@@ -59,12 +59,11 @@ def slurm(output, dry_run, submit, **opts):
         raise DistsetupError("--submit needs a script file.", "drop --dry_run / -o - or drop --submit.")
     spec, notes = slurm_spec_from_options(opts)
     text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
-    for note in notes:
-        click.echo(f"Note: {note}", err=True)
     run_command = f"sbatch {shlex.quote(str(output))}"
-    for warning in launch_warnings(spec.launch, run_command) + slurm_warnings(spec):
-        click.echo(f"Warning: {warning}", err=True)
-    emit(text, output, dry_run, next_step=None if submit else run_command, executable=True)
+    remarks = [f"Note: {note}" for note in notes] + [
+        f"Warning: {w}" for w in launch_warnings(spec.launch, run_command) + slurm_warnings(spec)]
+    emit(text, output, dry_run, next_step=None if submit else run_command, executable=True,
+         inputs=launch_inputs(spec.launch), remarks=remarks)
     if submit:
         click.echo(submit_job(output))
 

@@ -29,6 +29,14 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print GPUs and the selection as JSON.")
 def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_batch_size, lr, scale_lr, as_json):
     """List NVIDIA GPUs (memory, utilisation, processes) and which pass selection, ranked by free memory."""
+    needs_count = {"--allow_fewer": allow_fewer, "--global_batch_size": global_batch_size,
+                   "--micro_batch_size": micro_batch_size, "--lr": lr, "--scale_lr": scale_lr}
+    given = [flag for flag, value in needs_count.items() if value]
+    if given and count is None:
+        raise DistsetupError(f"{given[0]} works with --count: it redoes the batch arithmetic for the GPUs "
+                             "selected out of --count asked for.", f"add --count N, or drop {given[0]}.")
+    if scale_lr and lr is None:
+        raise DistsetupError("--scale_lr needs --lr, the learning rate to rescale.", "add --lr, or drop --scale_lr.")
     try:
         gpus = query_gpus()
     except NoGpuError as e:

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from distsetup.batch import world_size_from
-from distsetup.options import option, world_options
+from distsetup.options import checked, option, world_options
 from distsetup.problems import as_json
 from distsetup.validate import KINDS, validate_file
 
@@ -18,7 +18,7 @@ Examples:
   distsetup validate config.yaml
   distsetup validate ds_hf.json --hf --json
 """)
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=checked(click.Path(dir_okay=False, path_type=Path)))
 @world_options
 @option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
 @option("kind", type=click.Choice(KINDS), help="Override the detected kind of file.")

@@ -22,8 +22,10 @@ set -euo pipefail
 # --- parameters ---
 export NNODES="$SLURM_NNODES"
 export NPROC_PER_NODE=8
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
-export MASTER_ADDR
+# The whole host list, then its first entry: `scontrol ... | head -n1` dies of SIGPIPE (status 141 under
+# pipefail) when scontrol writes a large allocation's list in several writes.
+mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+export MASTER_ADDR="${HOSTS[0]:?scontrol show hostnames listed no host for $SLURM_JOB_NODELIST}"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
 export RDZV_ID="$SLURM_JOB_ID"
 export SCRIPT=src/train.py
