@@ -11,9 +11,11 @@
 
 Without GPUs it runs on the CPU with gloo; with GPUs, one process per GPU (LOCAL_RANK) with NCCL.
 Checkpoints go to training.output_dir/checkpoints/step_NNNNNNN/ and the run resumes from the newest
-complete one (--no_resume starts afresh). SIGTERM or SIGUSR1 (SLURM's warning before preemption) make
-every rank, within about a second (or a step, if longer), checkpoint at the same step and exit with status
-75, which the sbatch script requeues on.
+complete one (--no_resume starts afresh). SIGTERM or SIGUSR1 make every rank, within about a second (or a
+step, if longer), checkpoint at the same step and exit with status 75 (EX_TEMPFAIL: "try again later").
+The sbatch script of `distsetup slurm --requeue` requeues from its trap of SLURM's warning signal (USR1),
+after the ranks have checkpointed; a job whose ranks were stopped otherwise (`scancel --signal=TERM`, a
+user's signal) ends there, its checkpoint ready for the next `sbatch`, which resumes from it.
 """
 
 import argparse
@@ -127,7 +129,8 @@ def train(cfg, args) -> int:
     backend = make_backend(backend_name, cfg, world, device)
     backend.check_device_support()
     global_batch = backend.micro_batch * backend.accumulation * world.size
-    if t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {}):  # else the file's lr, scaled
+    lr_scaled = t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {})  # else the file's lr
+    if lr_scaled:
         backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
     out_dir, ckpt_root = Path(t.output_dir), Path(t.output_dir) / "checkpoints"
     lock = OutputDirLock(out_dir)
@@ -149,9 +152,7 @@ def train(cfg, args) -> int:
         say(f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
             f"on {world.size} x {device.type}; global batch {global_batch} = micro {backend.micro_batch} x "
             f"accumulation {backend.accumulation} x world {world.size}")
-        for note in backend.notes:
-            say(f"note: {note}")
-        if t.scale_lr != "none":
+        if lr_scaled:
             say(f"lr scaled ({t.scale_lr}) to {backend.lr:.6g} for global batch {global_batch}")
 
         if args.no_resume and world.is_main and ckpt_root.exists():  # else a later resume picks a stale step
@@ -171,6 +172,8 @@ def train(cfg, args) -> int:
         if args.init_from:
             load_weights(model, args.init_from)
         backend.wrap(model, blocks)
+        for note in backend.notes:  # after wrap(): it adds notes of its own
+            say(f"note: {note}")
         torch.manual_seed(t.seed + world.rank)  # dropout differs per rank
 
         loss = float("nan")

@@ -15,9 +15,8 @@ import signal
 import pytest
 import torch
 
-from train_runs import (FEATURE_STEPS, GLOBAL_BATCH, MODEL, MICRO, feature_attempt, feature_run, final_weights, losses,
-                        start, train,
-                        wait_for, worker_pids, write_feature_config)
+from train_runs import (FEATURE_STEPS, GLOBAL_BATCH, MODEL, MICRO, ds_file, feature_attempt, feature_run, final_weights,
+                        losses, start, train, wait_for, worker_pids, write_config, write_feature_config)
 
 RTOL = 1e-4  # as tests/test_train_parity.py: fp32, same data, same arithmetic up to summation order
 # run -> what its log must say it did (so a silently ignored setting cannot pass as parity)
@@ -159,3 +158,29 @@ def test_throughput_leaves_checkpoint_writes_out():
     assert s["checkpoint_seconds"] > 0 and s["train_seconds"] > 0
     assert s["steps_per_s"] == pytest.approx(FEATURE_STEPS / s["train_seconds"], rel=1e-9)
     assert s["tokens_per_s"] == pytest.approx(s["steps_per_s"] * GLOBAL_BATCH * MODEL["block_size"], rel=1e-9)
+
+
+def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_path):
+    """`distsetup deepspeed --scale_lr` scales the file's lr; the trainer scaled it a second time."""
+    from distsetup.runconfig import load_run_config
+    from distsetup.training.deepspeed_backend import DeepSpeedBackend
+    from distsetup.training.world import World
+    ds = {**ds_file(1), "optimizer": {"type": "AdamW", "params": {"lr": 0.004}}}  # batch 16 = 8 x 1 x 2
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    cfg = load_run_config(None, ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'ds.json'}",
+                                 "training.scale_lr=linear", "training.base_batch_size=4"])
+    backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    assert backend.lr == 0.004 and backend.ds_config["optimizer"]["params"]["lr"] == 0.004
+    assert any("training.scale_lr linear not applied" in note for note in backend.notes), backend.notes
+
+
+@pytest.mark.slow
+def test_notes_a_backend_adds_while_wrapping_are_printed(tmp_path):
+    fsdp = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": "Block", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_offload_params": True, "mixed_precision": "no"}
+    config = write_config(tmp_path, "fsdp_offload", "fsdp", fsdp, {"max_steps": 2, "micro_batch_size": 4,
+                                                                     "checkpoint_interval": 2})
+    result = train(config, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "note: fsdp_offload_params ignored: parameters already live on the CPU" in result.stdout

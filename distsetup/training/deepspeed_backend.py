@@ -5,7 +5,6 @@ from pathlib import Path
 
 from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
-from distsetup.lr_scaling import scaled_lr
 from distsetup.training import memory
 from distsetup.training.backends import Backend
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
@@ -68,10 +67,11 @@ class DeepSpeedBackend(Backend):
             self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
         block = self.ds_config.get("optimizer")
         if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
-            file_lr = block.get("params", {}).get("lr", t.lr)
-            block.setdefault("params", {})["lr"] = scaled_lr(file_lr, total, t.base_batch_size, t.scale_lr)
-            self.lr = block["params"]["lr"]
-            self.notes.append(f"optimizer {block.get('type')} (lr {file_lr}) from the DeepSpeed file")
+            self.lr = block.setdefault("params", {}).setdefault("lr", t.lr)
+            self.notes.append(f"optimizer {block.get('type')} (lr {self.lr}) from the DeepSpeed file")
+            if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
+                self.notes.append(f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
+                                  "written (scale it there with `distsetup deepspeed --scale_lr`)")
 
     def check_device_support(self):
         from deepspeed.accelerator import get_accelerator
