@@ -24,10 +24,38 @@ def main():
         "fsdp": [distsetup, "fsdp", "--mixed_precision", "BFLOAT16", "-o", work / "fsdp.json"],
         "validate": [distsetup, "validate", REPO / "config" / "config.yaml"],
     }
-    for name, argv in [("launcher", [distsetup, "launcher", "--config", REPO / "config" / "config.yaml",
-                                     "--num_gpus_per_node", "2", "-o", work / "run.sh"]),
-                       ("slurm", [distsetup, "slurm", "--config", REPO / "config" / "config.yaml", "--num_nodes",
-                                  "2", "--num_gpus_per_node", "8", "--time_limit", "1:00:00", "-o", work / "job.sh"])]:
+    for name, argv in [
+        (
+            "launcher",
+            [
+                distsetup,
+                "launcher",
+                "--config",
+                REPO / "config" / "config.yaml",
+                "--num_gpus_per_node",
+                "2",
+                "-o",
+                work / "run.sh",
+            ],
+        ),
+        (
+            "slurm",
+            [
+                distsetup,
+                "slurm",
+                "--config",
+                REPO / "config" / "config.yaml",
+                "--num_nodes",
+                "2",
+                "--num_gpus_per_node",
+                "8",
+                "--time_limit",
+                "1:00:00",
+                "-o",
+                work / "job.sh",
+            ],
+        ),
+    ]:
         try:
             timed_run(argv, cwd=REPO)
             ours[name] = argv
@@ -35,8 +63,13 @@ def main():
             print(f"(skipping distsetup {name}: not available)")
     counter = iter(range(10**6))
     references = {
-        "accelerate config default": lambda: [str(BIN / "accelerate"), "config", "default", "--config_file",
-                                              str(work / f"acc{next(counter)}.yaml")],
+        "accelerate config default": lambda: [
+            str(BIN / "accelerate"),
+            "config",
+            "default",
+            "--config_file",
+            str(work / f"acc{next(counter)}.yaml"),
+        ],
         "deepspeed --help": lambda: [str(BIN / "deepspeed"), "--help"],
     }
     measures = {f"distsetup {n}": (lambda a=a: timed_run(a, cwd=REPO)) for n, a in ours.items()}
@@ -50,9 +83,11 @@ def main():
     ours_worst = max(medians[f"distsetup {n}"] for n in ours)
     verdict = slowest_ref / ours_worst
     text = table(["command", "median ms", "faster than the quicker reference (x)"], rows)
-    text += (f"\n\nSlowest distsetup command vs quicker reference: {verdict:.1f}x "
-             f"(goal >= {GOAL:.0f}x: {'met' if verdict >= GOAL else 'NOT met'}); "
-             f"medians of {args.repeats} alternating runs.")
+    text += (
+        f"\n\nSlowest distsetup command vs quicker reference: {verdict:.1f}x "
+        f"(goal >= {GOAL:.0f}x: {'met' if verdict >= GOAL else 'NOT met'}); "
+        f"medians of {args.repeats} alternating runs."
+    )
     record("CLI latency", text)
 
 

@@ -50,7 +50,7 @@ def table(headers: list[str], rows: list[list]) -> str:
     """A Markdown table."""
     cells = [headers] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
@@ -78,27 +78,44 @@ def launch(nproc: int, argv: list) -> str:
     return result.stdout
 
 
-def add_run_arguments(parser, n_layer=4, n_head=4, n_embd=128, block_size=64, micro_batch_size=8, steps=30,
-                      precision="fp32") -> None:
+def add_run_arguments(
+    parser, n_layer=4, n_head=4, n_embd=128, block_size=64, micro_batch_size=8, steps=30, precision="fp32"
+) -> None:
     """The model, batch, steps and precision that src/train.py and reference_loop.py are both given."""
-    for name, default in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd), ("block_size", block_size),
-                          ("micro_batch_size", micro_batch_size), ("steps", steps)):
+    for name, default in (
+        ("n_layer", n_layer),
+        ("n_head", n_head),
+        ("n_embd", n_embd),
+        ("block_size", block_size),
+        ("micro_batch_size", micro_batch_size),
+        ("steps", steps),
+    ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default=precision)
 
 
 def train_py_argv(a, output_dir: Path, overrides: list[str]) -> list:
     """src/train.py's command line for the run `a` describes (its only checkpoint at the end), plus `overrides`."""
-    run = [f"model.n_layer={a.n_layer}", f"model.n_head={a.n_head}", f"model.n_embd={a.n_embd}",
-           f"model.block_size={a.block_size}", f"training.max_steps={a.steps}",
-           f"training.micro_batch_size={a.micro_batch_size}", "training.gradient_accumulation_steps=1",
-           f"training.precision={a.precision}", f"training.checkpoint_interval={10 * a.steps}",
-           "training.warmup_steps=0", f"training.output_dir={output_dir}"]
+    run = [
+        f"model.n_layer={a.n_layer}",
+        f"model.n_head={a.n_head}",
+        f"model.n_embd={a.n_embd}",
+        f"model.block_size={a.block_size}",
+        f"training.max_steps={a.steps}",
+        f"training.micro_batch_size={a.micro_batch_size}",
+        "training.gradient_accumulation_steps=1",
+        f"training.precision={a.precision}",
+        f"training.checkpoint_interval={10 * a.steps}",
+        "training.warmup_steps=0",
+        f"training.output_dir={output_dir}",
+    ]
     return ["src/train.py", "--config", REPO / "config" / "config.yaml", *run, *overrides]
 
 
 def reference_argv(backend: str, a) -> list:
     """reference_loop.py's command line for the same run."""
-    shape = [f"--{name}={getattr(a, name)}" for name in ("n_layer", "n_head", "n_embd", "block_size",
-                                                          "micro_batch_size", "steps", "precision")]
+    shape = [
+        f"--{name}={getattr(a, name)}"
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "micro_batch_size", "steps", "precision")
+    ]
     return [REPO / "benchmarks" / "reference_loop.py", f"--backend={backend}", *shape]

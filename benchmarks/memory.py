@@ -35,13 +35,42 @@ def train(name: str, backend: str, ds_flags, overrides: list[str], work: Path) -
     extra = []
     if ds_flags:
         ds = work / f"{out.name}.json"
-        subprocess.run([str(BIN / "distsetup"), "deepspeed", *ds_flags, "--micro_batch_size", "4",
-                        "--world_size", str(N), "-o", ds], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(BIN / "distsetup"),
+                "deepspeed",
+                *ds_flags,
+                "--micro_batch_size",
+                "4",
+                "--world_size",
+                str(N),
+                "-o",
+                ds,
+            ],
+            check=True,
+            capture_output=True,
+        )
         extra = ["--deepspeed", ds]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={N}", "src/train.py", "--config",
-                    REPO / "config" / "config.yaml", "--no_resume", *overrides, f"distributed.backend={backend}",
-                    f"training.output_dir={out}", *extra], cwd=REPO, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            f"--nproc_per_node={N}",
+            "src/train.py",
+            "--config",
+            REPO / "config" / "config.yaml",
+            "--no_resume",
+            *overrides,
+            f"distributed.backend={backend}",
+            f"training.output_dir={out}",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return json.loads((out / "summary.json").read_text())
 
 
@@ -54,8 +83,12 @@ def main():
     from distsetup.planner import BY_KEY, Hardware, model_states
     from distsetup.runconfig import load_run_config
 
-    overrides = [f"model.n_layer={a.n_layer}", f"model.n_embd={a.n_embd}", "training.max_steps=3",
-                 "training.micro_batch_size=4"]
+    overrides = [
+        f"model.n_layer={a.n_layer}",
+        f"model.n_embd={a.n_embd}",
+        "training.max_steps=3",
+        "training.micro_batch_size=4",
+    ]
     shape = count_on_meta(load_run_config(REPO / "config" / "config.yaml", overrides))
     work = Path(tempfile.mkdtemp(prefix="bench-mem-"))
     rows = []
@@ -65,14 +98,38 @@ def main():
         predicted = model_states(BY_KEY[key], shape, Hardware(1, N, runtime_bytes=0), "fp32")
         planned = predicted["params"] + predicted["grads"] + predicted["fp32_grads"] + predicted["optimizer"]
         paper = zero_model(name, shape.params)
-        rows.append([name, memory["params"] / 1e6, memory["grads"] / 1e6,
-                     (memory["optimizer"] + memory.get("master_params", 0)) / 1e6, measured / 1e6, paper / 1e6,
-                     measured / paper, planned / 1e6, measured / planned])
-    text = table(["strategy", "params MB", "grads MB", "optim MB", "measured MB", "ZeRO model MB",
-                  "measured/model", "plan MB", "measured/plan"], rows)
-    text += (f"\n\nGPT {a.n_layer} layers x {a.n_embd} ({shape.params / 1e6:.2f}M parameters), fp32, {N} CPU ranks; "
-             "bytes per rank held after the last step (rank 0), MB = 1e6 bytes. 'optim' includes DeepSpeed's "
-             "fp32 master copy; 'plan' adds the fp32 gradient partition DeepSpeed keeps.")
+        rows.append(
+            [
+                name,
+                memory["params"] / 1e6,
+                memory["grads"] / 1e6,
+                (memory["optimizer"] + memory.get("master_params", 0)) / 1e6,
+                measured / 1e6,
+                paper / 1e6,
+                measured / paper,
+                planned / 1e6,
+                measured / planned,
+            ]
+        )
+    text = table(
+        [
+            "strategy",
+            "params MB",
+            "grads MB",
+            "optim MB",
+            "measured MB",
+            "ZeRO model MB",
+            "measured/model",
+            "plan MB",
+            "measured/plan",
+        ],
+        rows,
+    )
+    text += (
+        f"\n\nGPT {a.n_layer} layers x {a.n_embd} ({shape.params / 1e6:.2f}M parameters), fp32, {N} CPU ranks; "
+        "bytes per rank held after the last step (rank 0), MB = 1e6 bytes. 'optim' includes DeepSpeed's "
+        "fp32 master copy; 'plan' adds the fp32 gradient partition DeepSpeed keeps."
+    )
     record("Memory per rank", text)
 
 

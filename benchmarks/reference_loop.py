@@ -12,12 +12,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from common import add_run_arguments
 
 from distsetup.training.data import synthetic_dataset
 from distsetup.training.model import GPT
 from distsetup.training.optim import param_groups
-
-from common import add_run_arguments
 
 
 def main():
@@ -39,10 +38,15 @@ def main():
 
     if a.backend.startswith("zero"):
         import deepspeed
-        config = {"train_micro_batch_size_per_gpu": a.micro_batch_size, "gradient_accumulation_steps": 1,
-                  "zero_optimization": {"stage": int(a.backend[-1])}, "gradient_clipping": 1.0,
-                  "bf16": {"enabled": a.precision == "bf16"},
-                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}
+
+        config = {
+            "train_micro_batch_size_per_gpu": a.micro_batch_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": int(a.backend[-1])},
+            "gradient_clipping": 1.0,
+            "bf16": {"enabled": a.precision == "bf16"},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+        }
         engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, 0.01), config=config)
         forward, backward, step = engine, engine.backward, engine.step
     else:
@@ -51,8 +55,12 @@ def main():
             model = torch.nn.parallel.DistributedDataParallel(model)
         elif a.backend == "fsdp":
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-                if a.precision == "bf16" else MixedPrecisionPolicy()
+
+            mp = (
+                MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                if a.precision == "bf16"
+                else MixedPrecisionPolicy()
+            )
             for block in model.blocks:
                 fully_shard(block, mp_policy=mp)
             fully_shard(model, mp_policy=mp)
@@ -67,6 +75,7 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
         forward = model
 
     step_ends = [time.perf_counter()]
@@ -81,11 +90,19 @@ def main():
         step_ends.append(time.perf_counter())
     if rank == 0:
         tokens = a.steps * a.micro_batch_size * world * a.block_size
-        steps = [end - begin for begin, end in zip(step_ends, step_ends[1:])]
+        steps = [end - begin for begin, end in zip(step_ends, step_ends[1:], strict=False)]
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        print(json.dumps({"backend": a.backend, "tokens_per_s": tokens / sum(steps),
-                          "median_step_seconds": statistics.median(steps), "peak_device_bytes": peak,
-                          "loss": loss.item()}))
+        print(
+            json.dumps(
+                {
+                    "backend": a.backend,
+                    "tokens_per_s": tokens / sum(steps),
+                    "median_step_seconds": statistics.median(steps),
+                    "peak_device_bytes": peak,
+                    "loss": loss.item(),
+                }
+            )
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -8,14 +8,12 @@ one-off costs included, is shown beside it."""
 import argparse
 import itertools
 import json
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
-import statistics
-
-from common import (BIN, add_run_arguments, launch, median, record, reference_argv, rounds, table,
-                    train_py_argv)
+from common import BIN, add_run_arguments, launch, median, record, reference_argv, rounds, table, train_py_argv
 
 GOAL = 0.95
 BACKENDS = ["single", "ddp", "fsdp", "zero1", "zero2", "zero3"]
@@ -31,8 +29,22 @@ def train_py_measure(backend: str, work: Path, a) -> callable:
     overrides = [f"distributed.backend={dist}"]
     if dist == "deepspeed":
         ds = work / f"{backend}.json"
-        subprocess.run([str(BIN / "distsetup"), "deepspeed", "--zero_stage", backend[-1], "--micro_batch_size",
-                        str(a.micro_batch_size), "--lr", "1e-3", "-o", ds], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(BIN / "distsetup"),
+                "deepspeed",
+                "--zero_stage",
+                backend[-1],
+                "--micro_batch_size",
+                str(a.micro_batch_size),
+                "--lr",
+                "1e-3",
+                "-o",
+                ds,
+            ],
+            check=True,
+            capture_output=True,
+        )
         overrides.append(f"distributed.deepspeed_config={ds}")
     runs = itertools.count()
 
@@ -40,6 +52,7 @@ def train_py_measure(backend: str, work: Path, a) -> callable:
         out = work / f"train-{backend}-{next(runs)}"
         launch(1 if backend == "single" else 2, train_py_argv(a, out, overrides))
         return figures(json.loads((out / "summary.json").read_text()))
+
     return measure
 
 
@@ -47,6 +60,7 @@ def reference_measure(backend: str, a) -> callable:
     def measure() -> dict:
         out = launch(1 if backend == "single" else 2, reference_argv(backend, a))
         return figures(json.loads(out.strip().splitlines()[-1]))
+
     return measure
 
 
@@ -59,19 +73,32 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     rows = []
     for backend in a.backends:
-        samples = rounds({"train.py": train_py_measure(backend, work, a),
-                          "reference": reference_measure(backend, a)}, a.repeats)
-        pairs = list(zip(samples["train.py"], samples["reference"]))
-        steady, whole = (statistics.median(ours[key] / theirs[key] for ours, theirs in pairs)
-                         for key in ("steady", "whole run"))
-        rows.append([backend, median(samples["train.py"])["steady"], median(samples["reference"])["steady"],
-                     steady, whole, "met" if steady >= GOAL else "NOT met"])
-    text = table(["backend", "train.py steps/s", "reference steps/s", "ratio", "whole-run ratio",
-                  f"goal >= {GOAL}"], rows)
-    text += (f"\n\nGPT {a.n_layer} layers x {a.n_embd}, block {a.block_size}, micro batch {a.micro_batch_size}, "
-             f"{a.steps} steps, 2 processes (single: 1); {a.repeats} alternating rounds; fp32 on CPU. steps/s: "
-             "median over rounds of each run's median step; ratios: median over rounds of train.py / reference "
-             "in the same round; the whole-run ratio is of tokens/s over all steps.")
+        samples = rounds(
+            {"train.py": train_py_measure(backend, work, a), "reference": reference_measure(backend, a)}, a.repeats
+        )
+        pairs = list(zip(samples["train.py"], samples["reference"], strict=True))
+        steady, whole = (
+            statistics.median(ours[key] / theirs[key] for ours, theirs in pairs) for key in ("steady", "whole run")
+        )
+        rows.append(
+            [
+                backend,
+                median(samples["train.py"])["steady"],
+                median(samples["reference"])["steady"],
+                steady,
+                whole,
+                "met" if steady >= GOAL else "NOT met",
+            ]
+        )
+    text = table(
+        ["backend", "train.py steps/s", "reference steps/s", "ratio", "whole-run ratio", f"goal >= {GOAL}"], rows
+    )
+    text += (
+        f"\n\nGPT {a.n_layer} layers x {a.n_embd}, block {a.block_size}, micro batch {a.micro_batch_size}, "
+        f"{a.steps} steps, 2 processes (single: 1); {a.repeats} alternating rounds; fp32 on CPU. steps/s: "
+        "median over rounds of each run's median step; ratios: median over rounds of train.py / reference "
+        "in the same round; the whole-run ratio is of tokens/s over all steps."
+    )
     record("Training-loop overhead", text)
 
 

@@ -33,13 +33,16 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(f"distsetup.commands.{module}"), attr)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
-             epilog="""\b
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+    epilog="""\b
 Quick start:
   distsetup deepspeed --zero_stage 2 --offload_optimizer --bf16 --output config/ds_config.json
   distsetup validate config/ds_config.json --world_size 16
 Shell completion (bash): eval "$(_DISTSETUP_COMPLETE=bash_source distsetup)"
-""")
+""",
+)
 @click.version_option(__version__, prog_name="distsetup")
 def cli():
     """Configs, launchers and SLURM scripts for distributed PyTorch training."""

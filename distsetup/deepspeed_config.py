@@ -10,8 +10,13 @@ DEFAULT_LR = 3e-4
 DEFAULT_WARMUP_STEPS = 100
 SCHEDULERS = ("none", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 OPTIMIZERS = ("AdamW", "Adam", "none")
-FP16_LOSS_SCALING = {"loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
-                     "hysteresis": 2, "min_loss_scale": 1}
+FP16_LOSS_SCALING = {
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,11 @@ class DeepSpeedSpec:
     """Everything `distsetup deepspeed` was asked for, validated field by field by Click."""
 
     zero_stage: int = 0
-    offload_optimizer: str | None = None          # None | "cpu" | "nvme"
+    offload_optimizer: str | None = None  # None | "cpu" | "nvme"
     offload_param: str | None = None
     nvme_path: str | None = None
     pin_memory: bool = True
-    precision: str = "fp32"                       # "fp32" | "bf16" | "fp16"; None under hf_auto = "auto"
+    precision: str = "fp32"  # "fp32" | "bf16" | "fp16"; None under hf_auto = "auto"
     batch: BatchSizes = BatchSizes(None, None, None, None)
     gradient_clipping: float | None = None
     overlap_comm: bool | None = None
@@ -60,10 +65,16 @@ class DeepSpeedSpec:
 
 # The ZeRO stages at which each option means something; DeepSpeed silently ignores it at the others.
 STAGES = {
-    "offload_optimizer": (1, 2, 3), "offload_param": (3,), "overlap_comm": (1, 2, 3),
-    "contiguous_gradients": (1, 2, 3), "reduce_bucket_size": (1, 2, 3), "allgather_bucket_size": (1, 2),
-    "stage3_prefetch_bucket_size": (3,), "stage3_param_persistence_threshold": (3,),
-    "stage3_max_live_parameters": (3,), "stage3_gather_16bit_weights_on_model_save": (3,),
+    "offload_optimizer": (1, 2, 3),
+    "offload_param": (3,),
+    "overlap_comm": (1, 2, 3),
+    "contiguous_gradients": (1, 2, 3),
+    "reduce_bucket_size": (1, 2, 3),
+    "allgather_bucket_size": (1, 2),
+    "stage3_prefetch_bucket_size": (3,),
+    "stage3_param_persistence_threshold": (3,),
+    "stage3_max_live_parameters": (3,),
+    "stage3_gather_16bit_weights_on_model_save": (3,),
 }
 
 
@@ -84,40 +95,63 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
     for option, stages in STAGES.items():
         if getattr(spec, option) is not None and spec.zero_stage not in stages:
             where = "stage 3" if stages == (3,) else "stages " + ", ".join(map(str, stages))
-            raise DistsetupError(f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
-                                 f"at {where} only and ignores it silently otherwise.",
-                                 f"use --zero_stage {stages[-1] if stages != (1, 2) else 2}, or drop --{option}.")
+            raise DistsetupError(
+                f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
+                f"at {where} only and ignores it silently otherwise.",
+                f"use --zero_stage {stages[-1] if stages != (1, 2) else 2}, or drop --{option}.",
+            )
     if spec.optimizer.betas and not all(0 <= b < 1 for b in spec.optimizer.betas):
-        raise DistsetupError(f"--betas {spec.optimizer.betas[0]} {spec.optimizer.betas[1]}: each beta must be in "
-                             "[0, 1).", "use e.g. --betas 0.9 0.95.")
-    if spec.optimizer.name == "none" and spec.scheduler.name in ("WarmupLR", "WarmupDecayLR") \
-            and spec.optimizer.lr is None and not spec.hf_auto:
-        raise DistsetupError(f"--scheduler {spec.scheduler.name} with --optimizer none needs --lr: the schedule's "
-                             "warmup_max_lr replaces the training script's learning rate.",
-                             "add --lr with the peak learning rate of your optimizer.")
+        raise DistsetupError(
+            f"--betas {spec.optimizer.betas[0]} {spec.optimizer.betas[1]}: each beta must be in [0, 1).",
+            "use e.g. --betas 0.9 0.95.",
+        )
+    if (
+        spec.optimizer.name == "none"
+        and spec.scheduler.name in ("WarmupLR", "WarmupDecayLR")
+        and spec.optimizer.lr is None
+        and not spec.hf_auto
+    ):
+        raise DistsetupError(
+            f"--scheduler {spec.scheduler.name} with --optimizer none needs --lr: the schedule's "
+            "warmup_max_lr replaces the training script's learning rate.",
+            "add --lr with the peak learning rate of your optimizer.",
+        )
     nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
     if nvme and not spec.nvme_path:
-        raise DistsetupError("offloading to nvme needs --nvme_path.",
-                             "add --nvme_path /local/nvme (a fast local disk on every node).")
+        raise DistsetupError(
+            "offloading to nvme needs --nvme_path.", "add --nvme_path /local/nvme (a fast local disk on every node)."
+        )
     if spec.nvme_path and not nvme:
-        raise DistsetupError("--nvme_path is only used with --offload_optimizer nvme or --offload_param nvme.",
-                             "drop --nvme_path, or offload to nvme.")
+        raise DistsetupError(
+            "--nvme_path is only used with --offload_optimizer nvme or --offload_param nvme.",
+            "drop --nvme_path, or offload to nvme.",
+        )
     needs_total = spec.scheduler.name in ("WarmupDecayLR", "WarmupCosineLR")
     if needs_total and spec.scheduler.total_num_steps is None and not spec.hf_auto:
-        raise DistsetupError(f"--scheduler {spec.scheduler.name} needs --total_num_steps.",
-                             "add --total_num_steps N (the number of optimizer steps of the run).")
+        raise DistsetupError(
+            f"--scheduler {spec.scheduler.name} needs --total_num_steps.",
+            "add --total_num_steps N (the number of optimizer steps of the run).",
+        )
     warmup = spec.scheduler.warmup_num_steps
-    if needs_total and warmup_too_long(DEFAULT_WARMUP_STEPS if warmup is None else warmup,
-                                       spec.scheduler.total_num_steps):
-        given = f"--warmup_num_steps {warmup}" if warmup is not None else \
-            f"the default --warmup_num_steps {DEFAULT_WARMUP_STEPS}"
-        raise DistsetupError(f"{given} is not shorter than --total_num_steps {spec.scheduler.total_num_steps}: the "
-                             "warmup would take the whole run.",
-                             "warm up for a small part of the run (e.g. a tenth), or raise --total_num_steps.")
+    if needs_total and warmup_too_long(
+        DEFAULT_WARMUP_STEPS if warmup is None else warmup, spec.scheduler.total_num_steps
+    ):
+        given = (
+            f"--warmup_num_steps {warmup}"
+            if warmup is not None
+            else f"the default --warmup_num_steps {DEFAULT_WARMUP_STEPS}"
+        )
+        raise DistsetupError(
+            f"{given} is not shorter than --total_num_steps {spec.scheduler.total_num_steps}: the "
+            "warmup would take the whole run.",
+            "warm up for a small part of the run (e.g. a tenth), or raise --total_num_steps.",
+        )
     warnings = []
     if spec.offload_optimizer == "nvme" and spec.zero_stage in (1, 2):
-        warnings.append(f"at ZeRO stage {spec.zero_stage} DeepSpeed keeps optimizer states in CPU memory; "
-                        "it swaps them to NVMe only at stage 3.")
+        warnings.append(
+            f"at ZeRO stage {spec.zero_stage} DeepSpeed keeps optimizer states in CPU memory; "
+            "it swaps them to NVMe only at stage 3."
+        )
     return warnings
 
 
@@ -158,9 +192,11 @@ def _set_batch(config: dict, batch: BatchSizes, auto) -> None:
         accumulation = batch.accumulation if batch.accumulation is not None or batch.train_batch is not None else 1
     else:
         micro, accumulation = _pick(batch.micro, auto), _pick(batch.accumulation, auto)
-    for key, value in (("train_batch_size", _pick(batch.train_batch, auto)),
-                       ("train_micro_batch_size_per_gpu", micro),
-                       ("gradient_accumulation_steps", accumulation)):
+    for key, value in (
+        ("train_batch_size", _pick(batch.train_batch, auto)),
+        ("train_micro_batch_size_per_gpu", micro),
+        ("gradient_accumulation_steps", accumulation),
+    ):
         if value is not None:
             config[key] = value
 
@@ -196,20 +232,24 @@ def _zero(spec: DeepSpeedSpec, auto) -> dict:
     if reduce_bucket is not None:
         zero["reduce_bucket_size"] = reduce_bucket
     if spec.zero_stage == 3:
-        for key, value in (("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
-                           ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
-                           ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
-                           ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save)):
+        for key, value in (
+            ("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
+            ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
+            ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
+            ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save),
+        ):
             if value is not None:
                 zero[key] = value
     return zero
 
 
 def _optimizer(opt: OptimizerSpec, lr, auto) -> dict:
-    params = {"lr": lr,
-              "betas": list(opt.betas) if opt.betas else _pick(None, auto, [0.9, 0.999]),
-              "eps": _pick(opt.eps, auto, 1e-8),
-              "weight_decay": _pick(opt.weight_decay, auto, 0.01)}
+    params = {
+        "lr": lr,
+        "betas": list(opt.betas) if opt.betas else _pick(None, auto, [0.9, 0.999]),
+        "eps": _pick(opt.eps, auto, 1e-8),
+        "weight_decay": _pick(opt.weight_decay, auto, 0.01),
+    }
     if opt.name == "Adam":
         params["adam_w_mode"] = False  # DeepSpeed's "Adam" is AdamW unless told otherwise
     return {"type": opt.name, "params": params}
@@ -218,13 +258,20 @@ def _optimizer(opt: OptimizerSpec, lr, auto) -> dict:
 def _scheduler(sched: SchedulerSpec, lr, auto) -> dict:
     warmup = _pick(sched.warmup_num_steps, auto, DEFAULT_WARMUP_STEPS)
     if sched.name == "WarmupCosineLR":
-        params = {"warmup_min_ratio": 0.0, "cos_min_ratio": 0.1, "warmup_num_steps": warmup,
-                  "total_num_steps": _pick(sched.total_num_steps, auto), "warmup_type": "linear"}
+        params = {
+            "warmup_min_ratio": 0.0,
+            "cos_min_ratio": 0.1,
+            "warmup_num_steps": warmup,
+            "total_num_steps": _pick(sched.total_num_steps, auto),
+            "warmup_type": "linear",
+        }
     else:
-        params = {"warmup_min_lr": _pick(sched.warmup_min_lr, auto, 0.0),
-                  "warmup_max_lr": lr,
-                  "warmup_num_steps": warmup,
-                  "warmup_type": "linear"}  # DeepSpeed's default is log
+        params = {
+            "warmup_min_lr": _pick(sched.warmup_min_lr, auto, 0.0),
+            "warmup_max_lr": lr,
+            "warmup_num_steps": warmup,
+            "warmup_type": "linear",
+        }  # DeepSpeed's default is log
         if sched.name == "WarmupDecayLR":
             params["total_num_steps"] = _pick(sched.total_num_steps, auto)
     return {"type": sched.name, "params": params}
@@ -232,15 +279,23 @@ def _scheduler(sched: SchedulerSpec, lr, auto) -> dict:
 
 # Common recipes: defaults for `distsetup deepspeed --preset NAME`; explicit flags still win.
 # Precision is left to --bf16/--fp16: the right choice depends on the GPU.
-_ZERO_COMMON = {"overlap_comm": True, "contiguous_gradients": True,
-                "reduce_bucket_size": 500_000_000}
+_ZERO_COMMON = {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000}
 PRESETS = {
     "zero0": {"zero_stage": 0},
     "zero1": {"zero_stage": 1, **_ZERO_COMMON},
     "zero2": {"zero_stage": 2, **_ZERO_COMMON, "allgather_bucket_size": 500_000_000},
-    "zero2_offload": {"zero_stage": 2, **_ZERO_COMMON, "allgather_bucket_size": 500_000_000,
-                      "offload_optimizer": "cpu"},
+    "zero2_offload": {
+        "zero_stage": 2,
+        **_ZERO_COMMON,
+        "allgather_bucket_size": 500_000_000,
+        "offload_optimizer": "cpu",
+    },
     "zero3": {"zero_stage": 3, **_ZERO_COMMON, "stage3_gather_16bit_weights_on_model_save": True},
-    "zero3_offload": {"zero_stage": 3, **_ZERO_COMMON, "stage3_gather_16bit_weights_on_model_save": True,
-                      "offload_optimizer": "cpu", "offload_param": "cpu"},
+    "zero3_offload": {
+        "zero_stage": 3,
+        **_ZERO_COMMON,
+        "stage3_gather_16bit_weights_on_model_save": True,
+        "offload_optimizer": "cpu",
+        "offload_param": "cpu",
+    },
 }

@@ -6,8 +6,23 @@ not know) goes on to jsonschema, which finds and explains the problems. So it ma
 never "yes" too often: tests/test_fast_schema.py holds it to that against jsonschema itself.
 """
 
-KNOWN_KEYWORDS = {"$schema", "title", "description", "type", "enum", "minimum", "maximum", "exclusiveMinimum",
-                  "properties", "additionalProperties", "required", "items", "minItems", "maxItems", "minLength"}
+KNOWN_KEYWORDS = {
+    "$schema",
+    "title",
+    "description",
+    "type",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "properties",
+    "additionalProperties",
+    "required",
+    "items",
+    "minItems",
+    "maxItems",
+    "minLength",
+}
 PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
 
@@ -55,8 +70,11 @@ def _is_number(value) -> bool:
 
 
 def _within_bounds(value, schema: dict) -> bool:
-    return (value >= schema.get("minimum", value) and value <= schema.get("maximum", value)
-            and ("exclusiveMinimum" not in schema or value > schema["exclusiveMinimum"]))
+    return (
+        value >= schema.get("minimum", value)
+        and value <= schema.get("maximum", value)
+        and ("exclusiveMinimum" not in schema or value > schema["exclusiveMinimum"])
+    )
 
 
 def _conforming_list(value: list, schema: dict) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class NoGpuError(DistsetupError):
@@ -57,11 +57,14 @@ def _load_nvml():
         import pynvml
     except ImportError:
         if not Path("/proc/driver/nvidia/version").exists():
-            raise NoGpuError("no NVIDIA GPU found: no NVIDIA driver is loaded on this machine "
-                             "(and nvidia-ml-py is not installed).",
-                             "run on a GPU node, or train on CPU (backend ddp with gloo).")
-        raise DistsetupError("an NVIDIA driver is loaded but nvidia-ml-py is not installed.",
-                             "pip install nvidia-ml-py (or: pip install 'distsetup[gpu]').")
+            raise NoGpuError(
+                "no NVIDIA GPU found: no NVIDIA driver is loaded on this machine (and nvidia-ml-py is not installed).",
+                "run on a GPU node, or train on CPU (backend ddp with gloo).",
+            )
+        raise DistsetupError(
+            "an NVIDIA driver is loaded but nvidia-ml-py is not installed.",
+            "pip install nvidia-ml-py (or: pip install 'distsetup[gpu]').",
+        )
     return pynvml
 
 
@@ -75,13 +78,17 @@ def query_gpus(nvml=None) -> list[GpuInfo]:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as e:
-        raise NoGpuError(f"no NVIDIA GPU found: NVML cannot start ({_text(e)}); no NVIDIA driver on this machine.",
-                         "run on a GPU node, or train on CPU (backend ddp with gloo).") from None
+        raise NoGpuError(
+            f"no NVIDIA GPU found: NVML cannot start ({_text(e)}); no NVIDIA driver on this machine.",
+            "run on a GPU node, or train on CPU (backend ddp with gloo).",
+        ) from None
     try:
         count = nvml.nvmlDeviceGetCount()
         if count == 0:
-            raise NoGpuError("no NVIDIA GPU found: the driver is loaded but reports 0 devices.",
-                             "check `nvidia-smi` and CUDA_VISIBLE_DEVICES.")
+            raise NoGpuError(
+                "no NVIDIA GPU found: the driver is loaded but reports 0 devices.",
+                "check `nvidia-smi` and CUDA_VISIBLE_DEVICES.",
+            )
         return [_query_one(nvml, i) for i in range(count)]
     finally:
         try:
@@ -109,9 +116,15 @@ def _query_one(nvml, index: int) -> GpuInfo:
             name = "?"
         used = getattr(proc, "usedGpuMemory", None)
         processes.append(GpuProcess(int(proc.pid), name, int(used) if used is not None else None))
-    return GpuInfo(index=index, name=_text(nvml.nvmlDeviceGetName(handle)), memory_total=int(memory.total),
-                   memory_used=int(memory.used), memory_free=int(memory.free), utilization=utilization,
-                   processes=tuple(processes))
+    return GpuInfo(
+        index=index,
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        memory_total=int(memory.total),
+        memory_used=int(memory.used),
+        memory_free=int(memory.free),
+        utilization=utilization,
+        processes=tuple(processes),
+    )
 
 
 def judge_gpus(gpus: list[GpuInfo], min_free_gb: float = 16, max_util: float = 90) -> list[Verdict]:
@@ -128,8 +141,9 @@ def judge_gpus(gpus: list[GpuInfo], min_free_gb: float = 16, max_util: float = 9
     return sorted(verdicts, key=lambda v: (not v.ok, -v.gpu.memory_free, v.gpu.index))
 
 
-def choose_gpus(gpus: list[GpuInfo], count: int, min_free_gb: float = 16, max_util: float = 90,
-                allow_fewer: bool = False) -> list[int]:
+def choose_gpus(
+    gpus: list[GpuInfo], count: int, min_free_gb: float = 16, max_util: float = 90, allow_fewer: bool = False
+) -> list[int]:
     """The `count` best qualifying GPU indices (most free memory first)."""
     if count < 1:
         raise DistsetupError(f"asked for {count} GPUs.", "ask for at least 1.")
@@ -140,12 +154,12 @@ def choose_gpus(gpus: list[GpuInfo], count: int, min_free_gb: float = 16, max_ut
         raise DistsetupError(
             f"asked for {count} GPUs but only {len(chosen)} of {len(gpus)} have at least {min_free_gb:g} GiB "
             f"free and utilisation under {max_util:g}% ({rejected}).",
-            "free some GPUs, lower --min_free_gb / raise --max_util, or pass --allow_fewer.")
+            "free some GPUs, lower --min_free_gb / raise --max_util, or pass --allow_fewer.",
+        )
     return chosen
 
 
-def select_gpus(count: int, min_free_gb: float = 16, max_util: float = 90,
-                allow_fewer: bool = False) -> list[int]:
+def select_gpus(count: int, min_free_gb: float = 16, max_util: float = 90, allow_fewer: bool = False) -> list[int]:
     """Indices of `count` GPUs of this machine that pass selection, most free memory first.
 
     Raises DistsetupError when fewer qualify (unless allow_fewer, which returns at least one), and

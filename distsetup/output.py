@@ -15,8 +15,10 @@ def json_text(data: dict) -> str:
     try:
         return json.dumps(data, indent=2, allow_nan=False) + "\n"
     except ValueError:
-        raise DistsetupError("a value of the config is not a finite number (NaN or infinity).",
-                             "give finite numbers; a computed value that overflows means the inputs are too large.")
+        raise DistsetupError(
+            "a value of the config is not a finite number (NaN or infinity).",
+            "give finite numbers; a computed value that overflows means the inputs are too large.",
+        )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -41,32 +43,44 @@ def writable_target(path: Path, inputs: dict[str, str | Path | None], option: st
         try:
             path.stat()
         except FileNotFoundError:
-            raise DistsetupError(f"{option} {path} is a symbolic link to {os.readlink(path)}, which does not exist.",
-                                 f"point the link at a file, remove it, or choose another {option}.")
+            raise DistsetupError(
+                f"{option} {path} is a symbolic link to {os.readlink(path)}, which does not exist.",
+                f"point the link at a file, remove it, or choose another {option}.",
+            )
         except OSError as e:
-            raise DistsetupError(f"{option} {path} is a symbolic link that cannot be followed ({e.strerror}).",
-                                 f"fix or remove the link, or choose another {option}.")
+            raise DistsetupError(
+                f"{option} {path} is a symbolic link that cannot be followed ({e.strerror}).",
+                f"fix or remove the link, or choose another {option}.",
+            )
         path = Path(os.path.realpath(path))
         shown = f"{shown} (a link to {path})"
     if path.exists() and not path.is_file():
         raise DistsetupError(f"{option} {shown} exists and is not a regular file.", f"choose a file name for {option}.")
     for what, source in inputs.items():
         if source and _same_file(path, Path(source)):
-            raise DistsetupError(f"{option} {shown} is this command's {what} ({source}): writing there would "
-                                 "destroy it.", f"choose another {option}.")
+            raise DistsetupError(
+                f"{option} {shown} is this command's {what} ({source}): writing there would destroy it.",
+                f"choose another {option}.",
+            )
     return path
 
 
-def write_atomic(path: Path, text: str, executable: bool = False, inputs: dict[str, str | Path | None] | None = None,
-                 option: str = "--output") -> None:
+def write_atomic(
+    path: Path,
+    text: str,
+    executable: bool = False,
+    inputs: dict[str, str | Path | None] | None = None,
+    option: str = "--output",
+) -> None:
     """Replace `path` with `text` whole, or leave it untouched if anything fails (see writable_target)."""
     path = writable_target(Path(path), inputs or {}, option)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise DistsetupError(f"cannot write {path}: {e.strerror} ({e.filename}).",
-                             f"choose an {option} in a folder you can write to.")
+        raise DistsetupError(
+            f"cannot write {path}: {e.strerror} ({e.filename}).", f"choose an {option} in a folder you can write to."
+        )
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -77,9 +91,15 @@ def write_atomic(path: Path, text: str, executable: bool = False, inputs: dict[s
         raise
 
 
-def emit(text: str, output: str | None, dry_run: bool, next_step: str | None = None,
-         executable: bool = False, inputs: dict[str, str | Path | None] | None = None,
-         remarks: list[str] = ()) -> None:
+def emit(
+    text: str,
+    output: str | None,
+    dry_run: bool,
+    next_step: str | None = None,
+    executable: bool = False,
+    inputs: dict[str, str | Path | None] | None = None,
+    remarks: list[str] = (),
+) -> None:
     """Print `text` (no output, '-' or a dry run) or write it to `output` (never over one of the command's
     `inputs`, {what: path}) and say what comes next. `remarks` ("Note: ...", "Warning: ...") go to stderr
     once nothing stands in the way, so they never precede an error."""

@@ -18,8 +18,8 @@ Model states per GPU (what each strategy holds between steps, plus the fp32 grad
 
 L = the largest module's own parameters (ZeRO-3 gathers module by module); FSDP gathers whole blocks
 (B) and keeps its root unit (R: embeddings, head) gathered: 3eL there stands for eR + 3eB.
-For hybrid shard N is the GPUs of one node. DeepSpeed keeps an fp32 master copy of its partition even for fp32 models, so its
-optimizer column is 12P/N at every precision; the ZeRO paper's K=12 with mixed precision gives
+For hybrid shard N is the GPUs of one node. DeepSpeed keeps an fp32 master copy of its partition even for
+fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper's K=12 with mixed precision gives
 DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
 layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
 
@@ -44,13 +44,23 @@ from distsetup.fsdp_config import FLAG_FOR_PRECISION
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-MEMORY_UNITS = {"": GB, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-                "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
-DS_REDUCE_BUCKET = 500_000_000        # DeepSpeed's default reduce/allgather bucket (elements)
-DS_PREFETCH_BUCKET = 50_000_000       # DeepSpeed's default stage3_prefetch_bucket_size (elements)
-RUNTIME_BYTES = 1.0 * GB              # CUDA context, NCCL buffers, allocator slack (GPU only)
-MAX_PARAMS = 10 ** 15                 # a thousand times the largest models: beyond it, a typo
-MAX_BATCH = 10 ** 9                   # samples per step: more is a typo (and overflows the activation arithmetic)
+MEMORY_UNITS = {
+    "": GB,
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
+DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
+RUNTIME_BYTES = 1.0 * GB  # CUDA context, NCCL buffers, allocator slack (GPU only)
+MAX_PARAMS = 10**15  # a thousand times the largest models: beyond it, a typo
+MAX_BATCH = 10**9  # samples per step: more is a typo (and overflows the activation arithmetic)
 
 
 def _number(text: str) -> float | None:
@@ -70,8 +80,10 @@ def parse_count(text: str, flag: str = "--params") -> int:
         raise DistsetupError(f"{flag}: cannot read '{text}' as a parameter count.", "write e.g. 7B, 350M or 1.3e9.")
     count = int(value * SUFFIXES[match.group(2).upper()])
     if not 1 <= count <= MAX_PARAMS:
-        raise DistsetupError(f"{flag} {text} is {count:,} parameters.",
-                             f"give a count from 1 to {MAX_PARAMS:.0e} (the largest models have about 2e12).")
+        raise DistsetupError(
+            f"{flag} {text} is {count:,} parameters.",
+            f"give a count from 1 to {MAX_PARAMS:.0e} (the largest models have about 2e12).",
+        )
     return count
 
 
@@ -87,10 +99,18 @@ def parse_memory(text: str, flag: str = "--gpu_memory") -> float:
 
 
 # Published decoder shapes (GPT-3 paper Table 2.1; Llama 2 for 7B-70B): params, hidden, layers, heads, vocab.
-KNOWN_SHAPES = [(125e6, 768, 12, 12, 50257), (350e6, 1024, 24, 16, 50257), (760e6, 1536, 24, 16, 50257),
-                (1.3e9, 2048, 24, 16, 50257), (2.7e9, 2560, 32, 32, 50257), (6.7e9, 4096, 32, 32, 32000),
-                (13e9, 5120, 40, 40, 32000), (33e9, 6656, 60, 52, 32000), (70e9, 8192, 80, 64, 32000),
-                (175e9, 12288, 96, 96, 50257)]
+KNOWN_SHAPES = [
+    (125e6, 768, 12, 12, 50257),
+    (350e6, 1024, 24, 16, 50257),
+    (760e6, 1536, 24, 16, 50257),
+    (1.3e9, 2048, 24, 16, 50257),
+    (2.7e9, 2560, 32, 32, 50257),
+    (6.7e9, 4096, 32, 32, 32000),
+    (13e9, 5120, 40, 40, 32000),
+    (33e9, 6656, 60, 52, 32000),
+    (70e9, 8192, 80, 64, 32000),
+    (175e9, 12288, 96, 96, 50257),
+]
 
 
 def assumed_shape(params: int) -> tuple[int, int, int, int]:
@@ -107,7 +127,7 @@ class ModelShape:
     num_layers: int | None = None
     num_heads: int | None = None
     vocab_size: int | None = None
-    block_params: int | None = None           # one transformer block; default 12h^2 + 13h
+    block_params: int | None = None  # one transformer block; default 12h^2 + 13h
     largest_module_params: int | None = None  # largest module's own parameters (ZeRO-3 gathers per module)
     layer_cls: str = "Block"
 
@@ -116,7 +136,7 @@ class ModelShape:
         if self.block_params is not None:
             return self.block_params
         if self.hidden_size:
-            return 12 * self.hidden_size ** 2 + 13 * self.hidden_size
+            return 12 * self.hidden_size**2 + 13 * self.hidden_size
         return self.params // max(self.num_layers or 1, 1)
 
     @property
@@ -137,7 +157,7 @@ class ModelShape:
 def gpt_params(vocab_size: int, block_size: int, n_layer: int, n_embd: int, tied: bool = False) -> int:
     """Parameters of a GPT-2 style model with biases and learned positions (analytic count)."""
     h = n_embd
-    per_layer = 12 * h * h + 13 * h            # qkv, proj, fc, fc-proj weights + biases, two LayerNorms
+    per_layer = 12 * h * h + 13 * h  # qkv, proj, fc, fc-proj weights + biases, two LayerNorms
     head = 0 if tied else vocab_size * h
     return n_layer * per_layer + vocab_size * h + block_size * h + 2 * h + head
 
@@ -147,8 +167,8 @@ class Hardware:
     num_nodes: int = 1
     gpus_per_node: int = 1
     gpu_memory: float = 80 * GB
-    cpu_memory: float | None = None     # per node; None = unknown (offload fit not judged)
-    headroom: float = 0.1               # fraction of GPU memory kept free (fragmentation, spikes)
+    cpu_memory: float | None = None  # per node; None = unknown (offload fit not judged)
+    headroom: float = 0.1  # fraction of GPU memory kept free (fragmentation, spikes)
     runtime_bytes: float = RUNTIME_BYTES
 
     @property
@@ -158,7 +178,7 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Workload:
-    precision: str = "bf16"             # fp32 | bf16 | fp16
+    precision: str = "bf16"  # fp32 | bf16 | fp16
     seq_len: int = 2048
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
@@ -169,12 +189,12 @@ class Workload:
 class Strategy:
     key: str
     label: str
-    framework: str                      # ddp | deepspeed | fsdp
+    framework: str  # ddp | deepspeed | fsdp
     zero_stage: int = 0
     offload_optimizer: bool = False
     offload_param: bool = False
     sharding_strategy: str | None = None
-    comm: float = 1.0                   # volume per step relative to DDP
+    comm: float = 1.0  # volume per step relative to DDP
 
     @property
     def offload(self) -> int:
@@ -191,10 +211,16 @@ STRATEGIES = (
     Strategy("zero3", "ZeRO-3", "deepspeed", 3, comm=1.5),
     Strategy("fsdp_full_shard", "FSDP full shard", "fsdp", sharding_strategy="FULL_SHARD", comm=1.5),
     Strategy("zero2_offload", "ZeRO-2 + optimizer offload", "deepspeed", 2, offload_optimizer=True),
-    Strategy("zero3_offload_optimizer", "ZeRO-3 + optimizer offload", "deepspeed", 3,
-             offload_optimizer=True, comm=1.5),
-    Strategy("zero3_offload_all", "ZeRO-3 + optimizer/param offload", "deepspeed", 3,
-             offload_optimizer=True, offload_param=True, comm=1.5),
+    Strategy("zero3_offload_optimizer", "ZeRO-3 + optimizer offload", "deepspeed", 3, offload_optimizer=True, comm=1.5),
+    Strategy(
+        "zero3_offload_all",
+        "ZeRO-3 + optimizer/param offload",
+        "deepspeed",
+        3,
+        offload_optimizer=True,
+        offload_param=True,
+        comm=1.5,
+    ),
 )
 BY_KEY = {s.key: s for s in STRATEGIES}
 
@@ -240,8 +266,7 @@ class Estimate:
         return self.usable - self.total
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "model_states": self.model_states, "total": self.total,
-                "headroom_bytes": self.headroom}
+        return {**asdict(self), "model_states": self.model_states, "total": self.total, "headroom_bytes": self.headroom}
 
 
 def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> dict:
@@ -250,26 +275,27 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
     n = hw.gpus_per_node if strategy.sharding_strategy == "HYBRID_SHARD" else hw.world_size
     out = dict(params=0.0, grads=0.0, fp32_grads=0.0, optimizer=0.0, gathered=0.0, buffers=0.0, cpu=0.0)
     if strategy.framework == "ddp":
-        out.update(params=4 * P, grads=4 * P, optimizer=8 * P, buffers=4 * P)   # DDP's bucket copy of grads
+        out.update(params=4 * P, grads=4 * P, optimizer=8 * P, buffers=4 * P)  # DDP's bucket copy of grads
     elif strategy.framework == "fsdp":
         # root unit (kept gathered through forward), current + prefetched block, one block's unsharded grads
-        out.update(params=4 * P / n, grads=4 * P / n, optimizer=8 * P / n,
-                   gathered=e * model.root + 3 * e * model.block)
+        out.update(
+            params=4 * P / n, grads=4 * P / n, optimizer=8 * P / n, gathered=e * model.root + 3 * e * model.block
+        )
         if strategy.sharding_strategy == "SHARD_GRAD_OP":
-            out["gathered"] = e * P + e * model.block     # kept unsharded from forward to backward
+            out["gathered"] = e * P + e * model.block  # kept unsharded from forward to backward
     else:
         stage = strategy.zero_stage
         out["params"] = e * P / n if stage == 3 else e * P
         out["grads"] = e * P if stage == 1 else e * P / n
         out["fp32_grads"], out["optimizer"] = 4 * P / n, 12 * P / n
         if stage == 3:
-            out["gathered"] = 2 * e * model.largest_module     # DeepSpeed's estimator: 4L at 16 bit
+            out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
             out["buffers"] = e * min(DS_PREFETCH_BUCKET, P)
         else:
-            out["buffers"] = 2 * e * min(DS_REDUCE_BUCKET, P)   # reduce + all-gather buckets
+            out["buffers"] = 2 * e * min(DS_REDUCE_BUCKET, P)  # reduce + all-gather buckets
         on_cpu = 0.0
         if strategy.offload_optimizer:
-            on_cpu += out["fp32_grads"] + out["optimizer"]   # 16-bit grads are copied into the CPU fp32 ones
+            on_cpu += out["fp32_grads"] + out["optimizer"]  # 16-bit grads are copied into the CPU fp32 ones
             out.update(fp32_grads=0.0, optimizer=0.0, grads=0.0)
         if strategy.offload_param:
             on_cpu += out["params"]
@@ -280,13 +306,14 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
     return out
 
 
-def activation_bytes(model: ModelShape, work: Workload, micro_batch: int, checkpointing: bool,
-                     peak: bool = True) -> float:
+def activation_bytes(
+    model: ModelShape, work: Workload, micro_batch: int, checkpointing: bool, peak: bool = True
+) -> float:
     """Activation bytes per GPU: saved for backward, plus (peak=True) what exists only during backward.
 
     Saved: each layer's activations (or only its input with checkpointing), the final norm's and the
-    head's inputs, and the fp32 log-softmax of the logits that the loss keeps. Peak adds one layer's recomputed activations (checkpointing) and
-    the logits' gradient (fp32, then in the compute dtype).
+    head's inputs, and the fp32 log-softmax of the logits that the loss keeps. Peak adds one layer's
+    recomputed activations (checkpointing) and the logits' gradient (fp32, then in the compute dtype).
     """
     if not (model.hidden_size and model.num_layers):
         return 0.0
@@ -295,29 +322,40 @@ def activation_bytes(model: ModelShape, work: Workload, micro_batch: int, checkp
     e = element_bytes(work.precision)
     per_layer = s * b * h * (34 + (0 if work.flash_attention else 5 * a * s / h)) * e / 2
     logits = s * b * (model.vocab_size or 0)
-    head = 2 * s * b * h * e          # the final norm's input and the head's input
+    head = 2 * s * b * h * e  # the final norm's input and the head's input
     saved = (layers * s * b * h * e if checkpointing else layers * per_layer) + head + 4 * logits
     if not peak:
         return saved
     return saved + (per_layer if checkpointing else 0) + (4 + e) * logits
 
 
-def estimate(strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload, micro_batch: int,
-             checkpointing: bool = False) -> Estimate:
+def estimate(
+    strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload, micro_batch: int, checkpointing: bool = False
+) -> Estimate:
     states = model_states(strategy, model, hw, work.precision)
     comm_between_nodes = strategy.comm
     if strategy.sharding_strategy == "HYBRID_SHARD":
         comm_between_nodes = 1.0 / hw.gpus_per_node if hw.num_nodes > 1 else 0.0
     elif hw.num_nodes == 1:
         comm_between_nodes = 0.0
-    est = Estimate(strategy=strategy.key, label=strategy.label, params=states["params"], grads=states["grads"],
-                   fp32_grads=states["fp32_grads"], optimizer=states["optimizer"], gathered=states["gathered"],
-                   buffers=states["buffers"],
-                   activations=activation_bytes(model, work, micro_batch, False),
-                   activations_checkpointed=activation_bytes(model, work, micro_batch, True),
-                   cpu_per_node=states["cpu"], comm_vs_ddp=strategy.comm,
-                   inter_node_comm_vs_ddp=comm_between_nodes, micro_batch=micro_batch,
-                   usable=hw.gpu_memory * (1 - hw.headroom), activation_checkpointing=checkpointing)
+    est = Estimate(
+        strategy=strategy.key,
+        label=strategy.label,
+        params=states["params"],
+        grads=states["grads"],
+        fp32_grads=states["fp32_grads"],
+        optimizer=states["optimizer"],
+        gathered=states["gathered"],
+        buffers=states["buffers"],
+        activations=activation_bytes(model, work, micro_batch, False),
+        activations_checkpointed=activation_bytes(model, work, micro_batch, True),
+        cpu_per_node=states["cpu"],
+        comm_vs_ddp=strategy.comm,
+        inter_node_comm_vs_ddp=comm_between_nodes,
+        micro_batch=micro_batch,
+        usable=hw.gpu_memory * (1 - hw.headroom),
+        activation_checkpointing=checkpointing,
+    )
     cpu_ok = hw.cpu_memory is None or est.cpu_per_node <= hw.cpu_memory * (1 - hw.headroom)
     return replace(est, fits=est.total <= est.usable and cpu_ok)
 
@@ -327,18 +365,21 @@ def per_rank_batch(hw: Hardware, work: Workload) -> int | None:
     if work.global_batch_size is None:
         return None
     if work.global_batch_size % hw.world_size:
-        raise DistsetupError(f"--global_batch_size {work.global_batch_size} is not divisible by the world size "
-                             f"{hw.world_size}.", f"use a multiple of {hw.world_size}.")
+        raise DistsetupError(
+            f"--global_batch_size {work.global_batch_size} is not divisible by the world size {hw.world_size}.",
+            f"use a multiple of {hw.world_size}.",
+        )
     return work.global_batch_size // hw.world_size
 
 
-def largest_micro_batch(strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload,
-                        checkpointing: bool, limit: int = 4096) -> int:
+def largest_micro_batch(
+    strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload, checkpointing: bool, limit: int = 4096
+) -> int:
     """The largest micro-batch that fits (0 if not even 1 does); divides the per-rank batch when known."""
     per_rank = per_rank_batch(hw, work)
     cap = per_rank if per_rank is not None else limit
     lo, hi = 0, cap
-    while lo < hi:                          # memory grows with the micro-batch: bisect
+    while lo < hi:  # memory grows with the micro-batch: bisect
         mid = (lo + hi + 1) // 2
         if estimate(strategy, model, hw, work, mid, checkpointing).fits:
             lo = mid
@@ -355,7 +396,7 @@ class Plan:
     model: ModelShape
     hardware: Hardware
     workload: Workload
-    estimates: list[Estimate]                 # every strategy at the asked (or chosen) micro-batch
+    estimates: list[Estimate]  # every strategy at the asked (or chosen) micro-batch
     choice: Estimate | None
     micro_batch: int | None
     accumulation: int | None
@@ -363,15 +404,24 @@ class Plan:
     advice: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"model": asdict(self.model), "hardware": {**asdict(self.hardware),
-                                                          "world_size": self.hardware.world_size},
-                "workload": asdict(self.workload), "estimates": [e.to_dict() for e in self.estimates],
-                "recommendation": None if self.choice is None else {
-                    "strategy": self.choice.strategy, "label": self.choice.label,
-                    "activation_checkpointing": self.choice.activation_checkpointing,
-                    "micro_batch_size": self.micro_batch, "gradient_accumulation_steps": self.accumulation,
-                    "global_batch_size": self.global_batch, "total_bytes": self.choice.total},
-                "advice": self.advice}
+        return {
+            "model": asdict(self.model),
+            "hardware": {**asdict(self.hardware), "world_size": self.hardware.world_size},
+            "workload": asdict(self.workload),
+            "estimates": [e.to_dict() for e in self.estimates],
+            "recommendation": None
+            if self.choice is None
+            else {
+                "strategy": self.choice.strategy,
+                "label": self.choice.label,
+                "activation_checkpointing": self.choice.activation_checkpointing,
+                "micro_batch_size": self.micro_batch,
+                "gradient_accumulation_steps": self.accumulation,
+                "global_batch_size": self.global_batch,
+                "total_bytes": self.choice.total,
+            },
+            "advice": self.advice,
+        }
 
 
 def candidates(hw: Hardware, allowed: tuple[str, ...] | None = None) -> list[Strategy]:
@@ -388,14 +438,19 @@ def plan(model: ModelShape, hw: Hardware, work: Workload, allowed: tuple[str, ..
     """Estimate every strategy and pick the fastest that fits: no offload and no recomputation first."""
     per_rank = per_rank_batch(hw, work)
     if per_rank is not None and work.micro_batch_size and per_rank % work.micro_batch_size:
-        raise DistsetupError(f"--micro_batch_size {work.micro_batch_size} does not divide the per-GPU batch "
-                             f"{per_rank} (global {work.global_batch_size} / {hw.world_size} GPUs).",
-                             "choose a micro-batch that divides it, or leave it out to let the planner pick.")
+        raise DistsetupError(
+            f"--micro_batch_size {work.micro_batch_size} does not divide the per-GPU batch "
+            f"{per_rank} (global {work.global_batch_size} / {hw.world_size} GPUs).",
+            "choose a micro-batch that divides it, or leave it out to let the planner pick.",
+        )
     shown_micro = work.micro_batch_size or 1
     estimates = [estimate(s, model, hw, work, shown_micro) for s in STRATEGIES]
     order = candidates(hw, allowed)
-    tiers = ([(s, False) for s in order if not s.offload] + [(s, True) for s in order if not s.offload]
-             + [(s, ac) for s in order if s.offload for ac in (False, True)])
+    tiers = (
+        [(s, False) for s in order if not s.offload]
+        + [(s, True) for s in order if not s.offload]
+        + [(s, ac) for s in order if s.offload for ac in (False, True)]
+    )
     for strategy, checkpointing in tiers:
         if work.micro_batch_size:
             micro = work.micro_batch_size
@@ -410,43 +465,57 @@ def plan(model: ModelShape, hw: Hardware, work: Workload, allowed: tuple[str, ..
         advice = []
         best = largest_micro_batch(strategy, model, hw, work, checkpointing)
         if work.micro_batch_size and best > micro:
-            advice.append(f"micro-batch up to {best} fits with {strategy.label}"
-                          + (f" (gradient accumulation {per_rank // best})" if per_rank else "") + ".")
-        return Plan(model, hw, work, estimates, choice, micro, accumulation, micro * accumulation * hw.world_size,
-                    advice)
-    return Plan(model, hw, work, estimates, None, None, None, work.global_batch_size,
-                what_would_fit(model, hw, work, allowed))
+            advice.append(
+                f"micro-batch up to {best} fits with {strategy.label}"
+                + (f" (gradient accumulation {per_rank // best})" if per_rank else "")
+                + "."
+            )
+        return Plan(
+            model, hw, work, estimates, choice, micro, accumulation, micro * accumulation * hw.world_size, advice
+        )
+    return Plan(
+        model, hw, work, estimates, None, None, None, work.global_batch_size, what_would_fit(model, hw, work, allowed)
+    )
 
 
-def what_would_fit(model: ModelShape, hw: Hardware, work: Workload,
-                   allowed: tuple[str, ...] | None = None) -> list[str]:
+def what_would_fit(
+    model: ModelShape, hw: Hardware, work: Workload, allowed: tuple[str, ...] | None = None
+) -> list[str]:
     """When nothing fits: a smaller micro-batch, more GPUs, NVMe offload, or model parallelism."""
     advice = []
     one = replace(work, micro_batch_size=1, global_batch_size=None)
     if (work.micro_batch_size or 1) > 1:
         for s in candidates(hw, allowed):
             if estimate(s, model, hw, one, 1, True).fits:
-                advice.append(f"a smaller micro-batch: {s.label} fits micro-batch 1 with activation "
-                              "checkpointing (raise gradient accumulation to keep the global batch).")
+                advice.append(
+                    f"a smaller micro-batch: {s.label} fits micro-batch 1 with activation "
+                    "checkpointing (raise gradient accumulation to keep the global batch)."
+                )
                 break
     for nodes in (2, 4, 8, 16, 32, 64, 128, 256):
         bigger = replace(hw, num_nodes=hw.num_nodes * nodes)
         for key in ("zero3", "fsdp_full_shard"):
             if estimate(BY_KEY[key], model, bigger, one, 1, True).fits:
-                advice.append(f"more GPUs: {BY_KEY[key].label} fits micro-batch 1 on {bigger.num_nodes} nodes x "
-                              f"{hw.gpus_per_node} GPUs ({bigger.world_size} GPUs).")
+                advice.append(
+                    f"more GPUs: {BY_KEY[key].label} fits micro-batch 1 on {bigger.num_nodes} nodes x "
+                    f"{hw.gpus_per_node} GPUs ({bigger.world_size} GPUs)."
+                )
                 break
         else:
             continue
         break
     gpu_only = estimate(BY_KEY["zero3_offload_all"], model, replace(hw, cpu_memory=None), one, 1, True)
     if gpu_only.fits:
-        advice.append("offload to NVMe: ZeRO-3 with optimizer and parameters on NVMe needs only "
-                      f"{gpu_only.total / GB:.1f} GB per GPU (--offload_optimizer nvme --offload_param nvme "
-                      "--nvme_path /local/nvme).")
+        advice.append(
+            "offload to NVMe: ZeRO-3 with optimizer and parameters on NVMe needs only "
+            f"{gpu_only.total / GB:.1f} GB per GPU (--offload_optimizer nvme --offload_param nvme "
+            "--nvme_path /local/nvme)."
+        )
     if not advice:
-        advice.append("even one layer with micro-batch 1 does not fit a GPU: the model needs tensor or "
-                      "pipeline parallelism (Megatron-LM, DeepSpeed pipeline), or a shorter sequence.")
+        advice.append(
+            "even one layer with micro-batch 1 does not fit a GPU: the model needs tensor or "
+            "pipeline parallelism (Megatron-LM, DeepSpeed pipeline), or a shorter sequence."
+        )
     return advice
 
 
@@ -460,8 +529,14 @@ def deepspeed_args(choice: Estimate, micro: int, accumulation: int, precision: s
         args.append("--offload_param")
     if precision != "fp32":
         args.append(f"--{precision}")
-    return args + ["--micro_batch_size", str(micro), "--gradient_accumulation_steps", str(accumulation),
-                   "--world_size", str(world_size)]
+    return args + [
+        "--micro_batch_size",
+        str(micro),
+        "--gradient_accumulation_steps",
+        str(accumulation),
+        "--world_size",
+        str(world_size),
+    ]
 
 
 def fsdp_args(choice: Estimate, precision: str, layer_cls: str) -> list[str]:

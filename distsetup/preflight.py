@@ -32,18 +32,24 @@ def _env_int(name: str, fallback: str | None = None, default: int | None = None)
 
 def where() -> dict:
     """Who this process is, from torchrun's (or SLURM's) environment."""
-    return {"rank": _env_int("RANK", "SLURM_PROCID", 0), "world_size": _env_int("WORLD_SIZE", "SLURM_NTASKS", 1),
-            "local_rank": _env_int("LOCAL_RANK", "SLURM_LOCALID", 0), "host": socket.gethostname(),
-            "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": os.environ.get("MASTER_PORT", "29500")}
+    return {
+        "rank": _env_int("RANK", "SLURM_PROCID", 0),
+        "world_size": _env_int("WORLD_SIZE", "SLURM_NTASKS", 1),
+        "local_rank": _env_int("LOCAL_RANK", "SLURM_LOCALID", 0),
+        "host": socket.gethostname(),
+        "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        "master_port": os.environ.get("MASTER_PORT", "29500"),
+    }
 
 
 def failure(info: dict, backend: str, stage: str, error: BaseException | str) -> str:
     detail = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
-    return (f"preflight FAILED: rank {info['rank']}/{info['world_size']} (local rank {info['local_rank']}) on host "
-            f"{info['host']}: {stage} with master {info['master_addr']}:{info['master_port']} (backend {backend}): "
-            f"{detail}. HINT: check that MASTER_ADDR is the first node's address reachable from {info['host']}, "
-            f"that port {info['master_port']} is open and free there, and that every node started the same job.")
+    return (
+        f"preflight FAILED: rank {info['rank']}/{info['world_size']} (local rank {info['local_rank']}) on host "
+        f"{info['host']}: {stage} with master {info['master_addr']}:{info['master_port']} (backend {backend}): "
+        f"{detail}. HINT: check that MASTER_ADDR is the first node's address reachable from {info['host']}, "
+        f"that port {info['master_port']} is open and free there, and that every node started the same job."
+    )
 
 
 def run(timeout: float, size_mb: float) -> int:
@@ -61,16 +67,21 @@ def run(timeout: float, size_mb: float) -> int:
         device = torch.device("cuda", info["local_rank"]) if use_cuda else torch.device("cpu")
         stage = "joining the process group"
         t0 = time.perf_counter()
-        dist.init_process_group(backend, rank=info["rank"], world_size=info["world_size"],
-                                init_method=f"tcp://{_bracket(info['master_addr'])}:{info['master_port']}"
-                                if "TORCHELASTIC_USE_AGENT_STORE" not in os.environ else "env://",
-                                timeout=timedelta(seconds=timeout),
-                                **({"device_id": device} if use_cuda else {}))
+        dist.init_process_group(
+            backend,
+            rank=info["rank"],
+            world_size=info["world_size"],
+            init_method=f"tcp://{_bracket(info['master_addr'])}:{info['master_port']}"
+            if "TORCHELASTIC_USE_AGENT_STORE" not in os.environ
+            else "env://",
+            timeout=timedelta(seconds=timeout),
+            **({"device_id": device} if use_cuda else {}),
+        )
         t_init = time.perf_counter() - t0
         stage = "all-reduce"
         numel = max(1, int(size_mb * 1e6 / 4))
         tensor = torch.ones(numel, dtype=torch.float32, device=device)
-        dist.all_reduce(tensor)                       # warm-up: connections are made lazily
+        dist.all_reduce(tensor)  # warm-up: connections are made lazily
         tensor.fill_(info["rank"] + 1)
         if use_cuda:
             torch.cuda.synchronize()
@@ -96,10 +107,13 @@ def run(timeout: float, size_mb: float) -> int:
             dist.destroy_process_group()
     if info["rank"] == 0:
         bus_bw = 2 * (info["world_size"] - 1) / info["world_size"] * numel * 4 / max(t_reduce, 1e-9) / 1e9
-        print(f"preflight OK: {info['world_size']} ranks on {len(set(hosts))} host(s) ({', '.join(sorted(set(hosts)))}), "
-              f"backend {backend}, master {info['master_addr']}:{info['master_port']}: join {t_init:.2f}s, "
-              f"all-reduce {numel * 4 / 1e6:.0f} MB {t_reduce * 1e3:.1f} ms ({bus_bw:.2f} GB/s bus), "
-              f"barrier {t_barrier * 1e3:.1f} ms", flush=True)
+        print(
+            f"preflight OK: {info['world_size']} ranks on {len(set(hosts))} host(s) ({', '.join(sorted(set(hosts)))}), "
+            f"backend {backend}, master {info['master_addr']}:{info['master_port']}: join {t_init:.2f}s, "
+            f"all-reduce {numel * 4 / 1e6:.0f} MB {t_reduce * 1e3:.1f} ms ({bus_bw:.2f} GB/s bus), "
+            f"barrier {t_barrier * 1e3:.1f} ms",
+            flush=True,
+        )
     return 0
 
 

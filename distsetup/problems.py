@@ -16,11 +16,16 @@ from distsetup.fast_schema import conforms
 # A DeepSpeed file or a run config is a few kB with some dozens of values a few levels deep. Anything far
 # beyond that is not a config (a FIFO, /dev/zero, a nesting or YAML-alias bomb): refused before it can hang
 # a command or eat its memory.
-MAX_CONFIG_BYTES = 2 ** 20
+MAX_CONFIG_BYTES = 2**20
 MAX_DEPTH = 64
 MAX_VALUES = 10_000
-_FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 _NOT_A_CONFIG = "give the config file itself."
 
 
@@ -41,16 +46,19 @@ def read_config_text(path: Path, what: str) -> str:
     kind = stat.S_IFMT(os.fstat(fd).st_mode)
     if kind != stat.S_IFREG:
         os.close(fd)
-        raise DistsetupError(f"{what} {path} is {_FILE_KINDS.get(kind, 'not a regular file')}, not a file.",
-                             _NOT_A_CONFIG)
+        raise DistsetupError(
+            f"{what} {path} is {_FILE_KINDS.get(kind, 'not a regular file')}, not a file.", _NOT_A_CONFIG
+        )
     with os.fdopen(fd, "rb") as f:
         try:
             data = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as e:
             raise DistsetupError(f"cannot read {what} {path}: {e.strerror}.", "check the path.")
     if len(data) > MAX_CONFIG_BYTES:
-        raise DistsetupError(f"{what} {path} is larger than {MAX_CONFIG_BYTES // 2 ** 20} MiB, the most a config "
-                             "file may hold.", _NOT_A_CONFIG)
+        raise DistsetupError(
+            f"{what} {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB, the most a config file may hold.",
+            _NOT_A_CONFIG,
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -80,13 +88,15 @@ def check_shape(data) -> None:
 
 
 def too_complex(path: Path, what: str, error: TooComplex) -> DistsetupError:
-    return DistsetupError(f"{what} {path} {error}.", "a config file holds some dozens of settings a few levels deep; "
-                          "give the config file itself.")
+    return DistsetupError(
+        f"{what} {path} {error}.",
+        "a config file holds some dozens of settings a few levels deep; give the config file itself.",
+    )
 
 
 @dataclass(frozen=True)
 class Problem:
-    path: str      # "zero_optimization.offload_param.device"; "" for the whole file
+    path: str  # "zero_optimization.offload_param.device"; "" for the whole file
     message: str
     fix: str
 
@@ -133,6 +143,7 @@ def schema_problems(data, schema_name: str) -> list[Problem]:
     if conforms(data, schema):
         return problems
     import jsonschema  # only when there is something to explain (a quarter of a command's time)
+
     validator = jsonschema.Draft202012Validator(schema)
     for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         if isinstance(error.instance, float) and not math.isfinite(error.instance):
@@ -141,8 +152,7 @@ def schema_problems(data, schema_name: str) -> list[Problem]:
         if error.validator == "additionalProperties":
             known = error.schema.get("properties", {})
             for key in sorted(set(error.instance) - set(known)):
-                problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.",
-                                        f"{suggest(key, known)}"))
+                problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.", f"{suggest(key, known)}"))
         else:
             problems.append(Problem(join_path(path), *_describe(error)))
     return problems

@@ -15,14 +15,22 @@ import yaml
 
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import RULES
-from distsetup.problems import Problem, TooComplex, check_size, join_path, read_config_text, schema_problems, too_complex
+from distsetup.problems import (
+    Problem,
+    TooComplex,
+    check_size,
+    join_path,
+    read_config_text,
+    schema_problems,
+    too_complex,
+)
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of
 # hidden size 16-25k with 128 heads, vocabularies of 256k tokens, contexts of 10M tokens); a larger value is
 # a typo, and would make `distsetup plan` compute with absurd numbers or the trainer allocate without end.
-MODEL_MAXIMA = {"vocab_size": 2 ** 20, "block_size": 2 ** 24, "n_layer": 4096, "n_head": 1024, "n_embd": 2 ** 17}
+MODEL_MAXIMA = {"vocab_size": 2**20, "block_size": 2**24, "n_layer": 4096, "n_head": 1024, "n_embd": 2**17}
 
 
 def setting(default, doc: str, **schema):
@@ -35,16 +43,18 @@ def setting(default, doc: str, **schema):
 class ModelConfig:
     """The model: the built-in GPT or a Hugging Face causal LM from a local folder."""
 
-    type: str = setting("gpt", "gpt (built in) or hf (a transformers causal LM from hf_path)",
-                        enum=["gpt", "hf"])
-    vocab_size: int = setting(256, "vocabulary size; 256 = bytes; at most 2^20", minimum=1,
-                              maximum=MODEL_MAXIMA["vocab_size"])
-    block_size: int = setting(64, "sequence length in tokens; at most 2^24", minimum=2,
-                              maximum=MODEL_MAXIMA["block_size"])
+    type: str = setting("gpt", "gpt (built in) or hf (a transformers causal LM from hf_path)", enum=["gpt", "hf"])
+    vocab_size: int = setting(
+        256, "vocabulary size; 256 = bytes; at most 2^20", minimum=1, maximum=MODEL_MAXIMA["vocab_size"]
+    )
+    block_size: int = setting(
+        64, "sequence length in tokens; at most 2^24", minimum=2, maximum=MODEL_MAXIMA["block_size"]
+    )
     n_layer: int = setting(2, "transformer blocks; at most 4096", minimum=1, maximum=MODEL_MAXIMA["n_layer"])
     n_head: int = setting(4, "attention heads per block; at most 1024", minimum=1, maximum=MODEL_MAXIMA["n_head"])
-    n_embd: int = setting(64, "hidden size; a multiple of n_head; at most 2^17", minimum=1,
-                          maximum=MODEL_MAXIMA["n_embd"])
+    n_embd: int = setting(
+        64, "hidden size; a multiple of n_head; at most 2^17", minimum=1, maximum=MODEL_MAXIMA["n_embd"]
+    )
     dropout: float = setting(0.0, "dropout probability", minimum=0, maximum=1)
     hf_path: str | None = setting(None, "local folder with a config.json (and weights, if a checkpoint)")
     layer_cls: str | None = setting(None, "block class to shard and checkpoint; default: the model's own")
@@ -108,8 +118,13 @@ SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
 def run_config_schema() -> dict:
     """The JSON Schema of config.yaml, derived from the dataclasses above."""
     sections = {name: _section_schema(cls) for name, cls in SECTIONS.items()}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "distsetup run config",
-            "type": "object", "additionalProperties": False, "properties": sections}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "distsetup run config",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": sections,
+    }
 
 
 def _section_schema(cls) -> dict:
@@ -156,8 +171,13 @@ class _Loader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
-        children = (node.value if isinstance(node, yaml.SequenceNode) else
-                    [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+        children = (
+            node.value
+            if isinstance(node, yaml.SequenceNode)
+            else [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else []
+        )
         sizes = [self._sizes[id(child)] for child in children]
         self._sizes[id(node)] = (1 + sum(v for v, _ in sizes), 1 + max((d for _, d in sizes), default=0))
         check_size(*self._sizes[id(node)])
@@ -165,8 +185,8 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+)
 
 
 def parse_yaml(text: str):
@@ -179,17 +199,21 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         dotted, sep, value = item.partition("=")
         section, dot, key = dotted.partition(".")
         if not (sep and dot and key):
-            raise DistsetupError(f"override '{item}' is not of the form section.key=value.",
-                                 "write e.g. training.lr=3e-4")
+            raise DistsetupError(
+                f"override '{item}' is not of the form section.key=value.", "write e.g. training.lr=3e-4"
+            )
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
-            raise DistsetupError(f"override '{item}': '{section}' is not a section.",
-                                 f"sections are {', '.join(SECTIONS)}.")
+            raise DistsetupError(
+                f"override '{item}': '{section}' is not a section.", f"sections are {', '.join(SECTIONS)}."
+            )
         try:
             raw[section][key] = parse_yaml(value)
         except (yaml.YAMLError, ValueError):  # ValueError: a bad date, a 5000-digit integer, a bomb
-            raise DistsetupError(f"override '{item}': the value is not valid YAML.",
-                                 f"quote it: {dotted}='\"...\"' (a path or a string).")
+            raise DistsetupError(
+                f"override '{item}': the value is not valid YAML.",
+                f"quote it: {dotted}='\"...\"' (a path or a string).",
+            )
     return raw
 
 
@@ -203,8 +227,9 @@ def read_yaml(path: Path) -> dict:
     except yaml.YAMLError as e:
         raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
     except ValueError as e:  # a date such as 2024-13-45, an integer of more digits than Python converts
-        raise DistsetupError(f"{path} is not valid YAML: {str(e).split(';')[0]}.",
-                             "fix the value, or quote it to make it a string.")
+        raise DistsetupError(
+            f"{path} is not valid YAML: {str(e).split(';')[0]}.", "fix the value, or quote it to make it a string."
+        )
     if not isinstance(raw, dict):
         raise DistsetupError(f"{path} must hold a mapping of sections.", "start with e.g. 'training:'.")
     return raw
@@ -235,9 +260,14 @@ def _key_problems(data, path=()) -> list[Problem]:
         if isinstance(key, str):
             problems += _key_problems(value, path + (key,))
         else:
-            problems.append(Problem(join_path(path + (repr(key),)), f"key {key!r} ({type(key).__name__}) is not a "
-                                    "name.", "write the key's name, e.g. micro_batch_size; quote it if YAML reads it "
-                                    "as a number, a boolean or a date."))
+            problems.append(
+                Problem(
+                    join_path(path + (repr(key),)),
+                    f"key {key!r} ({type(key).__name__}) is not a name.",
+                    "write the key's name, e.g. micro_batch_size; quote it if YAML reads it "
+                    "as a number, a boolean or a date.",
+                )
+            )
     return problems
 
 
@@ -255,10 +285,16 @@ def _value_problems(raw: dict) -> list[Problem]:
                 continue
             value, kinds, where = values[f.name], _scalar_types(hints[f.name]), f"{section}.{f.name}"
             if int in kinds and isinstance(value, float):
-                example = int(value) if value.is_integer() and abs(value) <= 2 ** 53 else f.default
+                example = int(value) if value.is_integer() and abs(value) <= 2**53 else f.default
                 problems.append(Problem(where, f"{value!r} is not a whole number.", f"write e.g. {example}."))
-            if str in kinds and "enum" not in f.metadata and any(
-                    isinstance(item, str) and not item.strip() for item in (value if isinstance(value, list) else [value])):
+            if (
+                str in kinds
+                and "enum" not in f.metadata
+                and any(
+                    isinstance(item, str) and not item.strip()
+                    for item in (value if isinstance(value, list) else [value])
+                )
+            ):
                 problems.append(Problem(where, "is empty.", f"write a value, or remove {f.name} for the default."))
     return problems
 
@@ -275,8 +311,10 @@ def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunCo
     problems = config_problems(raw, Path(path).parent if path else None)
     if problems:
         where = f" in {path}" if path else ""
-        raise DistsetupError(f"run config problem{where}: {problems[0]}"
-                             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else ""))
+        raise DistsetupError(
+            f"run config problem{where}: {problems[0]}"
+            + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
+        )
     return _build(raw)
 
 
@@ -300,38 +338,80 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
     problems = []
     dist, model, training = config.distributed, config.model, config.training
     if dist.use_deepspeed and dist.use_fsdp:
-        problems.append(Problem("distributed", "use_deepspeed and use_fsdp are both true.",
-                                "choose one: backend: deepspeed or backend: fsdp."))
+        problems.append(
+            Problem(
+                "distributed",
+                "use_deepspeed and use_fsdp are both true.",
+                "choose one: backend: deepspeed or backend: fsdp.",
+            )
+        )
     for flag, backend in (("use_deepspeed", "deepspeed"), ("use_fsdp", "fsdp")):
         if getattr(dist, flag) and dist.backend != backend:
-            problems.append(Problem(f"distributed.{flag}", f"{flag} is true but backend is {dist.backend}.",
-                                    f"set backend: {backend}, or drop {flag}."))
+            problems.append(
+                Problem(
+                    f"distributed.{flag}",
+                    f"{flag} is true but backend is {dist.backend}.",
+                    f"set backend: {backend}, or drop {flag}.",
+                )
+            )
     if dist.backend == "deepspeed" and not dist.deepspeed_config:
-        problems.append(Problem("distributed.deepspeed_config", "backend deepspeed needs a DeepSpeed file.",
-                                "run `distsetup deepspeed --output config/ds_config.json` and set "
-                                "deepspeed_config: config/ds_config.json."))
+        problems.append(
+            Problem(
+                "distributed.deepspeed_config",
+                "backend deepspeed needs a DeepSpeed file.",
+                "run `distsetup deepspeed --output config/ds_config.json` and set "
+                "deepspeed_config: config/ds_config.json.",
+            )
+        )
     for key in ("deepspeed_config", "fsdp_config"):
         value = getattr(dist, key)
         if value and base_dir is not None and not resolve_config_path(value, base_dir).exists():
-            problems.append(Problem(f"distributed.{key}", f"file {value} does not exist.",
-                                    f"create it with `distsetup {key.split('_')[0]}` or fix the path."))
+            problems.append(
+                Problem(
+                    f"distributed.{key}",
+                    f"file {value} does not exist.",
+                    f"create it with `distsetup {key.split('_')[0]}` or fix the path.",
+                )
+            )
     if model.type == "gpt" and model.n_embd % model.n_head:
-        problems.append(Problem("model.n_embd", f"n_embd {model.n_embd} is not a multiple of n_head {model.n_head}.",
-                                f"use n_embd: {model.n_head * max(1, model.n_embd // model.n_head)}."))
+        problems.append(
+            Problem(
+                "model.n_embd",
+                f"n_embd {model.n_embd} is not a multiple of n_head {model.n_head}.",
+                f"use n_embd: {model.n_head * max(1, model.n_embd // model.n_head)}.",
+            )
+        )
     if model.type == "hf" and not model.hf_path:
-        problems.append(Problem("model.hf_path", "model type hf needs hf_path.",
-                                "point hf_path at a local folder with a config.json."))
+        problems.append(
+            Problem(
+                "model.hf_path", "model type hf needs hf_path.", "point hf_path at a local folder with a config.json."
+            )
+        )
     if config.data.type == "files" and not config.data.paths:
-        problems.append(Problem("data.paths", "data type files needs at least one path.",
-                                "list your .txt or .jsonl files under data.paths."))
+        problems.append(
+            Problem(
+                "data.paths",
+                "data type files needs at least one path.",
+                "list your .txt or .jsonl files under data.paths.",
+            )
+        )
     for i, name in enumerate(config.data.paths):
         if not resolve_config_path(name, base_dir).is_file():
-            problems.append(Problem(f"data.paths[{i}]", f"file {name} does not exist.",
-                                    "correct the path (a relative one is read from the working directory, else "
-                                    "next to the config)."))
+            problems.append(
+                Problem(
+                    f"data.paths[{i}]",
+                    f"file {name} does not exist.",
+                    "correct the path (a relative one is read from the working directory, else next to the config).",
+                )
+            )
     if training.scale_lr != "none" and training.base_batch_size is None:
-        problems.append(Problem("training.base_batch_size", f"scale_lr {training.scale_lr} needs base_batch_size.",
-                                "set base_batch_size to the global batch size your lr was tuned for."))
+        problems.append(
+            Problem(
+                "training.base_batch_size",
+                f"scale_lr {training.scale_lr} needs base_batch_size.",
+                "set base_batch_size to the global batch size your lr was tuned for.",
+            )
+        )
     return problems
 
 

@@ -34,8 +34,9 @@ PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script r
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m distsetup.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m distsetup.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="run config (config.yaml)")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. training.max_steps=50")
     p.add_argument("--deepspeed", help="DeepSpeed file; implies distributed.backend=deepspeed")
@@ -54,7 +55,9 @@ def load_config(args):
         if value is not None and not value.strip():
             raise DistsetupError(f"--{flag} is empty.", f"name a file after --{flag}, or leave the option out.")
     if args.export and Path(args.export).is_dir():
-        raise DistsetupError(f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}.")
+        raise DistsetupError(
+            f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
+        )
     overrides = list(args.overrides)
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
@@ -101,6 +104,7 @@ def exit_now(status: int) -> None:
 
 def export(cfg, args) -> int:
     from distsetup.training.export import export_weights
+
     used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
     print(f"exported {count} tensors ({args.export_dtype}) from {used} to {args.export}")
     return 0
@@ -117,8 +121,16 @@ def train(cfg, args) -> int:
     from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, layer_modules
     from distsetup.training.run_lock import OutputDirLock
-    from distsetup.training.world import (StepAgreement, barrier, destroy_process_group, init_process_group,
-                                          is_lost_contact, lost_contact, pick_device, read_world)
+    from distsetup.training.world import (
+        StepAgreement,
+        barrier,
+        destroy_process_group,
+        init_process_group,
+        is_lost_contact,
+        lost_contact,
+        pick_device,
+        read_world,
+    )
 
     # config -> backend: every check that can fail does so here, before any process group or training
     t = cfg.training
@@ -140,8 +152,10 @@ def train(cfg, args) -> int:
     if resume:
         ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
     elif damaged:
-        raise DistsetupError(f"no intact checkpoint to resume from: {damaged[0]}.",
-                             "move the damaged folder aside, or start afresh with --no_resume.")
+        raise DistsetupError(
+            f"no intact checkpoint to resume from: {damaged[0]}.",
+            "move the damaged folder aside, or start afresh with --no_resume.",
+        )
     preemption = Preemption()
 
     step, metrics, bar = 0, None, None
@@ -149,9 +163,11 @@ def train(cfg, args) -> int:
     try:
         for problem in damaged:
             say(f"passed over damaged checkpoint {problem}")
-        say(f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
+        say(
+            f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
             f"on {world.size} x {device.type}; global batch {global_batch} = micro {backend.micro_batch} x "
-            f"accumulation {backend.accumulation} x world {world.size}")
+            f"accumulation {backend.accumulation} x world {world.size}"
+        )
         if lr_scaled:
             say(f"lr scaled ({t.scale_lr}) to {backend.lr:.6g} for global batch {global_batch}")
 
@@ -210,8 +226,9 @@ def train(cfg, args) -> int:
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
             if stop or checkpoint_now:
                 with timer.checkpointing():
-                    ckpt.save_checkpoint(backend, ckpt_root, step, world,
-                                         {**meta, "loss": loss, "sampler": sampler.state_dict()})
+                    ckpt.save_checkpoint(
+                        backend, ckpt_root, step, world, {**meta, "loss": loss, "sampler": sampler.state_dict()}
+                    )
             if stop:
                 say(f"preempted: checkpoint at step {step}")
                 return PREEMPTED
@@ -222,16 +239,27 @@ def train(cfg, args) -> int:
         if world.is_main:
             seconds = timer.train_seconds
             steps_per_s = (step - first_step) / max(seconds, 1e-9)
-            summary = {"steps": step, "final_loss": loss, "world_size": world.size, "backend": backend.name,
-                       "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size, "steps_per_s": steps_per_s,
-                       "train_seconds": seconds, "checkpoint_seconds": timer.checkpoint_seconds,
-                       "median_step_seconds": timer.median_step_seconds,
-                       "zero_stage": backend.zero_stage, "precision": backend.precision, "memory": backend.memory,
-                       "peak_activation_bytes": backend.activation_bytes,
-                       "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+            summary = {
+                "steps": step,
+                "final_loss": loss,
+                "world_size": world.size,
+                "backend": backend.name,
+                "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size,
+                "steps_per_s": steps_per_s,
+                "train_seconds": seconds,
+                "checkpoint_seconds": timer.checkpoint_seconds,
+                "median_step_seconds": timer.median_step_seconds,
+                "zero_stage": backend.zero_stage,
+                "precision": backend.precision,
+                "memory": backend.memory,
+                "peak_activation_bytes": backend.activation_bytes,
+                "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            }
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            say(f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
-                f"summary in {out_dir / 'summary.json'}")
+            say(
+                f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
+                f"summary in {out_dir / 'summary.json'}"
+            )
         return 0
     except RuntimeError as e:
         if is_lost_contact(e):  # a collective failed or timed out: another rank is gone

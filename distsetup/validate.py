@@ -31,8 +31,14 @@ def _object_with_duplicates(pairs):
 def duplicate_key_problems(data, path=()) -> list[Problem]:
     problems = []
     if isinstance(data, _KeysSeenTwice):
-        problems += [Problem(join_path(path + (k,)), f"key '{k}' appears more than once; only the last one counts.",
-                             "keep one of them.") for k in data.duplicates]
+        problems += [
+            Problem(
+                join_path(path + (k,)),
+                f"key '{k}' appears more than once; only the last one counts.",
+                "keep one of them.",
+            )
+            for k in data.duplicates
+        ]
     children = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for key, value in children:
         problems += duplicate_key_problems(value, path + (key,))
@@ -51,8 +57,10 @@ def read_json(path: Path) -> dict:
     except TooComplex as e:
         raise too_complex(path, "JSON file", e)
     except json.JSONDecodeError as e:
-        raise DistsetupError(f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
-                             "fix the JSON syntax (no comments or trailing commas).")
+        raise DistsetupError(
+            f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
+            "fix the JSON syntax (no comments or trailing commas).",
+        )
     except ValueError as e:  # e.g. an integer of more digits than Python converts
         raise DistsetupError(f"{path} is not valid JSON: {str(e).split(';')[0]}.", "write the numbers a config needs.")
     if not isinstance(data, dict):
@@ -68,8 +76,9 @@ def detect_kind(path: Path, data: dict) -> str:
     return "deepspeed"
 
 
-def validate_file(path: Path, kind: str | None = None, world_size: int | None = None,
-                  hf: bool = False) -> tuple[str, list[Problem]]:
+def validate_file(
+    path: Path, kind: str | None = None, world_size: int | None = None, hf: bool = False
+) -> tuple[str, list[Problem]]:
     """(kind, problems) for a DeepSpeed JSON, an FSDP JSON or a run config YAML."""
     if kind == "run_config" or (kind is None and path.suffix in (".yaml", ".yml")):
         raw = read_yaml(path)
@@ -87,8 +96,13 @@ def refuse_problems(path: str | Path, kind: str, world_size: int | None = None, 
     problem (the same checks through validate_file, so a file is never accepted here and flagged there)."""
     _, problems = validate_file(Path(path), kind, world_size, hf)
     if problems:
-        command = ["distsetup", "validate", str(path), *(["--world_size", str(world_size)] if world_size else []),
-                   *(["--hf"] if hf else [])]
+        command = [
+            "distsetup",
+            "validate",
+            str(path),
+            *(["--world_size", str(world_size)] if world_size else []),
+            *(["--hf"] if hf else []),
+        ]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DistsetupError(f"{path}: {problems[0]}{more}", f"`{shlex.join(command)}` lists every problem.")
 

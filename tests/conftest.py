@@ -23,13 +23,20 @@ def run_cli():
 
     def run(*args, **kwargs):
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False, **kwargs)
+
     return run
 
 
 def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
     """`python -m distsetup ARGS...` in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "distsetup", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "distsetup", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 _skipped_in_ci: list[str] = []

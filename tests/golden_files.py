@@ -1,6 +1,6 @@
 """Golden files for rendered scripts: compare, show a diff on mismatch, regenerate on purpose.
 
-    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_launcher.py tests/test_slurm.py -k golden
+UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_launcher.py tests/test_slurm.py -k golden
 """
 
 import difflib
@@ -19,6 +19,12 @@ def check_golden(name: str, text: str) -> None:
         raise AssertionError(f"golden file {path} is missing; create it with UPDATE_GOLDEN=1")
     expected = path.read_text()
     if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), text.splitlines(keepends=True),
-                                            fromfile=f"golden/{name}", tofile="rendered"))
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"golden/{name}",
+                tofile="rendered",
+            )
+        )
         raise AssertionError(f"{name} differs from its golden file (UPDATE_GOLDEN=1 regenerates it):\n{diff}")

@@ -4,8 +4,9 @@ from distsetup.batch import resolve_batch, world_size_from
 from distsetup.errors import DistsetupError
 
 
-@pytest.mark.parametrize("micro, accumulation, train, world", [
-    (4, 2, None, 8), (4, None, 64, 8), (None, 2, 64, 8), (3, 5, 60, 4)])
+@pytest.mark.parametrize(
+    "micro, accumulation, train, world", [(4, 2, None, 8), (4, None, 64, 8), (None, 2, 64, 8), (3, 5, 60, 4)]
+)
 def test_any_two_batch_values_give_the_third(micro, accumulation, train, world):
     batch = resolve_batch(micro, accumulation, train, world)
     assert batch.micro * batch.accumulation * world == batch.train_batch
@@ -14,7 +15,9 @@ def test_any_two_batch_values_give_the_third(micro, accumulation, train, world):
 
 
 def test_inconsistent_trio_shows_the_arithmetic():
-    with pytest.raises(DistsetupError, match=r"4 x gradient_accumulation 2 x world_size 4 = 32, not train_batch_size 30"):
+    with pytest.raises(
+        DistsetupError, match=r"4 x gradient_accumulation 2 x world_size 4 = 32, not train_batch_size 30"
+    ):
         resolve_batch(4, 2, 30, 4)
 
 
@@ -29,9 +32,13 @@ def test_train_batch_without_world_size_is_an_error(micro, accumulation):
         resolve_batch(micro, accumulation, 8, None)
 
 
-@pytest.mark.parametrize("micro, accumulation, message", [
-    (4, 4, "15 is not a multiple of --micro_batch_size 4 x --gradient_accumulation_steps 4 = 16"),
-    (None, 2, "15 is not a multiple of --gradient_accumulation_steps 2,")])
+@pytest.mark.parametrize(
+    "micro, accumulation, message",
+    [
+        (4, 4, "15 is not a multiple of --micro_batch_size 4 x --gradient_accumulation_steps 4 = 16"),
+        (None, 2, "15 is not a multiple of --gradient_accumulation_steps 2,"),
+    ],
+)
 def test_train_batch_no_world_size_can_give_says_so_without_asking_for_it(micro, accumulation, message):
     """Bug (issue 10, 17): 15 with micro 4 x accumulation 4 said "needs the world size"; no world size fits."""
     with pytest.raises(DistsetupError, match=message) as info:
@@ -39,9 +46,14 @@ def test_train_batch_no_world_size_can_give_says_so_without_asking_for_it(micro,
     assert "no world size gives it" in info.value.message
 
 
-@pytest.mark.parametrize("nodes, per_node, message", [
-    (100_001, 8, "--num_nodes 100001 is more than 100,000"), (2, 1025, "--num_gpus_per_node 1025 is more than 1,024"),
-    (0, 8, "--num_nodes 0 must be at least 1")])
+@pytest.mark.parametrize(
+    "nodes, per_node, message",
+    [
+        (100_001, 8, "--num_nodes 100001 is more than 100,000"),
+        (2, 1025, "--num_gpus_per_node 1025 is more than 1,024"),
+        (0, 8, "--num_nodes 0 must be at least 1"),
+    ],
+)
 def test_node_and_gpu_counts_have_sane_maxima(nodes, per_node, message):
     with pytest.raises(DistsetupError, match=message):
         world_size_from(None, nodes, per_node)
@@ -57,4 +69,4 @@ def test_world_size_from_nodes_and_gpus():
 def test_nodes_without_gpus_per_node_is_an_error():
     with pytest.raises(DistsetupError, match="--num_nodes 4 needs --num_gpus_per_node"):
         world_size_from(None, 4, None)
-    assert world_size_from(None, None, 8) == 8          # one node
+    assert world_size_from(None, None, 8) == 8  # one node

@@ -17,8 +17,21 @@ GENERATING_COMMANDS = [
     ["fsdp", "--mixed_precision", "BFLOAT16"],
     ["validate", "config/config.yaml"],
     ["launcher", "--config", "config/config.yaml", "--num_gpus_per_node", "2", "-o", "-"],
-    ["slurm", "--config", "config/config.yaml", "--num_nodes", "2", "--num_gpus_per_node", "4",
-     "--time_limit", "1:00:00", "--cpus_per_task", "8", "-o", "-"],
+    [
+        "slurm",
+        "--config",
+        "config/config.yaml",
+        "--num_nodes",
+        "2",
+        "--num_gpus_per_node",
+        "4",
+        "--time_limit",
+        "1:00:00",
+        "--cpus_per_task",
+        "8",
+        "-o",
+        "-",
+    ],
     ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB"],
 ]
 
@@ -26,10 +39,13 @@ GENERATING_COMMANDS = [
 @pytest.mark.parametrize("args", GENERATING_COMMANDS, ids=lambda a: a[0])
 def test_generating_never_imports_torch_or_deepspeed(args):
     # ...nor jsonschema, which only explains files that fast_schema.conforms did not accept.
-    code = ("import sys\nfrom distsetup.cli import cli\n"
-            f"try:\n    cli({args!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
-            "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'jsonschema') if m in sys.modules)\n"
-            "print('HEAVY', heavy, 'EXIT', code)\n")
+    code = (
+        "import sys\nfrom distsetup.cli import cli\n"
+        f"try:\n    cli({args!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
+        "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'jsonschema')\n"
+        "               if m in sys.modules)\n"
+        "print('HEAVY', heavy, 'EXIT', code)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr
 
@@ -91,22 +107,25 @@ def test_write_atomic_never_leaves_half_a_file(tmp_path):
     target = tmp_path / "out.sh"
     target.write_text("old")
     with pytest.raises(TypeError):
-        write_atomic(target, 12345)           # fails while writing
+        write_atomic(target, 12345)  # fails while writing
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.sh"]
     write_atomic(target, "#!/bin/sh\n", executable=True)
     assert target.read_text() == "#!/bin/sh\n" and os.access(target, os.X_OK)
 
 
 def test_weird_paths_with_spaces_and_quotes(run_cli, tmp_path):
-    out = tmp_path / "my runs" / "it's \"quoted\"" / "ds.json"
+    out = tmp_path / "my runs" / 'it\'s "quoted"' / "ds.json"
     assert run_cli("deepspeed", "--zero_stage", "2", "-o", out).exit_code == 0
     assert run_cli("validate", out).exit_code == 0
 
 
-@pytest.mark.parametrize("make_target", [
-    lambda tmp: tmp / "afile" / "ds.json",              # a file where a folder should be
-    lambda tmp: "/proc/no/such/ds.json",                # a folder nobody can create
-])
+@pytest.mark.parametrize(
+    "make_target",
+    [
+        lambda tmp: tmp / "afile" / "ds.json",  # a file where a folder should be
+        lambda tmp: "/proc/no/such/ds.json",  # a folder nobody can create
+    ],
+)
 def test_unwritable_output_is_one_clear_error(run_cli, tmp_path, make_target):
     (tmp_path / "afile").write_text("x")
     result = run_cli("deepspeed", "--zero_stage", "1", "-o", make_target(tmp_path))

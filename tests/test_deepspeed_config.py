@@ -19,8 +19,10 @@ deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 def deepspeed_accepts(config: dict, world_size: int = 1):
     """Parse `config` with DeepSpeed's DeepSpeedConfig as if `world_size` ranks had started."""
     dist = deepspeed_runtime_config.dist
-    with mock.patch.object(dist, "get_rank", return_value=0), \
-            mock.patch.object(dist, "get_world_size", return_value=world_size):
+    with (
+        mock.patch.object(dist, "get_rank", return_value=0),
+        mock.patch.object(dist, "get_world_size", return_value=world_size),
+    ):
         return deepspeed_runtime_config.DeepSpeedConfig(config)
 
 
@@ -34,7 +36,7 @@ def flag_lists(draw):
     """`distsetup deepspeed` flags: mostly consistent for the drawn stage, sometimes deliberately not."""
     pick = lambda *options: list(draw(st.sampled_from(options)))  # noqa: E731
     stage = draw(st.integers(0, 3))
-    sloppy = draw(st.integers(0, 4)) == 0          # one draw in five may break a cross-field rule
+    sloppy = draw(st.integers(0, 4)) == 0  # one draw in five may break a cross-field rule
     flags = pick((), ("--preset", "zero1"), ("--preset", "zero2_offload"), ("--preset", "zero3_offload"))
     flags += [draw(st.sampled_from(["--zero_stage", "--zero-stage"])), str(stage)]
     device = draw(st.sampled_from(["cpu", "nvme"]))
@@ -42,8 +44,13 @@ def flag_lists(draw):
         flags += pick((), ("--offload_optimizer",), ("--offload-optimizer", device))
     if stage == 3 or sloppy:
         flags += pick((), ("--offload_param",), ("--offload_param", device))
-        flags += pick((), ("--stage3_prefetch_bucket_size", "1000"), ("--stage3_max_live_parameters", "100000"),
-                      ("--stage3_gather_16bit_weights_on_model_save",), ("--stage3_param_persistence_threshold", "0"))
+        flags += pick(
+            (),
+            ("--stage3_prefetch_bucket_size", "1000"),
+            ("--stage3_max_live_parameters", "100000"),
+            ("--stage3_gather_16bit_weights_on_model_save",),
+            ("--stage3_param_persistence_threshold", "0"),
+        )
     if "nvme" in flags and not sloppy:
         flags += ["--nvme_path", "/local/nvme"]
     flags += pick((), ("--no_pin_memory",), ("--pin-memory",))
@@ -53,17 +60,29 @@ def flag_lists(draw):
         flags += ["--num_nodes", "2", "--num_gpus_per_node", "4"]
     elif world:
         flags += ["--world_size", str(world)]
-    batch = [("--micro_batch_size", draw(st.sampled_from([1, 3, 4]))),
-             ("--gradient_accumulation_steps", draw(st.sampled_from([1, 2, 8]))),
-             ("--train_batch_size", draw(st.sampled_from([8, 24, 64])))]
+    batch = [
+        ("--micro_batch_size", draw(st.sampled_from([1, 3, 4]))),
+        ("--gradient_accumulation_steps", draw(st.sampled_from([1, 2, 8]))),
+        ("--train_batch_size", draw(st.sampled_from([8, 24, 64]))),
+    ]
     for flag, value in draw(st.lists(st.sampled_from(batch), max_size=3 if world or sloppy else 2, unique=True)):
         flags += [flag, str(value)]
-    flags += pick((), ("--gradient_clipping", "0.5"), ("--overlap_comm",), ("--no-contiguous-gradients",),
-                  ("--reduce_bucket_size", "200000000"), ("--allgather_bucket_size", "100000"))
+    flags += pick(
+        (),
+        ("--gradient_clipping", "0.5"),
+        ("--overlap_comm",),
+        ("--no-contiguous-gradients",),
+        ("--reduce_bucket_size", "200000000"),
+        ("--allgather_bucket_size", "100000"),
+    )
     flags += pick((), ("--optimizer", "none"), ("--optimizer", "Adam"), ("--lr", "1e-4", "--betas", "0.9", "0.95"))
-    flags += pick((), ("--scheduler", "WarmupLR"), ("--scheduler", "WarmupDecayLR", "--total_num_steps", "1000"),
-                  ("--scheduler", "WarmupCosineLR", "--total_num_steps", "500"),
-                  *([("--scheduler", "WarmupDecayLR")] if sloppy else []))
+    flags += pick(
+        (),
+        ("--scheduler", "WarmupLR"),
+        ("--scheduler", "WarmupDecayLR", "--total_num_steps", "1000"),
+        ("--scheduler", "WarmupCosineLR", "--total_num_steps", "500"),
+        *([("--scheduler", "WarmupDecayLR")] if sloppy else []),
+    )
     flags += pick((), ("--steps_per_print", "10"), ("--wall_clock_breakdown",))
     return flags, world or 1
 
@@ -105,22 +124,38 @@ def test_fp16_gets_dynamic_loss_scaling(run_cli):
     assert ds.float16_config.initial_scale_power == config["fp16"]["initial_scale_power"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--zero_stage", "2", "--offload_param"], "--offload_param means nothing at --zero_stage 2"),
-    (["--zero_stage", "3", "--offload_param", "nvme"], "--nvme_path"),
-    (["--bf16", "--fp16"], "mutually exclusive"),
-    (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "--stage3_max_live_parameters means nothing"),
-    (["--zero_stage", "0", "--overlap_comm"], "--overlap_comm means nothing at --zero_stage 0"),
-    (["--zero_stage", "0", "--reduce_bucket_size", "100"], "--reduce_bucket_size means nothing"),
-    (["--zero_stage", "3", "--allgather_bucket_size", "100"], "at stages 1, 2 only"),
-    (["--betas", "1.5", "2"], "each beta must be in [0, 1)"),
-    (["--optimizer", "none", "--scheduler", "WarmupLR"], "needs --lr"),
-    (["--hf_auto", "--lr", "1e-4", "--scale_lr", "linear", "--base_batch_size", "1", "--world_size", "2"],
-     "--scale_lr cannot be combined with --hf_auto"),
-    (["--micro_batch_size", "4", "--gradient_accumulation_steps", "2", "--train_batch_size", "30",
-      "--world_size", "4"], "= 32, not train_batch_size 30"),
-    (["--zero_stage", "7"], "--zero_stage"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--zero_stage", "2", "--offload_param"], "--offload_param means nothing at --zero_stage 2"),
+        (["--zero_stage", "3", "--offload_param", "nvme"], "--nvme_path"),
+        (["--bf16", "--fp16"], "mutually exclusive"),
+        (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "--stage3_max_live_parameters means nothing"),
+        (["--zero_stage", "0", "--overlap_comm"], "--overlap_comm means nothing at --zero_stage 0"),
+        (["--zero_stage", "0", "--reduce_bucket_size", "100"], "--reduce_bucket_size means nothing"),
+        (["--zero_stage", "3", "--allgather_bucket_size", "100"], "at stages 1, 2 only"),
+        (["--betas", "1.5", "2"], "each beta must be in [0, 1)"),
+        (["--optimizer", "none", "--scheduler", "WarmupLR"], "needs --lr"),
+        (
+            ["--hf_auto", "--lr", "1e-4", "--scale_lr", "linear", "--base_batch_size", "1", "--world_size", "2"],
+            "--scale_lr cannot be combined with --hf_auto",
+        ),
+        (
+            [
+                "--micro_batch_size",
+                "4",
+                "--gradient_accumulation_steps",
+                "2",
+                "--train_batch_size",
+                "30",
+                "--world_size",
+                "4",
+            ],
+            "= 32, not train_batch_size 30",
+        ),
+        (["--zero_stage", "7"], "--zero_stage"),
+    ],
+)
 def test_bad_flags_name_the_flag_and_write_nothing(run_cli, tmp_path, args, message):
     out = tmp_path / "ds.json"
     result = run_cli("deepspeed", *args, "--output", out)
@@ -136,15 +171,23 @@ def test_nvme_at_stage_2_warns_that_states_stay_in_cpu_memory(run_cli):
 
 
 def test_world_size_makes_the_batch_explicit(run_cli):
-    _, config = invoke(run_cli, "--micro_batch_size", "4", "--num_nodes", "2", "--num_gpus_per_node", "8",
-                       "--gradient_accumulation_steps", "2")
+    _, config = invoke(
+        run_cli,
+        "--micro_batch_size",
+        "4",
+        "--num_nodes",
+        "2",
+        "--num_gpus_per_node",
+        "8",
+        "--gradient_accumulation_steps",
+        "2",
+    )
     assert config["train_batch_size"] == 4 * 2 * 16
     assert deepspeed_accepts(config, 16).train_batch_size == 128
 
 
 def test_preset_is_overridden_by_explicit_flags(run_cli):
-    _, config = invoke(run_cli, "--preset", "zero3_offload", "--zero_stage", "3", "--no_pin_memory",
-                       "--overlap_comm")
+    _, config = invoke(run_cli, "--preset", "zero3_offload", "--zero_stage", "3", "--no_pin_memory", "--overlap_comm")
     zero = config["zero_optimization"]
     assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
     _, plain = invoke(run_cli, "--preset", "zero2", "--no-overlap-comm")
@@ -183,11 +226,14 @@ def test_checked_in_presets_match_the_builder(run_cli, name):
     deepspeed_accepts(config)
 
 
-@pytest.mark.parametrize("args", [
-    ["--zero_stage", "3", "--hf_auto", "--scheduler", "WarmupDecayLR"],
-    ["--zero_stage", "2", "--hf_auto", "--micro_batch_size", "2", "--bf16"],
-    ["--zero_stage", "1", "--hf_auto", "--scheduler", "WarmupCosineLR", "--optimizer", "none"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--zero_stage", "3", "--hf_auto", "--scheduler", "WarmupDecayLR"],
+        ["--zero_stage", "2", "--hf_auto", "--micro_batch_size", "2", "--bf16"],
+        ["--zero_stage", "1", "--hf_auto", "--scheduler", "WarmupCosineLR", "--optimizer", "none"],
+    ],
+)
 def test_hf_auto_values_are_exactly_the_ones_the_hf_trainer_fills(run_cli, tmp_path, args):
     transformers = pytest.importorskip("transformers")
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
@@ -196,9 +242,15 @@ def test_hf_auto_values_are_exactly_the_ones_the_hf_trainer_fills(run_cli, tmp_p
     assert auto_paths(config), "--hf_auto wrote no auto value"
     assert deepspeed_problems(config, hf=True) == []
     assert any("auto" in p.message for p in deepspeed_problems(config, hf=False))
-    training_args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2,
-                                                   gradient_accumulation_steps=3, learning_rate=1e-4,
-                                                   bf16="--bf16" in args, report_to=[], use_cpu=True)
+    training_args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=3,
+        learning_rate=1e-4,
+        bf16="--bf16" in args,
+        report_to=[],
+        use_cpu=True,
+    )
     hf = HfTrainerDeepSpeedConfig(config)
     hf.trainer_config_process(training_args)
     model = mock.Mock(config=mock.Mock(hidden_size=64, hidden_sizes=None))

@@ -20,6 +20,7 @@ def test_real_run_reports_versions_and_gpus():
         assert "no GPU visible to torch" in findings["gpus (torch)"]["message"]
         assert "CUDA none" in findings["torch"]["message"] or "NCCL n/a" in findings["torch"]["message"]
     from importlib import metadata
+
     assert findings["deepspeed"]["message"] == metadata.version("deepspeed")
     assert "Traceback" not in out.stderr
 
@@ -33,15 +34,30 @@ def _write(tmp_path, ds=None, fsdp=None, backend="deepspeed", precision="fp32", 
         (tmp_path / "fsdp.json").write_text(json.dumps(fsdp))
         dist["fsdp_config"] = "fsdp.json"
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"training": {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
-                                            "precision": precision}, "distributed": dist}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "training": {
+                    "micro_batch_size": micro,
+                    "gradient_accumulation_steps": accumulation,
+                    "precision": precision,
+                },
+                "distributed": dist,
+            }
+        )
+    )
     return cfg
 
 
 def _ds(stage=2, train=32, micro=4, accumulation=2, **zero):
-    return {"train_batch_size": train, "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": accumulation, "fp16": {"enabled": False}, "bf16": {"enabled": False},
-            "zero_optimization": {"stage": stage, **zero}}
+    return {
+        "train_batch_size": train,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": False},
+        "zero_optimization": {"stage": stage, **zero},
+    }
 
 
 def _doctor(run_cli, *args):
@@ -58,7 +74,7 @@ def test_consistent_files_pass(run_cli, tmp_path):
 
 
 def test_batch_identity_against_nodes_times_gpus(run_cli, tmp_path):
-    cfg = _write(tmp_path, ds=_ds(train=32))          # 32 = 4 x 2 x 4 GPUs, not 8
+    cfg = _write(tmp_path, ds=_ds(train=32))  # 32 = 4 x 2 x 4 GPUs, not 8
     code, problems, _ = _doctor(run_cli, "--config", cfg, "--num_nodes", "2", "--num_gpus_per_node", "4")
     assert code == 1
     assert any("train_batch_size" in p["message"] and "world size 8" in p["message"] for p in problems)
@@ -68,8 +84,12 @@ def test_backend_against_files(run_cli, tmp_path):
     cfg = _write(tmp_path, ds=_ds(), backend="ddp")
     code, problems, _ = _doctor(run_cli, "--config", cfg)
     assert code == 1 and any("backend is ddp" in p["message"] for p in problems)
-    cfg = _write(tmp_path, fsdp={"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD",
-                                 "fsdp_auto_wrap_policy": "NO_WRAP"}, backend="deepspeed", ds=_ds())
+    cfg = _write(
+        tmp_path,
+        fsdp={"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "NO_WRAP"},
+        backend="deepspeed",
+        ds=_ds(),
+    )
     code, problems, _ = _doctor(run_cli, "--config", cfg)
     assert code == 1 and any("FSDP file is given but backend is deepspeed" in p["message"] for p in problems)
 

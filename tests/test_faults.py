@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from train_runs import STEPS, final_weights, losses, shared_run, start, worker_pids, write_run_config
 
 SEED = int(os.environ.get("FAULT_SEED") or 710025)
@@ -44,8 +43,15 @@ def plan(rng: random.Random) -> list[Kill]:
     """One kill per window; at least one of them mid-save."""
     mid = [True] + [rng.random() < 0.5 for _ in WINDOWS[1:]]
     rng.shuffle(mid)
-    return [Kill(rank=rng.randrange(2), step=rng.randint(lo, hi), mid_save=m,
-                 delay=0.0 if m else round(rng.uniform(0, 0.05), 3)) for (lo, hi), m in zip(WINDOWS, mid)]
+    return [
+        Kill(
+            rank=rng.randrange(2),
+            step=rng.randint(lo, hi),
+            mid_save=m,
+            delay=0.0 if m else round(rng.uniform(0, 0.05), 3),
+        )
+        for (lo, hi), m in zip(WINDOWS, mid, strict=True)
+    ]
 
 
 def step_of(folder: Path) -> int:
@@ -94,8 +100,10 @@ def kill_at(run: subprocess.Popen, root: Path, kill: Kill, resumed_step: int, co
     deadline, workers, anchor, since = time.time() + RUN_DEADLINE, [], None, 0.0
     while True:
         if run.poll() is not None:
-            raise AssertionError(f"{context}: the run ended (status {run.returncode}) before the kill {kill}:\n"
-                                 f"{run.log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"{context}: the run ended (status {run.returncode}) before the kill {kill}:\n"
+                f"{run.log.read_text()[-3000:]}"
+            )
         if time.time() > deadline:
             end(run, workers or worker_pids(run.pid), f"{context}: no moment for {kill} within {RUN_DEADLINE}s")
         if len(workers) < 2:
@@ -119,10 +127,11 @@ def check_resume(log: str, expected: Path | None, context: str) -> int:
         assert not found, f"{context}: no complete checkpoint existed, yet the run says {found}"
         return 0
     assert found, f"{context}: expected a resume from {expected}; log:\n{log[-3000:]}"
-    (path, step), = found
+    ((path, step),) = found
     passed_over = [line for line in log.splitlines() if "passed over" in line]
-    assert Path(path) == expected and int(step) == step_of(expected), \
+    assert Path(path) == expected and int(step) == step_of(expected), (
         f"{context}: resumed from {path} (step {step}), expected the newest complete one {expected}; {passed_over}"
+    )
     assert complete(Path(path)), f"{context}: resumed from {path}, which has no COMPLETE marker"
     return int(step)
 
@@ -160,14 +169,18 @@ def faulted_run(name: str, config: Path, kills: list[Kill], replay: str) -> None
         else:
             state = "complete" if complete(anchor) else "incomplete"
             context += f", killed pid {killed} at {anchor.name} (left {state})"
-            assert run.returncode != 0 and not (out / "summary.json").exists(), \
+            assert run.returncode != 0 and not (out / "summary.json").exists(), (
                 f"{context}: the run finished despite the kill:\n{log[-3000:]}"
-            assert re.search(rf"exitcode\s*:\s*-9 \(pid: {killed}\)", log), \
+            )
+            assert re.search(rf"exitcode\s*:\s*-9 \(pid: {killed}\)", log), (
                 f"{context}: torchrun does not report pid {killed} killed by signal 9:\n{log[-3000:]}"
+            )
         resumed = check_resume(log, expected, context)
         skipped_incomplete += any(step_of(d) > resumed for d in incomplete)
-        print(f"start {n}: resumed from step {resumed}" + (f", killed rank {kill.rank} at {anchor.name} "
-                                                           f"(left {state})" if kill else ", finished"))
+        print(
+            f"start {n}: resumed from step {resumed}"
+            + (f", killed rank {kill.rank} at {anchor.name} (left {state})" if kill else ", finished")
+        )
 
     assert skipped_incomplete, f"{name}: no resume passed over a checkpoint a kill left incomplete; {replay}"
 

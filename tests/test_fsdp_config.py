@@ -34,17 +34,33 @@ def test_every_strategy_validates_and_maps_to_reshard(run_cli, strategy):
 
 
 def test_layer_classes_repeatable_or_comma_separated(run_cli):
-    config = fsdp(run_cli, "--transformer_layer_cls_to_wrap", "LlamaDecoderLayer,MistralDecoderLayer",
-                  "--transformer-layer-cls-to-wrap", "Block")
+    config = fsdp(
+        run_cli,
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer,MistralDecoderLayer",
+        "--transformer-layer-cls-to-wrap",
+        "Block",
+    )
     assert config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer,MistralDecoderLayer,Block"
 
 
 def test_fsdp1_writes_its_own_knobs(run_cli):
-    config = fsdp(run_cli, "--fsdp_version", "1", "--backward_prefetch", "BACKWARD_POST", "--forward_prefetch",
-                  "--mixed_precision", "FLOAT16", "--buffer_dtype", "float16", "--cpu_ram_efficient_loading")
+    config = fsdp(
+        run_cli,
+        "--fsdp_version",
+        "1",
+        "--backward_prefetch",
+        "BACKWARD_POST",
+        "--forward_prefetch",
+        "--mixed_precision",
+        "FLOAT16",
+        "--buffer_dtype",
+        "float16",
+        "--cpu_ram_efficient_loading",
+    )
     assert config["fsdp_backward_prefetch"] == "BACKWARD_POST" and config["fsdp_forward_prefetch"] is True
     assert config["fsdp_buffer_dtype"] == "float16" and config["mixed_precision"] == "fp16"
-    assert config["fsdp_sync_module_states"] is True    # Accelerate needs it with cpu_ram_efficient_loading
+    assert config["fsdp_sync_module_states"] is True  # Accelerate needs it with cpu_ram_efficient_loading
     assert "fsdp_reshard_after_forward" not in config
     assert fsdp_problems(config) == []
 
@@ -55,15 +71,18 @@ def test_size_based_wrap(run_cli):
     assert "fsdp_transformer_layer_cls_to_wrap" not in config
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backward_prefetch", "BACKWARD_PRE"], "--backward_prefetch means nothing with --fsdp_version 2"),
-    (["--use_orig_params"], "--use_orig_params means nothing with --fsdp_version 2"),
-    (["--buffer_dtype", "float32", "--mixed_precision", "BFLOAT16"], "--buffer_dtype means nothing"),
-    (["--auto_wrap_policy", "SIZE_BASED_WRAP"], "needs --min_num_params"),
-    (["--auto_wrap_policy", "NO_WRAP", "--transformer_layer_cls_to_wrap", "Block"], "only used with TRANSFORMER"),
-    (["--reduce_dtype", "bfloat16"], "need --mixed_precision"),
-    (["--sharding_strategy", "ZERO3"], "--sharding_strategy"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backward_prefetch", "BACKWARD_PRE"], "--backward_prefetch means nothing with --fsdp_version 2"),
+        (["--use_orig_params"], "--use_orig_params means nothing with --fsdp_version 2"),
+        (["--buffer_dtype", "float32", "--mixed_precision", "BFLOAT16"], "--buffer_dtype means nothing"),
+        (["--auto_wrap_policy", "SIZE_BASED_WRAP"], "needs --min_num_params"),
+        (["--auto_wrap_policy", "NO_WRAP", "--transformer_layer_cls_to_wrap", "Block"], "only used with TRANSFORMER"),
+        (["--reduce_dtype", "bfloat16"], "need --mixed_precision"),
+        (["--sharding_strategy", "ZERO3"], "--sharding_strategy"),
+    ],
+)
 def test_options_meaningless_together_are_errors(run_cli, tmp_path, args, message):
     out = tmp_path / "fsdp.json"
     result = run_cli("fsdp", *args, "-o", out)

@@ -9,20 +9,35 @@ from dataclasses import replace
 
 import pytest
 
-from distsetup.planner import (BY_KEY, GB, STRATEGIES, Hardware, ModelShape, Workload, activation_bytes,
-                               candidates, estimate, gpt_params, model_states, parse_count, parse_memory, plan)
+from distsetup.planner import (
+    BY_KEY,
+    GB,
+    STRATEGIES,
+    Hardware,
+    ModelShape,
+    Workload,
+    activation_bytes,
+    candidates,
+    estimate,
+    gpt_params,
+    model_states,
+    parse_count,
+    parse_memory,
+    plan,
+)
 from tests.conftest import REPO
 
-NO_RUNTIME = dict(runtime_bytes=0)     # model states only, as the paper and DeepSpeed's estimators count them
+NO_RUNTIME = dict(runtime_bytes=0)  # model states only, as the paper and DeepSpeed's estimators count them
 
 
 # -- model states: the ZeRO paper and DeepSpeed's estimators ---------------------------------------------
+
 
 @pytest.mark.parametrize("key, paper_gb", [("ddp", 120), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
 def test_zero_paper_example_7_5b_on_64_gpus(key, paper_gb):
     """Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12, mixed-precision Adam."""
     states = model_states(BY_KEY[key], ModelShape(int(7.5e9)), Hardware(8, 8, **NO_RUNTIME), "bf16")
-    paper_terms = states["params"] + states["grads"] + states["optimizer"]   # the paper has no fp32 grad copy
+    paper_terms = states["params"] + states["grads"] + states["optimizer"]  # the paper has no fp32 grad copy
     assert round(paper_terms / GB, 1) == paper_gb
 
 
@@ -33,6 +48,7 @@ SETUPS = [(int(7.5e9), 8, 1), (int(1.3e9), 4, 1), (int(70e9), 8, 4), (int(350e6)
 def test_zero2_matches_deepspeed_estimator(params, gpus_per_node, nodes):
     """DeepSpeed counts 2P (16-bit params) + 18P/G (16-bit grads, fp32 grads, fp32 params, Adam m and v)."""
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as ds_zero2
+
     hw = Hardware(nodes, gpus_per_node, **NO_RUNTIME)
     _, ds_gpu = ds_zero2(params, gpus_per_node, nodes, cpu_offload=False, additional_buffer_factor=1.0)
     ours = estimate(BY_KEY["zero2"], ModelShape(params), hw, Workload("bf16"), 1)
@@ -40,23 +56,33 @@ def test_zero2_matches_deepspeed_estimator(params, gpus_per_node, nodes):
     ds_cpu, ds_gpu = ds_zero2(params, gpus_per_node, nodes, cpu_offload=True, additional_buffer_factor=1.0)
     offload = estimate(BY_KEY["zero2_offload"], ModelShape(params), hw, Workload("bf16"), 1)
     assert offload.model_states == pytest.approx(ds_gpu, rel=0.05)
-    if nodes == 1 and gpus_per_node <= 4:   # above 4 GPUs DeepSpeed's CPU figure is the 4P-per-process load peak
+    if nodes == 1 and gpus_per_node <= 4:  # above 4 GPUs DeepSpeed's CPU figure is the 4P-per-process load peak
         assert offload.cpu_per_node == pytest.approx(ds_cpu, rel=0.05)
 
 
 @pytest.mark.parametrize("params, gpus_per_node, nodes", SETUPS)
-@pytest.mark.parametrize("key, offload_opt, offload_param", [("zero3", False, False),
-                                                            ("zero3_offload_optimizer", True, False),
-                                                            ("zero3_offload_all", True, True)])
+@pytest.mark.parametrize(
+    "key, offload_opt, offload_param",
+    [("zero3", False, False), ("zero3_offload_optimizer", True, False), ("zero3_offload_all", True, True)],
+)
 def test_zero3_matches_deepspeed_estimator(params, gpus_per_node, nodes, key, offload_opt, offload_param):
     """DeepSpeed's ZeRO-3 figure: 4L (gathered 16-bit params + grads of the largest layer) + 2P/G (16-bit
     params) + 16P/G (fp32 grads, fp32 params, Adam m and v); it leaves out the 16-bit gradient partition,
     so that term of ours is left out here. CPU per node: 16P or 18P / nodes with zero.Init."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as ds_zero3
+
     hidden = 8192 if params > 1e10 else 4096
     model = ModelShape(params, hidden_size=hidden, num_layers=32, vocab_size=32000)
-    ds_cpu, ds_gpu, _ = ds_zero3(params, model.largest_module, gpus_per_node, nodes, cpu_offload=offload_opt,
-                                 cpu_offload_params=offload_param, zero_init=True, additional_buffer_factor=1.0)
+    ds_cpu, ds_gpu, _ = ds_zero3(
+        params,
+        model.largest_module,
+        gpus_per_node,
+        nodes,
+        cpu_offload=offload_opt,
+        cpu_offload_params=offload_param,
+        zero_init=True,
+        additional_buffer_factor=1.0,
+    )
     ours = estimate(BY_KEY[key], model, Hardware(nodes, gpus_per_node, **NO_RUNTIME), Workload("bf16"), 1)
     assert ours.model_states - ours.grads + ours.gathered == pytest.approx(ds_gpu, rel=0.05)
     if offload_opt:
@@ -64,7 +90,7 @@ def test_zero3_matches_deepspeed_estimator(params, gpus_per_node, nodes, key, of
 
 
 def test_precision_changes_bytes_per_parameter():
-    P, hw = 10 ** 9, Hardware(1, 8, **NO_RUNTIME)
+    P, hw = 10**9, Hardware(1, 8, **NO_RUNTIME)
     fp32 = model_states(BY_KEY["zero2"], ModelShape(P), hw, "fp32")
     bf16 = model_states(BY_KEY["zero2"], ModelShape(P), hw, "bf16")
     assert (fp32["params"], bf16["params"]) == (4 * P, 2 * P)
@@ -75,14 +101,17 @@ def test_precision_changes_bytes_per_parameter():
 
 # -- activations: the formula against the built-in model's saved tensors -------------------------------
 
+
 def _saved_activation_bytes(model, x, y) -> int:
     """Bytes of every tensor autograd keeps for backward, parameters excluded, each storage once."""
     import torch
+
     seen = {}
 
     def pack(t):
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x, y)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -94,6 +123,7 @@ def _saved_activation_bytes(model, x, y) -> int:
 def test_activation_formula_matches_built_in_model(shape, checkpointing):
     torch = pytest.importorskip("torch")
     from distsetup.training.model import GPT, apply_activation_checkpointing
+
     vocab, seq, layers, heads, hidden, batch = shape
     torch.manual_seed(0)
     model = GPT(vocab, seq, layers, heads, hidden, 0.0)
@@ -101,8 +131,9 @@ def test_activation_formula_matches_built_in_model(shape, checkpointing):
         apply_activation_checkpointing(model, list(model.blocks))
     x, y = torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
     measured = _saved_activation_bytes(model, x, y)
-    predicted = activation_bytes(ModelShape(1, hidden, layers, heads, vocab), Workload("fp32", seq), batch,
-                                 checkpointing, peak=False)
+    predicted = activation_bytes(
+        ModelShape(1, hidden, layers, heads, vocab), Workload("fp32", seq), batch, checkpointing, peak=False
+    )
     assert predicted == pytest.approx(measured, rel=0.25)
 
 
@@ -120,7 +151,7 @@ def test_recommendation_is_the_first_strategy_that_fits(gpu_memory, gpus):
     chosen = BY_KEY[result.choice.strategy]
     assert result.micro_batch * result.accumulation * hw.world_size == 64
     # every faster choice (earlier, same or less offload, without recomputation) does not fit micro-batch 1
-    for s in order[:order.index(chosen)]:
+    for s in order[: order.index(chosen)]:
         if s.offload <= chosen.offload:
             assert not estimate(s, SEVEN_B, hw, work, 1, result.choice.activation_checkpointing).fits
     # the micro-batch is the largest dividing the per-GPU batch that fits
@@ -140,13 +171,38 @@ def test_nothing_fits_says_what_would():
     nodes = int(more[0].split(" on ")[1].split(" nodes")[0])
     bigger = plan(huge, replace(hw, num_nodes=nodes), Workload("bf16", 2048, micro_batch_size=1))
     assert bigger.choice is not None
-    assert plan(huge, replace(hw, num_nodes=nodes // 2), Workload("bf16", 2048, micro_batch_size=1),
-                allowed=("zero3", "fsdp_full_shard")).choice is None
+    assert (
+        plan(
+            huge,
+            replace(hw, num_nodes=nodes // 2),
+            Workload("bf16", 2048, micro_batch_size=1),
+            allowed=("zero3", "fsdp_full_shard"),
+        ).choice
+        is None
+    )
 
 
 def test_printed_command_writes_the_same_file_as_write(run_cli, tmp_path):
-    args = ["plan", "--params", "7B", "--hidden_size", "4096", "--num_layers", "32", "--vocab_size", "32000",
-            "--num_gpus", "8", "--gpu_memory", "40GB", "--seq_len", "2048", "--bf16", "--global_batch_size", "256"]
+    args = [
+        "plan",
+        "--params",
+        "7B",
+        "--hidden_size",
+        "4096",
+        "--num_layers",
+        "32",
+        "--vocab_size",
+        "32000",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "40GB",
+        "--seq_len",
+        "2048",
+        "--bf16",
+        "--global_batch_size",
+        "256",
+    ]
     result = run_cli(*args, "--json", "--write", tmp_path / "written")
     assert result.exit_code == 0, result.output
     plan_json = json.loads(result.stdout)
@@ -157,15 +213,33 @@ def test_printed_command_writes_the_same_file_as_write(run_cli, tmp_path):
     again = run_cli(*command[1:-1], str(tmp_path / "by_command" / name))
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "written" / name).read_text()) == json.loads(
-        (tmp_path / "by_command" / name).read_text())
+        (tmp_path / "by_command" / name).read_text()
+    )
     rec = plan_json["recommendation"]
     assert rec["micro_batch_size"] * rec["gradient_accumulation_steps"] * 8 == 256
 
 
 def test_table_output_and_fsdp_command(run_cli):
-    result = run_cli("plan", "--params", "1B", "--hidden-size", "2048", "--num-layers", "16", "--vocab-size", "32000",
-                     "--num-gpus", "4", "--gpu-memory", "24GB", "--bf16", "--strategy", "fsdp_full_shard",
-                     "--strategy", "fsdp_shard_grad_op")
+    result = run_cli(
+        "plan",
+        "--params",
+        "1B",
+        "--hidden-size",
+        "2048",
+        "--num-layers",
+        "16",
+        "--vocab-size",
+        "32000",
+        "--num-gpus",
+        "4",
+        "--gpu-memory",
+        "24GB",
+        "--bf16",
+        "--strategy",
+        "fsdp_full_shard",
+        "--strategy",
+        "fsdp_shard_grad_op",
+    )
     assert result.exit_code == 0, result.output
     assert "Recommended: FSDP" in result.stdout
     assert "Next: distsetup fsdp --sharding_strategy" in result.stdout
@@ -176,9 +250,12 @@ def test_table_output_and_fsdp_command(run_cli):
 def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
     pytest.importorskip("torch")
     from distsetup.training.model import GPT
+
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n"
-                   "training: {micro_batch_size: 4, gradient_accumulation_steps: 2, precision: bf16}\n")
+    cfg.write_text(
+        "model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n"
+        "training: {micro_batch_size: 4, gradient_accumulation_steps: 2, precision: bf16}\n"
+    )
     result = run_cli("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -189,18 +266,20 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
 
 
 def test_plan_never_imports_torch():
-    code = ("import sys\nfrom distsetup.cli import cli\n"
-            "try:\n    cli(['plan', '--params', '13B', '--num_gpus', '8', '--gpu_memory', '80GB', '--hidden_size', "
-            "'5120', '--num_layers', '40', '--vocab_size', '32000'], prog_name='distsetup')\n"
-            "except SystemExit as e:\n    code = e.code\n"
-            "print('HEAVY', sorted(m for m in ('torch', 'deepspeed', 'pynvml') if m in sys.modules), 'EXIT', code)\n")
+    code = (
+        "import sys\nfrom distsetup.cli import cli\n"
+        "try:\n    cli(['plan', '--params', '13B', '--num_gpus', '8', '--gpu_memory', '80GB', '--hidden_size', "
+        "'5120', '--num_layers', '40', '--vocab_size', '32000'], prog_name='distsetup')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'deepspeed', 'pynvml') if m in sys.modules), 'EXIT', code)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr
 
 
 def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli):
     result = run_cli("plan", "--params", "1B", "--num_gpus", "2")
-    if result.exit_code == 0:      # a machine with GPUs: their memory was used
+    if result.exit_code == 0:  # a machine with GPUs: their memory was used
         assert "GPU(s) of" in result.stdout
     else:
         assert "no NVIDIA GPU" in result.output or "nvidia-ml-py" in result.output
@@ -209,7 +288,7 @@ def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli):
 def test_bad_sizes_are_errors(run_cli):
     assert run_cli("plan", "--params", "seven", "--gpu_memory", "80GB").exit_code == 1
     assert run_cli("plan", "--params", "7B", "--gpu_memory", "80 parsecs").exit_code == 1
-    assert parse_memory("24GiB") == 24 * 2 ** 30 and parse_count("1.3e9") == 1_300_000_000
+    assert parse_memory("24GiB") == 24 * 2**30 and parse_count("1.3e9") == 1_300_000_000
 
 
 # -- against src/train.py: 2 CPU ranks, per-rank bytes as the run reports them -------------------------
@@ -219,33 +298,80 @@ TINY = {"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd"
 
 def _train(tmp_path, name, backend, ds_args=None):
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(json.dumps({"model": TINY, "data": {"num_samples": 64},
-                               "training": {"micro_batch_size": 4, "max_steps": 1, "warmup_steps": 0,
-                                            "checkpoint_interval": 100, "log_interval": 1},
-                               "distributed": {"backend": backend}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model": TINY,
+                "data": {"num_samples": 64},
+                "training": {
+                    "micro_batch_size": 4,
+                    "max_steps": 1,
+                    "warmup_steps": 0,
+                    "checkpoint_interval": 100,
+                    "log_interval": 1,
+                },
+                "distributed": {"backend": backend},
+            }
+        )
+    )
     extra = []
     if ds_args is not None:
         ds = tmp_path / f"{name}.json"
         from click.testing import CliRunner
+
         from distsetup.cli import cli
-        res = CliRunner().invoke(cli, ["deepspeed", *ds_args, "--world_size", "2", "--micro_batch_size", "4",
-                                       "--gradient_accumulation_steps", "1", "-o", str(ds)])
+
+        res = CliRunner().invoke(
+            cli,
+            [
+                "deepspeed",
+                *ds_args,
+                "--world_size",
+                "2",
+                "--micro_batch_size",
+                "4",
+                "--gradient_accumulation_steps",
+                "1",
+                "-o",
+                str(ds),
+            ],
+        )
         assert res.exit_code == 0, res.output
         extra = ["--deepspeed", str(ds)]
     out_dir = tmp_path / name
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(REPO / "src" / "train.py"), "--config", str(cfg), "--no_resume", *extra,
-                          f"training.output_dir={out_dir}"], capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(REPO / "src" / "train.py"),
+            "--config",
+            str(cfg),
+            "--no_resume",
+            *extra,
+            f"training.output_dir={out_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return json.loads((out_dir / "summary.json").read_text())
 
 
-RUNS = [("ddp", "ddp", None, "ddp"), ("zero1", "deepspeed", ["--zero_stage", "1"], "zero1"),
-        ("zero2", "deepspeed", ["--zero_stage", "2"], "zero2"),
-        # persistence 0: DeepSpeed would otherwise keep every parameter under 1e5 elements whole (all of TINY's)
-        ("zero3", "deepspeed", ["--zero_stage", "3", "--stage3_param_persistence_threshold", "0"], "zero3"),
-        ("fsdp", "fsdp", None, "fsdp_full_shard")]
+RUNS = [
+    ("ddp", "ddp", None, "ddp"),
+    ("zero1", "deepspeed", ["--zero_stage", "1"], "zero1"),
+    ("zero2", "deepspeed", ["--zero_stage", "2"], "zero2"),
+    # persistence 0: DeepSpeed would otherwise keep every parameter under 1e5 elements whole (all of TINY's)
+    ("zero3", "deepspeed", ["--zero_stage", "3", "--stage3_param_persistence_threshold", "0"], "zero3"),
+    ("fsdp", "fsdp", None, "fsdp_full_shard"),
+]
 
 
 @pytest.mark.slow
@@ -256,12 +382,15 @@ def test_predicted_model_states_match_train_py(tmp_path, name, backend, ds_args,
     assert summary["world_size"] == 2 and summary["precision"] == "fp32"
     from distsetup.commands.plan import count_on_meta
     from distsetup.runconfig import load_run_config
+
     cfg_path = tmp_path / "shape.yaml"
     cfg_path.write_text(json.dumps({"model": TINY}))
     shape = count_on_meta(load_run_config(cfg_path))
     predicted = model_states(BY_KEY[key], shape, Hardware(1, 2, runtime_bytes=0), "fp32")
     measured = summary["memory"]
-    optimizer = measured["optimizer"] + measured.get("master_params", 0)   # DeepSpeed's master copy: ours is in optimizer
+    optimizer = measured["optimizer"] + measured.get(
+        "master_params", 0
+    )  # DeepSpeed's master copy: ours is in optimizer
     assert measured["params"] == pytest.approx(predicted["params"], rel=0.10)
     assert optimizer == pytest.approx(predicted["optimizer"], rel=0.10)
     if key == "zero1":
@@ -279,10 +408,22 @@ def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
     pytest.importorskip("transformers")
     from distsetup.commands.plan import count_on_meta, hf_shape_from_json
     from distsetup.runconfig import load_run_config
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
-        "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000,
-        "tie_word_embeddings": False}))
+
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 256,
+                "intermediate_size": 688,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "vocab_size": 1000,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({"model": {"type": "hf", "hf_path": str(tmp_path), "vocab_size": 256}}))
     exact = count_on_meta(load_run_config(cfg))
@@ -293,11 +434,28 @@ def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
 
 # -- issue 5's LR scaling in `distsetup deepspeed` (belongs with the deepspeed command's tests) -----------
 
+
 @pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
 def test_deepspeed_command_writes_the_scaled_lr(run_cli, rule, factor):
-    result = run_cli("deepspeed", "--zero_stage", "1", "--world_size", "8", "--micro_batch_size", "4",
-                     "--gradient_accumulation_steps", "2", "--lr", "1e-4", "--scheduler", "WarmupLR",
-                     "--scale_lr", rule, "--base_batch_size", "16")
+    result = run_cli(
+        "deepspeed",
+        "--zero_stage",
+        "1",
+        "--world_size",
+        "8",
+        "--micro_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--lr",
+        "1e-4",
+        "--scheduler",
+        "WarmupLR",
+        "--scale_lr",
+        rule,
+        "--base_batch_size",
+        "16",
+    )
     assert result.exit_code == 0, result.output
     config = json.loads(result.stdout)
     assert config["train_batch_size"] == 64
@@ -313,20 +471,48 @@ def test_deepspeed_scale_lr_needs_base_batch_and_world_size(run_cli):
 
 def test_params_alone_assumes_a_published_shape_and_says_so(run_cli):
     from distsetup.planner import assumed_shape
+
     assert assumed_shape(7_000_000_000)[:2] == (4096, 32)
     assert assumed_shape(120_000_000)[:2] == (768, 12)
-    result = run_cli("plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB", "--seq_len", "4096",
-                     "--micro_batch_size", "2", "--bf16", "--json")
+    result = run_cli(
+        "plan",
+        "--params",
+        "7B",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "80GB",
+        "--seq_len",
+        "4096",
+        "--micro_batch_size",
+        "2",
+        "--bf16",
+        "--json",
+    )
     assert "activations assume hidden 4096, 32 layers" in result.stderr
     plan = json.loads(result.stdout)
     zero3 = next(e for e in plan["estimates"] if e["strategy"] == "zero3")
-    assert zero3["activations"] > 10e9                   # s=4096, b=2, h=4096, 32 layers in bf16
-    assert zero3["gathered"] < 0.1 * 2 * 7e9             # gathered per module, not the whole model
+    assert zero3["activations"] > 10e9  # s=4096, b=2, h=4096, 32 layers in bf16
+    assert zero3["gathered"] < 0.1 * 2 * 7e9  # gathered per module, not the whole model
 
 
 def test_fsdp_recommendation_wraps_the_users_layer_class(run_cli):
-    args = ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB", "--seq_len", "4096",
-            "--micro_batch_size", "2", "--bf16", "--strategy", "fsdp_full_shard"]
+    args = [
+        "plan",
+        "--params",
+        "7B",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "80GB",
+        "--seq_len",
+        "4096",
+        "--micro_batch_size",
+        "2",
+        "--bf16",
+        "--strategy",
+        "fsdp_full_shard",
+    ]
     result = run_cli(*args)
     assert "--transformer_layer_cls_to_wrap Block" in result.stdout and "give --layer_cls" in result.stderr
     result = run_cli(*args, "--layer_cls", "LlamaDecoderLayer")

@@ -1,4 +1,5 @@
-"""Preflight: a real 2-process torchrun succeeds; a wrong master port or address fails in seconds, naming rank and host."""
+"""Preflight: a real 2-process torchrun succeeds; a wrong master port or address fails in seconds, naming rank
+and host."""
 
 import os
 import socket
@@ -21,27 +22,57 @@ def _free_port() -> int:
 
 
 def test_two_ranks_under_torchrun_succeed():
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "distsetup.preflight", "--timeout", "30", "--size_mb", "1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, env=ENV)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "distsetup.preflight",
+            "--timeout",
+            "30",
+            "--size_mb",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     ok = [line for line in out.stdout.splitlines() if line.startswith("preflight OK")]
-    assert len(ok) == 1                                    # rank 0 only
+    assert len(ok) == 1  # rank 0 only
     assert "2 ranks" in ok[0] and "all-reduce" in ok[0] and "barrier" in ok[0]
 
 
 def _lone_rank(master_addr: str, port: int, timeout: float = 3):
-    env = {**ENV, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": master_addr,
-           "MASTER_PORT": str(port)}
+    env = {
+        **ENV,
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(port),
+    }
     env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "distsetup.preflight", "--timeout", str(timeout)], cwd=REPO,
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "distsetup.preflight", "--timeout", str(timeout)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     return out, time.monotonic() - start
 
 
 def test_wrong_master_port_fails_fast_naming_rank_and_host():
-    port = _free_port()                                    # nobody listens there
+    port = _free_port()  # nobody listens there
     out, seconds = _lone_rank("127.0.0.1", port)
     assert out.returncode == 1
     assert seconds < 20

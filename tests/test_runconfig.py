@@ -25,13 +25,16 @@ def test_shipped_schema_is_generated_from_the_dataclasses():
     """`make schemas` regenerates it; fields and schema can never drift apart."""
     assert load_schema("run_config") == json.loads(json.dumps(run_config_schema()))
     for name, cls in SECTIONS.items():
-        assert set(load_schema("run_config")["properties"][name]["properties"]) == \
-            {f.name for f in dataclasses.fields(cls)}
+        assert set(load_schema("run_config")["properties"][name]["properties"]) == {
+            f.name for f in dataclasses.fields(cls)
+        }
 
 
 def test_overrides_parse_values_as_yaml(tmp_path):
-    config = load_run_config(write_yaml(tmp_path, "training:\n  lr: 3e-4\n"),
-                             ["training.max_steps=7", "model.n_layer=3", "training.betas=[0.8, 0.9]"])
+    config = load_run_config(
+        write_yaml(tmp_path, "training:\n  lr: 3e-4\n"),
+        ["training.max_steps=7", "model.n_layer=3", "training.betas=[0.8, 0.9]"],
+    )
     assert config.training.lr == 3e-4 and config.training.max_steps == 7
     assert config.model.n_layer == 3 and config.training.betas == [0.8, 0.9]
 
@@ -44,18 +47,21 @@ def test_guides_keys_select_the_backend(tmp_path):
     assert load_run_config(path).distributed.backend == "fsdp"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("trainig:\n  lr: 1\n", "did you mean 'training'"),
-    ("training:\n  precision: bf32\n", "training.precision"),
-    ("training:\n  micro_batch_size: 0\n", "training.micro_batch_size"),
-    ("distributed:\n  backend: deepspeed\n", "needs a DeepSpeed file"),
-    ("distributed:\n  use_deepspeed: true\n  use_fsdp: true\n", "both true"),
-    ("model:\n  n_embd: 30\n  n_head: 4\n", "not a multiple of n_head"),
-    ("training:\n  scale_lr: linear\n", "needs base_batch_size"),
-    ("distributed:\n  backend: fsdp\n  fsdp_config: nowhere.json\n", "does not exist"),
-    ("- a list\n", "mapping of sections"),
-    ("training: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("trainig:\n  lr: 1\n", "did you mean 'training'"),
+        ("training:\n  precision: bf32\n", "training.precision"),
+        ("training:\n  micro_batch_size: 0\n", "training.micro_batch_size"),
+        ("distributed:\n  backend: deepspeed\n", "needs a DeepSpeed file"),
+        ("distributed:\n  use_deepspeed: true\n  use_fsdp: true\n", "both true"),
+        ("model:\n  n_embd: 30\n  n_head: 4\n", "not a multiple of n_head"),
+        ("training:\n  scale_lr: linear\n", "needs base_batch_size"),
+        ("distributed:\n  backend: fsdp\n  fsdp_config: nowhere.json\n", "does not exist"),
+        ("- a list\n", "mapping of sections"),
+        ("training: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_config_is_one_clear_error(tmp_path, text, message):
     with pytest.raises(DistsetupError, match=message) as info:
         load_run_config(write_yaml(tmp_path, text))

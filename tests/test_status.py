@@ -34,7 +34,7 @@ class FakeNvml:
         return self.devices[i]
 
     def nvmlDeviceGetName(self, d):
-        return d[0].encode()          # older pynvml returns bytes
+        return d[0].encode()  # older pynvml returns bytes
 
     def nvmlDeviceGetMemoryInfo(self, d):
         total, used = d[1] * GIB, d[2] * GIB
@@ -52,14 +52,16 @@ class FakeNvml:
         return f"python-{pid}"
 
 
-EIGHT = [("H100", 80, 70, 95, [11]),   # busy and nearly full
-         ("H100", 80, 1, 0, []),
-         ("H100", 80, 30, 50, [12, 13]),
-         ("H100", 80, 70, 0, [14]),     # 10 GiB free: under 16
-         ("H100", 80, 0, 0, []),
-         ("H100", 80, 5, 92, [15]),     # free but busy
-         ("H100", 80, 2, None, []),     # utilisation not supported (MIG): judged on memory only
-         ("H100", 80, 40, 10, [16])]
+EIGHT = [
+    ("H100", 80, 70, 95, [11]),  # busy and nearly full
+    ("H100", 80, 1, 0, []),
+    ("H100", 80, 30, 50, [12, 13]),
+    ("H100", 80, 70, 0, [14]),  # 10 GiB free: under 16
+    ("H100", 80, 0, 0, []),
+    ("H100", 80, 5, 92, [15]),  # free but busy
+    ("H100", 80, 2, None, []),  # utilisation not supported (MIG): judged on memory only
+    ("H100", 80, 40, 10, [16]),
+]
 
 
 def test_query_reads_every_field_and_shuts_nvml_down():
@@ -76,7 +78,7 @@ def test_ranking_by_free_memory_and_the_thresholds():
     gpus = query_gpus(FakeNvml(EIGHT))
     verdicts = judge_gpus(gpus, min_free_gb=16, max_util=90)
     ok = [v.gpu.index for v in verdicts if v.ok]
-    assert ok == [4, 1, 6, 2, 7]                     # 80, 79, 78, 50, 40 GiB free
+    assert ok == [4, 1, 6, 2, 7]  # 80, 79, 78, 50, 40 GiB free
     rejected = {v.gpu.index: v.reason for v in verdicts if not v.ok}
     assert set(rejected) == {0, 3, 5}
     assert "utilisation 92%" in rejected[5] and "10.0 GiB free" in rejected[3]
@@ -89,7 +91,7 @@ def test_fewer_than_asked_is_an_error_unless_allowed():
     with pytest.raises(DistsetupError, match="asked for 6 GPUs but only 5 of 8"):
         choose_gpus(gpus, 6)
     assert choose_gpus(gpus, 6, allow_fewer=True) == [4, 1, 6, 2, 7]
-    with pytest.raises(DistsetupError):          # allow_fewer never returns no GPU at all
+    with pytest.raises(DistsetupError):  # allow_fewer never returns no GPU at all
         choose_gpus(gpus, 2, min_free_gb=100, allow_fewer=True)
 
 
@@ -128,7 +130,13 @@ def test_status_without_driver_is_one_line_and_exit_0():
 
 def test_select_gpus_keeps_the_launchers_signature():
     import inspect
+
     from distsetup.gpus import select_gpus
+
     params = inspect.signature(select_gpus).parameters
     assert [(n, p.default) for n, p in params.items()] == [
-        ("count", inspect.Parameter.empty), ("min_free_gb", 16), ("max_util", 90), ("allow_fewer", False)]
+        ("count", inspect.Parameter.empty),
+        ("min_free_gb", 16),
+        ("max_util", 90),
+        ("allow_fewer", False),
+    ]

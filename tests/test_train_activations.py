@@ -3,12 +3,16 @@
 import json
 
 import pytest
-
 from train_runs import MICRO, MODEL, SHARED, feature_run
 
 # run -> (precision, activation checkpointing); the FSDP run also checks that gathered weights are left out
-RUNS = {"acc_single": ("fp32", False), "acc_ddp_ckpt": ("fp32", True), "acc_fsdp_ckpt_full_sd": ("fp32", True),
-        "acc_zero3_offload": ("fp32", False), "bf16_fsdp": ("bf16", False)}
+RUNS = {
+    "acc_single": ("fp32", False),
+    "acc_ddp_ckpt": ("fp32", True),
+    "acc_fsdp_ckpt_full_sd": ("fp32", True),
+    "acc_zero3_offload": ("fp32", False),
+    "bf16_fsdp": ("bf16", False),
+}
 
 
 @pytest.mark.slow
@@ -17,6 +21,7 @@ def test_measured_activation_bytes_match_the_planner(name):
     from distsetup.commands.plan import count_on_meta
     from distsetup.planner import Workload, activation_bytes
     from distsetup.runconfig import load_run_config
+
     precision, checkpointing = RUNS[name]
     measured = json.loads((feature_run(name) / "summary.json").read_text())["peak_activation_bytes"]
     shape = count_on_meta(load_run_config(SHARED / name / "config.yaml"))

@@ -70,10 +70,16 @@ def test_jsonl_without_text_field_names_the_line(tmp_path):
 def test_data_files_are_found_next_to_the_config_from_any_folder(tmp_path):
     """A relative data path resolves as validation resolves it: the working folder, else next to the config."""
     from train_runs import train, write_config
+
     (tmp_path / "corpus.txt").write_text("distsetup reads text files byte by byte. " * 40)
-    config = write_config(tmp_path, "single", "single", None,
-                          {"max_steps": 2, "micro_batch_size": 4, "checkpoint_interval": 2},
-                          data={"type": "files", "paths": ["corpus.txt"]})
+    config = write_config(
+        tmp_path,
+        "single",
+        "single",
+        None,
+        {"max_steps": 2, "micro_batch_size": 4, "checkpoint_interval": 2},
+        data={"type": "files", "paths": ["corpus.txt"]},
+    )
     result = train(config, 1)  # from the repository's folder, where no corpus.txt is
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["steps"] == 2

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from train_runs import GLOBAL_BATCH, ds_file, train, write_run_config
 
 
@@ -44,6 +43,7 @@ def test_single_backend_refuses_several_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     import train_runs
+
     monkeypatch.setattr(train_runs, "environment", lambda: {**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     result = train(config, 1)
     assert_clean_error(result, "backend single", "WORLD_SIZE is 2")
@@ -69,8 +69,7 @@ def test_empty_strings_are_not_files(tmp_path):
 def test_output_dir_that_cannot_be_a_folder(tmp_path):
     config = write_run_config(tmp_path, "single")
     (tmp_path / "taken").write_text("a file, not a folder")
-    assert_clean_error(train(config, 1, f"training.output_dir={tmp_path / 'taken'}"), "training.output_dir",
-                       "taken")
+    assert_clean_error(train(config, 1, f"training.output_dir={tmp_path / 'taken'}"), "training.output_dir", "taken")
     assert (tmp_path / "taken").read_text() == "a file, not a folder"
     assert_clean_error(train(config, 1, "training.output_dir=/proc/distsetup-run"), "training.output_dir", "/proc")
 
@@ -105,8 +104,16 @@ def test_mistyped_deepspeed_key_is_refused_not_ignored(tmp_path):
 
 
 def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
-    (tmp_path / "fsdp.json").write_text(json.dumps({"fsdp_version": 2, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
-                                                    "fsdp_min_num_params": -7, "fsdp_offload_params": "yes"}))
+    (tmp_path / "fsdp.json").write_text(
+        json.dumps(
+            {
+                "fsdp_version": 2,
+                "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+                "fsdp_min_num_params": -7,
+                "fsdp_offload_params": "yes",
+            }
+        )
+    )
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}")
     assert_clean_error(result, "FSDP file", "fsdp_")

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-from train_runs import final_weights, losses, shared_run, train, write_run_config, SHARED
+from train_runs import SHARED, final_weights, losses, shared_run, train, write_run_config
 
 
 @pytest.mark.slow

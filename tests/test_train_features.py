@@ -14,20 +14,36 @@ import signal
 
 import pytest
 import torch
-
-from train_runs import (FEATURE_STEPS, GLOBAL_BATCH, MODEL, MICRO, ds_file, feature_attempt, feature_run, final_weights,
-                        losses, start, train, wait_for, worker_pids, write_config, write_feature_config)
+from train_runs import (
+    FEATURE_STEPS,
+    GLOBAL_BATCH,
+    MICRO,
+    MODEL,
+    ds_file,
+    feature_attempt,
+    feature_run,
+    final_weights,
+    losses,
+    start,
+    train,
+    wait_for,
+    worker_pids,
+    write_config,
+    write_feature_config,
+)
 
 RTOL = 1e-4  # as tests/test_train_parity.py: fp32, same data, same arithmetic up to summation order
 # run -> what its log must say it did (so a silently ignored setting cannot pass as parity)
-PARITY = {"acc_ddp_ckpt": [],
-          "acc_fsdp_ckpt_full_sd": [],
-          "acc_zero2": [r"\(ZeRO-2\)"],
-          "acc_zero2_one_process": [r"\(ZeRO-2\) on 1 x cpu; global batch 16 = micro 4 x accumulation 4 x world 1"],
-          # DeepSpeedCPUAdam steps on the CPU copy: same AdamW formula, so the same tight tolerance holds
-          "acc_zero3_offload": [r"\(ZeRO-3\)"],
-          "acc_fsdp_hybrid_size": [r"HYBRID_SHARD: 2-D device mesh, replicate 1 x shard 2"],
-          "acc_fsdp_hybrid_zero2_nodes": [r"HYBRID_SHARD_ZERO2: 2-D device mesh, replicate 2 x shard 1"]}
+PARITY = {
+    "acc_ddp_ckpt": [],
+    "acc_fsdp_ckpt_full_sd": [],
+    "acc_zero2": [r"\(ZeRO-2\)"],
+    "acc_zero2_one_process": [r"\(ZeRO-2\) on 1 x cpu; global batch 16 = micro 4 x accumulation 4 x world 1"],
+    # DeepSpeedCPUAdam steps on the CPU copy: same AdamW formula, so the same tight tolerance holds
+    "acc_zero3_offload": [r"\(ZeRO-3\)"],
+    "acc_fsdp_hybrid_size": [r"HYBRID_SHARD: 2-D device mesh, replicate 1 x shard 2"],
+    "acc_fsdp_hybrid_zero2_nodes": [r"HYBRID_SHARD_ZERO2: 2-D device mesh, replicate 2 x shard 1"],
+}
 
 
 def log_of(name: str) -> str:
@@ -48,7 +64,7 @@ def test_accumulating_runs_match_the_single_process_curve(name):
     assert f"micro {MICRO} x accumulation 4 x world 1" in log_of("acc_single")
     for pattern in PARITY[name]:
         assert re.search(pattern, log_of(name)), (pattern, log_of(name)[-2000:])
-    worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(curve, reference, strict=True))
     assert worst <= RTOL, f"{name}: largest relative loss difference {worst:.2e} over {FEATURE_STEPS} steps"
     assert reference[-1] < reference[0] - 0.1, reference
 
@@ -87,6 +103,7 @@ def test_full_state_dict_checkpoint_survives_kill_9(tmp_path):
 def test_size_based_wrap_takes_modules_with_enough_parameters_and_skips_containers():
     from distsetup.training.fsdp import _size_based_units
     from distsetup.training.model import GPT
+
     model = GPT(256, MODEL["block_size"], MODEL["n_layer"], MODEL["n_head"], MODEL["n_embd"], 0.0)
     units = _size_based_units(model, 5000)  # h = 32: an MLP has 8352, attention 4224, wte/lm_head 8192
     assert sorted(type(u).__name__ for u in units) == ["Embedding", "Linear", "MLP", "MLP"]
@@ -94,17 +111,26 @@ def test_size_based_wrap_takes_modules_with_enough_parameters_and_skips_containe
     assert all(sum(p.numel() for p in u.parameters()) >= 5000 for u in units)
 
 
-@pytest.mark.parametrize("strategy, world, local, shape", [
-    ("HYBRID_SHARD", 2, 1, (2, 1)), ("HYBRID_SHARD", 2, 2, (1, 2)), ("HYBRID_SHARD_ZERO2", 8, 4, (2, 4)),
-    ("NO_SHARD", 4, 2, (4, 1)), ("FULL_SHARD", 4, 2, (4,))])
+@pytest.mark.parametrize(
+    "strategy, world, local, shape",
+    [
+        ("HYBRID_SHARD", 2, 1, (2, 1)),
+        ("HYBRID_SHARD", 2, 2, (1, 2)),
+        ("HYBRID_SHARD_ZERO2", 8, 4, (2, 4)),
+        ("NO_SHARD", 4, 2, (4, 1)),
+        ("FULL_SHARD", 4, 2, (4,)),
+    ],
+)
 def test_mesh_shape_follows_processes_per_node(strategy, world, local, shape):
     from distsetup.training.fsdp import mesh_shape
+
     assert mesh_shape(strategy, world, local) == shape
 
 
 def test_hybrid_shard_needs_equal_nodes():
     from distsetup.errors import DistsetupError
     from distsetup.training.fsdp import mesh_shape
+
     with pytest.raises(DistsetupError, match="multiple of the processes per node"):
         mesh_shape("HYBRID_SHARD", 3, 2)
 
@@ -115,6 +141,7 @@ LOW_PRECISION = {"bf16_ddp_files": "bf16", "bf16_fsdp": "bf16", "bf16_zero2": "b
 def deepspeed_supports(precision: str) -> bool:
     """What DeepSpeed's accelerator says of this machine (fp16 on a CPU needs oneDNN fp16: some have it)."""
     from deepspeed.accelerator import get_accelerator
+
     return bool({"fp16": get_accelerator().is_fp16_supported, "bf16": get_accelerator().is_bf16_supported}[precision]())
 
 
@@ -165,10 +192,18 @@ def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_pa
     from distsetup.runconfig import load_run_config
     from distsetup.training.deepspeed_backend import DeepSpeedBackend
     from distsetup.training.world import World
+
     ds = {**ds_file(1), "optimizer": {"type": "AdamW", "params": {"lr": 0.004}}}  # batch 16 = 8 x 1 x 2
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    cfg = load_run_config(None, ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'ds.json'}",
-                                 "training.scale_lr=linear", "training.base_batch_size=4"])
+    cfg = load_run_config(
+        None,
+        [
+            "distributed.backend=deepspeed",
+            f"distributed.deepspeed_config={tmp_path / 'ds.json'}",
+            "training.scale_lr=linear",
+            "training.base_batch_size=4",
+        ],
+    )
     backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
     assert backend.lr == 0.004 and backend.ds_config["optimizer"]["params"]["lr"] == 0.004
     assert any("training.scale_lr linear not applied" in note for note in backend.notes), backend.notes
@@ -176,11 +211,18 @@ def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_pa
 
 @pytest.mark.slow
 def test_notes_a_backend_adds_while_wrapping_are_printed(tmp_path):
-    fsdp = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_transformer_layer_cls_to_wrap": "Block", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_offload_params": True, "mixed_precision": "no"}
-    config = write_config(tmp_path, "fsdp_offload", "fsdp", fsdp, {"max_steps": 2, "micro_batch_size": 4,
-                                                                     "checkpoint_interval": 2})
+    fsdp = {
+        "fsdp_version": 2,
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_offload_params": True,
+        "mixed_precision": "no",
+    }
+    config = write_config(
+        tmp_path, "fsdp_offload", "fsdp", fsdp, {"max_steps": 2, "micro_batch_size": 4, "checkpoint_interval": 2}
+    )
     result = train(config, 2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "note: fsdp_offload_params ignored: parameters already live on the CPU" in result.stdout

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import yaml
-
 from train_runs import FSDP_FILES, losses, train
 
 pytest.importorskip("transformers")
@@ -12,19 +11,36 @@ pytest.importorskip("transformers")
 
 def write_llama(folder):
     from transformers import LlamaConfig
-    LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=2, max_position_embeddings=64).save_pretrained(folder)
+
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ).save_pretrained(folder)
 
 
 def write_config(tmp_path, layer_cls: str):
     write_llama(tmp_path / "llama")
     fsdp = {**FSDP_FILES["fsdp_full"], "fsdp_transformer_layer_cls_to_wrap": layer_cls}
     (tmp_path / "fsdp.json").write_text(json.dumps(fsdp))
-    config = {"model": {"type": "hf", "hf_path": str(tmp_path / "llama"), "block_size": 32},
-              "data": {"num_samples": 1024},
-              "training": {"micro_batch_size": 8, "max_steps": 30, "warmup_steps": 3, "lr": 3e-3, "log_interval": 1,
-                           "checkpoint_interval": 30, "output_dir": str(tmp_path / "out")},
-              "distributed": {"backend": "fsdp", "fsdp_config": str(tmp_path / "fsdp.json")}}
+    config = {
+        "model": {"type": "hf", "hf_path": str(tmp_path / "llama"), "block_size": 32},
+        "data": {"num_samples": 1024},
+        "training": {
+            "micro_batch_size": 8,
+            "max_steps": 30,
+            "warmup_steps": 3,
+            "lr": 3e-3,
+            "log_interval": 1,
+            "checkpoint_interval": 30,
+            "output_dir": str(tmp_path / "out"),
+        },
+        "distributed": {"backend": "fsdp", "fsdp_config": str(tmp_path / "fsdp.json")},
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     return tmp_path / "config.yaml"
 

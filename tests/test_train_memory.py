@@ -9,20 +9,27 @@ reduce-scatters like stage 2), so ZeRO-1 is checked against 4P/N gradients: what
 import json
 
 import pytest
-
 from train_runs import MODEL, shared_run
 
 N = 2
 TOLERANCE = 0.10
 # run -> (params, grads, optimizer) as multiples of P bytes
-MODEL_BYTES = {"ddp": (4, 4, 8), "zero1": (4, 4 / N, 8 / N), "zero2": (4, 4 / N, 8 / N),
-               "zero3": (4 / N, 4 / N, 8 / N), "fsdp_full": (4 / N, 4 / N, 8 / N)}
+MODEL_BYTES = {
+    "ddp": (4, 4, 8),
+    "zero1": (4, 4 / N, 8 / N),
+    "zero2": (4, 4 / N, 8 / N),
+    "zero3": (4 / N, 4 / N, 8 / N),
+    "fsdp_full": (4 / N, 4 / N, 8 / N),
+}
 
 
 def parameter_count() -> int:
     from distsetup.training.model import GPT
-    return sum(p.numel() for p in GPT(256, MODEL["block_size"], MODEL["n_layer"], MODEL["n_head"],
-                                      MODEL["n_embd"], 0.0).parameters())
+
+    return sum(
+        p.numel()
+        for p in GPT(256, MODEL["block_size"], MODEL["n_layer"], MODEL["n_head"], MODEL["n_embd"], 0.0).parameters()
+    )
 
 
 @pytest.mark.slow
@@ -31,7 +38,7 @@ def test_reported_bytes_match_zero_memory_model(name):
     summary = json.loads((shared_run(name) / "summary.json").read_text())
     assert summary["world_size"] == N
     P = parameter_count()
-    for key, factor in zip(("params", "grads", "optimizer"), MODEL_BYTES[name]):
+    for key, factor in zip(("params", "grads", "optimizer"), MODEL_BYTES[name], strict=True):
         expected, held = factor * P, summary["memory"][key]
         assert abs(held - expected) <= TOLERANCE * expected, f"{name} {key}: {held} bytes, model says {expected:.0f}"
 

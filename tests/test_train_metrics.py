@@ -44,8 +44,7 @@ def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):
     log = MetricsLog(tmp_path, enabled=True)
     log.write(3, loss=1.5, lr=4e-4)
     log.close()
-    assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3),
-                     ("closed",)]
+    assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3), ("closed",)]
 
 
 def test_other_ranks_write_nothing(tmp_path):

@@ -9,9 +9,21 @@ import time
 
 import pytest
 import torch
-
-from train_runs import (INTERVAL, REPO, STEPS, command, environment, final_weights, losses, shared_run, start, train,
-                        wait_for, worker_pids, write_run_config)
+from train_runs import (
+    INTERVAL,
+    REPO,
+    STEPS,
+    command,
+    environment,
+    final_weights,
+    losses,
+    shared_run,
+    start,
+    train,
+    wait_for,
+    worker_pids,
+    write_run_config,
+)
 
 
 def assert_same_weights(resumed: dict, uninterrupted: dict):
@@ -158,8 +170,9 @@ def test_a_stopped_deepspeed_rank_ends_the_job_within_the_collective_timeout(tmp
         raise AssertionError(f"still running 120 s after a rank stopped:\n{run.log.read_text()[-3000:]}")
     assert run.returncode != 0 and time.monotonic() - began < 120
     log = run.log.read_text()
-    assert re.search(r"error: rank 0 of 2 lost contact with the other ranks at step \d+ .*distributed.timeout_minutes",
-                     log), log[-3000:]
+    assert re.search(
+        r"error: rank 0 of 2 lost contact with the other ranks at step \d+ .*distributed.timeout_minutes", log
+    ), log[-3000:]
     assert "[rank0]: Traceback" not in log
 
 
@@ -170,9 +183,23 @@ def test_full_disk_during_a_checkpoint_is_one_line_with_the_free_space(tmp_path)
     disk = tmp_path / "disk"
     disk.mkdir()
     config = write_run_config(tmp_path, "single", checkpoint_interval=2, max_steps=4)
-    result = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=256k tmpfs "$1" && shift && '
-                             'exec "$@"', "sh", str(disk), *command(config, 1, f"training.output_dir={disk / 'out'}")],
-                            capture_output=True, text=True, timeout=120, env=environment(), cwd=REPO)
+    result = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=256k tmpfs "$1" && shift && exec "$@"',
+            "sh",
+            str(disk),
+            *command(config, 1, f"training.output_dir={disk / 'out'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        cwd=REPO,
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"cannot write checkpoint {disk / 'out' / 'checkpoints' / 'step_0000002'}" in lines[0]

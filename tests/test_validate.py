@@ -6,8 +6,12 @@ import pytest
 
 from distsetup.validate import validate_file
 
-GOOD_DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-           "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+GOOD_DS = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 2},
+    "bf16": {"enabled": True},
+}
 
 
 def write(tmp_path, name, content):
@@ -45,20 +49,32 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
     assert "64 != micro 4 x accumulation 2 x world size 16 = 128" in result.stdout
 
 
-@pytest.mark.parametrize("config, path, words", [
-    ({**GOOD_DS, "fp16": {"enabled": True}}, "bf16.enabled", "both enabled"),
-    ({**GOOD_DS, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
-     "zero_optimization.offload_param", "ignores it silently"),
-    ({**GOOD_DS, "zero_optimization": {"stage": 1, "stage3_max_live_parameters": 10}},
-     "zero_optimization.stage3_max_live_parameters", "means nothing at ZeRO stage 1"),
-    ({**GOOD_DS, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
-     "zero_optimization.offload_optimizer.nvme_path", "nvme_path"),
-    ({**GOOD_DS, "gradient_clipping": "auto"}, "gradient_clipping", "Hugging Face Trainer"),
-    ({**GOOD_DS, "zero_optimization": {"stage": 4}}, "zero_optimization.stage", "not allowed"),
-    ({**GOOD_DS, "gradient_accumulation_steps": "two"}, "gradient_accumulation_steps", "wrong type"),
-    ({**GOOD_DS, "gradient_clipping": -1}, "gradient_clipping", "out of range"),
-    ({"zero_optimization": {"stage": 2}}, "train_micro_batch_size_per_gpu", "refuses to start"),
-])
+@pytest.mark.parametrize(
+    "config, path, words",
+    [
+        ({**GOOD_DS, "fp16": {"enabled": True}}, "bf16.enabled", "both enabled"),
+        (
+            {**GOOD_DS, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+            "zero_optimization.offload_param",
+            "ignores it silently",
+        ),
+        (
+            {**GOOD_DS, "zero_optimization": {"stage": 1, "stage3_max_live_parameters": 10}},
+            "zero_optimization.stage3_max_live_parameters",
+            "means nothing at ZeRO stage 1",
+        ),
+        (
+            {**GOOD_DS, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+            "zero_optimization.offload_optimizer.nvme_path",
+            "nvme_path",
+        ),
+        ({**GOOD_DS, "gradient_clipping": "auto"}, "gradient_clipping", "Hugging Face Trainer"),
+        ({**GOOD_DS, "zero_optimization": {"stage": 4}}, "zero_optimization.stage", "not allowed"),
+        ({**GOOD_DS, "gradient_accumulation_steps": "two"}, "gradient_accumulation_steps", "wrong type"),
+        ({**GOOD_DS, "gradient_clipping": -1}, "gradient_clipping", "out of range"),
+        ({"zero_optimization": {"stage": 2}}, "train_micro_batch_size_per_gpu", "refuses to start"),
+    ],
+)
 def test_cross_field_and_schema_rules(tmp_path, config, path, words):
     found = problems_of(tmp_path, config)
     assert path in found and words in found[path].message, found
@@ -70,8 +86,9 @@ def test_auto_is_allowed_with_hf(tmp_path):
 
 
 def test_duplicate_json_keys(tmp_path):
-    found = problems_of(tmp_path, '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": '
-                                  '{"stage": 1, "stage": 2}}')
+    found = problems_of(
+        tmp_path, '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1, "stage": 2}}'
+    )
     assert "appears more than once" in found["zero_optimization.stage"].message
 
 
@@ -85,8 +102,13 @@ def test_every_problem_is_reported_not_just_the_first(run_cli, tmp_path):
 
 
 def test_fsdp_file_is_detected_and_checked_for_its_version(run_cli, tmp_path):
-    config = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_use_orig_params": True,
-              "fsdp_auto_wrap_policy": "NO_WRAP", "fsdp_state_dict_type": "LOCAL_STATE_DICT"}
+    config = {
+        "fsdp_version": 2,
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_use_orig_params": True,
+        "fsdp_auto_wrap_policy": "NO_WRAP",
+        "fsdp_state_dict_type": "LOCAL_STATE_DICT",
+    }
     result = run_cli("validate", write(tmp_path, "fsdp.json", config), "--json")
     paths = {p["path"] for p in json.loads(result.stdout)}
     assert result.exit_code == 1 and paths == {"fsdp_use_orig_params", "fsdp_state_dict_type"}
@@ -94,8 +116,12 @@ def test_fsdp_file_is_detected_and_checked_for_its_version(run_cli, tmp_path):
 
 def test_run_config_and_the_files_it_points_at(run_cli, tmp_path):
     write(tmp_path, "ds.json", {**GOOD_DS, "train_batch_size": 24})
-    yaml_path = write(tmp_path, "config.yaml", "training:\n  lr: 3e-4\n  mirco_batch_size: 2\n"
-                      "distributed:\n  backend: deepspeed\n  deepspeed_config: ds.json\n")
+    yaml_path = write(
+        tmp_path,
+        "config.yaml",
+        "training:\n  lr: 3e-4\n  mirco_batch_size: 2\n"
+        "distributed:\n  backend: deepspeed\n  deepspeed_config: ds.json\n",
+    )
     result = run_cli("validate", yaml_path, "--world_size", "2", "--json")
     found = {p["path"]: p for p in json.loads(result.stdout)}
     assert result.exit_code == 1

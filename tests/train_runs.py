@@ -25,15 +25,33 @@ atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
 
 STEPS, INTERVAL, GLOBAL_BATCH = 30, 10, 16
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
-TRAINING = {"seed": 7, "max_steps": STEPS, "warmup_steps": 3, "lr": 3e-3, "grad_clip": 1.0,
-            "checkpoint_interval": INTERVAL, "log_interval": 1, "precision": "fp32"}
+TRAINING = {
+    "seed": 7,
+    "max_steps": STEPS,
+    "warmup_steps": 3,
+    "lr": 3e-3,
+    "grad_clip": 1.0,
+    "checkpoint_interval": INTERVAL,
+    "log_interval": 1,
+    "precision": "fp32",
+}
 
 # name -> (processes, backend, backend file or None); every 2-process run splits the same global batch.
-FSDP_FILES = {name: {"fsdp_version": 2, "fsdp_sharding_strategy": strategy,
-                     "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_transformer_layer_cls_to_wrap": "Block",
-                     "fsdp_state_dict_type": "SHARDED_STATE_DICT", "mixed_precision": "no"}
-              for name, strategy in (("fsdp_full", "FULL_SHARD"), ("fsdp_grad_op", "SHARD_GRAD_OP"),
-                                     ("fsdp_no_shard", "NO_SHARD"))}
+FSDP_FILES = {
+    name: {
+        "fsdp_version": 2,
+        "fsdp_sharding_strategy": strategy,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "mixed_precision": "no",
+    }
+    for name, strategy in (
+        ("fsdp_full", "FULL_SHARD"),
+        ("fsdp_grad_op", "SHARD_GRAD_OP"),
+        ("fsdp_no_shard", "NO_SHARD"),
+    )
+}
 
 
 def ds_file(stage: int, offload: bool = False) -> dict:
@@ -41,26 +59,37 @@ def ds_file(stage: int, offload: bool = False) -> dict:
     zero = {"stage": stage, "stage3_param_persistence_threshold": 0} if stage == 3 else {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    return {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // 2, "gradient_accumulation_steps": 1,
-            "train_batch_size": GLOBAL_BATCH, "gradient_clipping": TRAINING["grad_clip"],
-            "bf16": {"enabled": False}, "fp16": {"enabled": False}, "zero_optimization": zero}
+    return {
+        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // 2,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": GLOBAL_BATCH,
+        "gradient_clipping": TRAINING["grad_clip"],
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero,
+    }
 
 
 DS_FILES = {"zero1": ds_file(1), "zero2": ds_file(2), "zero3": ds_file(3), "zero2_offload": ds_file(2, offload=True)}
-RUNS = {"single": (1, "single", None), "ddp": (2, "ddp", None),
-        **{name: (2, "fsdp", cfg) for name, cfg in FSDP_FILES.items()},
-        **{name: (2, "deepspeed", cfg) for name, cfg in DS_FILES.items()}}
+RUNS = {
+    "single": (1, "single", None),
+    "ddp": (2, "ddp", None),
+    **{name: (2, "fsdp", cfg) for name, cfg in FSDP_FILES.items()},
+    **{name: (2, "deepspeed", cfg) for name, cfg in DS_FILES.items()},
+}
 
 
 def write_run_config(folder: Path, name: str, **training) -> Path:
     """config.yaml (and the backend file) for run `name` in `folder`."""
     nproc, backend, backend_file = RUNS[name]
-    return write_config(folder, name, backend, backend_file,
-                        {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc, **training})
+    return write_config(
+        folder, name, backend, backend_file, {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc, **training}
+    )
 
 
-def write_config(folder: Path, name: str, backend: str, backend_file: dict | None, training: dict,
-                 data: dict | None = None) -> Path:
+def write_config(
+    folder: Path, name: str, backend: str, backend_file: dict | None, training: dict, data: dict | None = None
+) -> Path:
     """config.yaml for `backend` (its file written next to it as name.json), output in folder/out."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = {"backend": backend, "timeout_minutes": 2}
@@ -68,8 +97,12 @@ def write_config(folder: Path, name: str, backend: str, backend_file: dict | Non
         key = "fsdp_config" if backend == "fsdp" else "deepspeed_config"
         (folder / f"{name}.json").write_text(json.dumps(backend_file))
         dist[key] = str(folder / f"{name}.json")
-    config = {"model": MODEL, "data": data or {"num_samples": 2048},
-              "training": {**training, "output_dir": str(folder / "out")}, "distributed": dist}
+    config = {
+        "model": MODEL,
+        "data": data or {"num_samples": 2048},
+        "training": {**training, "output_dir": str(folder / "out")},
+        "distributed": dist,
+    }
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -78,28 +111,41 @@ def write_config(folder: Path, name: str, backend: str, backend_file: dict | Non
 def command(config: Path, nproc: int, *args) -> list[str]:
     if nproc == 1:
         return [sys.executable, str(TRAIN), "--config", str(config), *map(str, args)]
-    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(nproc), str(TRAIN),
-            "--config", str(config), *map(str, args)]
+    return [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        str(TRAIN),
+        "--config",
+        str(config),
+        *map(str, args),
+    ]
 
 
 def environment() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                          "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return env
 
 
 def train(config: Path, nproc: int = 1, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(command(config, nproc, *args), capture_output=True, text=True, timeout=timeout,
-                          env=environment(), cwd=REPO)
+    return subprocess.run(
+        command(config, nproc, *args), capture_output=True, text=True, timeout=timeout, env=environment(), cwd=REPO
+    )
 
 
 def start(config: Path, nproc: int, *args) -> subprocess.Popen:
     """Start a run in the background; its output goes to run.log next to the config (a pipe could fill)."""
     log = open(config.parent / "run.log", "w")
-    proc = subprocess.Popen(command(config, nproc, *args), stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env=environment(), cwd=REPO)
+    proc = subprocess.Popen(
+        command(config, nproc, *args), stdout=log, stderr=subprocess.STDOUT, text=True, env=environment(), cwd=REPO
+    )
     proc.log = config.parent / "run.log"
     return proc
 
@@ -125,6 +171,7 @@ def losses(output_dir: Path) -> list[float]:
 def final_weights(output_dir: Path) -> dict:
     from distsetup.training.checkpoint import latest_complete
     from distsetup.training.export import consolidated_state_dict
+
     return consolidated_state_dict(latest_complete(output_dir / "checkpoints"))
 
 
@@ -139,8 +186,9 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.time() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"run ended (status {proc.returncode}) before {path} appeared:\n"
-                                 f"{proc.log.read_text()[-3000:]}")
+            raise AssertionError(
+                f"run ended (status {proc.returncode}) before {path} appeared:\n{proc.log.read_text()[-3000:]}"
+            )
         if time.time() > deadline:
             proc.kill()
             raise AssertionError(f"{path} did not appear within {timeout}s")
@@ -151,14 +199,29 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 # Backend files come from the CLI (`distsetup fsdp|deepspeed ...`), as users get them.
 
 FEATURE_STEPS, MICRO = 12, 4
-DS_ACC = ("--world_size", "2", "--micro_batch_size", str(MICRO), "--gradient_accumulation_steps", "2",
-          "--lr", str(TRAINING["lr"]), "--betas", "0.9", "0.95", "--weight_decay", "0.01")
+DS_ACC = (
+    "--world_size",
+    "2",
+    "--micro_batch_size",
+    str(MICRO),
+    "--gradient_accumulation_steps",
+    "2",
+    "--lr",
+    str(TRAINING["lr"]),
+    "--betas",
+    "0.9",
+    "0.95",
+    "--weight_decay",
+    "0.01",
+)
 
 
 def cli_file(command: str, *args: str) -> dict:
     """The JSON file `distsetup COMMAND ARGS --output FILE` writes."""
     from click.testing import CliRunner
+
     from distsetup.cli import cli
+
     out = Path(tempfile.mkdtemp(dir=SHARED)) / f"{command}.json"
     result = CliRunner().invoke(cli, [command, *args, "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -178,30 +241,109 @@ def text_files(folder: Path) -> dict:
 FEATURE_RUNS = {
     "acc_single": lambda: (1, "single", None, {}, None, False),
     "acc_ddp_ckpt": lambda: (2, "ddp", None, {"activation_checkpointing": True}, None, False),
-    "acc_fsdp_ckpt_full_sd": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "FULL_SHARD",
-                                      "--activation_checkpointing", "--state_dict_type", "FULL_STATE_DICT"),
-                                      {}, None, False),
+    "acc_fsdp_ckpt_full_sd": lambda: (
+        2,
+        "fsdp",
+        cli_file(
+            "fsdp",
+            "--sharding_strategy",
+            "FULL_SHARD",
+            "--activation_checkpointing",
+            "--state_dict_type",
+            "FULL_STATE_DICT",
+        ),
+        {},
+        None,
+        False,
+    ),
     "acc_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", *DS_ACC), {}, None, False),
     # one plain `python src/train.py --deepspeed`-style process: DeepSpeed without a launcher's LOCAL_RANK
-    "acc_zero2_one_process": lambda: (1, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--world_size", "1",
-                                      "--micro_batch_size", str(MICRO), "--gradient_accumulation_steps", "4",
-                                      *DS_ACC[6:]), {}, None, False),
-    "acc_zero3_offload": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "3", "--offload_param",
-                                  "--offload_optimizer", "--stage3_param_persistence_threshold", "0", *DS_ACC),
-                                  {}, None, False),
-    "acc_fsdp_hybrid_size": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "HYBRID_SHARD",
-                                     "--auto_wrap_policy", "SIZE_BASED_WRAP", "--min_num_params", "5000"),
-                                     {}, None, False),
-    "acc_fsdp_hybrid_zero2_nodes": lambda: (2, "fsdp", cli_file("fsdp", "--sharding_strategy", "HYBRID_SHARD_ZERO2"),
-                                            {}, None, True),
+    "acc_zero2_one_process": lambda: (
+        1,
+        "deepspeed",
+        cli_file(
+            "deepspeed",
+            "--zero_stage",
+            "2",
+            "--world_size",
+            "1",
+            "--micro_batch_size",
+            str(MICRO),
+            "--gradient_accumulation_steps",
+            "4",
+            *DS_ACC[6:],
+        ),
+        {},
+        None,
+        False,
+    ),
+    "acc_zero3_offload": lambda: (
+        2,
+        "deepspeed",
+        cli_file(
+            "deepspeed",
+            "--zero_stage",
+            "3",
+            "--offload_param",
+            "--offload_optimizer",
+            "--stage3_param_persistence_threshold",
+            "0",
+            *DS_ACC,
+        ),
+        {},
+        None,
+        False,
+    ),
+    "acc_fsdp_hybrid_size": lambda: (
+        2,
+        "fsdp",
+        cli_file(
+            "fsdp",
+            "--sharding_strategy",
+            "HYBRID_SHARD",
+            "--auto_wrap_policy",
+            "SIZE_BASED_WRAP",
+            "--min_num_params",
+            "5000",
+        ),
+        {},
+        None,
+        False,
+    ),
+    "acc_fsdp_hybrid_zero2_nodes": lambda: (
+        2,
+        "fsdp",
+        cli_file("fsdp", "--sharding_strategy", "HYBRID_SHARD_ZERO2"),
+        {},
+        None,
+        True,
+    ),
     # low precision (no parity: loss falls and stays finite); a higher lr so 12 steps show it
-    "bf16_ddp_files": lambda: (2, "ddp", None, {"precision": "bf16", "lr": 5e-3, "scale_lr": "linear",
-                                                "base_batch_size": 8}, text_files(SHARED / "text"), False),
+    "bf16_ddp_files": lambda: (
+        2,
+        "ddp",
+        None,
+        {"precision": "bf16", "lr": 5e-3, "scale_lr": "linear", "base_batch_size": 8},
+        text_files(SHARED / "text"),
+        False,
+    ),
     "bf16_fsdp": lambda: (2, "fsdp", cli_file("fsdp", "--mixed_precision", "BFLOAT16"), {"lr": 1e-2}, None, False),
-    "bf16_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--bf16", *DS_ACC[:-7],
-                                                    "--lr", "1e-2", "--betas", "0.9", "0.95"), {}, None, False),
-    "fp16_zero2": lambda: (2, "deepspeed", cli_file("deepspeed", "--zero_stage", "2", "--fp16", *DS_ACC[:-7],
-                                                    "--lr", "1e-2", "--betas", "0.9", "0.95"), {}, None, False),
+    "bf16_zero2": lambda: (
+        2,
+        "deepspeed",
+        cli_file("deepspeed", "--zero_stage", "2", "--bf16", *DS_ACC[:-7], "--lr", "1e-2", "--betas", "0.9", "0.95"),
+        {},
+        None,
+        False,
+    ),
+    "fp16_zero2": lambda: (
+        2,
+        "deepspeed",
+        cli_file("deepspeed", "--zero_stage", "2", "--fp16", *DS_ACC[:-7], "--lr", "1e-2", "--betas", "0.9", "0.95"),
+        {},
+        None,
+        False,
+    ),
 }
 
 
@@ -209,8 +351,15 @@ def write_feature_config(folder: Path, name: str, **training) -> tuple[Path, int
     """(config path, processes, as two nodes) for feature run `name`."""
     nproc, backend, backend_file, extra, data = FEATURE_RUNS[name]()[:5]
     accumulation = GLOBAL_BATCH // (MICRO * nproc)
-    settings = {**TRAINING, "max_steps": FEATURE_STEPS, "checkpoint_interval": FEATURE_STEPS,
-                "micro_batch_size": MICRO, "gradient_accumulation_steps": accumulation, **extra, **training}
+    settings = {
+        **TRAINING,
+        "max_steps": FEATURE_STEPS,
+        "checkpoint_interval": FEATURE_STEPS,
+        "micro_batch_size": MICRO,
+        "gradient_accumulation_steps": accumulation,
+        **extra,
+        **training,
+    }
     return write_config(folder, name, backend, backend_file, settings, data), nproc, FEATURE_RUNS[name]()[5]
 
 
@@ -232,6 +381,7 @@ def feature_run(name: str) -> Path:
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -242,11 +392,28 @@ def train_nodes(config: Path, *args, timeout: int = 300) -> subprocess.Completed
     port, procs, logs = free_port(), [], []
     for node in range(2):
         logs.append(config.parent / f"node{node}.log")
-        cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), str(TRAIN), "--config", str(config),
-               *map(str, args)]
-        procs.append(subprocess.Popen(cmd, stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT, text=True,
-                                      env=environment(), cwd=REPO))
+        cmd = [
+            str(BIN / "torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--node_rank",
+            str(node),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            str(TRAIN),
+            "--config",
+            str(config),
+            *map(str, args),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT, text=True, env=environment(), cwd=REPO
+            )
+        )
     codes = [p.wait(timeout=timeout) for p in procs]
     text = "".join(log.read_text() for log in logs)
     return subprocess.CompletedProcess(procs[0].args, max(codes, key=abs), stdout=text, stderr=text)

@@ -7,8 +7,18 @@ import click
 
 from distsetup.batch import resolve_batch, world_size_from
 from distsetup.checks import deepspeed_problems
-from distsetup.deepspeed_config import (DEFAULT_LR, OPTIMIZERS, PRESETS, SCHEDULERS, DeepSpeedSpec, OptimizerSpec,
-                                        SchedulerSpec, applies, build_deepspeed_config, check_spec)
+from distsetup.deepspeed_config import (
+    DEFAULT_LR,
+    OPTIMIZERS,
+    PRESETS,
+    SCHEDULERS,
+    DeepSpeedSpec,
+    OptimizerSpec,
+    SchedulerSpec,
+    applies,
+    build_deepspeed_config,
+    check_spec,
+)
 from distsetup.errors import DistsetupError
 from distsetup.lr_scaling import scaled_lr
 from distsetup.options import batch_options, chosen_precision, option, output_options, positive, switch, world_options
@@ -18,18 +28,30 @@ OFFLOAD = click.Choice(["cpu", "nvme"])
 BYTES = click.IntRange(min=1)
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   distsetup deepspeed --zero_stage 2 --offload_optimizer --bf16 --output config/ds_config.json
   distsetup deepspeed --preset zero3_offload --micro_batch_size 4 --world_size 16 -o ds.json
   distsetup deepspeed --zero_stage 3 --hf_auto -o ds_hf.json   # for TrainingArguments(deepspeed=...)
-""")
+"""
+)
 @option("preset", type=click.Choice(sorted(PRESETS)), help="Start from a common recipe; flags override it.")
 @option("zero_stage", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage 0-3.")
-@option("offload_optimizer", type=OFFLOAD, is_flag=False, flag_value="cpu",
-        help="Offload optimizer states (stages 1-3); bare flag = cpu.")
-@option("offload_param", type=OFFLOAD, is_flag=False, flag_value="cpu",
-        help="Offload parameters (stage 3 only); bare flag = cpu.")
+@option(
+    "offload_optimizer",
+    type=OFFLOAD,
+    is_flag=False,
+    flag_value="cpu",
+    help="Offload optimizer states (stages 1-3); bare flag = cpu.",
+)
+@option(
+    "offload_param",
+    type=OFFLOAD,
+    is_flag=False,
+    flag_value="cpu",
+    help="Offload parameters (stage 3 only); bare flag = cpu.",
+)
 @option("nvme_path", help="Local NVMe folder, required for nvme offload.")
 @switch("pin_memory", default=True, show_default=True, help="Pin offloaded CPU memory (always written).")
 @option("bf16", is_flag=True, help="bfloat16 mixed precision.")
@@ -42,22 +64,35 @@ Examples:
 @option("reduce_bucket_size", type=BYTES, help="Elements reduced at once.")
 @option("allgather_bucket_size", type=BYTES, help="Elements all-gathered at once (stages 1-2).")
 @option("stage3_prefetch_bucket_size", type=BYTES, help="Stage 3: parameters prefetched ahead.")
-@option("stage3_param_persistence_threshold", type=click.IntRange(min=0),
-        help="Stage 3: parameters smaller than this stay unpartitioned.")
+@option(
+    "stage3_param_persistence_threshold",
+    type=click.IntRange(min=0),
+    help="Stage 3: parameters smaller than this stay unpartitioned.",
+)
 @option("stage3_max_live_parameters", type=BYTES, help="Stage 3: parameters resident at once per GPU.")
-@switch("stage3_gather_16bit_weights_on_model_save", default=None,
-        help="Stage 3: gather full 16-bit weights when saving the model.")
-@option("optimizer", type=click.Choice(OPTIMIZERS), default="AdamW", show_default=True,
-        help="Optimizer block; none lets the training script bring its own.")
+@switch(
+    "stage3_gather_16bit_weights_on_model_save",
+    default=None,
+    help="Stage 3: gather full 16-bit weights when saving the model.",
+)
+@option(
+    "optimizer",
+    type=click.Choice(OPTIMIZERS),
+    default="AdamW",
+    show_default=True,
+    help="Optimizer block; none lets the training script bring its own.",
+)
 @option("lr", type=click.FloatRange(min=0, min_open=True), help="Learning rate [3e-4].")
-@option("scale_lr", type=click.Choice(["linear", "sqrt"]),
-        help="Scale --lr from --base_batch_size to the global batch (needs the world size).")
+@option(
+    "scale_lr",
+    type=click.Choice(["linear", "sqrt"]),
+    help="Scale --lr from --base_batch_size to the global batch (needs the world size).",
+)
 @option("base_batch_size", type=positive, help="Global batch size that --lr was tuned for.")
 @option("betas", type=(float, float), help="Adam betas, e.g. --betas 0.9 0.95.")
 @option("eps", type=click.FloatRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
 @option("weight_decay", type=click.FloatRange(min=0), help="Weight decay [0.01].")
-@option("scheduler", type=click.Choice(SCHEDULERS), default="none", show_default=True,
-        help="LR schedule block.")
+@option("scheduler", type=click.Choice(SCHEDULERS), default="none", show_default=True, help="LR schedule block.")
 @option("warmup_num_steps", type=click.IntRange(min=0), help="Warmup steps [100].")
 @option("total_num_steps", type=positive, help="Total steps (WarmupDecayLR, WarmupCosineLR).")
 @option("warmup_min_lr", type=click.FloatRange(min=0), help="Learning rate at the start of warmup [0].")
@@ -76,9 +111,11 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
         opts.update({n: v for n, v in preset.items() if n not in given and applies(n, stage)})
     spec = spec_from_options(opts)
     if opts["scale_lr"] and spec.hf_auto:
-        raise DistsetupError("--scale_lr cannot be combined with --hf_auto: the HF Trainer checks the file's lr "
-                             "against TrainingArguments.learning_rate and refuses a scaled one.",
-                             "drop --scale_lr and pass the scaled rate as TrainingArguments(learning_rate=...).")
+        raise DistsetupError(
+            "--scale_lr cannot be combined with --hf_auto: the HF Trainer checks the file's lr "
+            "against TrainingArguments.learning_rate and refuses a scaled one.",
+            "drop --scale_lr and pass the scaled rate as TrainingArguments(learning_rate=...).",
+        )
     if opts["scale_lr"]:
         spec = scale_spec_lr(spec, opts["scale_lr"], opts["base_batch_size"])
     elif opts["base_batch_size"]:
@@ -87,44 +124,66 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
     config = build_deepspeed_config(spec)
     problems = deepspeed_problems(config, spec.batch.world_size, hf=spec.hf_auto)
     if problems:
-        raise DistsetupError(f"the generated config fails its own check: {problems[0]}",
-                             "this is a distsetup bug; please report the command line.")
-    next_step = (f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script" if spec.hf_auto
-                 else f"distsetup launcher --use_deepspeed --deepspeed_config {output}")
+        raise DistsetupError(
+            f"the generated config fails its own check: {problems[0]}",
+            "this is a distsetup bug; please report the command line.",
+        )
+    next_step = (
+        f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script"
+        if spec.hf_auto
+        else f"distsetup launcher --use_deepspeed --deepspeed_config {output}"
+    )
     emit(json_text(config), output, dry_run, next_step=next_step, remarks=[f"Warning: {w}" for w in warnings])
 
 
 def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:
     """The spec with its lr scaled from `base_batch` to the global batch; says so on stderr."""
     if base_batch is None:
-        raise DistsetupError(f"--scale_lr {rule} needs --base_batch_size.",
-                             "add --base_batch_size B, the global batch your --lr was tuned for.")
+        raise DistsetupError(
+            f"--scale_lr {rule} needs --base_batch_size.",
+            "add --base_batch_size B, the global batch your --lr was tuned for.",
+        )
     if spec.batch.train_batch is None:
-        raise DistsetupError(f"--scale_lr {rule} needs the global batch, so the world size must be known.",
-                             "add --world_size N (or --num_nodes and --num_gpus_per_node).")
+        raise DistsetupError(
+            f"--scale_lr {rule} needs the global batch, so the world size must be known.",
+            "add --world_size N (or --num_nodes and --num_gpus_per_node).",
+        )
     if spec.hf_auto and spec.optimizer.lr is None:
-        raise DistsetupError("--scale_lr with --hf_auto needs --lr (the HF Trainer would fill lr unscaled).",
-                             "add --lr, the learning rate tuned at --base_batch_size.")
+        raise DistsetupError(
+            "--scale_lr with --hf_auto needs --lr (the HF Trainer would fill lr unscaled).",
+            "add --lr, the learning rate tuned at --base_batch_size.",
+        )
     lr = spec.optimizer.lr if spec.optimizer.lr is not None else DEFAULT_LR
     new_lr = scaled_lr(lr, spec.batch.train_batch, base_batch, rule)
     if not math.isfinite(new_lr):
-        raise DistsetupError(f"--lr {lr:g} scaled {rule} to global batch {spec.batch.train_batch} is no finite number.",
-                             "give the learning rate your model was tuned with.")
-    click.echo(f"lr {lr:g} scaled {rule} from base batch {base_batch} to global batch {spec.batch.train_batch}: "
-               f"writing lr {new_lr:.6g}", err=True)
+        raise DistsetupError(
+            f"--lr {lr:g} scaled {rule} to global batch {spec.batch.train_batch} is no finite number.",
+            "give the learning rate your model was tuned with.",
+        )
+    click.echo(
+        f"lr {lr:g} scaled {rule} from base batch {base_batch} to global batch {spec.batch.train_batch}: "
+        f"writing lr {new_lr:.6g}",
+        err=True,
+    )
     return replace(spec, optimizer=replace(spec.optimizer, lr=new_lr))
 
 
 def spec_from_options(o: dict) -> DeepSpeedSpec:
     precision = chosen_precision(o["bf16"], o["fp16"]) or (None if o["hf_auto"] else "fp32")
     world_size = world_size_from(o["world_size"], o["num_nodes"], o["num_gpus_per_node"])
-    batch = (resolve_batch(o["micro_batch_size"], o["gradient_accumulation_steps"], o["train_batch_size"],
-                           world_size))
+    batch = resolve_batch(o["micro_batch_size"], o["gradient_accumulation_steps"], o["train_batch_size"], world_size)
     return DeepSpeedSpec(
-        zero_stage=o["zero_stage"], offload_optimizer=o["offload_optimizer"], offload_param=o["offload_param"],
-        nvme_path=o["nvme_path"], pin_memory=o["pin_memory"], precision=precision, batch=batch,
-        gradient_clipping=o["gradient_clipping"], overlap_comm=o["overlap_comm"],
-        contiguous_gradients=o["contiguous_gradients"], reduce_bucket_size=o["reduce_bucket_size"],
+        zero_stage=o["zero_stage"],
+        offload_optimizer=o["offload_optimizer"],
+        offload_param=o["offload_param"],
+        nvme_path=o["nvme_path"],
+        pin_memory=o["pin_memory"],
+        precision=precision,
+        batch=batch,
+        gradient_clipping=o["gradient_clipping"],
+        overlap_comm=o["overlap_comm"],
+        contiguous_gradients=o["contiguous_gradients"],
+        reduce_bucket_size=o["reduce_bucket_size"],
         allgather_bucket_size=o["allgather_bucket_size"],
         stage3_prefetch_bucket_size=o["stage3_prefetch_bucket_size"],
         stage3_param_persistence_threshold=o["stage3_param_persistence_threshold"],
@@ -132,5 +191,7 @@ def spec_from_options(o: dict) -> DeepSpeedSpec:
         stage3_gather_16bit_weights_on_model_save=o["stage3_gather_16bit_weights_on_model_save"],
         optimizer=OptimizerSpec(o["optimizer"], o["lr"], o["betas"], o["eps"], o["weight_decay"]),
         scheduler=SchedulerSpec(o["scheduler"], o["warmup_num_steps"], o["total_num_steps"], o["warmup_min_lr"]),
-        steps_per_print=o["steps_per_print"], wall_clock_breakdown=o["wall_clock_breakdown"],
-        hf_auto=o["hf_auto"])
+        steps_per_print=o["steps_per_print"],
+        wall_clock_breakdown=o["wall_clock_breakdown"],
+        hf_auto=o["hf_auto"],
+    )

@@ -26,23 +26,32 @@ OK, WARN, FAIL = "ok", "warning", "problem"
 
 @dataclass(frozen=True)
 class Finding:
-    level: str       # ok | warning | problem
+    level: str  # ok | warning | problem
     topic: str
     message: str
 
 
-@click.command("doctor", epilog="""\b
+@click.command(
+    "doctor",
+    epilog="""\b
 Examples:
   distsetup doctor
   distsetup doctor --config config.yaml --num_nodes 2 --num_gpus_per_node 8
   distsetup doctor --deepspeed_config config/ds_config.json --world_size 16
   distsetup doctor --preflight --nproc_per_node 2      # a timed all-reduce across 2 local ranks
-""")
+""",
+)
 @option("config", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="Run config to check.")
-@option("deepspeed_config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-        help="DeepSpeed JSON to check [the run config's].")
-@option("fsdp_config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-        help="FSDP JSON to check [the run config's].")
+@option(
+    "deepspeed_config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="DeepSpeed JSON to check [the run config's].",
+)
+@option(
+    "fsdp_config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="FSDP JSON to check [the run config's].",
+)
 @option("world_size", type=positive, help="Planned data-parallel processes in total.")
 @option("num_nodes", type=positive, help="Planned nodes.")
 @option("num_gpus_per_node", type=positive, help="Planned processes per node.")
@@ -51,8 +60,19 @@ Examples:
 @option("timeout", type=click.FloatRange(min=1), default=30, show_default=True, help="Preflight timeout (s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.pass_context
-def doctor(ctx, config, deepspeed_config, fsdp_config, world_size, num_nodes, num_gpus_per_node, preflight,
-           nproc_per_node, timeout, as_json):
+def doctor(
+    ctx,
+    config,
+    deepspeed_config,
+    fsdp_config,
+    world_size,
+    num_nodes,
+    num_gpus_per_node,
+    preflight,
+    nproc_per_node,
+    timeout,
+    as_json,
+):
     """Check the environment and that the run config, DeepSpeed/FSDP files and world size agree."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
     findings = environment_findings()
@@ -69,8 +89,7 @@ def doctor(ctx, config, deepspeed_config, fsdp_config, world_size, num_nodes, nu
         failed |= run_preflight(nproc_per_node, num_nodes, timeout) != 0
     if not as_json:
         problems = sum(f.level == FAIL for f in findings)
-        click.echo(f"{problems} problem(s), {sum(f.level == WARN for f in findings)} warning(s).",
-                   err=problems > 0)
+        click.echo(f"{problems} problem(s), {sum(f.level == WARN for f in findings)} warning(s).", err=problems > 0)
     ctx.exit(1 if failed else 0)
 
 
@@ -83,8 +102,10 @@ def _version(dist: str) -> str | None:
 
 def environment_findings() -> list[Finding]:
     """Python, torch (CUDA, NCCL, GPUs it sees), deepspeed, NVML; deepspeed is not imported (slow)."""
-    found = [Finding(OK, "python", f"{platform.python_version()} ({sys.executable})"),
-             Finding(OK, "distsetup", __version__)]
+    found = [
+        Finding(OK, "python", f"{platform.python_version()} ({sys.executable})"),
+        Finding(OK, "distsetup", __version__),
+    ]
     try:
         import torch
     except ImportError:
@@ -93,25 +114,44 @@ def environment_findings() -> list[Finding]:
     if torch is not None:
         cuda = torch.version.cuda or "none (CPU build)"
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "n/a"
-        found.append(Finding(OK, "torch", f"{torch.__version__}, CUDA {cuda}, NCCL {nccl}, "
-                                          f"gloo {'yes' if torch.distributed.is_gloo_available() else 'no'}"))
+        found.append(
+            Finding(
+                OK,
+                "torch",
+                f"{torch.__version__}, CUDA {cuda}, NCCL {nccl}, "
+                f"gloo {'yes' if torch.distributed.is_gloo_available() else 'no'}",
+            )
+        )
         if torch.cuda.is_available():
             names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            found.append(Finding(OK, "gpus (torch)", f"{len(names)}: {', '.join(names)}"
-                                 + _visible_devices_note()))
+            found.append(Finding(OK, "gpus (torch)", f"{len(names)}: {', '.join(names)}" + _visible_devices_note()))
         else:
-            found.append(Finding(OK, "gpus (torch)", "no GPU visible to torch: training runs on CPU with gloo."
-                                 + _visible_devices_note()))
+            found.append(
+                Finding(
+                    OK,
+                    "gpus (torch)",
+                    "no GPU visible to torch: training runs on CPU with gloo." + _visible_devices_note(),
+                )
+            )
     ds = _version("deepspeed")
     found.append(Finding(OK if ds else WARN, "deepspeed", ds or "not installed (needed for backend deepspeed)."))
     for dist in ("transformers", "nvidia-ml-py"):
         if _version(dist):
             found.append(Finding(OK, dist, _version(dist)))
     from distsetup.gpus import NoGpuError, query_gpus
+
     try:
         gpus = query_gpus()
-        found.append(Finding(OK, "gpus (nvml)", ", ".join(f"{g.index}: {g.name} {g.memory_free / 2**30:.0f}/"
-                                                          f"{g.memory_total / 2**30:.0f} GiB free" for g in gpus)))
+        found.append(
+            Finding(
+                OK,
+                "gpus (nvml)",
+                ", ".join(
+                    f"{g.index}: {g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+                    for g in gpus
+                ),
+            )
+        )
     except NoGpuError as e:
         found.append(Finding(OK, "gpus (nvml)", e.message.split(" HINT:")[0]))
     except DistsetupError as e:
@@ -143,19 +183,33 @@ def slurm_findings(env, num_nodes: int | None, gpus_per_node: int | None) -> lis
     nodes = slurm_nodes(env)
     nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or len(nodes) or 1)
     gpus = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE")
-    found = [Finding(OK, "slurm", f"job {env['SLURM_JOB_ID']}: {nnodes} node(s) {', '.join(nodes)}; master address "
-                                  f"{nodes[0] if nodes else '?'}; GPUs per node {gpus or 'not requested'}; the launcher "
-                                  f"runs torchrun --nnodes {nnodes} on each node.")]
+    found = [
+        Finding(
+            OK,
+            "slurm",
+            f"job {env['SLURM_JOB_ID']}: {nnodes} node(s) {', '.join(nodes)}; master address "
+            f"{nodes[0] if nodes else '?'}; GPUs per node {gpus or 'not requested'}; the launcher "
+            f"runs torchrun --nnodes {nnodes} on each node.",
+        )
+    ]
     if num_nodes and num_nodes != nnodes:
-        found.append(Finding(FAIL, "slurm", f"the plan says {num_nodes} nodes but the allocation has {nnodes}.",))
+        found.append(
+            Finding(
+                FAIL,
+                "slurm",
+                f"the plan says {num_nodes} nodes but the allocation has {nnodes}.",
+            )
+        )
     if gpus_per_node and gpus and gpus.split(":")[-1].isdigit() and int(gpus.split(":")[-1]) < gpus_per_node:
-        found.append(Finding(FAIL, "slurm", f"the plan says {gpus_per_node} GPUs per node but the allocation "
-                                            f"gives {gpus}."))
+        found.append(
+            Finding(FAIL, "slurm", f"the plan says {gpus_per_node} GPUs per node but the allocation gives {gpus}.")
+        )
     return found
 
 
-def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: Path | None,
-                         world: int | None) -> list[Finding]:
+def consistency_findings(
+    config: Path | None, ds_path: Path | None, fsdp_path: Path | None, world: int | None
+) -> list[Finding]:
     """Every file through `distsetup validate`'s rules for this world size, then the rules across files."""
     found = []
     cfg = None
@@ -164,10 +218,15 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
         found += problems
         if not problems:
             from distsetup.runconfig import load_run_config, resolve_config_path
+
             cfg = load_run_config(config)
             dist = cfg.distributed
-            ds_path = ds_path or (resolve_config_path(dist.deepspeed_config, config.parent) if dist.deepspeed_config else None)
-            fsdp_path = fsdp_path or (resolve_config_path(dist.fsdp_config, config.parent) if dist.fsdp_config else None)
+            ds_path = ds_path or (
+                resolve_config_path(dist.deepspeed_config, config.parent) if dist.deepspeed_config else None
+            )
+            fsdp_path = fsdp_path or (
+                resolve_config_path(dist.fsdp_config, config.parent) if dist.fsdp_config else None
+            )
     for path, kind in ((ds_path, "deepspeed"), (fsdp_path, "fsdp")):
         if path and not (config and cfg and _referenced(cfg, kind, path, config.parent)):
             found += _file_findings(path, kind, world)
@@ -180,9 +239,18 @@ def consistency_findings(config: Path | None, ds_path: Path | None, fsdp_path: P
             pass  # a file that cannot be read is a finding above already
     if not any(f.level == FAIL for f in found) and (config or ds_path or fsdp_path):
         checked = ", ".join(str(p) for p in (config, ds_path, fsdp_path) if p)
-        found.append(Finding(OK, "configs", f"{checked} agree" + (f" for world size {world}." if world else
-                                                                  " (give --num_nodes/--num_gpus_per_node to "
-                                                                  "check the batch identity).")))
+        found.append(
+            Finding(
+                OK,
+                "configs",
+                f"{checked} agree"
+                + (
+                    f" for world size {world}."
+                    if world
+                    else " (give --num_nodes/--num_gpus_per_node to check the batch identity)."
+                ),
+            )
+        )
     return found
 
 
@@ -198,6 +266,7 @@ def _file_findings(path: Path, kind: str, world: int | None) -> list[Finding]:
 def _referenced(cfg, kind: str, path: Path, base: Path) -> bool:
     """Whether validate_file(config) already checked `path` as the config's own DeepSpeed/FSDP file."""
     from distsetup.runconfig import resolve_config_path
+
     value = getattr(cfg.distributed, f"{kind}_config")
     return bool(value) and resolve_config_path(value, base).resolve() == path.resolve()
 
@@ -207,52 +276,102 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
     out = []
     backend, t = cfg.distributed.backend, cfg.training
     if ds is not None and backend != "deepspeed":
-        out.append((FAIL, f"a DeepSpeed file is given but backend is {backend}: it would be ignored. Set backend: "
-                          "deepspeed, or drop the DeepSpeed file."))
+        out.append(
+            (
+                FAIL,
+                f"a DeepSpeed file is given but backend is {backend}: it would be ignored. Set backend: "
+                "deepspeed, or drop the DeepSpeed file.",
+            )
+        )
     if fsdp is not None and backend != "fsdp":
-        out.append((FAIL, f"an FSDP file is given but backend is {backend}: it would be ignored. Set backend: fsdp, "
-                          "or drop the FSDP file."))
+        out.append(
+            (
+                FAIL,
+                f"an FSDP file is given but backend is {backend}: it would be ignored. Set backend: fsdp, "
+                "or drop the FSDP file.",
+            )
+        )
     if ds is not None and backend == "deepspeed":
         micro, accumulation = ds.get("train_micro_batch_size_per_gpu"), ds.get("gradient_accumulation_steps")
-        if micro is not None and micro != t.micro_batch_size or \
-                accumulation is not None and accumulation != t.gradient_accumulation_steps:
-            out.append((WARN, f"the DeepSpeed file's micro-batch {micro} x accumulation {accumulation} differs from "
-                              f"the run config's {t.micro_batch_size} x {t.gradient_accumulation_steps}: the "
-                              "DeepSpeed file wins."))
+        if (
+            micro is not None
+            and micro != t.micro_batch_size
+            or accumulation is not None
+            and accumulation != t.gradient_accumulation_steps
+        ):
+            out.append(
+                (
+                    WARN,
+                    f"the DeepSpeed file's micro-batch {micro} x accumulation {accumulation} differs from "
+                    f"the run config's {t.micro_batch_size} x {t.gradient_accumulation_steps}: the "
+                    "DeepSpeed file wins.",
+                )
+            )
         precision = precision_of(ds)
         if precision != t.precision:
-            out.append((WARN, f"the DeepSpeed file trains in {precision}, the run config says {t.precision}: the "
-                              "DeepSpeed file wins."))
+            out.append(
+                (
+                    WARN,
+                    f"the DeepSpeed file trains in {precision}, the run config says {t.precision}: the "
+                    "DeepSpeed file wins.",
+                )
+            )
     if fsdp is not None and backend == "fsdp":
         precision = {"bf16": "bf16", "fp16": "fp16"}.get(str(fsdp.get("mixed_precision")), "fp32")
         if precision != t.precision:
             out.append((WARN, f"the FSDP file's mixed_precision means {precision}, the run config says {t.precision}."))
-        if fsdp.get("fsdp_activation_checkpointing") is not None and \
-                fsdp["fsdp_activation_checkpointing"] != t.activation_checkpointing:
-            out.append((WARN, f"fsdp_activation_checkpointing is {fsdp['fsdp_activation_checkpointing']} but "
-                              f"training.activation_checkpointing is {t.activation_checkpointing}."))
+        if (
+            fsdp.get("fsdp_activation_checkpointing") is not None
+            and fsdp["fsdp_activation_checkpointing"] != t.activation_checkpointing
+        ):
+            out.append(
+                (
+                    WARN,
+                    f"fsdp_activation_checkpointing is {fsdp['fsdp_activation_checkpointing']} but "
+                    f"training.activation_checkpointing is {t.activation_checkpointing}.",
+                )
+            )
     if world and backend != "deepspeed":
         global_batch = t.micro_batch_size * t.gradient_accumulation_steps * world
-        scaled = (f"; lr {t.lr:g} scaled {t.scale_lr} from base batch {t.base_batch_size} -> "
-                  f"{scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr):.6g}"
-                  if t.scale_lr != "none" and t.base_batch_size else "")
-        out.append((OK, f"global batch {global_batch} = micro {t.micro_batch_size} x accumulation "
-                        f"{t.gradient_accumulation_steps} x world size {world}{scaled}."))
+        scaled = (
+            f"; lr {t.lr:g} scaled {t.scale_lr} from base batch {t.base_batch_size} -> "
+            f"{scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr):.6g}"
+            if t.scale_lr != "none" and t.base_batch_size
+            else ""
+        )
+        out.append(
+            (
+                OK,
+                f"global batch {global_batch} = micro {t.micro_batch_size} x accumulation "
+                f"{t.gradient_accumulation_steps} x world size {world}{scaled}.",
+            )
+        )
     return out
 
 
 def preflight_command(nproc_per_node: int, timeout: float) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
-            "-m", "distsetup.preflight", "--timeout", f"{timeout:g}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc_per_node}",
+        "-m",
+        "distsetup.preflight",
+        "--timeout",
+        f"{timeout:g}",
+    ]
 
 
 def run_preflight(nproc_per_node: int | None, num_nodes: int | None, timeout: float) -> int:
     """Local ranks: run the preflight under torchrun now. Several nodes: say what to run on each."""
     if num_nodes and num_nodes > 1:
-        click.echo("  preflight: across nodes it must run under the launcher on every node: "
-                   "`distsetup launcher --preflight ...` / `distsetup slurm --preflight ...`, or on each node: "
-                   "torchrun --nnodes N --node_rank R --master_addr FIRST_NODE --master_port PORT "
-                   f"--nproc_per_node G -m distsetup.preflight --timeout {timeout:g}")
+        click.echo(
+            "  preflight: across nodes it must run under the launcher on every node: "
+            "`distsetup launcher --preflight ...` / `distsetup slurm --preflight ...`, or on each node: "
+            "torchrun --nnodes N --node_rank R --master_addr FIRST_NODE --master_port PORT "
+            f"--nproc_per_node G -m distsetup.preflight --timeout {timeout:g}"
+        )
         return 0
     try:
         import torch

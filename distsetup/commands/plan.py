@@ -13,29 +13,59 @@ from distsetup.errors import DistsetupError
 from distsetup.fsdp_config import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
 from distsetup.options import chosen_precision, option, positive, switch
 from distsetup.output import json_text, write_atomic
-from distsetup.planner import (BY_KEY, MAX_BATCH, Hardware, ModelShape, Plan, Workload, assumed_shape, deepspeed_args,
-                               fsdp_args, gb, gpt_params, parse_count, parse_memory, plan)
+from distsetup.planner import (
+    BY_KEY,
+    MAX_BATCH,
+    Hardware,
+    ModelShape,
+    Plan,
+    Workload,
+    assumed_shape,
+    deepspeed_args,
+    fsdp_args,
+    gb,
+    gpt_params,
+    parse_count,
+    parse_memory,
+    plan,
+)
 from distsetup.runconfig import MODEL_MAXIMA
 from distsetup.validate import read_json
 
-COLUMNS = ("strategy", "params", "grads", "optim", "gathered", "buffers", "act", "act(ckpt)", "total", "CPU/node",
-           "comm", "fits")
+COLUMNS = (
+    "strategy",
+    "params",
+    "grads",
+    "optim",
+    "gathered",
+    "buffers",
+    "act",
+    "act(ckpt)",
+    "total",
+    "CPU/node",
+    "comm",
+    "fits",
+)
 
 
-@click.command("plan", epilog="""\b
+@click.command(
+    "plan",
+    epilog="""\b
 Examples:
   distsetup plan --params 7B --num_gpus 8 --gpu_memory 80GB --seq_len 4096 --micro_batch_size 2 --bf16 \\
       --hidden_size 4096 --num_layers 32 --vocab_size 32000
   distsetup plan --config config.yaml --num_nodes 4 --num_gpus_per_node 8 --gpu_memory 80GB --write config/
 Memory in decimal GB (1e9 bytes). Model states follow the ZeRO paper (K=12 for mixed-precision Adam)
 plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et al. 2022.
-""")
+""",
+)
 @option("params", help="Parameter count, e.g. 7B, 350M (or give --config).")
 @option("config", type=click.Path(dir_okay=False, exists=True), help="Run config: the model is counted from it.")
 @option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="Hidden size (for activations).")
 @option("num_layers", type=click.IntRange(1, MODEL_MAXIMA["n_layer"]), help="Transformer layers (for activations).")
-@option("num_heads", type=click.IntRange(1, MODEL_MAXIMA["n_head"]),
-        help="Attention heads (only without flash attention).")
+@option(
+    "num_heads", type=click.IntRange(1, MODEL_MAXIMA["n_head"]), help="Attention heads (only without flash attention)."
+)
 @option("vocab_size", type=click.IntRange(1, MODEL_MAXIMA["vocab_size"]), help="Vocabulary size (for the logits).")
 @option("layer_cls", help="Your model's decoder-layer class, for FSDP wrapping (e.g. LlamaDecoderLayer).")
 @option("num_gpus", type=positive, help="GPUs in total (spread over --num_nodes).")
@@ -43,20 +73,28 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("num_gpus_per_node", type=positive, help="GPUs per node.")
 @option("gpu_memory", help="Memory per GPU, e.g. 80GB or 24GiB [this machine's smallest GPU].")
 @option("cpu_memory", help="CPU memory per node for offload, e.g. 512GB [not judged].")
-@option("headroom", type=click.FloatRange(0, 0.9), default=0.1, show_default=True,
-        help="Fraction of GPU memory kept free.")
-@option("seq_len", type=click.IntRange(1, MODEL_MAXIMA["block_size"]),
-        help="Tokens per sample [model.block_size, else 2048].")
+@option(
+    "headroom", type=click.FloatRange(0, 0.9), default=0.1, show_default=True, help="Fraction of GPU memory kept free."
+)
+@option(
+    "seq_len",
+    type=click.IntRange(1, MODEL_MAXIMA["block_size"]),
+    help="Tokens per sample [model.block_size, else 2048].",
+)
 @option("micro_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per GPU per pass [the largest that fits].")
-@option("global_batch_size", type=click.IntRange(1, MAX_BATCH),
-        help="Samples per optimizer step [run config's, else none].")
+@option(
+    "global_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per optimizer step [run config's, else none]."
+)
 @option("bf16", is_flag=True, help="bfloat16 mixed precision.")
 @option("fp16", is_flag=True, help="float16 mixed precision.")
 @option("fp32", is_flag=True, help="fp32 training [default without a config].")
-@switch("flash_attention", default=True, show_default=True,
-        help="Fused attention (SDPA/flash): no s^2 attention scores kept.")
-@option("strategy", multiple=True, type=click.Choice(list(BY_KEY)),
-        help="Only consider these strategies (repeatable).")
+@switch(
+    "flash_attention",
+    default=True,
+    show_default=True,
+    help="Fused attention (SDPA/flash): no s^2 attention scores kept.",
+)
+@option("strategy", multiple=True, type=click.Choice(list(BY_KEY)), help="Only consider these strategies (repeatable).")
 @option("write", type=click.Path(file_okay=False), help="Write the recommended DeepSpeed/FSDP config here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(**o):
@@ -64,29 +102,42 @@ def plan_command(**o):
     model, defaults, notes = model_from_options(o)
     hw = hardware_from_options(o)
     precision = chosen_precision(o["bf16"], o["fp16"], o["fp32"]) or defaults.get("precision", "fp32")
-    global_batch = o["global_batch_size"] or (defaults["per_rank_batch"] * hw.world_size
-                                              if "per_rank_batch" in defaults else None)
+    global_batch = o["global_batch_size"] or (
+        defaults["per_rank_batch"] * hw.world_size if "per_rank_batch" in defaults else None
+    )
     if global_batch is not None and global_batch > MAX_BATCH:
-        raise DistsetupError(f"the run config's global batch {global_batch:,} is more than {MAX_BATCH:,} samples.",
-                             "give --global_batch_size, or lower training.micro_batch_size.")
-    work = Workload(precision=precision, seq_len=o["seq_len"] or defaults.get("seq_len", 2048),
-                    micro_batch_size=o["micro_batch_size"], global_batch_size=global_batch,
-                    flash_attention=o["flash_attention"])
+        raise DistsetupError(
+            f"the run config's global batch {global_batch:,} is more than {MAX_BATCH:,} samples.",
+            "give --global_batch_size, or lower training.micro_batch_size.",
+        )
+    work = Workload(
+        precision=precision,
+        seq_len=o["seq_len"] or defaults.get("seq_len", 2048),
+        micro_batch_size=o["micro_batch_size"],
+        global_batch_size=global_batch,
+        flash_attention=o["flash_attention"],
+    )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
     command, files = recommended_files(result)
     for note in notes:  # after every check: a note never precedes an error
         click.echo(f"Note: {note}", err=True)
     if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
-        click.echo("Note: the FSDP command wraps the built-in model's Block class; give --layer_cls with your "
-                   "model's decoder layer (e.g. LlamaDecoderLayer).", err=True)
+        click.echo(
+            "Note: the FSDP command wraps the built-in model's Block class; give --layer_cls with your "
+            "model's decoder layer (e.g. LlamaDecoderLayer).",
+            err=True,
+        )
     if o["as_json"]:
         click.echo(json.dumps({**result.to_dict(), "command": command}, indent=2))
     else:
         click.echo(render_table(result, command))
     if o["write"]:
         if not files:
-            click.echo("Nothing to write: " + ("DDP needs no DeepSpeed or FSDP file." if result.choice
-                                               else "no strategy fits."), err=True)
+            click.echo(
+                "Nothing to write: "
+                + ("DDP needs no DeepSpeed or FSDP file." if result.choice else "no strategy fits."),
+                err=True,
+            )
         for name, config in files.items():
             path = Path(o["write"]) / name
             write_atomic(path, json_text(config), inputs={"run config": o["config"]}, option="--write")
@@ -97,27 +148,49 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     """The model shape from --params (+ shape flags) or the run config, defaults the config implies, and notes
     on what was assumed."""
     if bool(o["params"]) == bool(o["config"]):
-        raise DistsetupError("give exactly one of --params and --config.",
-                             "e.g. --params 7B --hidden_size 4096 --num_layers 32, or --config config.yaml.")
+        raise DistsetupError(
+            "give exactly one of --params and --config.",
+            "e.g. --params 7B --hidden_size 4096 --num_layers 32, or --config config.yaml.",
+        )
     if o["params"]:
         params = parse_count(o["params"])
         given = (o["hidden_size"], o["num_layers"], o["num_heads"], o["vocab_size"])
         if o["hidden_size"] and o["num_heads"] and o["hidden_size"] % o["num_heads"]:
             h, a = o["hidden_size"], o["num_heads"]
-            raise DistsetupError(f"--hidden_size {h} is not divisible by --num_heads {a}: every head gets "
-                                 "hidden_size / num_heads dimensions.",
-                                 f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.")
-        hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params)))
-        notes = [f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
-                 "model of about this size); give --hidden_size/--num_layers/--num_heads/--vocab_size for yours."
-                 ] if None in given[:2] else []
-        return ModelShape(params=params, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                          vocab_size=vocab, layer_cls=o["layer_cls"] or "Block"), {}, notes
+            raise DistsetupError(
+                f"--hidden_size {h} is not divisible by --num_heads {a}: every head gets "
+                "hidden_size / num_heads dimensions.",
+                f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.",
+            )
+        hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params), strict=True))
+        notes = (
+            [
+                f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
+                "model of about this size); give --hidden_size/--num_layers/--num_heads/--vocab_size for yours."
+            ]
+            if None in given[:2]
+            else []
+        )
+        return (
+            ModelShape(
+                params=params,
+                hidden_size=hidden,
+                num_layers=layers,
+                num_heads=heads,
+                vocab_size=vocab,
+                layer_cls=o["layer_cls"] or "Block",
+            ),
+            {},
+            notes,
+        )
     from distsetup.runconfig import load_run_config
+
     cfg = load_run_config(o["config"])
     shape = shape_from_run_config(cfg)
-    defaults = {"precision": cfg.training.precision,
-                "per_rank_batch": cfg.training.micro_batch_size * cfg.training.gradient_accumulation_steps}
+    defaults = {
+        "precision": cfg.training.precision,
+        "per_rank_batch": cfg.training.micro_batch_size * cfg.training.gradient_accumulation_steps,
+    }
     if cfg.model.type == "gpt":
         defaults["seq_len"] = cfg.model.block_size
     return shape, defaults, []
@@ -131,23 +204,37 @@ def shape_from_run_config(cfg) -> ModelShape:
     except ImportError:
         pass
     if m.type == "gpt":
-        return ModelShape(params=gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd),
-                          hidden_size=m.n_embd, num_layers=m.n_layer, num_heads=m.n_head, vocab_size=m.vocab_size,
-                          layer_cls=m.layer_cls or "Block")
+        return ModelShape(
+            params=gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd),
+            hidden_size=m.n_embd,
+            num_layers=m.n_layer,
+            num_heads=m.n_head,
+            vocab_size=m.vocab_size,
+            layer_cls=m.layer_cls or "Block",
+        )
     return hf_shape_from_json(Path(m.hf_path) / "config.json", m.layer_cls)
 
 
 def count_on_meta(cfg) -> ModelShape:
     """Build the model on the meta device (no memory, no weights read) and count its parameters."""
     import torch  # noqa: F401  (ImportError here means: use the analytic count)
+
     m = cfg.model
     with torch.device("meta"):
         if m.type == "gpt":
             from distsetup.training.model import GPT
+
             model = GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
-            layers, hidden, n_layer, heads, vocab = [m.layer_cls or "Block"], m.n_embd, m.n_layer, m.n_head, m.vocab_size
+            layers, hidden, n_layer, heads, vocab = (
+                [m.layer_cls or "Block"],
+                m.n_embd,
+                m.n_layer,
+                m.n_head,
+                m.vocab_size,
+            )
         else:
             from transformers import AutoConfig, AutoModelForCausalLM
+
             hf_cfg = AutoConfig.from_pretrained(m.hf_path, local_files_only=True)
             model = AutoModelForCausalLM.from_config(hf_cfg)
             layers = [m.layer_cls] if m.layer_cls else list(getattr(model, "_no_split_modules", None) or ["?"])
@@ -157,8 +244,16 @@ def count_on_meta(cfg) -> ModelShape:
     blocks = [mod for mod in model.modules() if type(mod).__name__ in layers]
     block = sum({id(p): p.numel() for p in blocks[0].parameters()}.values()) if blocks else None
     largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules())
-    return ModelShape(params=sum(unique.values()), hidden_size=hidden, num_layers=n_layer, num_heads=heads,
-                      vocab_size=vocab, block_params=block, largest_module_params=largest, layer_cls=layers[0])
+    return ModelShape(
+        params=sum(unique.values()),
+        hidden_size=hidden,
+        num_layers=n_layer,
+        num_heads=heads,
+        vocab_size=vocab,
+        block_params=block,
+        largest_module_params=largest,
+        layer_cls=layers[0],
+    )
 
 
 def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
@@ -171,12 +266,21 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
         inter = int(c.get("intermediate_size", 4 * h))
         block = 2 * h * h + 2 * h * (h // heads) * kv + 3 * h * inter + 2 * h
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
-        raise DistsetupError(f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
-                             "point model.hf_path at a folder with a transformers config.json.")
+        raise DistsetupError(
+            f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
+            "point model.hf_path at a folder with a transformers config.json.",
+        )
     embeddings = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
     arch = (c.get("architectures") or ["Model"])[0].replace("ForCausalLM", "DecoderLayer")
-    return ModelShape(params=n * block + embeddings + h, hidden_size=h, num_layers=n, num_heads=heads, vocab_size=v,
-                      block_params=block, layer_cls=layer_cls or arch)
+    return ModelShape(
+        params=n * block + embeddings + h,
+        hidden_size=h,
+        num_layers=n,
+        num_heads=heads,
+        vocab_size=v,
+        block_params=block,
+        layer_cls=layer_cls or arch,
+    )
 
 
 def hardware_from_options(o: dict) -> Hardware:
@@ -184,22 +288,31 @@ def hardware_from_options(o: dict) -> Hardware:
     per_node = o["num_gpus_per_node"]
     if o["num_gpus"]:
         if o["num_gpus"] % nodes or (per_node and per_node * nodes != o["num_gpus"]):
-            raise DistsetupError(f"--num_gpus {o['num_gpus']} does not match --num_nodes {nodes}"
-                                 + (f" x --num_gpus_per_node {per_node}" if per_node else "") + ".",
-                                 "give --num_gpus, or --num_nodes with --num_gpus_per_node.")
+            raise DistsetupError(
+                f"--num_gpus {o['num_gpus']} does not match --num_nodes {nodes}"
+                + (f" x --num_gpus_per_node {per_node}" if per_node else "")
+                + ".",
+                "give --num_gpus, or --num_nodes with --num_gpus_per_node.",
+            )
         per_node = o["num_gpus"] // nodes
-    check_world_counts(nodes, per_node, per_node_flag="--num_gpus / --num_nodes =" if o["num_gpus"]
-                       else "--num_gpus_per_node")
+    check_world_counts(
+        nodes, per_node, per_node_flag="--num_gpus / --num_nodes =" if o["num_gpus"] else "--num_gpus_per_node"
+    )
     if o["gpu_memory"]:
         memory = parse_memory(o["gpu_memory"])
     else:
         from distsetup.gpus import query_gpus
-        gpus = query_gpus()      # NoGpuError (a DistsetupError) says there is none
+
+        gpus = query_gpus()  # NoGpuError (a DistsetupError) says there is none
         memory = min(g.memory_total for g in gpus)
         per_node = per_node or len(gpus)
-    return Hardware(num_nodes=nodes, gpus_per_node=per_node or 1, gpu_memory=memory,
-                    cpu_memory=parse_memory(o["cpu_memory"], "--cpu_memory") if o["cpu_memory"] else None,
-                    headroom=o["headroom"])
+    return Hardware(
+        num_nodes=nodes,
+        gpus_per_node=per_node or 1,
+        gpu_memory=memory,
+        cpu_memory=parse_memory(o["cpu_memory"], "--cpu_memory") if o["cpu_memory"] else None,
+        headroom=o["headroom"],
+    )
 
 
 def recommended_files(result: Plan) -> tuple[str | None, dict]:
@@ -213,52 +326,88 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
         return None, {}
     if s.framework == "deepspeed":
         args = deepspeed_args(choice, result.micro_batch, result.accumulation, precision, world)
-        spec = DeepSpeedSpec(zero_stage=s.zero_stage, offload_optimizer="cpu" if s.offload_optimizer else None,
-                             offload_param="cpu" if s.offload_param else None, precision=precision,
-                             batch=resolve_batch(result.micro_batch, result.accumulation, None, world))
+        spec = DeepSpeedSpec(
+            zero_stage=s.zero_stage,
+            offload_optimizer="cpu" if s.offload_optimizer else None,
+            offload_param="cpu" if s.offload_param else None,
+            precision=precision,
+            batch=resolve_batch(result.micro_batch, result.accumulation, None, world),
+        )
         check_spec(spec)
         name, config = "ds_config.json", build_deepspeed_config(spec)
         command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
     else:
-        spec = FsdpSpec(sharding_strategy=s.sharding_strategy, transformer_layer_cls_to_wrap=(result.model.layer_cls,),
-                        mixed_precision=FLAG_FOR_PRECISION[precision],
-                        activation_checkpointing=choice.activation_checkpointing)
+        spec = FsdpSpec(
+            sharding_strategy=s.sharding_strategy,
+            transformer_layer_cls_to_wrap=(result.model.layer_cls,),
+            mixed_precision=FLAG_FOR_PRECISION[precision],
+            activation_checkpointing=choice.activation_checkpointing,
+        )
         check_fsdp_spec(spec)
         name, config = "fsdp_config.json", build_fsdp_config(spec)
-        command = ["distsetup", "fsdp", *fsdp_args(choice, precision, result.model.layer_cls),
-                   "--output", f"config/{name}"]
+        command = [
+            "distsetup",
+            "fsdp",
+            *fsdp_args(choice, precision, result.model.layer_cls),
+            "--output",
+            f"config/{name}",
+        ]
     return shlex.join(command), {name: config}
 
 
 def render_table(result: Plan, command: str | None) -> str:
     hw, work, model = result.hardware, result.workload, result.model
-    lines = [f"Model: {model.params / 1e9:.3g}B parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
-             f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}, "
-             f"sequence {work.seq_len}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"]
+    lines = [
+        f"Model: {model.params / 1e9:.3g}B parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
+        f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}, "
+        f"sequence {work.seq_len}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"
+    ]
     rows = [COLUMNS]
     for e in result.estimates:
         fits_ac = replace(e, activation_checkpointing=True)
         verdict = "yes" if e.total <= e.usable else ("with ckpt" if fits_ac.total <= e.usable else "no")
-        rows.append((e.label, gb(e.params), gb(e.grads + e.fp32_grads), gb(e.optimizer), gb(e.gathered),
-                     gb(e.buffers), gb(e.activations), gb(e.activations_checkpointed), gb(e.total),
-                     gb(e.cpu_per_node) if e.cpu_per_node else "-", f"{e.comm_vs_ddp:g}x", verdict))
+        rows.append(
+            (
+                e.label,
+                gb(e.params),
+                gb(e.grads + e.fp32_grads),
+                gb(e.optimizer),
+                gb(e.gathered),
+                gb(e.buffers),
+                gb(e.activations),
+                gb(e.activations_checkpointed),
+                gb(e.total),
+                gb(e.cpu_per_node) if e.cpu_per_node else "-",
+                f"{e.comm_vs_ddp:g}x",
+                verdict,
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(COLUMNS))]
     for row in rows:
-        lines.append("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        cells = (
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        lines.append("  ".join(cells))
     choice = result.choice
     if choice is None:
         lines.append("Nothing fits. What would:")
         lines += [f"  - {a}" for a in result.advice]
         return "\n".join(lines)
     ckpt = " with activation checkpointing" if choice.activation_checkpointing else ""
-    lines.append(f"Recommended: {choice.label}{ckpt}, micro-batch {result.micro_batch}, gradient accumulation "
-                 f"{result.accumulation} (global batch {result.global_batch}): {gb(choice.total)} GB of "
-                 f"{gb(choice.usable)} GB usable per GPU"
-                 + (f", {gb(choice.cpu_per_node)} GB CPU memory per node" if choice.cpu_per_node else "") + ".")
+    lines.append(
+        f"Recommended: {choice.label}{ckpt}, micro-batch {result.micro_batch}, gradient accumulation "
+        f"{result.accumulation} (global batch {result.global_batch}): {gb(choice.total)} GB of "
+        f"{gb(choice.usable)} GB usable per GPU"
+        + (f", {gb(choice.cpu_per_node)} GB CPU memory per node" if choice.cpu_per_node else "")
+        + "."
+    )
     lines += [f"Note: {a}" for a in result.advice]
     if choice.activation_checkpointing:
         lines.append("Set training.activation_checkpointing: true in the run config.")
-    lines.append(f"Next: {command}" if command else f"Next: distsetup launcher --num_nodes {hw.num_nodes} "
-                 f"--num_gpus_per_node {hw.gpus_per_node} (backend ddp needs no DeepSpeed or FSDP file).")
+    lines.append(
+        f"Next: {command}"
+        if command
+        else f"Next: distsetup launcher --num_nodes {hw.num_nodes} "
+        f"--num_gpus_per_node {hw.gpus_per_node} (backend ddp needs no DeepSpeed or FSDP file)."
+    )
     return "\n".join(lines)
-

@@ -10,16 +10,29 @@ from distsetup.lr_scaling import scaled_lr
 from distsetup.options import option, positive
 
 
-@click.command("status", epilog="""\b
+@click.command(
+    "status",
+    epilog="""\b
 Examples:
   distsetup status
   distsetup status --min_free_gb 40 --max_util 10 --json
   distsetup status --count 8 --allow_fewer --global_batch_size 256 --micro_batch_size 4 --lr 3e-4 --scale_lr linear
-""")
-@option("min_free_gb", type=click.FloatRange(min=0), default=16, show_default=True,
-        help="A GPU qualifies with at least this much free memory (GiB).")
-@option("max_util", type=click.FloatRange(0, 100), default=90, show_default=True,
-        help="... and utilisation under this (percent).")
+""",
+)
+@option(
+    "min_free_gb",
+    type=click.FloatRange(min=0),
+    default=16,
+    show_default=True,
+    help="A GPU qualifies with at least this much free memory (GiB).",
+)
+@option(
+    "max_util",
+    type=click.FloatRange(0, 100),
+    default=90,
+    show_default=True,
+    help="... and utilisation under this (percent).",
+)
 @option("count", type=positive, help="GPUs wanted (as in `launcher --gpus auto:N`): error when fewer qualify.")
 @option("allow_fewer", is_flag=True, help="With --count: take fewer GPUs and redo the batch arithmetic.")
 @option("global_batch_size", type=positive, help="With --allow_fewer: the global batch to keep.")
@@ -29,12 +42,20 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print GPUs and the selection as JSON.")
 def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_batch_size, lr, scale_lr, as_json):
     """List NVIDIA GPUs (memory, utilisation, processes) and which pass selection, ranked by free memory."""
-    needs_count = {"--allow_fewer": allow_fewer, "--global_batch_size": global_batch_size,
-                   "--micro_batch_size": micro_batch_size, "--lr": lr, "--scale_lr": scale_lr}
+    needs_count = {
+        "--allow_fewer": allow_fewer,
+        "--global_batch_size": global_batch_size,
+        "--micro_batch_size": micro_batch_size,
+        "--lr": lr,
+        "--scale_lr": scale_lr,
+    }
     given = [flag for flag, value in needs_count.items() if value]
     if given and count is None:
-        raise DistsetupError(f"{given[0]} works with --count: it redoes the batch arithmetic for the GPUs "
-                             "selected out of --count asked for.", f"add --count N, or drop {given[0]}.")
+        raise DistsetupError(
+            f"{given[0]} works with --count: it redoes the batch arithmetic for the GPUs "
+            "selected out of --count asked for.",
+            f"add --count N, or drop {given[0]}.",
+        )
     if scale_lr and lr is None:
         raise DistsetupError("--scale_lr needs --lr, the learning rate to rescale.", "add --lr, or drop --scale_lr.")
     try:
@@ -43,21 +64,34 @@ def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_b
         click.echo(f"{json.dumps({'gpus': [], 'message': e.message})}" if as_json else e.message)
         return
     verdicts = judge_gpus(gpus, min_free_gb, max_util)
-    chosen = choose_gpus(gpus, count, min_free_gb, max_util, allow_fewer) if count else \
-        [v.gpu.index for v in verdicts if v.ok]
+    chosen = (
+        choose_gpus(gpus, count, min_free_gb, max_util, allow_fewer)
+        if count
+        else [v.gpu.index for v in verdicts if v.ok]
+    )
     batch = refit_batch(count, len(chosen), global_batch_size, micro_batch_size, lr, scale_lr) if count else None
     if as_json:
-        click.echo(json.dumps({"gpus": [{**v.gpu.to_dict(), "qualifies": v.ok, "reason": v.reason} for v in verdicts],
-                               "selected": chosen, "batch": batch}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "gpus": [{**v.gpu.to_dict(), "qualifies": v.ok, "reason": v.reason} for v in verdicts],
+                    "selected": chosen,
+                    "batch": batch,
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"{'GPU':>3}  {'name':<24} {'used':>8} {'free':>8} {'total':>8} {'util':>5}  {'ok':<3} processes")
     for v in sorted(verdicts, key=lambda v: v.gpu.index):
         g = v.gpu
         procs = ", ".join(f"{p.pid} {p.name}" for p in g.processes) or "-"
         util = f"{g.utilization}%" if g.utilization is not None else "?"
-        click.echo(f"{g.index:>3}  {g.name[:24]:<24} {g.memory_used / GIB:7.1f}G {g.memory_free / GIB:7.1f}G "
-                   f"{g.memory_total / GIB:7.1f}G {util:>5}  {'yes' if v.ok else 'no':<3} {procs}"
-                   + ("" if v.ok else f"  ({v.reason})"))
+        click.echo(
+            f"{g.index:>3}  {g.name[:24]:<24} {g.memory_used / GIB:7.1f}G {g.memory_free / GIB:7.1f}G "
+            f"{g.memory_total / GIB:7.1f}G {util:>5}  {'yes' if v.ok else 'no':<3} {procs}"
+            + ("" if v.ok else f"  ({v.reason})")
+        )
     order = ",".join(map(str, chosen)) or "none"
     click.echo(f"Selected (free >= {min_free_gb:g} GiB, util < {max_util:g}%, most free first): {order}")
     if chosen:
@@ -66,8 +100,9 @@ def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_b
         click.echo(batch["note"])
 
 
-def refit_batch(asked: int, got: int, global_batch: int | None, micro: int | None, lr: float | None,
-                rule: str | None) -> dict | None:
+def refit_batch(
+    asked: int, got: int, global_batch: int | None, micro: int | None, lr: float | None, rule: str | None
+) -> dict | None:
     """With fewer GPUs than asked: keep the global batch through more accumulation, or rescale the lr."""
     if global_batch is None and micro is None:
         return {"world_size": got, "note": f"Using {got} of the {asked} GPUs asked for." if got < asked else ""}
@@ -75,19 +110,37 @@ def refit_batch(asked: int, got: int, global_batch: int | None, micro: int | Non
     global_batch = global_batch or micro * asked
     if global_batch % (micro * got) == 0:
         accumulation = global_batch // (micro * got)
-        note = (f"Using {got} of {asked} GPUs: gradient accumulation {accumulation} keeps the global batch "
-                f"{global_batch} (micro-batch {micro} x {accumulation} x {got}); the lr stays as it is.")
-        return {"world_size": got, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
-                "global_batch_size": global_batch, "lr": lr, "note": note if got < asked else ""}
+        note = (
+            f"Using {got} of {asked} GPUs: gradient accumulation {accumulation} keeps the global batch "
+            f"{global_batch} (micro-batch {micro} x {accumulation} x {got}); the lr stays as it is."
+        )
+        return {
+            "world_size": got,
+            "micro_batch_size": micro,
+            "gradient_accumulation_steps": accumulation,
+            "global_batch_size": global_batch,
+            "lr": lr,
+            "note": note if got < asked else "",
+        }
     accumulation = max(1, round(global_batch / (micro * got)))
     new_global = micro * accumulation * got
     if lr is not None and rule is None:
-        raise DistsetupError(f"with {got} GPUs the global batch {global_batch} cannot be kept "
-                             f"(nearest: {new_global}); the lr would need rescaling.",
-                             "add --scale_lr linear (or sqrt), or choose a micro-batch that divides it.")
+        raise DistsetupError(
+            f"with {got} GPUs the global batch {global_batch} cannot be kept "
+            f"(nearest: {new_global}); the lr would need rescaling.",
+            "add --scale_lr linear (or sqrt), or choose a micro-batch that divides it.",
+        )
     new_lr = scaled_lr(lr, new_global, global_batch, rule) if lr is not None else None
-    note = (f"Using {got} of {asked} GPUs: global batch {global_batch} -> {new_global} (micro-batch {micro} x "
-            f"accumulation {accumulation} x {got})" + (f"; lr {lr:g} -> {new_lr:.6g} ({rule} scaling)."
-                                                       if new_lr is not None else "."))
-    return {"world_size": got, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
-            "global_batch_size": new_global, "lr": new_lr, "note": note}
+    note = (
+        f"Using {got} of {asked} GPUs: global batch {global_batch} -> {new_global} (micro-batch {micro} x "
+        f"accumulation {accumulation} x {got})"
+        + (f"; lr {lr:g} -> {new_lr:.6g} ({rule} scaling)." if new_lr is not None else ".")
+    )
+    return {
+        "world_size": got,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": accumulation,
+        "global_batch_size": new_global,
+        "lr": new_lr,
+        "note": note,
+    }

@@ -69,8 +69,11 @@ class Backend:
     def save(self, path: Path) -> None:
         """Rank 0 writes the full state in one file, atomically (DDP replicas are identical)."""
         if self.world.is_main:
-            state = {"model": self._plain_model().state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict()}
+            state = {
+                "model": self._plain_model().state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+            }
             if self.scaler:
                 state["scaler"] = self.scaler.state_dict()
             atomic_save(state, path / "state.pt")
@@ -89,8 +92,10 @@ class Backend:
     def check_device_support(self) -> None:
         """Refuse, before any process group, a precision this device cannot train in."""
         if self.device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
-            raise DistsetupError("training.precision bf16 needs an Ampere or newer GPU, and this one is older.",
-                                 "set training.precision: fp16 (or fp32).")
+            raise DistsetupError(
+                "training.precision bf16 needs an Ampere or newer GPU, and this one is older.",
+                "set training.precision: fp16 (or fp32).",
+            )
 
     # -- helpers --------------------------------------------------------------------------------------
     def _forward(self, x, y) -> torch.Tensor:
@@ -110,6 +115,7 @@ class Backend:
     def _checkpoint_activations(self, model, blocks) -> None:
         if self.cfg.training.activation_checkpointing:
             from distsetup.training.model import apply_activation_checkpointing
+
             apply_activation_checkpointing(model, blocks)
 
     def _plain_model(self) -> nn.Module:
@@ -127,8 +133,11 @@ class Backend:
         """Once, after the first update, when parameters, gradients and optimizer state all exist."""
         if self.memory is None:
             params = list(self.model.parameters())
-            self.memory = {"params": memory.tensor_bytes(params), "grads": memory.grad_bytes(params),
-                           "optimizer": memory.tensor_bytes(memory.state_tensors(self.optimizer.state))}
+            self.memory = {
+                "params": memory.tensor_bytes(params),
+                "grads": memory.grad_bytes(params),
+                "optimizer": memory.tensor_bytes(memory.state_tensors(self.optimizer.state)),
+            }
 
 
 class DDPBackend(Backend):
@@ -138,6 +147,7 @@ class DDPBackend(Backend):
 
     def wrap(self, model, blocks):
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         self._checkpoint_activations(model, blocks)
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
@@ -154,11 +164,13 @@ class DDPBackend(Backend):
 
 def _fsdp(*args):
     from distsetup.training.fsdp import FSDPBackend
+
     return FSDPBackend(*args)
 
 
 def _deepspeed(*args):
     from distsetup.training.deepspeed_backend import DeepSpeedBackend
+
     return DeepSpeedBackend(*args)
 
 

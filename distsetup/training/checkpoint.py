@@ -43,8 +43,15 @@ def latest_complete(root: Path) -> Path | None:
 
 def find_resume(root: Path) -> tuple[Path | None, list[str]]:
     """(the newest intact checkpoint, what was wrong with each newer folder that has a COMPLETE marker)."""
-    steps = [(int(m.group(1)), d) for d in root.glob("step_*")
-             if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()] if root.is_dir() else []
+    steps = (
+        [
+            (int(m.group(1)), d)
+            for d in root.glob("step_*")
+            if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()
+        ]
+        if root.is_dir()
+        else []
+    )
     damaged = []
     for _, path in sorted(steps, reverse=True):
         problem = damage(path)
@@ -80,20 +87,25 @@ def read_meta(path: Path) -> dict:
 
 def file_sizes(path: Path) -> dict[str, int]:
     """Every file under checkpoint folder `path` (its marker aside) and its size in bytes."""
-    return {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*"))
-            if f.is_file() and f.name != MARKER}
+    return {
+        str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER
+    }
 
 
 def check_compatible(meta: dict, path: Path, backend: str, world_size: int, zero_stage) -> None:
     """A checkpoint from another backend (or a ZeRO world it cannot be split for) is an error up front."""
     if meta["backend"] != backend:
-        raise DistsetupError(f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}.",
-                             f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
-                             "(or --export it and start this backend with --init_from).")
+        raise DistsetupError(
+            f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}.",
+            f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
+            "(or --export it and start this backend with --init_from).",
+        )
     if backend == "deepspeed" and (meta["world_size"] != world_size or meta.get("zero_stage") != zero_stage):
-        raise DistsetupError(f"checkpoint {path} is ZeRO-{meta.get('zero_stage')} on {meta['world_size']} ranks; "
-                             f"this run is ZeRO-{zero_stage} on {world_size}.",
-                             "resume with the same DeepSpeed file and world size, or --export it and use --init_from.")
+        raise DistsetupError(
+            f"checkpoint {path} is ZeRO-{meta.get('zero_stage')} on {meta['world_size']} ranks; "
+            f"this run is ZeRO-{zero_stage} on {world_size}.",
+            "resume with the same DeepSpeed file and world size, or --export it and use --init_from.",
+        )
 
 
 def rng_state() -> dict:
@@ -138,9 +150,11 @@ def disk_errors(path: Path):
         yield
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from C++
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
-        raise DistsetupError(f"cannot write checkpoint {path}: {reason}; {free_space(path)} free on that disk.",
-                             "free space there or set training.output_dir to a disk with room; the previous "
-                             "complete checkpoint is untouched and the run resumes from it.") from None
+        raise DistsetupError(
+            f"cannot write checkpoint {path}: {reason}; {free_space(path)} free on that disk.",
+            "free space there or set training.output_dir to a disk with room; the previous "
+            "complete checkpoint is untouched and the run resumes from it.",
+        ) from None
 
 
 def free_space(path: Path) -> str:
@@ -171,7 +185,8 @@ def load_checkpoint(backend, path: Path, world: World) -> dict:
         raise
     except Exception as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
         detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise DistsetupError(f"cannot load checkpoint {path}: {detail}.",
-                             f"move {path} aside to resume from the checkpoint before it, or start afresh "
-                             "with --no_resume.") from None
+        raise DistsetupError(
+            f"cannot load checkpoint {path}: {detail}.",
+            f"move {path} aside to resume from the checkpoint before it, or start afresh with --no_resume.",
+        ) from None
     return meta

@@ -23,8 +23,9 @@ def synthetic_dataset(num_samples: int, block_size: int, vocab_size: int, seed: 
 def file_dataset(paths: list[str], block_size: int, vocab_size: int) -> torch.Tensor:
     """Text files (or JSONL with a "text" field) as bytes, cut into windows of block_size + 1 tokens."""
     if vocab_size < 256:
-        raise DistsetupError(f"byte-level text needs model.vocab_size >= 256, not {vocab_size}.",
-                             "set model.vocab_size: 256.")
+        raise DistsetupError(
+            f"byte-level text needs model.vocab_size >= 256, not {vocab_size}.", "set model.vocab_size: 256."
+        )
     chunks = []
     for name in paths:
         path = Path(name)
@@ -40,8 +41,10 @@ def file_dataset(paths: list[str], block_size: int, vocab_size: int) -> torch.Te
     corpus = b"\n".join(chunks)
     n = len(corpus) // (block_size + 1)
     if n == 0:
-        raise DistsetupError(f"data.paths hold {len(corpus)} bytes, fewer than one sample of "
-                             f"{block_size + 1}.", "add text or lower model.block_size.")
+        raise DistsetupError(
+            f"data.paths hold {len(corpus)} bytes, fewer than one sample of {block_size + 1}.",
+            "add text or lower model.block_size.",
+        )
     tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()
     return tokens[: n * (block_size + 1)].view(n, block_size + 1)
 
@@ -52,8 +55,10 @@ def _jsonl_texts(path: Path, text: str):
             try:
                 yield json.loads(line)["text"]
             except (ValueError, KeyError, TypeError):
-                raise DistsetupError(f"{path}:{number} is not a JSON object with a 'text' field.",
-                                     "write one {\"text\": ...} object per line.")
+                raise DistsetupError(
+                    f"{path}:{number} is not a JSON object with a 'text' field.",
+                    'write one {"text": ...} object per line.',
+                )
 
 
 def build_dataset(cfg) -> torch.Tensor:
@@ -72,15 +77,21 @@ class ShardedSampler:
     see the same data at every step.
     """
 
-    def __init__(self, num_samples: int, micro_batch: int, accumulation: int, world_size: int, rank: int,
-                 seed: int):
+    def __init__(self, num_samples: int, micro_batch: int, accumulation: int, world_size: int, rank: int, seed: int):
         self.micro, self.accumulation, self.world, self.rank, self.seed = (
-            micro_batch, accumulation, world_size, rank, seed)
+            micro_batch,
+            accumulation,
+            world_size,
+            rank,
+            seed,
+        )
         self.global_batch = micro_batch * accumulation * world_size
         self.steps_per_epoch = num_samples // self.global_batch
         if self.steps_per_epoch == 0:
-            raise DistsetupError(f"the dataset has {num_samples} samples, fewer than one global batch of "
-                                 f"{self.global_batch}.", "add data or lower the batch size.")
+            raise DistsetupError(
+                f"the dataset has {num_samples} samples, fewer than one global batch of {self.global_batch}.",
+                "add data or lower the batch size.",
+            )
         self.num_samples = num_samples
         self.epoch, self.position = 0, 0  # position: optimizer steps already taken in this epoch
         self._order = None
@@ -93,8 +104,11 @@ class ShardedSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["global_batch"] != self.global_batch:
-            raise DistsetupError(f"the checkpoint was written with global batch {state['global_batch']}, "
-                                 f"this run uses {self.global_batch}.", "keep the batch sizes, or use --no_resume.")
+            raise DistsetupError(
+                f"the checkpoint was written with global batch {state['global_batch']}, "
+                f"this run uses {self.global_batch}.",
+                "keep the batch sizes, or use --no_resume.",
+            )
         self.set_epoch(state["epoch"])
         self.position = state["position"]
 
@@ -104,8 +118,9 @@ class ShardedSampler:
             self.set_epoch(self.epoch + 1)
             self.position = 0
         if self._order is None:
-            self._order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(
-                self.seed + self.epoch))
-        chunk = self._order[self.position * self.global_batch:(self.position + 1) * self.global_batch]
+            self._order = torch.randperm(
+                self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+            )
+        chunk = self._order[self.position * self.global_batch : (self.position + 1) * self.global_batch]
         self.position += 1
-        return [chunk[(m * self.world + self.rank) * self.micro:][:self.micro] for m in range(self.accumulation)]
+        return [chunk[(m * self.world + self.rank) * self.micro :][: self.micro] for m in range(self.accumulation)]

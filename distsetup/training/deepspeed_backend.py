@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-
 from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
 from distsetup.training import memory
@@ -15,8 +14,10 @@ def read_ds_file(path: str, world_size: int) -> dict:
     """The DeepSpeed file, refused with its first problem where `distsetup validate` would report any."""
     _, problems = validate_file(Path(path), "deepspeed", world_size)
     if problems:
-        raise DistsetupError(f"DeepSpeed file {path}: {problems[0]}",
-                             f"`distsetup validate {path} --world_size {world_size}` lists every problem.")
+        raise DistsetupError(
+            f"DeepSpeed file {path}: {problems[0]}",
+            f"`distsetup validate {path} --world_size {world_size}` lists every problem.",
+        )
     return read_json(Path(path))
 
 
@@ -26,8 +27,10 @@ def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, i
     accumulation = config.get("gradient_accumulation_steps")
     total = config.get("train_batch_size")
     if micro is None and total is None:
-        raise DistsetupError(f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
-                             "set train_micro_batch_size_per_gpu.")
+        raise DistsetupError(
+            f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
+            "set train_micro_batch_size_per_gpu.",
+        )
     if total is not None and micro is None:
         accumulation = accumulation or 1
         micro = total // (accumulation * world_size)
@@ -36,7 +39,8 @@ def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, i
         raise DistsetupError(
             f"{path}: train_batch_size {total} != micro batch {micro} x accumulation {accumulation} x world size "
             f"{world_size} = {micro * accumulation * world_size}.",
-            f"regenerate it with `distsetup deepspeed --world_size {world_size} ...` or drop train_batch_size.")
+            f"regenerate it with `distsetup deepspeed --world_size {world_size} ...` or drop train_batch_size.",
+        )
     return micro, accumulation, micro * accumulation * world_size
 
 
@@ -50,11 +54,14 @@ class DeepSpeedBackend(Backend):
         micro, accumulation, total = resolve_batch(self.ds_config, world.size, path)
         t = cfg.training
         if (micro, accumulation) != (t.micro_batch_size, t.gradient_accumulation_steps):
-            self.notes.append(f"micro batch {micro} and accumulation {accumulation} from the DeepSpeed file "
-                              f"(run config says {t.micro_batch_size} and {t.gradient_accumulation_steps})")
+            self.notes.append(
+                f"micro batch {micro} and accumulation {accumulation} from the DeepSpeed file "
+                f"(run config says {t.micro_batch_size} and {t.gradient_accumulation_steps})"
+            )
         self.micro_batch, self.accumulation = micro, accumulation
-        self.ds_config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation,
-                              train_batch_size=total)
+        self.ds_config.update(
+            train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation, train_batch_size=total
+        )
         zero = self.ds_config.get("zero_optimization", {})
         self.zero_stage = int(zero.get("stage", 0))
         self.offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
@@ -70,23 +77,29 @@ class DeepSpeedBackend(Backend):
             self.lr = block.setdefault("params", {}).setdefault("lr", t.lr)
             self.notes.append(f"optimizer {block.get('type')} (lr {self.lr}) from the DeepSpeed file")
             if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
-                self.notes.append(f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
-                                  "written (scale it there with `distsetup deepspeed --scale_lr`)")
+                self.notes.append(
+                    f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
+                    "written (scale it there with `distsetup deepspeed --scale_lr`)"
+                )
 
     def check_device_support(self):
         from deepspeed.accelerator import get_accelerator
+
         accelerator = get_accelerator()
         supported = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
         if self.precision in supported and not supported[self.precision]():
             other = "bf16" if self.precision == "fp16" and accelerator.is_bf16_supported() else "fp32"
-            raise DistsetupError(f"DeepSpeed file {self.cfg.distributed.deepspeed_config} enables {self.precision}, "
-                                 f"which DeepSpeed does not support on this {accelerator.device_name()} device.",
-                                 f"set {self.precision}.enabled to false (regenerate the file with "
-                                 f"{'--bf16' if other == 'bf16' else 'neither --fp16 nor --bf16'}) to train in "
-                                 f"{other}.")
+            raise DistsetupError(
+                f"DeepSpeed file {self.cfg.distributed.deepspeed_config} enables {self.precision}, "
+                f"which DeepSpeed does not support on this {accelerator.device_name()} device.",
+                f"set {self.precision}.enabled to false (regenerate the file with "
+                f"{'--bf16' if other == 'bf16' else 'neither --fp16 nor --bf16'}) to train in "
+                f"{other}.",
+            )
 
     def wrap(self, model, blocks):
         import deepspeed
+
         self._checkpoint_activations(model, blocks)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
@@ -94,6 +107,7 @@ class DeepSpeedBackend(Backend):
         if "optimizer" not in self.ds_config:
             if self.offload:  # ZeRO-Offload steps on the CPU and needs DeepSpeed's CPU Adam
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
+
                 optimizer = DeepSpeedCPUAdam(groups, lr=self.lr, betas=tuple(t.betas), adamw_mode=True)
             else:
                 optimizer = adamw(model, self.lr, t.betas, t.weight_decay)
@@ -103,8 +117,12 @@ class DeepSpeedBackend(Backend):
         else:
             schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
-            lr_scheduler=schedule, config=self.ds_config)
+            model=model,
+            optimizer=optimizer,
+            model_parameters=groups if optimizer is None else None,
+            lr_scheduler=schedule,
+            config=self.ds_config,
+        )
         self.model = self.engine
 
     def backward(self, x, y, last_micro):
@@ -139,10 +157,14 @@ class DeepSpeedBackend(Backend):
         for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
             tensors += memory.state_tensors(getattr(opt, name, None))
         # ZeRO-Offload accumulates this rank's gradients on its CPU master partition.
-        tensors += [t.grad for t in memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
-                    if t.grad is not None]
-        tensors += memory.state_tensors(getattr(opt, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
-                                                None))
+        tensors += [
+            t.grad
+            for t in memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+            if t.grad is not None
+        ]
+        tensors += memory.state_tensors(
+            getattr(opt, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None)
+        )
         return memory.tensor_bytes(tensors)
 
     def _measure_memory(self):
@@ -155,8 +177,17 @@ class DeepSpeedBackend(Backend):
             held = params
         inner = getattr(opt, "optimizer", opt)
         # fp32 master copies of this rank's partition (ZeRO keeps them even when training in fp32).
-        master = (memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
-                  + memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))) if self.zero_stage else []
-        self.memory = {"params": memory.tensor_bytes(held), "grads": self._grad_bytes,
-                       "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
-                       "master_params": memory.tensor_bytes(master)}
+        master = (
+            (
+                memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+                + memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))
+            )
+            if self.zero_stage
+            else []
+        )
+        self.memory = {
+            "params": memory.tensor_bytes(held),
+            "grads": self._grad_bytes,
+            "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
+            "master_params": memory.tensor_bytes(master),
+        }

@@ -22,11 +22,13 @@ def consolidated_state_dict(path: Path) -> dict:
         state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)["model"]
     elif backend == "fsdp":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(path / "model", Path(tmp) / "model.pt")
             state = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=False)
     elif meta.get("zero_stage"):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
         state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
     else:  # ZeRO-0 keeps the whole module in the model-states file
         state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
@@ -43,7 +45,9 @@ def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]
     """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
     path = latest_complete(checkpoints)
     if path is None:
-        raise DistsetupError(f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir.")
+        raise DistsetupError(
+            f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir."
+        )
     state = consolidated_state_dict(path)
     target = EXPORT_DTYPES[dtype]
     state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
@@ -63,5 +67,7 @@ def load_weights(model: torch.nn.Module, path: str) -> None:
         raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise DistsetupError(f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected "
-                             f"{unexpected[:3]}).", "use the run config the export was trained with.")
+        raise DistsetupError(
+            f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]}).",
+            "use the run config the export was trained with.",
+        )

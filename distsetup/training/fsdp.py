@@ -4,9 +4,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -17,9 +21,14 @@ from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import apply_activation_checkpointing, layer_modules
 from distsetup.validate import read_json, validate_file
 
-DEFAULTS = {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_offload_params": False,
-            "fsdp_activation_checkpointing": False, "mixed_precision": "no"}
+DEFAULTS = {
+    "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    "fsdp_offload_params": False,
+    "fsdp_activation_checkpointing": False,
+    "mixed_precision": "no",
+}
 REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -32,11 +41,15 @@ def read_fsdp_file(path: str | None) -> dict:
         raise DistsetupError(f"FSDP file {path}: {problems[0]}", f"`distsetup validate {path}` lists every problem.")
     raw = read_json(Path(path))
     if raw.get("fsdp_version", 2) != 2:
-        raise DistsetupError(f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
-                             "regenerate it with `distsetup fsdp --fsdp_version 2`.")
+        raise DistsetupError(
+            f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
+            "regenerate it with `distsetup fsdp --fsdp_version 2`.",
+        )
     strategy = raw.get("fsdp_sharding_strategy", "FULL_SHARD")
     if strategy not in RESHARDS_AFTER_FORWARD:
-        raise DistsetupError(f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARDS_AFTER_FORWARD)}.")
+        raise DistsetupError(
+            f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARDS_AFTER_FORWARD)}."
+        )
     return {**DEFAULTS, **raw}
 
 
@@ -52,13 +65,16 @@ class FSDPBackend(Backend):
             self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
             self.precision = file_precision
         if self.precision == "fp16":
-            raise DistsetupError("FSDP with fp16 needs loss scaling, which src/train.py does not do for FSDP.",
-                                 "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.")
+            raise DistsetupError(
+                "FSDP with fp16 needs loss scaling, which src/train.py does not do for FSDP.",
+                "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.",
+            )
         self.full_state_dict = self.fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
         self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
         if len(self.mesh_shape) == 2:
-            self.notes.append(f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard "
-                              f"{self.mesh_shape[1]}")
+            self.notes.append(
+                f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard {self.mesh_shape[1]}"
+            )
 
     def wrap(self, model, blocks):
         model = model.to(self.device)
@@ -67,9 +83,12 @@ class FSDPBackend(Backend):
             apply_activation_checkpointing(model, blocks)  # the blocks, whatever the wrapping policy
             wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             units = [wrapped.get(id(u), u) for u in units]
-        kwargs = {"mesh": self._mesh(), "reshard_after_forward": self.fsdp.get(
-            "fsdp_reshard_after_forward", RESHARDS_AFTER_FORWARD[self.strategy]), "mp_policy": self._mixed_precision(),
-            "offload_policy": self._offload()}
+        kwargs = {
+            "mesh": self._mesh(),
+            "reshard_after_forward": self.fsdp.get("fsdp_reshard_after_forward", RESHARDS_AFTER_FORWARD[self.strategy]),
+            "mp_policy": self._mixed_precision(),
+            "offload_policy": self._offload(),
+        }
         for unit in units:
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
@@ -117,8 +136,10 @@ class FSDPBackend(Backend):
             model = get_model_state_dict(self.model, options=options)
             optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
             if self.world.is_main:
-                atomic_save({"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()},
-                            path / "full_state.pt")
+                atomic_save(
+                    {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()},
+                    path / "full_state.pt",
+                )
             return
         dcp.save(get_model_state_dict(self.model), checkpoint_id=path / "model")
         dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=path / "optim")
@@ -149,8 +170,10 @@ def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ..
         return (world_size,)
     shard = 1 if strategy == "NO_SHARD" else local_size
     if world_size % shard:
-        raise DistsetupError(f"{strategy} needs the world size ({world_size}) to be a multiple of the "
-                             f"processes per node ({shard}).", "launch the same number on every node.")
+        raise DistsetupError(
+            f"{strategy} needs the world size ({world_size}) to be a multiple of the processes per node ({shard}).",
+            "launch the same number on every node.",
+        )
     return (world_size // shard, shard)
 
 

@@ -1,6 +1,6 @@
 """Bytes a rank really holds, counted from the tensors themselves (shared storage counted once)."""
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -66,6 +66,7 @@ class SavedActivations:
 
     def __enter__(self):
         import torch.autograd.graph
+
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self

@@ -21,10 +21,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -112,17 +110,22 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
         raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.")
     path = Path(m.hf_path)
     if not (path / "config.json").exists():
-        raise DistsetupError(f"model.hf_path {path} has no config.json.",
-                             "save one with e.g. LlamaConfig(...).save_pretrained(path); nothing is downloaded.")
+        raise DistsetupError(
+            f"model.hf_path {path} has no config.json.",
+            "save one with e.g. LlamaConfig(...).save_pretrained(path); nothing is downloaded.",
+        )
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
     if has_weights:
         hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=torch.float32)
     else:
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True),
-                                              torch_dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path, local_files_only=True), torch_dtype=torch.float32
+        )
     if hf.config.vocab_size < m.vocab_size:
-        raise DistsetupError(f"the hf model's vocab_size {hf.config.vocab_size} is below model.vocab_size "
-                             f"{m.vocab_size}.", "raise it in config.json or lower model.vocab_size.")
+        raise DistsetupError(
+            f"the hf model's vocab_size {hf.config.vocab_size} is below model.vocab_size {m.vocab_size}.",
+            "raise it in config.json or lower model.vocab_size.",
+        )
     layers = [m.layer_cls] if m.layer_cls else list(getattr(hf, "_no_split_modules", None) or [])
     if not layers:
         raise DistsetupError(f"{type(hf).__name__} names no layer class.", "set model.layer_cls.")
@@ -141,9 +144,11 @@ def check_fits_in_memory(parameters: int) -> None:
     built, in one line, rather than a traceback from the allocator or a visit from the OOM killer."""
     needed, available = 4 * parameters, available_memory()
     if needed > available:
-        raise DistsetupError(f"the model has {parameters:,} parameters ({needed / 2**30:,.1f} GiB in fp32), more "
-                             f"than this machine's {available / 2**30:,.1f} GiB of free memory can build.",
-                             "lower model.n_embd, model.n_layer or model.vocab_size.")
+        raise DistsetupError(
+            f"the model has {parameters:,} parameters ({needed / 2**30:,.1f} GiB in fp32), more "
+            f"than this machine's {available / 2**30:,.1f} GiB of free memory can build.",
+            "lower model.n_embd, model.n_layer or model.vocab_size.",
+        )
 
 
 def available_memory() -> int:
@@ -162,14 +167,17 @@ def layer_modules(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
     names = {n.strip() for n in class_names if n.strip()}
     found = [mod for mod in model.modules() if type(mod).__name__ in names]
     if not found:
-        raise DistsetupError(f"no module of class {', '.join(sorted(names))} in {type(model).__name__}.",
-                             "fix fsdp_transformer_layer_cls_to_wrap or model.layer_cls.")
+        raise DistsetupError(
+            f"no module of class {', '.join(sorted(names))} in {type(model).__name__}.",
+            "fix fsdp_transformer_layer_cls_to_wrap or model.layer_cls.",
+        )
     return found
 
 
 def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module]) -> None:
     """Recompute each block's activations in backward instead of storing them."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing as apply, checkpoint_wrapper)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     ids = {id(b) for b in blocks}
     apply(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda mod: id(mod) in ids)

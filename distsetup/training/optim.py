@@ -9,8 +9,10 @@ import torch.nn as nn
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices only (nanoGPT): biases and norm weights keep their scale."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def adamw(model: nn.Module, lr: float, betas, weight_decay: float) -> torch.optim.Optimizer:
@@ -22,14 +24,17 @@ def adamw(model: nn.Module, lr: float, betas, weight_decay: float) -> torch.opti
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
     """Multiplier of the peak lr at optimizer step s: linear warmup, then cosine decay to min_lr_ratio."""
+
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
         progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
     return factor
 
 
 def lambda_scheduler(optimizer, training) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(training.warmup_steps, training.max_steps, training.min_lr_ratio))
+        optimizer, lr_lambda(training.warmup_steps, training.max_steps, training.min_lr_ratio)
+    )

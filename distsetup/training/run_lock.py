@@ -29,18 +29,21 @@ class OutputDirLock:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise DistsetupError(f"training.output_dir {self.output_dir} cannot be used: {e.strerror} "
-                                 f"({e.filename}).", "set training.output_dir to a folder you can write to.")
+            raise DistsetupError(
+                f"training.output_dir {self.output_dir} cannot be used: {e.strerror} ({e.filename}).",
+                "set training.output_dir to a folder you can write to.",
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise DistsetupError(f"training.output_dir {self.output_dir} is in use by another run ({holder}).",
-                                 "wait for that run to end, or give this one its own training.output_dir.")
+            raise DistsetupError(
+                f"training.output_dir {self.output_dir} is in use by another run ({holder}).",
+                "wait for that run to end, or give this one its own training.output_dir.",
+            )
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                 .encode())
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
         self.fd = fd
 
     def release(self) -> None:

@@ -29,8 +29,12 @@ def read_world() -> World:
     """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process)."""
     env = os.environ
     size = int(env.get("WORLD_SIZE", "1"))
-    return World(rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")), size=size,
-                 local_size=int(env.get("LOCAL_WORLD_SIZE", str(size))))
+    return World(
+        rank=int(env.get("RANK", "0")),
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        size=size,
+        local_size=int(env.get("LOCAL_WORLD_SIZE", str(size))),
+    )
 
 
 def pick_device(world: World) -> torch.device:
@@ -45,33 +49,46 @@ def init_process_group(world: World, backend: str, device: torch.device, timeout
     """Join the job's process group (NCCL on GPUs, gloo on CPU); `single` runs without one."""
     if backend == "single":
         if world.size > 1:
-            raise DistsetupError(f"backend single runs one process, but WORLD_SIZE is {world.size}.",
-                                 "set distributed.backend to ddp, fsdp or deepspeed, or launch one process.")
+            raise DistsetupError(
+                f"backend single runs one process, but WORLD_SIZE is {world.size}.",
+                "set distributed.backend to ddp, fsdp or deepspeed, or launch one process.",
+            )
         return
     # DeepSpeed needs a process group even for one process; a plain `python train.py` has no rendezvous.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     # ...and DeepSpeed asserts LOCAL_RANK is set, which only a launcher does: describe the plain run to it.
-    for key, value in (("RANK", world.rank), ("LOCAL_RANK", world.local_rank), ("WORLD_SIZE", world.size),
-                       ("LOCAL_WORLD_SIZE", world.local_size)):
+    for key, value in (
+        ("RANK", world.rank),
+        ("LOCAL_RANK", world.local_rank),
+        ("WORLD_SIZE", world.size),
+        ("LOCAL_WORLD_SIZE", world.local_size),
+    ):
         os.environ.setdefault(key, str(value))
     timeout = datetime.timedelta(minutes=timeout_minutes)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=world.rank,
-                            world_size=world.size, timeout=timeout)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", rank=world.rank, world_size=world.size, timeout=timeout
+    )
     # Groups made later (DeepSpeed's data-parallel group, FSDP's 2-D mesh) take torch's default timeout
     # (30 minutes), not ours: a stopped rank would hang them that long. Make ours their default too.
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
 
 
 # How gloo and NCCL say a peer is gone; gloo raises a plain RuntimeError, so its text is all there is.
-LOST_PEER = ("Timed out waiting", "timed out", "Connection reset by peer", "Connection closed by peer",
-             "/gloo/transport/")
+LOST_PEER = (
+    "Timed out waiting",
+    "timed out",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "/gloo/transport/",
+)
 
 
 def is_lost_contact(error: BaseException) -> bool:
     """Whether `error` is a collective that failed because another rank stopped, hung or died."""
-    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError)
-                                                  and any(text in str(error) for text in LOST_PEER))
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and any(text in str(error) for text in LOST_PEER)
+    )
 
 
 def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: int) -> DistsetupError:
@@ -81,7 +98,8 @@ def lost_contact(error: BaseException, world: World, step: int, timeout_minutes:
         f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({detail}): "
         "another rank stopped, hung or died.",
         "look at the other ranks' first error; if a step or a checkpoint legitimately takes longer than "
-        f"{timeout_minutes} min, raise distributed.timeout_minutes.")
+        f"{timeout_minutes} min, raise distributed.timeout_minutes.",
+    )
 
 
 def destroy_process_group() -> None:
@@ -107,8 +125,9 @@ class StepAgreement:
     def due(self, step: int) -> bool:
         return step >= self.next_step
 
-    def settle(self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool,
-               step_seconds: float) -> tuple[float, bool]:
+    def settle(
+        self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool, step_seconds: float
+    ) -> tuple[float, bool]:
         """(the step's mean loss over micro-batches and ranks, stop?); every rank calls it at the same step."""
         loss = torch.stack(micro_losses).double().mean().reshape(1)
         extras = torch.tensor([float(stop_requested), step_seconds], dtype=torch.float64, device=self.device)
