@@ -49,24 +49,15 @@ def resolve_batch(
             )
         return BatchSizes(micro, accumulation, None, None)
 
-    given = sum(v is not None for v in (micro, accumulation, train_batch))
-    if given < 2 and train_batch is None:
-        micro, accumulation = micro or 1, accumulation or 1
-    elif given < 2:
-        micro = 1
     if train_batch is None:
+        if micro is None or accumulation is None:  # at most one of the three given: the other is 1
+            micro, accumulation = micro or 1, accumulation or 1
         train_batch = micro * accumulation * world_size
-    elif micro is None or accumulation is None:
-        known = micro if micro is not None else accumulation
-        if train_batch % (known * world_size):
-            name = "--micro_batch_size" if micro is not None else "--gradient_accumulation_steps"
-            raise DistsetupError(
-                f"--train_batch_size {train_batch} is not divisible by {name} {known} x world size "
-                f"{world_size} = {known * world_size}.",
-                f"choose a train batch size that is a multiple of {known * world_size}.",
-            )
-        missing = train_batch // (known * world_size)
-        micro, accumulation = (micro, missing) if micro is not None else (missing, accumulation)
+    elif accumulation is None:
+        micro = 1 if micro is None else micro  # only the train batch given: micro-batch 1
+        accumulation = _other_factor(train_batch, "--micro_batch_size", micro, world_size)
+    elif micro is None:
+        micro = _other_factor(train_batch, "--gradient_accumulation_steps", accumulation, world_size)
     if micro * accumulation * world_size != train_batch:
         raise DistsetupError(
             f"batch sizes do not add up: micro_batch {micro} x gradient_accumulation {accumulation} "
@@ -75,6 +66,17 @@ def resolve_batch(
             "give any two of the three batch values and distsetup computes the third.",
         )
     return BatchSizes(micro, accumulation, train_batch, world_size)
+
+
+def _other_factor(train_batch: int, name: str, known: int, world_size: int) -> int:
+    """The batch value missing from train_batch = `known` (the value of option `name`) x missing x world size."""
+    if train_batch % (known * world_size):
+        raise DistsetupError(
+            f"--train_batch_size {train_batch} is not divisible by {name} {known} x world size "
+            f"{world_size} = {known * world_size}.",
+            f"choose a train batch size that is a multiple of {known * world_size}.",
+        )
+    return train_batch // (known * world_size)
 
 
 def check_world_counts(

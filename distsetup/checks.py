@@ -49,7 +49,8 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
     config = without_auto(config)
     problems += schema_problems(config, "deepspeed")
     zero = _section(config, "zero_optimization")
-    stage = zero.get("stage") if zero.get("stage") in (0, 1, 2, 3) else 0
+    stage = zero.get("stage")
+    stage = stage if stage in (0, 1, 2, 3) else 0
     precision = {k for k in ("fp16", "bf16", "bfloat16") if _section(config, k).get("enabled") is True}
     if "fp16" in precision and precision & {"bf16", "bfloat16"}:
         problems.append(

@@ -1,6 +1,7 @@
 """Building a DeepSpeed config dict from a frozen spec: pure, no Click, no disk, no DeepSpeed import."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from distsetup.batch import BatchSizes
 from distsetup.errors import DistsetupError
@@ -45,7 +46,7 @@ class DeepSpeedSpec:
     offload_param: str | None = None
     nvme_path: str | None = None
     pin_memory: bool = True
-    precision: str = "fp32"  # "fp32" | "bf16" | "fp16"; None under hf_auto = "auto"
+    precision: str | None = "fp32"  # "fp32" | "bf16" | "fp16"; None under hf_auto = "auto"
     batch: BatchSizes = BatchSizes(None, None, None, None)
     gradient_clipping: float | None = None
     overlap_comm: bool | None = None
@@ -204,7 +205,7 @@ def _set_batch(config: dict, batch: BatchSizes, auto) -> None:
 def _precision(precision: str | None, auto) -> dict:
     if precision is None and auto is not None:
         return {"fp16": {"enabled": auto, **FP16_LOSS_SCALING}, "bf16": {"enabled": auto}}
-    fp16 = {"enabled": precision == "fp16"}
+    fp16: dict[str, bool | int] = {"enabled": precision == "fp16"}
     if precision == "fp16":
         fp16.update(FP16_LOSS_SCALING)
     return {"fp16": fp16, "bf16": {"enabled": precision == "bf16"}}
@@ -280,7 +281,7 @@ def _scheduler(sched: SchedulerSpec, lr, auto) -> dict:
 # Common recipes: defaults for `distsetup deepspeed --preset NAME`; explicit flags still win.
 # Precision is left to --bf16/--fp16: the right choice depends on the GPU.
 _ZERO_COMMON = {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000}
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {  # option name -> value, as the command's options hold them
     "zero0": {"zero_stage": 0},
     "zero1": {"zero_stage": 1, **_ZERO_COMMON},
     "zero2": {"zero_stage": 2, **_ZERO_COMMON, "allgather_bucket_size": 500_000_000},

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -38,7 +39,7 @@ def writable_target(path: Path, inputs: dict[str, str | Path | None], option: st
     link into a file), something that is not a regular file (a folder, /dev/null, a FIFO), and any of the
     command's `inputs` ({what: path}), also when reached through a link or a hard link.
     """
-    shown = path
+    shown = str(path)
     if path.is_symlink():
         try:
             path.stat()
@@ -98,7 +99,7 @@ def emit(
     next_step: str | None = None,
     executable: bool = False,
     inputs: dict[str, str | Path | None] | None = None,
-    remarks: list[str] = (),
+    remarks: Sequence[str] = (),
 ) -> None:
     """Print `text` (no output, '-' or a dry run) or write it to `output` (never over one of the command's
     `inputs`, {what: path}) and say what comes next. `remarks` ("Note: ...", "Warning: ...") go to stderr

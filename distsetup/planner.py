@@ -76,7 +76,7 @@ def parse_count(text: str, flag: str = "--params") -> int:
     """'7B', '1.3e9', '350M' -> a parameter count, at least 1 and at most MAX_PARAMS."""
     match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", str(text), re.IGNORECASE)
     value = _number(match.group(1)) if match else None
-    if value is None:
+    if match is None or value is None:
         raise DistsetupError(f"{flag}: cannot read '{text}' as a parameter count.", "write e.g. 7B, 350M or 1.3e9.")
     count = int(value * SUFFIXES[match.group(2).upper()])
     if not 1 <= count <= MAX_PARAMS:
@@ -91,7 +91,7 @@ def parse_memory(text: str, flag: str = "--gpu_memory") -> float:
     """'80GB', '80GiB', '80' (GB) -> bytes, more than none."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?I?B?)\s*", str(text), re.IGNORECASE)
     value = _number(match.group(1)) if match and match.group(2).upper() in MEMORY_UNITS else None
-    if value is None:
+    if match is None or value is None:
         raise DistsetupError(f"{flag}: cannot read '{text}' as an amount of memory.", "write e.g. 80GB or 24GiB.")
     if value <= 0:
         raise DistsetupError(f"{flag} {text} is no memory at all.", "give the memory of one device, e.g. 80GB.")
@@ -199,6 +199,13 @@ class Strategy:
     @property
     def offload(self) -> int:
         return int(self.offload_optimizer) + int(self.offload_param)
+
+    @property
+    def fsdp_sharding(self) -> str:
+        """The FSDP sharding strategy; only FSDP strategies have one."""
+        if self.sharding_strategy is None:
+            raise ValueError(f"strategy {self.key} is not an FSDP strategy.")
+        return self.sharding_strategy
 
 
 # In order of expected speed when memory is no object: least communication, then least offload.
@@ -542,7 +549,7 @@ def deepspeed_args(choice: Estimate, micro: int, accumulation: int, precision: s
 def fsdp_args(choice: Estimate, precision: str, layer_cls: str) -> list[str]:
     """The `distsetup fsdp` arguments for an FSDP recommendation."""
     s = BY_KEY[choice.strategy]
-    args = ["--sharding_strategy", s.sharding_strategy, "--transformer_layer_cls_to_wrap", layer_cls]
+    args = ["--sharding_strategy", s.fsdp_sharding, "--transformer_layer_cls_to_wrap", layer_cls]
     if precision != "fp32":
         args += ["--mixed_precision", FLAG_FOR_PRECISION[precision]]
     if choice.activation_checkpointing:

@@ -75,7 +75,7 @@ def run(timeout: float, size_mb: float) -> int:
             if "TORCHELASTIC_USE_AGENT_STORE" not in os.environ
             else "env://",
             timeout=timedelta(seconds=timeout),
-            **({"device_id": device} if use_cuda else {}),
+            device_id=device if use_cuda else None,
         )
         t_init = time.perf_counter() - t0
         stage = "all-reduce"
@@ -97,7 +97,7 @@ def run(timeout: float, size_mb: float) -> int:
         t0 = time.perf_counter()
         dist.barrier()
         t_barrier = time.perf_counter() - t0
-        hosts = [None] * info["world_size"]
+        hosts: list[str] = [""] * info["world_size"]  # all_gather_object fills in every rank's host
         dist.all_gather_object(hosts, info["host"])
     except Exception as e:  # noqa: BLE001  every failure becomes one clear line
         print(failure(info, backend, stage, e), file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,7 @@ class RunConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+SECTIONS = typing.get_type_hints(RunConfig)  # section name -> its dataclass, in field order
 
 
 def run_config_schema() -> dict:
@@ -304,7 +305,7 @@ def _scalar_types(hint) -> set:
     return set(typing.get_args(hint)) or {hint}
 
 
-def load_run_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read config.yaml (or the defaults when path is None), apply overrides, and check it all."""
     raw = read_yaml(Path(path)) if path else {}
     raw = apply_overrides(raw, list(overrides))

@@ -220,7 +220,9 @@ def train(cfg, args) -> int:
             checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
             stop = False
             if log_now or checkpoint_now or agreement.due(step):
-                loss, stop = agreement.settle(step, micro_losses, preemption.requested, timer.median_step_seconds)
+                step_seconds = timer.median_step_seconds
+                assert step_seconds is not None  # step_done() above recorded a step
+                loss, stop = agreement.settle(step, micro_losses, preemption.requested, step_seconds)
             if log_now or stop:
                 metrics.write(step, loss=loss, lr=lr)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")

@@ -110,8 +110,7 @@ def environment_findings() -> list[Finding]:
         import torch
     except ImportError:
         found.append(Finding(WARN, "torch", "not installed: training needs it (pip install 'distsetup[train]')."))
-        torch = None
-    if torch is not None:
+    else:
         cuda = torch.version.cuda or "none (CPU build)"
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "n/a"
         found.append(
@@ -136,8 +135,9 @@ def environment_findings() -> list[Finding]:
     ds = _version("deepspeed")
     found.append(Finding(OK if ds else WARN, "deepspeed", ds or "not installed (needed for backend deepspeed)."))
     for dist in ("transformers", "nvidia-ml-py"):
-        if _version(dist):
-            found.append(Finding(OK, dist, _version(dist)))
+        version = _version(dist)
+        if version:
+            found.append(Finding(OK, dist, version))
     from distsetup.gpus import NoGpuError, query_gpus
 
     try:

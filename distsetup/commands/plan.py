@@ -317,34 +317,34 @@ def hardware_from_options(o: dict) -> Hardware:
 
 def recommended_files(result: Plan) -> tuple[str | None, dict]:
     """The exact `distsetup deepspeed|fsdp` command and the config it writes (via the same builders)."""
-    choice = result.choice
-    if choice is None:
+    choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
+    if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
         return None, {}
     s, precision = BY_KEY[choice.strategy], result.workload.precision
     world = result.hardware.world_size
     if s.framework == "ddp":
         return None, {}
     if s.framework == "deepspeed":
-        args = deepspeed_args(choice, result.micro_batch, result.accumulation, precision, world)
-        spec = DeepSpeedSpec(
+        args = deepspeed_args(choice, micro, accumulation, precision, world)
+        ds_spec = DeepSpeedSpec(
             zero_stage=s.zero_stage,
             offload_optimizer="cpu" if s.offload_optimizer else None,
             offload_param="cpu" if s.offload_param else None,
             precision=precision,
-            batch=resolve_batch(result.micro_batch, result.accumulation, None, world),
+            batch=resolve_batch(micro, accumulation, None, world),
         )
-        check_spec(spec)
-        name, config = "ds_config.json", build_deepspeed_config(spec)
+        check_spec(ds_spec)
+        name, config = "ds_config.json", build_deepspeed_config(ds_spec)
         command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
     else:
-        spec = FsdpSpec(
-            sharding_strategy=s.sharding_strategy,
+        fsdp_spec = FsdpSpec(
+            sharding_strategy=s.fsdp_sharding,
             transformer_layer_cls_to_wrap=(result.model.layer_cls,),
             mixed_precision=FLAG_FOR_PRECISION[precision],
             activation_checkpointing=choice.activation_checkpointing,
         )
-        check_fsdp_spec(spec)
-        name, config = "fsdp_config.json", build_fsdp_config(spec)
+        check_fsdp_spec(fsdp_spec)
+        name, config = "fsdp_config.json", build_fsdp_config(fsdp_spec)
         command = [
             "distsetup",
             "fsdp",

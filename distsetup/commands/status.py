@@ -124,13 +124,15 @@ def refit_batch(
         }
     accumulation = max(1, round(global_batch / (micro * got)))
     new_global = micro * accumulation * got
-    if lr is not None and rule is None:
-        raise DistsetupError(
-            f"with {got} GPUs the global batch {global_batch} cannot be kept "
-            f"(nearest: {new_global}); the lr would need rescaling.",
-            "add --scale_lr linear (or sqrt), or choose a micro-batch that divides it.",
-        )
-    new_lr = scaled_lr(lr, new_global, global_batch, rule) if lr is not None else None
+    new_lr = None
+    if lr is not None:
+        if rule is None:
+            raise DistsetupError(
+                f"with {got} GPUs the global batch {global_batch} cannot be kept "
+                f"(nearest: {new_global}); the lr would need rescaling.",
+                "add --scale_lr linear (or sqrt), or choose a micro-batch that divides it.",
+            )
+        new_lr = scaled_lr(lr, new_global, global_batch, rule)
     note = (
         f"Using {got} of {asked} GPUs: global batch {global_batch} -> {new_global} (micro-batch {micro} x "
         f"accumulation {accumulation} x {got})"

@@ -52,17 +52,17 @@ def find_resume(root: Path) -> tuple[Path | None, list[str]]:
         if root.is_dir()
         else []
     )
-    damaged = []
-    for _, path in sorted(steps, reverse=True):
-        problem = damage(path)
+    damaged: list[str] = []
+    for step, path in sorted(steps, reverse=True):
+        problem = damage(path, step)
         if problem is None:
             return path, damaged
         damaged.append(f"{path}: {problem}")
     return None, damaged
 
 
-def damage(path: Path) -> str | None:
-    """What makes checkpoint folder `path` unusable, or None: its marker must be ours and name its own step,
+def damage(path: Path, step: int) -> str | None:
+    """What makes checkpoint folder `path` (step_`step`) unusable, or None: its marker must be ours and name `step`,
     and every file the marker lists must be there with the size it had when the checkpoint completed."""
     try:
         meta = read_meta(path)
@@ -70,7 +70,7 @@ def damage(path: Path) -> str | None:
         return f"{MARKER} is not a distsetup marker (unreadable or not JSON)"
     if not isinstance(meta, dict) or any(key not in meta for key in REQUIRED_META):
         return f"{MARKER} lacks {', '.join(REQUIRED_META)}"
-    if meta["step"] != int(STEP_FOLDER.fullmatch(path.name).group(1)):
+    if meta["step"] != step:
         return f"{MARKER} names step {meta['step']}"
     for name, size in (meta.get("files") or {}).items():
         file = path / name

@@ -94,7 +94,7 @@ class ShardedSampler:
             )
         self.num_samples = num_samples
         self.epoch, self.position = 0, 0  # position: optimizer steps already taken in this epoch
-        self._order = None
+        self._order: torch.Tensor | None = None  # this epoch's permutation, drawn when first needed
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._order = epoch, None

@@ -26,12 +26,12 @@ def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, i
     micro = config.get("train_micro_batch_size_per_gpu")
     accumulation = config.get("gradient_accumulation_steps")
     total = config.get("train_batch_size")
-    if micro is None and total is None:
-        raise DistsetupError(
-            f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
-            "set train_micro_batch_size_per_gpu.",
-        )
-    if total is not None and micro is None:
+    if micro is None:
+        if total is None:
+            raise DistsetupError(
+                f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
+                "set train_micro_batch_size_per_gpu.",
+            )
         accumulation = accumulation or 1
         micro = total // (accumulation * world_size)
     accumulation = accumulation or (total // (micro * world_size) if total else 1)

@@ -179,7 +179,8 @@ def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ..
 
 def _size_based_units(model, min_num_params: int) -> list:
     """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
-    units, taken = [], set()
+    units: list[torch.nn.Module] = []
+    taken: set[int] = set()  # id() of the parameters already in a unit
     for module in reversed(list(model.modules())[1:]):
         if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
             continue  # containers have no forward of their own, so their parameters would never be gathered
