@@ -6,6 +6,7 @@ import importlib
 import click
 
 from distsetup import __version__
+from distsetup.errors import DistsetupError
 
 # command name -> "module:function" under distsetup.commands
 COMMANDS = {
@@ -21,7 +22,14 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """A group that imports a subcommand's module on first use."""
+    """A group that imports a subcommand's module on first use, and shows a user's error as Click shows its
+    own: one line on stderr, exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DistsetupError as e:
+            raise click.ClickException(e.format_message()) from None
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)

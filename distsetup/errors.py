@@ -1,10 +1,15 @@
-"""The one error type users can cause: Click prints its message and exits 1."""
+"""The one error type users can cause, said in one line with the fix. It knows nothing of Click: the CLI
+(distsetup/cli.py) and the trainer (distsetup/train.py) each turn it into their one line and exit status."""
 
-import click
 
-
-class DistsetupError(click.ClickException):
+class DistsetupError(Exception):
     """A problem with the user's input, said in one line with the fix."""
 
+    exit_code = 1
+
     def __init__(self, message: str, hint: str | None = None):
-        super().__init__(f"{message} HINT: {hint}" if hint else message)
+        self.message = f"{message} HINT: {hint}" if hint else message
+        super().__init__(self.message)
+
+    def format_message(self) -> str:
+        return self.message
