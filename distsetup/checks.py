@@ -31,7 +31,7 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
             Problem(
                 join_path(p),
                 '"auto" is only filled in by the Hugging Face Trainer; DeepSpeed '
-                "itself (and src/train.py) cannot use it.",
+                "itself (and distsetup's trainer) cannot use it.",
                 "write a value (`distsetup deepspeed` without "
                 "--hf_auto writes numbers); a file for TrainingArguments(deepspeed=...) passes "
                 "`distsetup validate --hf`.",

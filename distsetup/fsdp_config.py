@@ -95,7 +95,7 @@ def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
         )
     if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
         return [
-            f"{spec.sharding_strategy} with FSDP2: src/train.py builds the device mesh it needs, but "
+            f"{spec.sharding_strategy} with FSDP2: distsetup's trainer builds the device mesh it needs, but "
             "Accelerate's FSDP2 reads only fsdp_reshard_after_forward"
             + (
                 " (false = SHARD_GRAD_OP); use DDP there for no sharding."

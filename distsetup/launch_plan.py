@@ -4,6 +4,11 @@
 and `distsetup slurm` (srun starts one launcher per node). `launch_context` turns it into the plain
 values the templates in templates/ render; `build_launcher_script` renders scripts/run_training.sh.
 Nothing here touches Click, the environment or the disk.
+
+What runs is distsetup's own trainer (`python -m distsetup.train`, inside the package, so a wheel install
+has it) unless a spec names a user's script or module. Paths stay as the user wrote them, relative to
+`workdir` (the folder `distsetup` ran in): the scripts `cd` there first, so they run the same from any
+folder, and the run config's own relative paths (output_dir, data) keep their meaning too.
 """
 
 import json
@@ -20,7 +25,7 @@ from distsetup.templating import render
 LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
 RDZV_BACKENDS = ("static", "c10d")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-DEFAULT_SCRIPT = "src/train.py"
+DEFAULT_TRAINER = "distsetup.train"  # python -m distsetup.train: the trainer that ships in the package
 DEFAULT_MASTER_PORT = 29500
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -41,25 +46,27 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One world: num_nodes x nproc_per_node processes running `script` (or `module`) with `train_args`."""
+    """One world: num_nodes x nproc_per_node processes running the trainer (or a user's `script` or
+    `module`) with `train_args`, from `workdir`."""
 
     backend: str = "ddp"
     launch_method: str = "torchrun"
-    script: str | None = DEFAULT_SCRIPT
-    module: str | None = None
+    script: str | None = None  # a user's training program (python FILE)
+    module: str | None = None  # a user's training module (python -m); neither: DEFAULT_TRAINER
+    workdir: str | None = None  # absolute folder the script cds to; None: where it is started
     config: str | None = None
     deepspeed_config: str | None = None
     fsdp_config: str | None = None
     num_nodes: int = 1
-    nproc_per_node: int | None = None          # None: every visible GPU ("auto")
-    node_rank: int | None = None               # None: NODE_RANK from the environment at run time
-    master_addr: str | None = None             # None: 127.0.0.1 on one node; MASTER_ADDR at run time on several
-    master_port: int | None = None             # None: 29500 (or a free port for a single node)
+    nproc_per_node: int | None = None  # None: every visible GPU ("auto")
+    node_rank: int | None = None  # None: NODE_RANK from the environment at run time
+    master_addr: str | None = None  # None: 127.0.0.1 on one node; MASTER_ADDR at run time on several
+    master_port: int | None = None  # None: 29500 (or a free port for a single node)
     rdzv_backend: str = "static"
     rdzv_id: str = "distsetup"
-    hosts: tuple[str, ...] = ()                 # deepspeed launcher multi-node: hostfile names
-    ssh: bool = False                           # deepspeed launcher: pdsh over ssh from node 0
-    gpus: tuple[int, ...] | None = None         # CUDA_VISIBLE_DEVICES
+    hosts: tuple[str, ...] = ()  # deepspeed launcher multi-node: hostfile names
+    ssh: bool = False  # deepspeed launcher: pdsh over ssh from node 0
+    gpus: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
 
@@ -68,9 +75,18 @@ class LaunchSpec:
         return None if self.nproc_per_node is None else self.num_nodes * self.nproc_per_node
 
     @property
-    def runs_train_py(self) -> bool:
-        """Whether the target is distsetup's src/train.py (which takes section.key=value overrides)."""
-        return self.module is None and self.script is not None and Path(self.script).parts[-2:] == ("src", "train.py")
+    def runs_default_trainer(self) -> bool:
+        """Whether the target is distsetup's trainer, which takes section.key=value overrides and hands a
+        DeepSpeed file to DeepSpeed as is (so "auto" values are refused for it). `--script src/train.py`, the
+        trainer's old path (a thin file that runs it), still counts."""
+        if self.script is not None:
+            return Path(self.script).parts[-2:] == ("src", "train.py")
+        return self.module in (None, DEFAULT_TRAINER)
+
+    @property
+    def target(self) -> str:
+        """The module or script that runs."""
+        return self.script if self.script is not None else self.module or DEFAULT_TRAINER
 
 
 def parse_gpus(text: str) -> tuple[int, ...] | int:
@@ -96,8 +112,10 @@ def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]
     for item in pairs:
         key, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.match(key):
-            raise DistsetupError(f"{option} '{item}' is not KEY=VALUE with KEY a variable name.",
-                                 f"write e.g. {option} WANDB_MODE=offline.")
+            raise DistsetupError(
+                f"{option} '{item}' is not KEY=VALUE with KEY a variable name.",
+                f"write e.g. {option} WANDB_MODE=offline.",
+            )
         result.append((key, value))
     return tuple(result)
 
@@ -105,105 +123,155 @@ def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]
 def check_text(name: str, value: str | None) -> None:
     """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
     if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise DistsetupError(f"{name} {value!r} contains a control character (newline, tab, ...).",
-                             "rename the file or folder, or quote it without newlines.")
+        raise DistsetupError(
+            f"{name} {value!r} contains a control character (newline, tab, ...).",
+            "rename the file or folder, or quote it without newlines.",
+        )
 
 
 def check_launch(spec: LaunchSpec) -> None:
     """Every rule that spans options; raises DistsetupError naming the fix."""
-    for name in ("script", "module", "config", "deepspeed_config", "fsdp_config", "master_addr", "rdzv_id"):
-        check_text(f"--{name}", getattr(spec, name))
+    for name, flag in (
+        ("script", "--script"),
+        ("module", "--python_module"),
+        ("config", "--config"),
+        ("deepspeed_config", "--deepspeed_config"),
+        ("fsdp_config", "--fsdp_config"),
+        ("master_addr", "--master_addr"),
+        ("rdzv_id", "--rdzv_id"),
+        ("workdir", "the working folder"),
+    ):
+        check_text(flag, getattr(spec, name))
+    if spec.workdir is not None and not Path(spec.workdir).is_absolute():
+        raise DistsetupError(
+            f"working folder {spec.workdir!r} is not an absolute path.", "this is a distsetup bug; please report it."
+        )
     for name, value in spec.env.extra:
         check_text(f"--env {name}", value)
     # Click's choices make these unreachable from the CLI; the pure builder still needs them (an unknown
     # launch method would otherwise render the accelerate branch).
-    for name, value, choices in (("backend", spec.backend, BACKENDS), ("launch method", spec.launch_method,
-                                 LAUNCH_METHODS), ("rendezvous backend", spec.rdzv_backend, RDZV_BACKENDS)):
+    for name, value, choices in (
+        ("backend", spec.backend, BACKENDS),
+        ("launch method", spec.launch_method, LAUNCH_METHODS),
+        ("rendezvous backend", spec.rdzv_backend, RDZV_BACKENDS),
+    ):
         if value not in choices:
             raise DistsetupError(f"unknown {name} {value}.", f"use one of {', '.join(choices)}.")
-    if (spec.script is None) == (spec.module is None):
-        raise DistsetupError("give exactly one of --script and --module.", "e.g. --script src/train.py.")
+    if spec.script is not None and spec.module is not None:
+        raise DistsetupError(
+            "--script and --python_module are mutually exclusive.",
+            f"give one of them, or neither for distsetup's trainer (python -m {DEFAULT_TRAINER}).",
+        )
     check_world_counts(spec.num_nodes, spec.nproc_per_node)
     if spec.node_rank is not None and not 0 <= spec.node_rank < spec.num_nodes:
-        raise DistsetupError(f"--node_rank {spec.node_rank} is out of range for --num_nodes {spec.num_nodes}.",
-                             f"node ranks run from 0 to {spec.num_nodes - 1}.")
+        raise DistsetupError(
+            f"--node_rank {spec.node_rank} is out of range for --num_nodes {spec.num_nodes}.",
+            f"node ranks run from 0 to {spec.num_nodes - 1}.",
+        )
     if spec.gpus is not None and spec.nproc_per_node is not None and len(spec.gpus) != spec.nproc_per_node:
-        raise DistsetupError(f"--gpus lists {len(spec.gpus)} GPU(s) but --num_gpus_per_node is {spec.nproc_per_node}.",
-                             "drop --num_gpus_per_node (it follows --gpus) or make them agree.")
+        raise DistsetupError(
+            f"--gpus lists {len(spec.gpus)} GPU(s) but --num_gpus_per_node is {spec.nproc_per_node}.",
+            "drop --num_gpus_per_node (it follows --gpus) or make them agree.",
+        )
     if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
         raise DistsetupError(f"--master_port {spec.master_port} is not a TCP port.", "use e.g. 29500.")
     if spec.backend == "deepspeed" and not spec.deepspeed_config:
-        raise DistsetupError("backend deepspeed needs a DeepSpeed config file.",
-                             "add --deepspeed_config FILE (write one with `distsetup deepspeed`).")
+        raise DistsetupError(
+            "backend deepspeed needs a DeepSpeed config file.",
+            "add --deepspeed_config FILE (write one with `distsetup deepspeed`).",
+        )
     if spec.rdzv_backend == "c10d" and spec.launch_method != "torchrun":
-        raise DistsetupError(f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
-                             "drop --rdzv_backend or use --launch_method torchrun.")
+        raise DistsetupError(
+            f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
+            "drop --rdzv_backend or use --launch_method torchrun.",
+        )
     if spec.rdzv_backend == "c10d" and spec.node_rank is not None and spec.num_nodes > 1:
-        raise DistsetupError("--node_rank is not used with --rdzv_backend c10d: ranks are assigned as nodes join.",
-                             "drop --node_rank (or use --rdzv_backend static).")
+        raise DistsetupError(
+            "--node_rank is not used with --rdzv_backend c10d: ranks are assigned as nodes join.",
+            "drop --node_rank (or use --rdzv_backend static).",
+        )
     if spec.gpus is not None and spec.launch_method == "deepspeed" and spec.num_nodes > 1:
-        raise DistsetupError("--gpus does not work with the deepspeed launcher on several nodes: its hostfile "
-                             "resets CUDA_VISIBLE_DEVICES to 0..N-1, so it would train on other GPUs.",
-                             "use --launch_method torchrun (the default), or drop --gpus.")
+        raise DistsetupError(
+            "--gpus does not work with the deepspeed launcher on several nodes: its hostfile "
+            "resets CUDA_VISIBLE_DEVICES to 0..N-1, so it would train on other GPUs.",
+            "use --launch_method torchrun (the default), or drop --gpus.",
+        )
     for host in spec.hosts:
         if not _HOST.match(host):
-            raise DistsetupError(f"host name '{host}' is not a valid host name.",
-                                 "list hosts as e.g. --hosts gpu01,gpu02.")
+            raise DistsetupError(
+                f"host name '{host}' is not a valid host name.", "list hosts as e.g. --hosts gpu01,gpu02."
+            )
     if spec.hosts and len(spec.hosts) != spec.num_nodes:
-        raise DistsetupError(f"--hosts lists {len(spec.hosts)} host(s) for --num_nodes {spec.num_nodes}.",
-                             "list one host per node.")
+        raise DistsetupError(
+            f"--hosts lists {len(spec.hosts)} host(s) for --num_nodes {spec.num_nodes}.", "list one host per node."
+        )
     if spec.ssh and spec.launch_method != "deepspeed":
         raise DistsetupError("--ssh is for the deepspeed launcher.", "add --launch_method deepspeed or drop --ssh.")
     if spec.ssh and (spec.num_nodes < 2 or not spec.hosts):
-        raise DistsetupError("--ssh (pdsh) needs several nodes and their names.",
-                             "add --num_nodes N --hosts host1,host2,...")
+        raise DistsetupError(
+            "--ssh (pdsh) needs several nodes and their names.", "add --num_nodes N --hosts host1,host2,..."
+        )
 
 
 def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
     """Things that are allowed but probably not meant; `run_command` starts the script (bash X, sbatch X)."""
     warnings = []
-    if spec.runs_train_py and not spec.config:
-        warnings.append("no --config: src/train.py needs one; pass it when running the script "
-                        f"(e.g. {run_command} --config config.yaml) or regenerate with --config.")
+    if spec.runs_default_trainer and not spec.config:
+        warnings.append(
+            f"no --config: the trainer (python -m {DEFAULT_TRAINER}) needs one; pass it when running "
+            f"the script (e.g. {run_command} --config config.yaml) or regenerate with --config."
+        )
     if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
-        warnings.append("the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "
-                        "(give --hosts for real names).")
+        warnings.append(
+            "the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "
+            "(give --hosts for real names)."
+        )
     return warnings
 
 
 def train_args(spec: LaunchSpec) -> list[str]:
     """Arguments after the script: the run config, the backend and its config file.
 
-    `section.key=value` overrides are train.py's syntax, so they go only to src/train.py; train.py reads
-    their values as YAML, so a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
-    script gets `--deepspeed FILE`, the spelling of src/train.py and of the HF Trainer.
+    `section.key=value` overrides are the trainer's syntax, so they go only to distsetup's trainer, which
+    reads their values as YAML: a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
+    script gets `--deepspeed FILE`, the spelling of distsetup's trainer and of the HF Trainer.
     """
     args = ["--config", spec.config] if spec.config else []
-    if spec.runs_train_py:
+    if spec.runs_default_trainer:
         args.append(f"distributed.backend={spec.backend}")
         if spec.backend == "fsdp" and spec.fsdp_config:
             args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config)}")
         if spec.env.timeout_minutes is not None:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
-    if spec.backend == "deepspeed":
+    if spec.backend == "deepspeed" and spec.deepspeed_config:
         args += ["--deepspeed", spec.deepspeed_config]
     return args
 
 
 def environment_lines(env: EnvSpec) -> list[dict]:
     """The environment block: each variable with its explanation; unset ones are shown commented out."""
+
     def var(name, value, example, why):
         return {"name": name, "value": None if value is None else str(value), "example": example, "why": why}
+
     ib = None if env.nccl_ib_disable is None else int(env.nccl_ib_disable)
     lines = [
         var("OMP_NUM_THREADS", env.omp_num_threads, "1", "CPU threads per process (torchrun sets 1 when unset)"),
         var("NCCL_DEBUG", env.nccl_debug, "INFO", "NCCL logging: WARN, INFO (connection set-up), TRACE"),
         var("NCCL_SOCKET_IFNAME", env.nccl_socket_ifname, "eth0", "network interface NCCL uses between nodes"),
         var("NCCL_IB_DISABLE", ib, "1", "1 = no InfiniBand (use TCP sockets)"),
-        var("TORCH_NCCL_ASYNC_ERROR_HANDLING", None if env.timeout_minutes is None else 1, "1",
-            "a collective that times out ends the job instead of hanging"),
-        var("CUDA_DEVICE_MAX_CONNECTIONS", env.cuda_device_max_connections, "1",
-            "1 lets tensor-parallel compute and communication overlap"),
+        var(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            None if env.timeout_minutes is None else 1,
+            "1",
+            "a collective that times out ends the job instead of hanging",
+        ),
+        var(
+            "CUDA_DEVICE_MAX_CONNECTIONS",
+            env.cuda_device_max_connections,
+            "1",
+            "1 lets tensor-parallel compute and communication overlap",
+        ),
     ]
     lines += [var(name, value, value, "set with --env") for name, value in env.extra]
     return lines
@@ -217,8 +285,9 @@ def launch_context(spec: LaunchSpec) -> dict:
     return {
         "backend": spec.backend,
         "launch_method": spec.launch_method,
-        "target": spec.module or spec.script,
-        "is_module": spec.module is not None,
+        "target": spec.target,
+        "is_module": spec.script is None,
+        "workdir": spec.workdir,
         "train_args": train_args(spec),
         "num_nodes": spec.num_nodes,
         "nproc_per_node": nproc,
@@ -234,7 +303,8 @@ def launch_context(spec: LaunchSpec) -> dict:
         "deepspeed_config": spec.deepspeed_config,
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
-        if spec.launch_method == "deepspeed" and not single else [],
+        if spec.launch_method == "deepspeed" and not single
+        else [],
         "hosts_given": bool(spec.hosts),
         "ssh": spec.ssh,
         "gpus": None if spec.gpus is None else ",".join(map(str, spec.gpus)),
@@ -254,8 +324,10 @@ def _always_quoted(value: str | None) -> str | None:
     return f"'{value}'" if quoted == value else quoted
 
 
-def literal_dollars(context: dict) -> bool:
-    """Whether a user value holds $ or a backtick: single-quoted on purpose, which shellcheck notes (SC2016)."""
+def literal_dollars(values: object) -> bool:
+    """Whether a user value anywhere in `values` (a string, or dicts, lists and tuples of them) holds $ or a
+    backtick: single-quoted on purpose, which shellcheck notes (SC2016)."""
+
     def strings(value):
         if isinstance(value, str):
             yield value
@@ -265,7 +337,8 @@ def literal_dollars(context: dict) -> bool:
         elif isinstance(value, (list, tuple)):
             for item in value:
                 yield from strings(item)
-    return any("$" in s or "`" in s for s in strings(context))
+
+    return any("$" in s or "`" in s for s in strings(values))
 
 
 def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = "scripts/run_training.sh") -> str:
@@ -275,5 +348,9 @@ def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = "sc
     if spec.ssh:
         context["node_rank"] = 0  # pdsh starts every node from node 0
     context["literal_dollars"] = literal_dollars(context)
-    return render("run_training.sh.j2", command_line=command_line,
-                  output_name=output if output not in (None, "-") else "scripts/run_training.sh", **context)
+    return render(
+        "run_training.sh.j2",
+        command_line=command_line,
+        output_name=output if output not in (None, "-") else "scripts/run_training.sh",
+        **context,
+    )

@@ -26,8 +26,9 @@ class Checked(click.ParamType):
     def __init__(self, inner: click.ParamType):
         self.inner = inner
         self.name = inner.name
-        self.is_composite, self.arity = inner.is_composite, inner.arity
-        self.envvar_list_splitter = inner.envvar_list_splitter
+        # Click declares these on the class; a wrapper of a tuple type must answer as the tuple does.
+        self.is_composite, self.arity = inner.is_composite, inner.arity  # type: ignore[misc]
+        self.envvar_list_splitter = inner.envvar_list_splitter  # type: ignore[misc]
 
     def convert(self, value, param, ctx):
         flag = flag_of(param)
@@ -51,7 +52,7 @@ class Checked(click.ParamType):
     def shell_complete(self, ctx, param, incomplete):
         return self.inner.shell_complete(ctx, param, incomplete)
 
-    def to_info_dict(self) -> dict:
+    def to_info_dict(self):
         return self.inner.to_info_dict()
 
 
@@ -80,10 +81,12 @@ def switch(name: str, **kwargs):
 
 def stack(*decorators):
     """Apply several option decorators as one."""
+
     def apply(func):
         for decorator in reversed(decorators):
             func = decorator(func)
         return func
+
     return apply
 
 
@@ -98,8 +101,13 @@ def chosen_precision(bf16: bool, fp16: bool, fp32: bool = False) -> str | None:
 positive = click.IntRange(min=1)
 
 output_options = stack(
-    option("output", "-o", type=click.Path(dir_okay=False), default=None,
-           help="File to write; '-' or nothing prints to stdout."),
+    option(
+        "output",
+        "-o",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="File to write; '-' or nothing prints to stdout.",
+    ),
     option("dry_run", is_flag=True, help="Print what would be written and write nothing."),
 )
 
@@ -112,6 +120,34 @@ world_options = stack(
 batch_options = stack(
     option("micro_batch_size", type=positive, help="Samples per GPU per forward pass."),
     option("gradient_accumulation_steps", type=positive, help="Micro-batches per optimizer step."),
-    option("train_batch_size", type=positive,
-           help="Global batch = micro x accumulation x world size; any two give the third."),
+    option(
+        "train_batch_size",
+        type=positive,
+        help="Global batch = micro x accumulation x world size; any two give the third.",
+    ),
 )
+
+
+class RenamedOption(click.Option):
+    """An option's old spelling, kept for one release: hidden from --help, the same meaning as before, and one
+    line on stderr naming the flag that replaces it."""
+
+    def __init__(self, *args, new_flag: str, **kwargs):
+        kwargs["hidden"] = True
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
+
+    def handle_parse_result(self, ctx, opts, args):
+        value, args = super().handle_parse_result(ctx, opts, args)
+        if ctx.get_parameter_source(self.name) is click.core.ParameterSource.COMMANDLINE:
+            click.echo(
+                f"Warning: `{ctx.info_name} {self.opts[0]}` is deprecated and goes in the next release: "
+                f"use {self.new_flag} (same meaning).",
+                err=True,
+            )
+        return value, args
+
+
+def renamed(old: str, new: str, **kwargs):
+    """--old as a deprecated spelling of --new (a separate parameter named `old`; the command merges it)."""
+    return option(old, cls=RenamedOption, new_flag=f"--{new}", **kwargs)

@@ -13,8 +13,21 @@ from distsetup.launch_plan import LaunchSpec, check_launch, check_text, launch_c
 from distsetup.templating import render
 
 GPU_REQUESTS = ("gres", "gpus-per-node", "none")
-MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
-              "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS")
+MAIL_TYPES = (
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+)
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 _MEMORY = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -33,14 +46,33 @@ _NO_LIMIT = ("UNLIMITED", "INFINITE")  # sbatch reads either, in any case, as no
 _TASKS = "one task per node runs the launcher: set the processes with --num_gpus_per_node"
 # #SBATCH keys distsetup writes itself (or that would break one launcher per node) -> what to do instead.
 MANAGED_SBATCH_KEYS = {
-    **{key: f"use --{key.replace('-', '_')}" for key in ("partition", "account", "qos", "constraint", "exclusive",
-                                                          "cpus-per-task", "mem", "mem-per-gpu", "mail-user",
-                                                          "mail-type", "requeue", "job-name")},
+    **{
+        key: f"use --{key.replace('-', '_')}"
+        for key in (
+            "partition",
+            "account",
+            "qos",
+            "constraint",
+            "exclusive",
+            "cpus-per-task",
+            "mem",
+            "mem-per-gpu",
+            "mail-user",
+            "mail-type",
+            "requeue",
+            "job-name",
+        )
+    },
     **dict.fromkeys(("ntasks-per-node", "ntasks", "tasks-per-node", "ntasks-per-gpu", "gpus-per-task"), _TASKS),
-    "nodes": "use --num_nodes", "time": "use --time_limit", "output": "use --log_output",
-    "error": "use --log_error", "gres": "use --num_gpus_per_node (and --gpu_type)",
-    "gpus-per-node": "use --num_gpus_per_node with --gpu_request gpus-per-node", "gpus": "use --num_gpus_per_node",
-    "signal": "use --requeue --signal_seconds N", "no-requeue": "drop --requeue (the default)",
+    "nodes": "use --num_nodes",
+    "time": "use --time_limit",
+    "output": "use --log_output",
+    "error": "use --log_error",
+    "gres": "use --num_gpus_per_node (and --gpu_type)",
+    "gpus-per-node": "use --num_gpus_per_node with --gpu_request gpus-per-node",
+    "gpus": "use --num_gpus_per_node",
+    "signal": "use --requeue --signal_seconds N",
+    "no-requeue": "drop --requeue (the default)",
 }
 SHUTDOWN_MARGIN_SECONDS = 30  # of the warning time, left for `scontrol requeue` and the launcher's exit
 
@@ -51,8 +83,8 @@ class SlurmSpec:
 
     launch: LaunchSpec
     job_name: str = "distsetup"
-    gpu_request: str = "gres"                  # --gres=gpu:N, --gpus-per-node=N, or no GPU line
-    gpu_type: str | None = None                # e.g. a100 -> --gres=gpu:a100:N
+    gpu_request: str = "gres"  # --gres=gpu:N, --gpus-per-node=N, or no GPU line
+    gpu_type: str | None = None  # e.g. a100 -> --gres=gpu:a100:N
     cpus_per_task: int | None = None
     mem: str | None = None
     mem_per_gpu: str | None = None
@@ -67,7 +99,7 @@ class SlurmSpec:
     mail_user: str | None = None
     mail_type: str | None = None
     extra_sbatch: tuple[tuple[str, str | None], ...] = ()
-    modules: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()  # environment modules (`module load`)
     conda_env: str | None = None
     venv: str | None = None
     requeue: bool = False
@@ -81,7 +113,7 @@ def time_limit_seconds(text: str) -> int | None:
     for pattern, units in _TIME_FORMATS:
         match = pattern.match(text.strip())
         if match:
-            values = dict(zip(units, map(int, match.groups())))
+            values = dict(zip(units, map(int, match.groups()), strict=True))
             if len(units) > 1 and any(values.get(u, 0) > 59 for u in ("minutes", "seconds") if u != units[0]):
                 break
             if "days" in values and values.get("hours", 0) > 23:
@@ -90,9 +122,10 @@ def time_limit_seconds(text: str) -> int | None:
             if total == 0:
                 break
             return total
-    raise DistsetupError(f"time limit '{text}' is not one SLURM accepts.",
-                         "write minutes (90), MM:SS, HH:MM:SS (48:00:00), D-HH, D-HH:MM, D-HH:MM:SS (2-00:00:00) "
-                         "or UNLIMITED.")
+    raise DistsetupError(
+        f"time limit '{text}' is not one SLURM accepts.",
+        "write minutes (90), MM:SS, HH:MM:SS (48:00:00), D-HH, D-HH:MM, D-HH:MM:SS (2-00:00:00) or UNLIMITED.",
+    )
 
 
 def parse_sbatch_pairs(items) -> tuple[tuple[str, str | None], ...]:
@@ -102,8 +135,10 @@ def parse_sbatch_pairs(items) -> tuple[tuple[str, str | None], ...]:
         key, sep, value = item.partition("=")
         key = key.strip().lstrip("-")
         if not _SBATCH_KEY.match(key):
-            raise DistsetupError(f"--sbatch '{item}' is not KEY=VALUE with an sbatch option name as KEY.",
-                                 "write e.g. --sbatch reservation=big or --sbatch nice=10.")
+            raise DistsetupError(
+                f"--sbatch '{item}' is not KEY=VALUE with an sbatch option name as KEY.",
+                "write e.g. --sbatch reservation=big or --sbatch nice=10.",
+            )
         pairs.append((key, value if sep else None))
     return tuple(pairs)
 
@@ -124,11 +159,15 @@ def check_slurm(spec: SlurmSpec) -> None:
     if spec.time_limit is not None:
         limit = time_limit_seconds(spec.time_limit)
         if spec.requeue and limit is not None and spec.signal_seconds >= limit:
-            raise DistsetupError(f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit "
-                                 f"{spec.time_limit}.", "signal a few minutes before the end, e.g. 300.")
+            raise DistsetupError(
+                f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit {spec.time_limit}.",
+                "signal a few minutes before the end, e.g. 300.",
+            )
     if spec.partition is not None and not _PARTITION.match(spec.partition):
-        raise DistsetupError(f"partition '{spec.partition}' is not a SLURM partition name.",
-                             "use letters, digits, _ . - (several: gpu,gpu-long).")
+        raise DistsetupError(
+            f"partition '{spec.partition}' is not a SLURM partition name.",
+            "use letters, digits, _ . - (several: gpu,gpu-long).",
+        )
     for name in ("mem", "mem_per_gpu"):
         value = getattr(spec, name)
         if value is not None and not _MEMORY.match(value):
@@ -136,17 +175,27 @@ def check_slurm(spec: SlurmSpec) -> None:
     if spec.mem and spec.mem_per_gpu:
         raise DistsetupError("--mem and --mem_per_gpu are mutually exclusive in SLURM.", "give one of them.")
     if spec.mail_type is not None and not all(t in MAIL_TYPES for t in spec.mail_type.split(",")):
-        raise DistsetupError(f"--mail_type {spec.mail_type} is not a SLURM mail type.",
-                             f"use one or more of {', '.join(MAIL_TYPES)}.")
+        raise DistsetupError(
+            f"--mail_type {spec.mail_type} is not a SLURM mail type.", f"use one or more of {', '.join(MAIL_TYPES)}."
+        )
     if spec.conda_env and spec.venv:
         raise DistsetupError("--conda_env and --venv are mutually exclusive.", "activate one environment.")
     for module in spec.modules:
         if not _MODULE.match(module):
-            raise DistsetupError(f"--module '{module}' is not an environment-module name.", "write e.g. cuda/12.4.")
+            raise DistsetupError(f"--env_module '{module}' is not an environment-module name.", "write e.g. cuda/12.4.")
     if spec.gpu_type is not None and not re.match(r"^[A-Za-z0-9_.-]+$", spec.gpu_type):
         raise DistsetupError(f"--gpu_type '{spec.gpu_type}' is not a GRES type.", "write e.g. a100.")
-    for name in ("job_name", "account", "qos", "constraint", "log_output", "log_error", "mail_user",
-                 "conda_env", "venv"):
+    for name in (
+        "job_name",
+        "account",
+        "qos",
+        "constraint",
+        "log_output",
+        "log_error",
+        "mail_user",
+        "conda_env",
+        "venv",
+    ):
         check_text(f"--{name}", getattr(spec, name))
     for key, value in spec.extra_sbatch:
         check_text(f"--sbatch {key}", value)
@@ -160,9 +209,11 @@ def slurm_warnings(spec: SlurmSpec) -> list[str]:
     warnings = []
     if spec.cpus_per_task is None and not spec.exclusive:
         nproc = spec.launch.nproc_per_node or 1
-        warnings.append(f"no --cpus_per_task: SLURM may give each node's single task 1 CPU, shared by all "
-                        f"{nproc} process(es) and their data loaders; add e.g. --cpus_per_task {8 * nproc} "
-                        "(8 per GPU), or --exclusive for whole nodes.")
+        warnings.append(
+            f"no --cpus_per_task: SLURM may give each node's single task 1 CPU, shared by all "
+            f"{nproc} process(es) and their data loaders; add e.g. --cpus_per_task {8 * nproc} "
+            "(8 per GPU), or --exclusive for whole nodes."
+        )
     return warnings
 
 
@@ -177,17 +228,27 @@ def sbatch_directives(spec: SlurmSpec) -> dict[str, str | None]:
     """The #SBATCH options as a mapping sorted by name; None marks a flag. --sbatch pairs win."""
     nproc = spec.launch.nproc_per_node
     entries = {
-        "job-name": spec.job_name, "nodes": str(spec.launch.num_nodes), "ntasks-per-node": "1",
-        "cpus-per-task": spec.cpus_per_task, "mem": spec.mem, "mem-per-gpu": spec.mem_per_gpu,
-        "time": spec.time_limit, "partition": spec.partition, "account": spec.account, "qos": spec.qos,
-        "constraint": spec.constraint, "output": spec.log_output, "error": spec.log_error,
-        "mail-user": spec.mail_user, "mail-type": spec.mail_type,
+        "job-name": spec.job_name,
+        "nodes": str(spec.launch.num_nodes),
+        "ntasks-per-node": "1",
+        "cpus-per-task": spec.cpus_per_task,
+        "mem": spec.mem,
+        "mem-per-gpu": spec.mem_per_gpu,
+        "time": spec.time_limit,
+        "partition": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
+        "constraint": spec.constraint,
+        "output": spec.log_output,
+        "error": spec.log_error,
+        "mail-user": spec.mail_user,
+        "mail-type": spec.mail_type,
     }
     if spec.gpu_request == "gres":
         entries["gres"] = f"gpu:{spec.gpu_type}:{nproc}" if spec.gpu_type else f"gpu:{nproc}"
     elif spec.gpu_request == "gpus-per-node":
         entries["gpus-per-node"] = f"{spec.gpu_type}:{nproc}" if spec.gpu_type else str(nproc)
-    directives = {key: str(value) for key, value in entries.items() if value is not None}
+    directives: dict[str, str | None] = {key: str(value) for key, value in entries.items() if value is not None}
     if spec.exclusive:
         directives["exclusive"] = None
     if spec.requeue:
@@ -199,8 +260,10 @@ def sbatch_directives(spec: SlurmSpec) -> dict[str, str | None]:
 
 
 def sbatch_lines(directives: dict[str, str | None]) -> list[str]:
-    return [f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={sbatch_quote(value)}"
-            for key, value in directives.items()]
+    return [
+        f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={sbatch_quote(value)}"
+        for key, value in directives.items()
+    ]
 
 
 def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "scripts/slurm_job.sh") -> str:
@@ -209,10 +272,18 @@ def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "script
     context = launch_context(spec.launch)
     context.update(single_node=False, standalone=False, node_rank=None)
     context["literal_dollars"] = literal_dollars([context, spec.modules, spec.venv, spec.conda_env])
-    return render("slurm_job.sh.j2", command_line=command_line,
-                  output_name=output if output not in (None, "-") else "scripts/slurm_job.sh",
-                  sbatch_lines=sbatch_lines(sbatch_directives(spec)), modules=list(spec.modules),
-                  conda_env=spec.conda_env, venv=spec.venv, requeue=spec.requeue,
-                  signal_seconds=spec.signal_seconds, shutdown_timeout=shutdown_grace_seconds(spec.signal_seconds),
-                  fixed_port=spec.launch.master_port,
-                  per_node_unit="CPU process(es)" if spec.gpu_request == "none" else "GPU(s)", **context)
+    return render(
+        "slurm_job.sh.j2",
+        command_line=command_line,
+        output_name=output if output not in (None, "-") else "scripts/slurm_job.sh",
+        sbatch_lines=sbatch_lines(sbatch_directives(spec)),
+        modules=list(spec.modules),
+        conda_env=spec.conda_env,
+        venv=spec.venv,
+        requeue=spec.requeue,
+        signal_seconds=spec.signal_seconds,
+        shutdown_timeout=shutdown_grace_seconds(spec.signal_seconds),
+        fixed_port=spec.launch.master_port,
+        per_node_unit="CPU process(es)" if spec.gpu_request == "none" else "GPU(s)",
+        **context,
+    )

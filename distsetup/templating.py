@@ -46,9 +46,15 @@ def compiled_template_cache() -> CompiledTemplateCache | None:
 
 
 def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True,
-                             bytecode_cache=compiled_template_cache())
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        bytecode_cache=compiled_template_cache(),
+    )
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
     return env
 
@@ -60,5 +66,6 @@ def render(template_name: str, **context) -> str:
     except jinja2.UndefinedError as e:
         raise DistsetupError(f"template {template_name}: {e.message}.", "this is a distsetup bug; please report it.")
     except jinja2.TemplateSyntaxError as e:
-        raise DistsetupError(f"template {e.name} line {e.lineno}: {e.message}.",
-                             "this is a distsetup bug; please report it.")
+        raise DistsetupError(
+            f"template {e.name} line {e.lineno}: {e.message}.", "this is a distsetup bug; please report it."
+        )

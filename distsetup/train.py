@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m distsetup.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", required=True, help="run config (config.yaml)")
+    p.add_argument("--config", help="run config (config.yaml); without one, the defaults and the overrides")
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. training.max_steps=50")
     p.add_argument("--deepspeed", help="DeepSpeed file; implies distributed.backend=deepspeed")
     p.add_argument("--local_rank", type=int, help="accepted from the deepspeed launcher; LOCAL_RANK is used")
@@ -62,7 +62,7 @@ def load_config(args):
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
     cfg = load_run_config(args.config, overrides)
-    base_dir = Path(args.config).parent
+    base_dir = Path(args.config).parent if args.config else None
     for key in ("deepspeed_config", "fsdp_config"):
         if value := getattr(cfg.distributed, key):
             setattr(cfg.distributed, key, str(resolve_config_path(value, base_dir)))

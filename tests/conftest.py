@@ -1,4 +1,5 @@
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,13 @@ def run_cli():
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False, **kwargs)
 
     return run
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:

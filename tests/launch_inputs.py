@@ -1,11 +1,16 @@
-"""Inputs the launcher tests share: the training script, a DeepSpeed file and a name that tests quoting."""
+"""Inputs the launcher tests share: a DeepSpeed file, an FSDP file and a name that tests quoting."""
 
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = REPO / "src" / "train.py"
-WEIRD = "we ird 'dir\" $x"   # spaces, both quotes and a dollar: every path must survive quoting
-DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-             "zero_optimization": {"stage": 1}, "steps_per_print": 100}
-FSDP_CONFIG = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-               "fsdp_transformer_layer_cls_to_wrap": "Block"}
+WEIRD = "we ird 'dir\" $x"  # spaces, both quotes and a dollar: every path must survive quoting
+DS_CONFIG = {
+    "train_batch_size": 8,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 1,
+    "zero_optimization": {"stage": 1},
+    "steps_per_print": 100,
+}
+FSDP_CONFIG = {
+    "fsdp_version": 2,
+    "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "fsdp_transformer_layer_cls_to_wrap": "Block",
+}

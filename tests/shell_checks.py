@@ -23,8 +23,9 @@ def require_tool(name: str) -> str:
 def shellcheck(paths: list[Path]) -> None:
     """shellcheck every script (all severities); one call for many files."""
     require_tool("shellcheck")
-    result = subprocess.run(["shellcheck", "--severity=style", "--format=gcc", *map(str, paths)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["shellcheck", "--severity=style", "--format=gcc", *map(str, paths)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -54,5 +55,10 @@ def run_script(path_or_text, tmp_path: Path, *tools: str, env=None, show_env=(),
         script.write_text(path_or_text)
     fake = fake_tools(tmp_path, *(tools or ("torchrun",)), show_env=show_env)
     base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NODE_RANK", "CUDA_VISIBLE_DEVICES")}
-    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, cwd=cwd,
-                          env={**base, **(env or {}), "PATH": f"{fake}:{os.environ['PATH']}"})
+    return subprocess.run(
+        ["bash", str(script), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **(env or {}), "PATH": f"{fake}:{os.environ['PATH']}"},
+    )

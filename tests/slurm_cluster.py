@@ -87,8 +87,11 @@ class LocalSlurm:
         ctld_port, *node_ports = free_ports(1 + len(NODES))
         host = socket.gethostname().split(".")[0]
         r = self.root
-        nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname={host} Port={p} CPUs=2 "
-                          "RealMemory=2000 Gres=gpu:2 State=UNKNOWN" for n, p in zip(NODES, node_ports))
+        nodes = "\n".join(
+            f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname={host} Port={p} CPUs=2 "
+            "RealMemory=2000 Gres=gpu:2 State=UNKNOWN"
+            for n, p in zip(NODES, node_ports, strict=True)
+        )
         self.conf.write_text(f"""\
 ClusterName=distsetup-test
 SlurmctldHost={host}(127.0.0.1)
@@ -124,15 +127,15 @@ MinJobAge=600
 SlurmdTimeout=60
 MessageTimeout=20
 {nodes}
-PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """)
-        (self.conf.parent / "gres.conf").write_text(
-            f"NodeName=n[1-2] Name=gpu File={r}/dev/gpu[0-1]\n")
+        (self.conf.parent / "gres.conf").write_text(f"NodeName=n[1-2] Name=gpu File={r}/dev/gpu[0-1]\n")
 
     def _add_hosts(self) -> None:
         text = HOSTS_FILE.read_text()
-        if all(any(n in line.split()[1:] for line in text.splitlines() if line and not line.startswith("#"))
-               for n in NODES):
+        if all(
+            any(n in line.split()[1:] for line in text.splitlines() if line and not line.startswith("#")) for n in NODES
+        ):
             return
         # in place (no rename): /etc/hosts may be a bind mount
         HOSTS_FILE.write_text(text.rstrip("\n") + f"\n127.0.0.1 {' '.join(NODES)}  {HOSTS_MARK}\n")
@@ -150,21 +153,33 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         self.root.joinpath("munge").chmod(0o700)
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}",
-                               f"--socket={self.munge_socket}", f"--pid-file={self.root}/munge/munged.pid",
-                               f"--log-file={self.root}/log/munged.log", f"--seed-file={self.root}/munge/seed"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self.root}/munge/munged.pid",
+                f"--log-file={self.root}/log/munged.log",
+                f"--seed-file={self.root}/munge/seed",
+            ],
+        )
         self._wait(lambda: self.munge_socket.exists(), 20, "munged did not create its socket")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "w")
-        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        )
 
     def _wait_idle(self, timeout: float) -> None:
         def idle():
             out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout
             states = dict(line.split() for line in out.splitlines() if line.strip())
             return all(states.get(n, "").startswith("idle") for n in NODES)
+
         self._wait(idle, timeout, "the SLURM nodes did not become idle")
 
     def _wait(self, condition, timeout: float, message: str) -> None:
@@ -174,8 +189,7 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
                 return
             dead = [p.args[0] for p in self.procs if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"{message}: {', '.join(dead)} exited; logs in {self.root / 'log'}\n"
-                                   + self.logs())
+                raise RuntimeError(f"{message}: {', '.join(dead)} exited; logs in {self.root / 'log'}\n" + self.logs())
             time.sleep(0.5)
         raise RuntimeError(f"{message} within {timeout:.0f}s; logs in {self.root / 'log'}\n" + self.logs())
 
@@ -193,16 +207,21 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
     # --- use ------------------------------------------------------------------------------------
 
     def run(self, *argv: str, check: bool = True, cwd=None) -> subprocess.CompletedProcess:
-        return subprocess.run(list(argv), capture_output=True, text=True, env=self.env, check=check, cwd=cwd,
-                              timeout=60)
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, env=self.env, check=check, cwd=cwd, timeout=60
+        )
 
     def job_state(self, job_id: str) -> dict:
         """Fields of `scontrol show job` (JobState, RestartCnt, NodeList, ExitCode, ...)."""
         out = self.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
         return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
-    def wait_job(self, job_id: str, timeout: float, until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                                            "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")) -> dict:
+    def wait_job(
+        self,
+        job_id: str,
+        timeout: float,
+        until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"),
+    ) -> dict:
         deadline = time.monotonic() + timeout
         state = {}
         while time.monotonic() < deadline:

@@ -2,22 +2,16 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch_inputs import DS_CONFIG, WEIRD
 
-from launch_inputs import DS_CONFIG, REPO, TRAIN, WEIRD
+from tests.conftest import REPO, free_port
 
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_project(root: Path, max_steps: int = 4) -> Path:
@@ -34,13 +28,18 @@ distributed: {{backend: ddp}}
 
 
 def run_env() -> dict:
-    return {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))}
+    return {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions")),
+    }
 
 
 def generate(run_cli, root: Path, *args, out_name: str = "run.sh") -> Path:
+    """A launch script for distsetup's trainer (python -m distsetup.train, the default)."""
     out = root / out_name
-    result = run_cli("launcher", "--config", root / "config.yaml", "--script", TRAIN, "-o", out, *args)
+    result = run_cli("launcher", "--config", root / "config.yaml", "-o", out, *args)
     assert result.exit_code == 0, result.output
     return out
 
@@ -55,20 +54,24 @@ def assert_trained(root: Path, result, backend: str, steps: int = 4):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend_args, method, backend", [
-    (["--preflight"], "torchrun", "ddp"),
-    (["--use_fsdp"], "torchrun", "fsdp"),
-    (["--use_deepspeed", "--deepspeed_config", "DS"], "torchrun", "deepspeed"),
-    (["--use_deepspeed", "--deepspeed_config", "DS"], "deepspeed", "deepspeed"),
-    ([], "accelerate", "ddp"),
-], ids=["torchrun-ddp-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"])
+@pytest.mark.parametrize(
+    "backend_args, method, backend",
+    [
+        (["--preflight"], "torchrun", "ddp"),
+        (["--use_fsdp"], "torchrun", "fsdp"),
+        (["--use_deepspeed", "--deepspeed_config", "DS"], "torchrun", "deepspeed"),
+        (["--use_deepspeed", "--deepspeed_config", "DS"], "deepspeed", "deepspeed"),
+        ([], "accelerate", "ddp"),
+    ],
+    ids=["torchrun-ddp-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"],
+)
 def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, backend):
-    root = write_project(tmp_path / WEIRD)   # the real run goes through the weird folder too
+    root = write_project(tmp_path / WEIRD)  # the real run goes through the weird folder too
     args = [str(root / "ds.json") if a == "DS" else a for a in backend_args]
-    script = generate(run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method,
-                      "--master_port", free_port(), *args)
-    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True,
-                            timeout=400)
+    script = generate(
+        run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method, "--master_port", free_port(), *args
+    )
+    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
     log = assert_trained(root, result, backend)
     assert "no GPUs found: starting 2 CPU process(es) per node" in log
     if "--preflight" in backend_args:
@@ -80,11 +83,23 @@ def test_fsdp_file_named_as_yaml_would_misread_it_trains(run_cli, tmp_path):
     """Bug 3 end to end: the FSDP file's own setting (a full state dict) reaches 2 real processes."""
     root = write_project(tmp_path / WEIRD)
     name = "@f [s] a: b #c 'q\" yes.json"
-    (root / name).write_text(json.dumps({"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}))
-    script = generate(run_cli, root, "--num_gpus_per_node", "2", "--use_fsdp", "--fsdp_config", root / name,
-                      "--master_port", free_port())
-    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True,
-                            timeout=400)
+    (root / name).write_text(
+        json.dumps(
+            {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_state_dict_type": "FULL_STATE_DICT"}
+        )
+    )
+    script = generate(
+        run_cli,
+        root,
+        "--num_gpus_per_node",
+        "2",
+        "--use_fsdp",
+        "--fsdp_config",
+        root / name,
+        "--master_port",
+        free_port(),
+    )
+    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
     assert_trained(root, result, "fsdp")
     final = root / "out" / "checkpoints" / "step_0000004"
     assert (final / "full_state.pt").exists(), sorted(p.name for p in final.iterdir())
@@ -96,14 +111,35 @@ def test_two_node_scripts_form_one_world(run_cli, tmp_path, method):
     root = write_project(tmp_path / "two nodes")
     port = free_port()
     backend = ["--use_deepspeed", "--deepspeed_config", root / "ds.json"] if method == "deepspeed" else []
-    scripts = [generate(run_cli, root, "--num_nodes", 2, "--num_gpus_per_node", 1, "--node_rank", rank,
-                        "--master_addr", "127.0.0.1", "--master_port", port, "--launch_method", method, *backend,
-                        out_name=f"node{rank}.sh")
-               for rank in (0, 1)]
-    procs = [subprocess.Popen(["bash", str(s)], cwd=root, env=run_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for s in scripts]
+    scripts = [
+        generate(
+            run_cli,
+            root,
+            "--num_nodes",
+            2,
+            "--num_gpus_per_node",
+            1,
+            "--node_rank",
+            rank,
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--launch_method",
+            method,
+            *backend,
+            out_name=f"node{rank}.sh",
+        )
+        for rank in (0, 1)
+    ]
+    procs = [
+        subprocess.Popen(
+            ["bash", str(s)], cwd=root, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for s in scripts
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, out[-4000:]
         assert f"node {rank} of 2" in out
     summary = json.loads((root / "out" / "summary.json").read_text())

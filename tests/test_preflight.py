@@ -9,18 +9,13 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, run_subprocess_cli
+from tests.conftest import REPO, free_port, run_subprocess_cli
 
 pytest.importorskip("torch")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_succeed():
     out = subprocess.run(
         [
@@ -72,7 +67,7 @@ def _lone_rank(master_addr: str, port: int, timeout: float = 3):
 
 
 def test_wrong_master_port_fails_fast_naming_rank_and_host():
-    port = _free_port()  # nobody listens there
+    port = free_port()  # nobody listens there
     out, seconds = _lone_rank("127.0.0.1", port)
     assert out.returncode == 1
     assert seconds < 20
@@ -83,11 +78,12 @@ def test_wrong_master_port_fails_fast_naming_rank_and_host():
 
 
 def test_unresolvable_master_address_fails_at_once():
-    out, seconds = _lone_rank("no-such-host.invalid", _free_port())
+    out, seconds = _lone_rank("no-such-host.invalid", free_port())
     assert out.returncode == 1 and seconds < 20
     assert "resolving the master address" in out.stderr and "no-such-host.invalid" in out.stderr
 
 
+@pytest.mark.slow
 def test_doctor_runs_the_preflight(tmp_path):
     out = run_subprocess_cli("doctor", "--preflight", "--nproc_per_node", "2", "--timeout", "30", cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr

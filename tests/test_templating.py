@@ -52,5 +52,5 @@ def test_a_damaged_cache_file_is_compiled_afresh(monkeypatch, tmp_path, template
     header, stored = len(jinja2.bccache.bc_magic), list(tmp_path.glob("*.cache"))
     assert stored
     for path in stored:
-        path.write_bytes(path.read_bytes()[:header + 3])  # the header, then a broken-off checksum
+        path.write_bytes(path.read_bytes()[: header + 3])  # the header, then a broken-off checksum
     assert render_with(monkeypatch, cache, x=2) == "2"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, free_port
+
 TRAIN = REPO / "src" / "train.py"
 BIN = Path(sys.executable).parent
 SHARED = Path(tempfile.mkdtemp(prefix="distsetup-train-"))
@@ -377,14 +378,6 @@ def feature_run(name: str) -> Path:
     result = feature_attempt(name)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return SHARED / name / "out"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_nodes(config: Path, *args, timeout: int = 300) -> subprocess.CompletedProcess:

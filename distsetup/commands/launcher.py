@@ -1,19 +1,30 @@
 """`distsetup launcher`: write scripts/run_training.sh, which starts one world on this node (or one node of many)."""
 
+import os
 import shlex
 from pathlib import Path
 
 import click
 
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import (DEFAULT_SCRIPT, LAUNCH_METHODS, NCCL_DEBUG_LEVELS, RDZV_BACKENDS, EnvSpec,
-                                   LaunchSpec, build_launcher_script, check_launch, launch_warnings, parse_gpus)
-from distsetup.options import option, positive, stack, switch
+from distsetup.launch_plan import (
+    DEFAULT_TRAINER,
+    LAUNCH_METHODS,
+    NCCL_DEBUG_LEVELS,
+    RDZV_BACKENDS,
+    EnvSpec,
+    LaunchSpec,
+    build_launcher_script,
+    check_launch,
+    launch_warnings,
+    parse_gpus,
+)
+from distsetup.options import option, positive, renamed, stack, switch
 from distsetup.output import emit
 from distsetup.runconfig import backend_of, config_problems, read_yaml, resolve_config_path
 from distsetup.validate import refuse_problems
 
-# Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (DESIGN.md).
+# Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
 DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
 
 
@@ -34,55 +45,101 @@ class GpuCount(click.ParamType):
 
 # Options shared with `distsetup slurm`: what to run, with which backend and launcher, on how many GPUs.
 launch_options = stack(
-    option("config", type=click.Path(dir_okay=False), help="Run config (config.yaml); its backend is used "
-           "unless --use_deepspeed / --use_fsdp is given."),
+    option(
+        "config",
+        type=click.Path(dir_okay=False),
+        help="Run config (config.yaml); its backend is used unless --use_deepspeed / --use_fsdp is given.",
+    ),
     option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
     option("use_fsdp", is_flag=True, help="Train with FSDP."),
     option("deepspeed_config", type=click.Path(dir_okay=False), help="DeepSpeed JSON (from `distsetup deepspeed`)."),
     option("fsdp_config", type=click.Path(dir_okay=False), help="FSDP JSON (from `distsetup fsdp`)."),
-    option("launch_method", type=click.Choice(LAUNCH_METHODS), default="torchrun", show_default=True,
-           help="torchrun (no SSH), the deepspeed launcher, or accelerate."),
-    option("script", help=f"Training script [{DEFAULT_SCRIPT}]."),
-    option("num_gpus_per_node", type=GpuCount(), help="Processes per node: a number (CPU processes on a "
-           "machine without GPUs) or auto (every visible GPU) [auto, or the count of --gpus]."),
+    option(
+        "launch_method",
+        type=click.Choice(LAUNCH_METHODS),
+        default="torchrun",
+        show_default=True,
+        help="torchrun (no SSH), the deepspeed launcher, or accelerate.",
+    ),
+    option(
+        "script",
+        help=f"Your own training script (python FILE) instead of distsetup's trainer "
+        f"(python -m {DEFAULT_TRAINER}, the default).",
+    ),
+    option("python_module", help="Your own training module (python -m MODULE) instead of distsetup's trainer."),
+    option(
+        "num_gpus_per_node",
+        type=GpuCount(),
+        help="Processes per node: a number (CPU processes on a "
+        "machine without GPUs) or auto (every visible GPU) [auto, or the count of --gpus].",
+    ),
     option("num_nodes", type=int, default=1, show_default=True, help="Nodes in the world."),
-    option("master_port", type=int, help="Rendezvous port [29500; a free one for torchrun on one node; "
-           "under SLURM derived from the job id]."),
+    option(
+        "master_port",
+        type=int,
+        help="Rendezvous port [29500; a free one for torchrun on one node; under SLURM derived from the job id].",
+    ),
     option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
     option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
     option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
     switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
     option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
     option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
-    option("preflight", is_flag=True, help="Run `python -m distsetup.preflight` (all-reduce + barrier) "
-           "across the same world before training."),
+    option(
+        "preflight",
+        is_flag=True,
+        help="Run `python -m distsetup.preflight` (all-reduce + barrier) across the same world before training.",
+    ),
     option("dry_run", is_flag=True, help="Print the script and write nothing."),
 )
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   distsetup launcher --config config.yaml --num_gpus_per_node 4 --use_deepspeed
   distsetup launcher --use_deepspeed --deepspeed_config config/ds_config.json --num_gpus_per_node 2
   distsetup launcher --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
       --master_addr 10.1.2.3 --master_port 29500 --node_rank 1          # one script per node
   distsetup launcher --use_fsdp --gpus 2,3 --preflight -o scripts/run_fsdp.sh
-""")
+  distsetup launcher --python_module mypkg.train --num_gpus_per_node 2   # your own module
+  distsetup launcher --script my_train.py --num_gpus_per_node 2          # your own script
+"""
+)
 @launch_options
-@option("module", help="Run a Python module (python -m) instead of --script.")
+@renamed("module", "python_module")
 @option("node_rank", type=int, help="This node's rank; without it the script reads NODE_RANK at run time.")
 @option("master_addr", help="Address of node 0 [127.0.0.1 on one node; on several, MASTER_ADDR at run time].")
-@option("rdzv_backend", type=click.Choice(RDZV_BACKENDS), default="static", show_default=True,
-        help="torchrun rendezvous: static (--node_rank) or c10d (elastic; ranks assigned on joining).")
+@option(
+    "rdzv_backend",
+    type=click.Choice(RDZV_BACKENDS),
+    default="static",
+    show_default=True,
+    help="torchrun rendezvous: static (--node_rank) or c10d (elastic; ranks assigned on joining).",
+)
 @option("rdzv_id", default="distsetup", show_default=True, help="Rendezvous id for c10d (same on every node).")
 @option("hosts", help="Comma-separated node names for the deepspeed launcher's hostfile.")
 @option("ssh", is_flag=True, help="Deepspeed launcher over pdsh/ssh from node 0 (default: --no_ssh per node).")
 @option("gpus", help="GPUs to use: 0,1 (CUDA_VISIBLE_DEVICES) or auto:N (N with most free memory now).")
-@option("output", "-o", type=click.Path(dir_okay=False), default="scripts/run_training.sh", show_default=True,
-        help="Script to write; '-' prints it.")
-def launcher(output, dry_run, **opts):
-    """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world."""
-    spec, notes = launch_spec_from_options(opts)
+@option(
+    "output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    default="scripts/run_training.sh",
+    show_default=True,
+    help="Script to write; '-' prints it.",
+)
+def launcher(output, dry_run, module, **opts):
+    """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world.
+
+    It runs distsetup's trainer (python -m distsetup.train) unless --script or --python_module names your own,
+    and works from any folder: it first enters the folder it was written in, which relative paths refer to.
+    """
+    if module and opts["python_module"]:
+        raise DistsetupError(
+            "--module is the old spelling of --python_module; give one of them.", "use --python_module."
+        )
+    spec, notes = launch_spec_from_options({**opts, "python_module": opts["python_module"] or module})
     text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     run_command = f"bash {shlex.quote(str(output))}"
     remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in launch_warnings(spec, run_command)]
@@ -91,8 +148,12 @@ def launcher(output, dry_run, **opts):
 
 def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:
     """The files a launch reads, which its script must never be written over: {what: path}."""
-    return {"run config": spec.config, "DeepSpeed config": spec.deepspeed_config, "FSDP config": spec.fsdp_config,
-            "training script": spec.script}
+    return {
+        "run config": spec.config,
+        "DeepSpeed config": spec.deepspeed_config,
+        "FSDP config": spec.fsdp_config,
+        "training script": spec.script,
+    }
 
 
 def regenerate_command(name: str) -> str:
@@ -104,7 +165,7 @@ def regenerate_command(name: str) -> str:
         value = ctx.params.get(param.name)
         if source in (None, click.core.ParameterSource.DEFAULT) or value is None:
             continue
-        flag = param.opts[0].split("/")[0]
+        flag = getattr(param, "new_flag", None) or param.opts[0].split("/")[0]  # an old spelling: the new one
         if getattr(param, "is_flag", False):
             words.append(flag if value else param.secondary_opts[0] if param.secondary_opts else "")
         else:
@@ -118,31 +179,61 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     resolved, the DeepSpeed file checked for this world."""
     if o["use_deepspeed"] and o["use_fsdp"]:
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
-    if o["script"] and o["module"]:
-        raise DistsetupError("--script and --module are mutually exclusive.", "give one of them.")
+    if o["script"] and o["python_module"]:
+        raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
     backend, files, notes = distributed_settings(o)
     gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
     spec = LaunchSpec(
-        backend=backend, launch_method=o["launch_method"],
-        script=None if o["module"] else (o["script"] or DEFAULT_SCRIPT), module=o["module"], config=o["config"],
-        deepspeed_config=files.get("deepspeed"), fsdp_config=files.get("fsdp"),
-        num_nodes=o["num_nodes"], nproc_per_node=nproc, node_rank=o.get("node_rank"),
-        master_addr=o.get("master_addr"), master_port=o["master_port"],
+        backend=backend,
+        launch_method=o["launch_method"],
+        script=o["script"],
+        module=o["python_module"],
+        workdir=working_folder(),
+        config=o["config"],
+        deepspeed_config=files.get("deepspeed"),
+        fsdp_config=files.get("fsdp"),
+        num_nodes=o["num_nodes"],
+        nproc_per_node=nproc,
+        node_rank=o.get("node_rank"),
+        master_addr=o.get("master_addr"),
+        master_port=o["master_port"],
         rdzv_backend=o.get("rdzv_backend") or ("c10d" if slurm and o["launch_method"] == "torchrun" else "static"),
         rdzv_id=o.get("rdzv_id") or "distsetup",
         hosts=tuple(h.strip() for h in o["hosts"].split(",")) if o.get("hosts") else (),
-        ssh=bool(o.get("ssh")), gpus=gpus,
-        env=EnvSpec(o["omp_num_threads"], o["nccl_debug"], o["nccl_socket_ifname"], o["nccl_ib_disable"],
-                    o["timeout_minutes"], o["cuda_device_max_connections"], tuple(o.get("env_pairs") or ())),
-        preflight=o["preflight"])
+        ssh=bool(o.get("ssh")),
+        gpus=gpus,
+        env=EnvSpec(
+            o["omp_num_threads"],
+            o["nccl_debug"],
+            o["nccl_socket_ifname"],
+            o["nccl_ib_disable"],
+            o["timeout_minutes"],
+            o["cuda_device_max_connections"],
+            tuple(o.get("env_pairs") or ()),
+        ),
+        preflight=o["preflight"],
+    )
     check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
     # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
-    # it in: src/train.py hands the file to DeepSpeed as is, and every rank would fail.
+    # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
     if spec.deepspeed_config:
-        refuse_problems(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_train_py)
+        refuse_problems(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
     if spec.fsdp_config:
         refuse_problems(spec.fsdp_config, "fsdp")
     return spec, notes
+
+
+def working_folder() -> str:
+    """This folder as an absolute path, the scripts' WORKDIR: spelled as the shell shows it ($PWD, which
+    keeps the user's symbolic links, such as /home on a cluster) when that is this folder, else resolved."""
+    here = os.getcwd()
+    logical = os.environ.get("PWD", "")
+    try:
+        if os.path.isabs(logical) and os.path.samefile(logical, here):
+            return logical
+    except OSError:
+        pass
+    return here
 
 
 def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
@@ -156,8 +247,13 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
     dist = raw.setdefault("distributed", {})
     if not isinstance(dist, dict):
         dist = {}  # a schema problem: config_problems below names it
-    flag = ("deepspeed" if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"])
-            else "fsdp" if o["use_fsdp"] else None)
+    flag = (
+        "deepspeed"
+        if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"])
+        else "fsdp"
+        if o["use_fsdp"]
+        else None
+    )
     if flag:
         dist.update(backend=flag, use_deepspeed=False, use_fsdp=False)
     for kind in DEFAULT_FILES:
@@ -171,17 +267,24 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
             dist[f"{backend}_config"] = default
             notes.append(f"using {default} for {backend} (none given with --{backend}_config or in the run config).")
         elif backend == "deepspeed":
-            raise DistsetupError("DeepSpeed needs a config file: none given with --deepspeed_config, none in the "
-                                 f"run config, and no {default} here.",
-                                 f"write one with `distsetup deepspeed --zero_stage 2 --output {default}` "
-                                 "or pass --deepspeed_config FILE.")
+            raise DistsetupError(
+                "DeepSpeed needs a config file: none given with --deepspeed_config, none in the "
+                f"run config, and no {default} here.",
+                f"write one with `distsetup deepspeed --zero_stage 2 --output {default}` "
+                "or pass --deepspeed_config FILE.",
+            )
     problems = config_problems(raw, base_dir)
     if problems:
         where = f" in {config}" if config else ""
-        raise DistsetupError(f"run config problem{where}: {problems[0]}",
-                             f"fix it (`distsetup validate {config}` lists every problem)." if config else None)
-    files = {kind: str(resolve_config_path(dist[f"{kind}_config"], base_dir))
-             for kind in DEFAULT_FILES if kind == backend and dist.get(f"{kind}_config")}
+        raise DistsetupError(
+            f"run config problem{where}: {problems[0]}",
+            f"fix it (`distsetup validate {config}` lists every problem)." if config else None,
+        )
+    files = {
+        kind: str(resolve_config_path(dist[f"{kind}_config"], base_dir))
+        for kind in DEFAULT_FILES
+        if kind == backend and dist.get(f"{kind}_config")
+    }
     return backend, files, notes
 
 
@@ -192,6 +295,7 @@ def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int
         parsed = parse_gpus(gpus_text)
         if isinstance(parsed, int):
             from distsetup.gpus import select_gpus  # lazy: NVML only when asked for
+
             parsed = tuple(select_gpus(parsed))
         gpus = parsed
     if num_gpus_per_node == "auto" or num_gpus_per_node is None:

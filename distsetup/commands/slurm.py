@@ -9,23 +9,30 @@ import click
 from distsetup.commands.launcher import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.errors import DistsetupError
 from distsetup.launch_plan import launch_warnings, parse_env_pairs
-from distsetup.options import option, positive
+from distsetup.options import option, positive, renamed
 from distsetup.output import emit
 from distsetup.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   distsetup slurm --config config.yaml --num_nodes 4 --num_gpus_per_node 8 --use_deepspeed \\
       --time_limit 48:00:00 --partition gpu
   distsetup slurm --config config.yaml --num_nodes 2 --num_gpus_per_node 4 --requeue \\
-      --module cuda/12.4 --venv .venv --env WANDB_MODE=offline --submit
-""")
+      --env_module cuda/12.4 --venv .venv --env WANDB_MODE=offline --submit
+  distsetup slurm --script my_train.py --num_nodes 2 --num_gpus_per_node 8   # your own script
+"""
+)
 @launch_options
-@option("python_module", help="Run a Python module (python -m) instead of --script.")
 @option("job_name", default="distsetup", show_default=True, help="#SBATCH --job-name.")
-@option("gpu_request", type=click.Choice(GPU_REQUESTS), default="gres", show_default=True,
-        help="Ask for GPUs with --gres=gpu:N, --gpus-per-node=N, or not at all (CPU jobs).")
+@option(
+    "gpu_request",
+    type=click.Choice(GPU_REQUESTS),
+    default="gres",
+    show_default=True,
+    help="Ask for GPUs with --gres=gpu:N, --gpus-per-node=N, or not at all (CPU jobs).",
+)
 @option("gpu_type", help="GPU type in the request, e.g. a100 (--gres=gpu:a100:N).")
 @option("cpus_per_task", type=positive, help="CPUs for each node's launcher and its processes.")
 @option("mem", help="Memory per node, e.g. 256G.")
@@ -40,55 +47,105 @@ Examples:
 @option("log_error", help="Separate error log (#SBATCH --error).")
 @option("mail_user", help="Mail address for job events.")
 @option("mail_type", help="Job events to mail, e.g. END,FAIL.")
-@option("sbatch", multiple=True, metavar="KEY=VALUE", help="Any other #SBATCH option (repeatable); options "
-        "with a flag of their own (nodes, time, gres, ...) are refused.")
-@option("module", multiple=True, help="`module load` this before training (repeatable).")
+@option(
+    "sbatch",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any other #SBATCH option (repeatable); options "
+    "with a flag of their own (nodes, time, gres, ...) are refused.",
+)
+@option("env_module", multiple=True, help="Environment module to `module load` before training (repeatable).")
+@renamed("module", "env_module", multiple=True)
 @option("conda_env", help="Conda environment to activate.")
 @option("venv", help="Python virtual environment folder to activate.")
 @option("env", multiple=True, metavar="KEY=VALUE", help="Export a variable (repeatable).")
 @option("requeue", is_flag=True, help="On preemption or near the time limit: checkpoint, requeue, resume.")
-@option("signal_seconds", type=positive, default=120, show_default=True,
-        help="With --requeue: seconds before the time limit that SLURM signals the job; torchrun gives the "
-        "processes this less 30 s to checkpoint.")
+@option(
+    "signal_seconds",
+    type=positive,
+    default=120,
+    show_default=True,
+    help="With --requeue: seconds before the time limit that SLURM signals the job; torchrun gives the "
+    "processes this less 30 s to checkpoint.",
+)
 @option("submit", is_flag=True, help="Run sbatch on the written script and print the job id.")
-@option("output", "-o", type=click.Path(dir_okay=False), default="scripts/slurm_job.sh", show_default=True,
-        help="Script to write; '-' prints it.")
+@option(
+    "output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    default="scripts/slurm_job.sh",
+    show_default=True,
+    help="Script to write; '-' prints it.",
+)
 def slurm(output, dry_run, submit, **opts):
-    """Write a SLURM batch script: srun starts one launcher per node and all nodes form one world."""
+    """Write a SLURM batch script: srun starts one launcher per node and all nodes form one world.
+
+    It runs distsetup's trainer (python -m distsetup.train) unless --script or --python_module names your own,
+    and can be submitted from any folder: it first enters the folder it was written in, which relative paths
+    (and --venv) refer to.
+    """
     if submit and (dry_run or output in (None, "-")):
         raise DistsetupError("--submit needs a script file.", "drop --dry_run / -o - or drop --submit.")
     spec, notes = slurm_spec_from_options(opts)
     text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     run_command = f"sbatch {shlex.quote(str(output))}"
     remarks = [f"Note: {note}" for note in notes] + [
-        f"Warning: {w}" for w in launch_warnings(spec.launch, run_command) + slurm_warnings(spec)]
-    emit(text, output, dry_run, next_step=None if submit else run_command, executable=True,
-         inputs=launch_inputs(spec.launch), remarks=remarks)
+        f"Warning: {w}" for w in launch_warnings(spec.launch, run_command) + slurm_warnings(spec)
+    ]
+    emit(
+        text,
+        output,
+        dry_run,
+        next_step=None if submit else run_command,
+        executable=True,
+        inputs=launch_inputs(spec.launch),
+        remarks=remarks,
+    )
     if submit:
         click.echo(submit_job(output))
 
 
 def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
     if o["num_gpus_per_node"] == "auto":
-        raise DistsetupError("distsetup slurm needs a number for --num_gpus_per_node, not auto.",
-                             "e.g. --num_gpus_per_node 8.")
-    launch_opts = dict(o, module=o["python_module"], env_pairs=parse_env_pairs(o["env"]))
+        raise DistsetupError(
+            "distsetup slurm needs a number for --num_gpus_per_node, not auto.", "e.g. --num_gpus_per_node 8."
+        )
+    if o["module"] and o["env_module"]:
+        raise DistsetupError("--module is the old spelling of --env_module; give one of them.", "use --env_module.")
+    launch_opts = dict(o, env_pairs=parse_env_pairs(o["env"]))
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
     launch, notes = launch_spec_from_options(launch_opts, slurm=True)
     return SlurmSpec(
-        launch=launch, job_name=o["job_name"], gpu_request=o["gpu_request"], gpu_type=o["gpu_type"],
-        cpus_per_task=o["cpus_per_task"], mem=o["mem"], mem_per_gpu=o["mem_per_gpu"], time_limit=o["time_limit"],
-        partition=o["partition"], account=o["account"], qos=o["qos"], constraint=o["constraint"],
-        exclusive=o["exclusive"], log_output=o["log_output"], log_error=o["log_error"], mail_user=o["mail_user"],
-        mail_type=o["mail_type"], extra_sbatch=parse_sbatch_pairs(o["sbatch"]), modules=tuple(o["module"]),
-        conda_env=o["conda_env"], venv=o["venv"], requeue=o["requeue"], signal_seconds=o["signal_seconds"]), notes
+        launch=launch,
+        job_name=o["job_name"],
+        gpu_request=o["gpu_request"],
+        gpu_type=o["gpu_type"],
+        cpus_per_task=o["cpus_per_task"],
+        mem=o["mem"],
+        mem_per_gpu=o["mem_per_gpu"],
+        time_limit=o["time_limit"],
+        partition=o["partition"],
+        account=o["account"],
+        qos=o["qos"],
+        constraint=o["constraint"],
+        exclusive=o["exclusive"],
+        log_output=o["log_output"],
+        log_error=o["log_error"],
+        mail_user=o["mail_user"],
+        mail_type=o["mail_type"],
+        extra_sbatch=parse_sbatch_pairs(o["sbatch"]),
+        modules=tuple(o["env_module"] or o["module"]),
+        conda_env=o["conda_env"],
+        venv=o["venv"],
+        requeue=o["requeue"],
+        signal_seconds=o["signal_seconds"],
+    ), notes
 
 
 def submit_job(script: str) -> str:
     """`sbatch --parsable SCRIPT` -> the job id; a clear error when sbatch is missing or refuses."""
     try:
-        result = subprocess.run(["sbatch", "--parsable", str(Path(script))], capture_output=True, text=True,
-                                timeout=60)
+        result = subprocess.run(["sbatch", "--parsable", str(Path(script))], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise DistsetupError("sbatch is not installed here.", f"copy {script} to a SLURM login node and run sbatch.")
     if result.returncode != 0:

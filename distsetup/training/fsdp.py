@@ -42,7 +42,7 @@ def read_fsdp_file(path: str | None) -> dict:
     raw = read_json(Path(path))
     if raw.get("fsdp_version", 2) != 2:
         raise DistsetupError(
-            f"{path} is an FSDP1 file; src/train.py runs FSDP2 (fully_shard).",
+            f"{path} is an FSDP1 file; distsetup's trainer runs FSDP2 (fully_shard).",
             "regenerate it with `distsetup fsdp --fsdp_version 2`.",
         )
     strategy = raw.get("fsdp_sharding_strategy", "FULL_SHARD")
@@ -66,7 +66,7 @@ class FSDPBackend(Backend):
             self.precision = file_precision
         if self.precision == "fp16":
             raise DistsetupError(
-                "FSDP with fp16 needs loss scaling, which src/train.py does not do for FSDP.",
+                "FSDP with fp16 needs loss scaling, which distsetup's trainer does not do for FSDP.",
                 "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.",
             )
         self.full_state_dict = self.fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"

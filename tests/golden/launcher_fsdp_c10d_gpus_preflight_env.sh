@@ -2,10 +2,12 @@
 # Written by `distsetup launcher`; regenerate it rather than editing by hand:
 #   distsetup launcher ...
 #
-# Runs src/train.py (fsdp) with torchrun: 2 node(s) x 2 process(es) per node = 4 process(es).
+# Runs distsetup.train (fsdp) with torchrun: 2 node(s) x 2 process(es) per node = 4 process(es).
 # Run this script on every node; c10d assigns the node ranks as the nodes join.
 # Change the world size with --num_nodes / --num_gpus_per_node; extra arguments go to the training script:
 #   bash scripts/run_training.sh training.max_steps=100
+# Runs from any folder: it first enters WORKDIR (/home/user/project, where distsetup ran), to which every relative
+# path here and in the run config refers. For another machine or checkout, regenerate it there.
 set -euo pipefail
 
 # --- parameters ---
@@ -14,10 +16,12 @@ NPROC_PER_NODE=2
 MASTER_ADDR='node0'
 MASTER_PORT=29400
 RDZV_ID=distsetup
-SCRIPT=src/train.py
+WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
+MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp 'distributed.fsdp_config="config/fsdp_config.json"' distributed.timeout_minutes=45)
 
 # --- environment ---
+cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
 export CUDA_VISIBLE_DEVICES=2,3  # chosen with --gpus
 export CUDA_DEVICE_ORDER=PCI_BUS_ID  # number GPUs in PCI bus order, as nvidia-smi and --gpus do
 export OMP_NUM_THREADS=8  # CPU threads per process (torchrun sets 1 when unset)
@@ -51,4 +55,4 @@ LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
 echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
 "${LAUNCH[@]}" -m distsetup.preflight
-exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+exec "${LAUNCH[@]}" -m "$MODULE" "$@"

@@ -2,10 +2,12 @@
 # Written by `distsetup launcher`; regenerate it rather than editing by hand:
 #   distsetup launcher ...
 #
-# Runs src/train.py (deepspeed) with deepspeed: 2 node(s) x 8 process(es) per node = 16 process(es).
+# Runs distsetup.train (deepspeed) with deepspeed: 2 node(s) x 8 process(es) per node = 16 process(es).
 # Run this script on every node; each node needs its own NODE_RANK (0..1).
 # Change the world size with --num_nodes / --num_gpus_per_node; extra arguments go to the training script:
 #   bash scripts/run_training.sh training.max_steps=100
+# Runs from any folder: it first enters WORKDIR (/home/user/project, where distsetup ran), to which every relative
+# path here and in the run config refers. For another machine or checkout, regenerate it there.
 set -euo pipefail
 
 # --- parameters ---
@@ -14,11 +16,13 @@ NPROC_PER_NODE=8
 NODE_RANK="${NODE_RANK:-1}"  # NODE_RANK in the environment wins
 MASTER_ADDR='10.1.2.3'
 MASTER_PORT=29500
-SCRIPT=src/train.py
+WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
+MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed config/ds_config.json)
 HOSTS=(node0 node1)  # hostfile names: labels only with --no_ssh
 
 # --- environment ---
+cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
 # export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
@@ -51,4 +55,4 @@ for host in "${HOSTS[@]}"; do
 done >"$HOSTFILE"
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+exec "${LAUNCH[@]}" --module "$MODULE" "$@"

@@ -2,9 +2,11 @@
 # Written by `distsetup launcher`; regenerate it rather than editing by hand:
 #   distsetup launcher ...
 #
-# Runs src/train.py (ddp) with torchrun: 1 node(s) x 4 process(es) per node = 4 process(es).
+# Runs distsetup.train (ddp) with torchrun: 1 node(s) x 4 process(es) per node = 4 process(es).
 # Change the world size with --num_gpus_per_node (or --gpus); extra arguments go to the training script:
 #   bash scripts/run_training.sh training.max_steps=100
+# Runs from any folder: it first enters WORKDIR (/home/user/project, where distsetup ran), to which every relative
+# path here and in the run config refers. For another machine or checkout, regenerate it there.
 set -euo pipefail
 
 # --- parameters ---
@@ -13,10 +15,12 @@ NPROC_PER_NODE=4
 NODE_RANK="${NODE_RANK:-0}"  # NODE_RANK in the environment wins
 MASTER_ADDR='127.0.0.1'
 MASTER_PORT=29500
-SCRIPT=src/train.py
+WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
+MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)
 
 # --- environment ---
+cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
 # export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
@@ -46,4 +50,4 @@ echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per nod
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--standalone)
-exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+exec "${LAUNCH[@]}" -m "$MODULE" "$@"

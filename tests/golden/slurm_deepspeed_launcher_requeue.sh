@@ -2,10 +2,12 @@
 # Written by `distsetup slurm`; regenerate it rather than editing by hand:
 #   distsetup slurm ...
 #
-# Runs src/train.py (deepspeed) with deepspeed on 2 node(s) x 8 GPU(s) = 16 process(es) in ONE world:
+# Runs distsetup.train (deepspeed) with deepspeed on 2 node(s) x 8 GPU(s) = 16 process(es) in ONE world:
 # srun starts one deepspeed per node; each node's rank ($SLURM_NODEID) expands on that node.
 # Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
 #   sbatch scripts/slurm_job.sh training.max_steps=100
+# Submit it from any folder (the job log goes where sbatch runs): it first enters WORKDIR (/home/user/project, where
+# distsetup ran), to which every relative path here and in the run config refers.
 # The deepspeed launcher uses local GPU ids 0..N-1 on each node (its hostfile resets CUDA_VISIBLE_DEVICES):
 # right only where SLURM constrains each job to its own GPUs (cgroups); torchrun (the default) keeps SLURM's.
 # --requeue: the deepspeed launcher SIGKILLs the training processes 30 s after SIGTERM (fixed in
@@ -34,10 +36,12 @@ mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 export MASTER_ADDR="${HOSTS[0]:?scontrol show hostnames listed no host for $SLURM_JOB_NODELIST}"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
 export RDZV_ID="$SLURM_JOB_ID"
-export SCRIPT=src/train.py
+export WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
+export MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed config/ds_config.json)
 
 # --- environment ---
+cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
 module load cuda/12.4
 eval "$(conda shell.bash hook)"
 set +u  # conda's activate scripts read unset variables
@@ -74,6 +78,7 @@ srun "${SRUN_ARGS[@]}" bash -c '
 set -euo pipefail
 NODE_RANK="$SLURM_NODEID"
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
+cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 HOSTFILE="${TMPDIR:-/tmp}/distsetup-hostfile-$SLURM_JOB_ID-$NODE_RANK"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | while read -r host; do
   echo "$host slots=$NPROC_PER_NODE"
@@ -81,7 +86,7 @@ done >"$HOSTFILE"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
 "${LAUNCH[@]}" --no_local_rank --module distsetup.preflight
-exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+exec "${LAUNCH[@]}" --module "$MODULE" "$@"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
 wait "$SRUN_PID"

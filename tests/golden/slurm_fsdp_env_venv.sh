@@ -2,10 +2,12 @@
 # Written by `distsetup slurm`; regenerate it rather than editing by hand:
 #   distsetup slurm ...
 #
-# Runs src/train.py (fsdp) with torchrun on 2 node(s) x 4 GPU(s) = 8 process(es) in ONE world:
+# Runs distsetup.train (fsdp) with torchrun on 2 node(s) x 4 GPU(s) = 8 process(es) in ONE world:
 # srun starts one torchrun per node; each node's rank ($SLURM_NODEID) expands on that node.
 # Change the size with --num_nodes / --num_gpus_per_node. Submit (extra arguments go to the training script):
 #   sbatch scripts/slurm_job.sh training.max_steps=100
+# Submit it from any folder (the job log goes where sbatch runs): it first enters WORKDIR (/home/user/project, where
+# distsetup ran), to which every relative path here and in the run config refers.
 #SBATCH --exclusive
 #SBATCH --gres=gpu:4
 #SBATCH --job-name=distsetup
@@ -24,10 +26,12 @@ mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 export MASTER_ADDR="${HOSTS[0]:?scontrol show hostnames listed no host for $SLURM_JOB_NODELIST}"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
 export RDZV_ID="$SLURM_JOB_ID"
-export SCRIPT=src/train.py
+export WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
+export MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp 'distributed.fsdp_config="config/fsdp.json"')
 
 # --- environment ---
+cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
 # shellcheck source=/dev/null
 source .venv/bin/activate
 export OMP_NUM_THREADS=8  # CPU threads per process (torchrun sets 1 when unset)
@@ -50,7 +54,8 @@ srun "${SRUN_ARGS[@]}" bash -c '
 set -euo pipefail
 NODE_RANK="$SLURM_NODEID"
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
+cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
-exec "${LAUNCH[@]}" "$SCRIPT" "$@"
+exec "${LAUNCH[@]}" -m "$MODULE" "$@"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@"
