@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from distsetup.commands.launcher import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.errors import DistsetupError
+from distsetup.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.launch_plan import launch_warnings, parse_env_pairs
 from distsetup.options import option, positive, renamed
 from distsetup.output import emit

@@ -1,0 +1,248 @@
+"""The options `distsetup launcher` and `distsetup slurm` share (what runs, with which backend and launcher, on
+how many GPUs) and their conversion into a LaunchSpec: one place for both commands, as options.py is for all."""
+
+import os
+import shlex
+from pathlib import Path
+
+import click
+
+from distsetup.errors import DistsetupError
+from distsetup.launch_plan import (
+    DEFAULT_TRAINER,
+    LAUNCH_METHODS,
+    NCCL_DEBUG_LEVELS,
+    EnvSpec,
+    LaunchSpec,
+    check_launch,
+    parse_gpus,
+)
+from distsetup.options import option, positive, stack, switch
+from distsetup.runconfig import backend_of, config_problems, read_yaml, resolve_config_path
+from distsetup.validate import refuse_problems
+
+# Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
+DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
+
+
+class GpuCount(click.ParamType):
+    """A positive integer or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor auto.", param, ctx)
+        return number
+
+
+# Options shared with `distsetup slurm`: what to run, with which backend and launcher, on how many GPUs.
+launch_options = stack(
+    option(
+        "config",
+        type=click.Path(dir_okay=False),
+        help="Run config (config.yaml); its backend is used unless --use_deepspeed / --use_fsdp is given.",
+    ),
+    option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
+    option("use_fsdp", is_flag=True, help="Train with FSDP."),
+    option("deepspeed_config", type=click.Path(dir_okay=False), help="DeepSpeed JSON (from `distsetup deepspeed`)."),
+    option("fsdp_config", type=click.Path(dir_okay=False), help="FSDP JSON (from `distsetup fsdp`)."),
+    option(
+        "launch_method",
+        type=click.Choice(LAUNCH_METHODS),
+        default="torchrun",
+        show_default=True,
+        help="torchrun (no SSH), the deepspeed launcher, or accelerate.",
+    ),
+    option(
+        "script",
+        help=f"Your own training script (python FILE) instead of distsetup's trainer "
+        f"(python -m {DEFAULT_TRAINER}, the default).",
+    ),
+    option("python_module", help="Your own training module (python -m MODULE) instead of distsetup's trainer."),
+    option(
+        "num_gpus_per_node",
+        type=GpuCount(),
+        help="Processes per node: a number (CPU processes on a "
+        "machine without GPUs) or auto (every visible GPU) [auto, or the count of --gpus].",
+    ),
+    option("num_nodes", type=int, default=1, show_default=True, help="Nodes in the world."),
+    option(
+        "master_port",
+        type=int,
+        help="Rendezvous port [29500; a free one for torchrun on one node; under SLURM derived from the job id].",
+    ),
+    option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
+    option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
+    option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
+    switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
+    option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
+    option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
+    option(
+        "preflight",
+        is_flag=True,
+        help="Run `python -m distsetup.preflight` (all-reduce + barrier) across the same world before training.",
+    ),
+    option("dry_run", is_flag=True, help="Print the script and write nothing."),
+)
+
+
+def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:
+    """The files a launch reads, which its script must never be written over: {what: path}."""
+    return {
+        "run config": spec.config,
+        "DeepSpeed config": spec.deepspeed_config,
+        "FSDP config": spec.fsdp_config,
+        "training script": spec.script,
+    }
+
+
+def regenerate_command(name: str) -> str:
+    """`distsetup NAME --option value ...` for the options given on the command line (for the header)."""
+    ctx = click.get_current_context()
+    words = ["distsetup", name]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        value = ctx.params.get(param.name)
+        if source in (None, click.core.ParameterSource.DEFAULT) or value is None:
+            continue
+        flag = getattr(param, "new_flag", None) or param.opts[0].split("/")[0]  # an old spelling: the new one
+        if getattr(param, "is_flag", False):
+            words.append(flag if value else param.secondary_opts[0] if param.secondary_opts else "")
+        else:
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                words += [flag, shlex.quote(str(item))]
+    return " ".join(w for w in words if w).replace("\n", "\\n").replace("\r", "\\r")
+
+
+def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:
+    """Options -> (LaunchSpec, notes for stderr): backend and files from the flags or the run config, GPUs
+    resolved, the DeepSpeed file checked for this world."""
+    if o["use_deepspeed"] and o["use_fsdp"]:
+        raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
+    if o["script"] and o["python_module"]:
+        raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
+    backend, files, notes = distributed_settings(o)
+    gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
+    spec = LaunchSpec(
+        backend=backend,
+        launch_method=o["launch_method"],
+        script=o["script"],
+        module=o["python_module"],
+        workdir=working_folder(),
+        config=o["config"],
+        deepspeed_config=files.get("deepspeed"),
+        fsdp_config=files.get("fsdp"),
+        num_nodes=o["num_nodes"],
+        nproc_per_node=nproc,
+        node_rank=o.get("node_rank"),
+        master_addr=o.get("master_addr"),
+        master_port=o["master_port"],
+        rdzv_backend=o.get("rdzv_backend") or ("c10d" if slurm and o["launch_method"] == "torchrun" else "static"),
+        rdzv_id=o.get("rdzv_id") or "distsetup",
+        hosts=tuple(h.strip() for h in o["hosts"].split(",")) if o.get("hosts") else (),
+        ssh=bool(o.get("ssh")),
+        gpus=gpus,
+        env=EnvSpec(
+            o["omp_num_threads"],
+            o["nccl_debug"],
+            o["nccl_socket_ifname"],
+            o["nccl_ib_disable"],
+            o["timeout_minutes"],
+            o["cuda_device_max_connections"],
+            tuple(o.get("env_pairs") or ()),
+        ),
+        preflight=o["preflight"],
+    )
+    check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
+    # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
+    # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
+    if spec.deepspeed_config:
+        refuse_problems(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
+    if spec.fsdp_config:
+        refuse_problems(spec.fsdp_config, "fsdp")
+    return spec, notes
+
+
+def working_folder() -> str:
+    """This folder as an absolute path, the scripts' WORKDIR: spelled as the shell shows it ($PWD, which
+    keeps the user's symbolic links, such as /home on a cluster) when that is this folder, else resolved."""
+    here = os.getcwd()
+    logical = os.environ.get("PWD", "")
+    try:
+        if os.path.isabs(logical) and os.path.samefile(logical, here):
+            return logical
+    except OSError:
+        pass
+    return here
+
+
+def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
+    """(backend, {"deepspeed"|"fsdp": file}, notes) from the flags over the run config, checked as the run
+    config is. Paths from the flags go into the config as the user typed them (never parsed as YAML), and
+    every file is resolved as train.py resolves it (cwd, else next to the config), so the script names it
+    from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
+    config = o["config"]
+    base_dir = Path(config).parent if config else None
+    raw = read_yaml(Path(config)) if config else {}
+    dist = raw.setdefault("distributed", {})
+    if not isinstance(dist, dict):
+        dist = {}  # a schema problem: config_problems below names it
+    flag = (
+        "deepspeed"
+        if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"])
+        else "fsdp"
+        if o["use_fsdp"]
+        else None
+    )
+    if flag:
+        dist.update(backend=flag, use_deepspeed=False, use_fsdp=False)
+    for kind in DEFAULT_FILES:
+        if o[f"{kind}_config"]:
+            dist[f"{kind}_config"] = o[f"{kind}_config"]
+    backend = backend_of(dist)
+    notes = []
+    if backend in DEFAULT_FILES and not dist.get(f"{backend}_config"):
+        default = DEFAULT_FILES[backend]
+        if Path(default).is_file():
+            dist[f"{backend}_config"] = default
+            notes.append(f"using {default} for {backend} (none given with --{backend}_config or in the run config).")
+        elif backend == "deepspeed":
+            raise DistsetupError(
+                "DeepSpeed needs a config file: none given with --deepspeed_config, none in the "
+                f"run config, and no {default} here.",
+                f"write one with `distsetup deepspeed --zero_stage 2 --output {default}` "
+                "or pass --deepspeed_config FILE.",
+            )
+    problems = config_problems(raw, base_dir)
+    if problems:
+        where = f" in {config}" if config else ""
+        raise DistsetupError(
+            f"run config problem{where}: {problems[0]}",
+            f"fix it (`distsetup validate {config}` lists every problem)." if config else None,
+        )
+    files = {
+        kind: str(resolve_config_path(dist[f"{kind}_config"], base_dir))
+        for kind in DEFAULT_FILES
+        if kind == backend and dist.get(f"{kind}_config")
+    }
+    return backend, files, notes
+
+
+def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:
+    """(--gpus as indices, processes per node); auto:N asks distsetup.gpus which GPUs are free now."""
+    gpus = None
+    if gpus_text:
+        parsed = parse_gpus(gpus_text)
+        if isinstance(parsed, int):
+            from distsetup.gpus import select_gpus  # lazy: NVML only when asked for
+
+            parsed = tuple(select_gpus(parsed))
+        gpus = parsed
+    if num_gpus_per_node == "auto" or num_gpus_per_node is None:
+        return gpus, (len(gpus) if gpus else None)
+    return gpus, num_gpus_per_node  # check_launch rejects counts below 1
