@@ -216,11 +216,6 @@ def check_launch(spec: LaunchSpec) -> None:
 def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
     """Things that are allowed but probably not meant; `run_command` starts the script (bash X, sbatch X)."""
     warnings = []
-    if spec.runs_default_trainer and not spec.config:
-        warnings.append(
-            f"no --config: the trainer (python -m {DEFAULT_TRAINER}) needs one; pass it when running "
-            f"the script (e.g. {run_command} --config config.yaml) or regenerate with --config."
-        )
     if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
         warnings.append(
             "the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "

@@ -396,7 +396,7 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                 "list your .txt or .jsonl files under data.paths.",
             )
         )
-    for i, name in enumerate(config.data.paths):
+    for i, name in enumerate(config.data.paths if config.data.type == "files" else []):
         if not resolve_config_path(name, base_dir).is_file():
             problems.append(
                 Problem(

@@ -119,11 +119,12 @@ def train(cfg, args) -> int:
     from distsetup.training.data import ShardedSampler, build_dataset
     from distsetup.training.export import load_weights
     from distsetup.training.metrics import MetricsLog, StepTimer
-    from distsetup.training.model import build_model, layer_modules
+    from distsetup.training.model import build_model, check_model_fits, layer_modules
     from distsetup.training.run_lock import OutputDirLock
     from distsetup.training.world import (
         StepAgreement,
         barrier,
+        decided_by_rank0,
         destroy_process_group,
         init_process_group,
         is_lost_contact,
@@ -144,25 +145,30 @@ def train(cfg, args) -> int:
     lr_scaled = t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {})  # else the file's lr
     if lr_scaled:
         backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
+    check_model_fits(cfg, world.local_size)
     out_dir, ckpt_root = Path(t.output_dir), Path(t.output_dir) / "checkpoints"
     lock = OutputDirLock(out_dir)
     if world.is_main:
         lock.acquire()
-    resume, damaged = (None, []) if args.no_resume else ckpt.find_resume(ckpt_root)
-    if resume:
-        ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
-    elif damaged:
-        raise DistsetupError(
-            f"no intact checkpoint to resume from: {damaged[0]}.",
-            "move the damaged folder aside, or start afresh with --no_resume.",
-        )
     preemption = Preemption()
 
     step, metrics, bar = 0, None, None
     init_process_group(world, backend_name, device, cfg.distributed.timeout_minutes)
     try:
+        # Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
+        # another node may see the newest marker late, and ranks resuming different steps would diverge.
+        resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else ckpt.find_resume(ckpt_root))
+        if resume:
+            ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
+        elif damaged:
+            raise DistsetupError(
+                f"no intact checkpoint to resume from: {damaged[0]}.",
+                "move the damaged folder aside, or start afresh with --no_resume.",
+            )
         for problem in damaged:
             say(f"passed over damaged checkpoint {problem}")
+        if lock.unsupported:
+            say(f"note: {lock.unsupported}")
         say(
             f"backend {backend.name}{'' if backend.zero_stage is None else f' (ZeRO-{backend.zero_stage})'} "
             f"on {world.size} x {device.type}; global batch {global_batch} = micro {backend.micro_batch} x "
@@ -263,7 +269,7 @@ def train(cfg, args) -> int:
                 f"summary in {out_dir / 'summary.json'}"
             )
         return 0
-    except RuntimeError as e:
+    except BaseException as e:  # DCP's CheckpointException is no Exception
         if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
             raise lost_contact(e, world, step, cfg.distributed.timeout_minutes) from None
         raise

@@ -98,6 +98,7 @@ def end(run: subprocess.Popen, workers: list[int], why: str) -> None:
 def kill_at(run: subprocess.Popen, root: Path, kill: Kill, resumed_step: int, context: str) -> tuple[list[int], Path]:
     """Wait for the planned moment, SIGKILL the planned rank; returns (the worker pids, the anchoring checkpoint)."""
     deadline, workers, anchor, since = time.time() + RUN_DEADLINE, [], None, 0.0
+    first_step = max(kill.step, resumed_step + 1)
     while True:
         if run.poll() is not None:
             raise AssertionError(
@@ -111,11 +112,23 @@ def kill_at(run: subprocess.Popen, root: Path, kill: Kill, resumed_step: int, co
         elif anchor is None and root.is_dir():
             # only folders this run writes (newer than the checkpoint it resumed from, in the kill's window):
             # one being written for a mid-save kill, a complete one otherwise
-            fresh = [d for d in root.glob("step_*") if step_of(d) >= max(kill.step, resumed_step + 1)]
+            fresh = [d for d in root.glob("step_*") if step_of(d) >= first_step]
             anchor = min((d for d in fresh if complete(d) != kill.mid_save), key=step_of, default=None)
             since = time.time()
         if anchor is not None and time.time() >= since + kill.delay:
-            os.kill(workers[kill.rank], signal.SIGKILL)
+            if kill.mid_save:  # freeze both ranks, so the save cannot finish between this look and the kill
+                for pid in workers:
+                    os.kill(pid, signal.SIGSTOP)
+                if complete(anchor):  # it finished before they stopped: take the next save
+                    for pid in workers:
+                        os.kill(pid, signal.SIGCONT)
+                    first_step, anchor = step_of(anchor) + 1, None
+                    continue
+            killed = workers[kill.rank]
+            os.kill(killed, signal.SIGKILL)
+            for pid in workers:
+                if pid != killed:
+                    os.kill(pid, signal.SIGCONT)  # torchrun ends it once it sees the kill
             return workers, anchor
         time.sleep(0.002)
 

@@ -116,4 +116,4 @@ def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
     )
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}")
-    assert_clean_error(result, "FSDP file", "fsdp_")
+    assert_clean_error(result, "fsdp.json", "fsdp_", "distsetup validate")

@@ -29,6 +29,7 @@ class Backend:
         t = cfg.training
         self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
         self.precision, self.lr = t.precision, t.lr
+        self.precision_source = "training.precision"  # the setting a user changes to change it
         self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
@@ -91,10 +92,11 @@ class Backend:
 
     def check_device_support(self) -> None:
         """Refuse, before any process group, a precision this device cannot train in."""
-        if self.device.type == "cuda" and self.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and self.precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
             raise DistsetupError(
-                "training.precision bf16 needs an Ampere or newer GPU, and this one is older.",
-                "set training.precision: fp16 (or fp32).",
+                f"{self.precision_source} asks for bf16, which needs an Ampere or newer GPU; this one is older.",
+                f"set {self.precision_source} to fp16 (DDP, DeepSpeed) or fp32.",
             )
 
     # -- helpers --------------------------------------------------------------------------------------

@@ -16,9 +16,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
-from distsetup.training.world import World, barrier
+from distsetup.training.world import World, barrier, is_lost_contact, last_line
 
 MARKER = "COMPLETE"
 STEP_FOLDER = re.compile(r"step_(\d+)")
@@ -72,7 +73,10 @@ def damage(path: Path, step: int) -> str | None:
         return f"{MARKER} lacks {', '.join(REQUIRED_META)}"
     if meta["step"] != step:
         return f"{MARKER} names step {meta['step']}"
-    for name, size in (meta.get("files") or {}).items():
+    files = meta.get("files") or {}
+    if not isinstance(files, dict):
+        return f"{MARKER}'s files are not a mapping of names to sizes"
+    for name, size in files.items():
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
@@ -148,8 +152,10 @@ def disk_errors(path: Path):
     """A failed write (a full disk, a quota, a folder gone) as one line naming the folder and the free space."""
     try:
         yield
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from C++
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+    except (OSError, RuntimeError, CheckpointException) as e:  # torch.save: RuntimeError; DCP: CheckpointException
+        if is_lost_contact(e):  # DeepSpeed and DCP save through collectives: a peer died, not the disk
+            raise
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else last_line(e)
         raise DistsetupError(
             f"cannot write checkpoint {path}: {reason}; {free_space(path)} free on that disk.",
             "free space there or set training.output_dir to a disk with room; the previous "
@@ -183,10 +189,11 @@ def load_checkpoint(backend, path: Path, world: World) -> dict:
             set_rng_state(torch.load(rng_file, weights_only=False))
     except DistsetupError:
         raise
-    except Exception as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
-        detail = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    except (Exception, CheckpointException) as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
+        if is_lost_contact(e):  # DeepSpeed and DCP load through collectives: a peer died, not the checkpoint
+            raise
         raise DistsetupError(
-            f"cannot load checkpoint {path}: {detail}.",
+            f"cannot load checkpoint {path}: {last_line(e)}.",
             f"move {path} aside to resume from the checkpoint before it, or start afresh with --no_resume.",
         ) from None
     return meta

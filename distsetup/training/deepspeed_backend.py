@@ -7,17 +7,12 @@ from distsetup.errors import DistsetupError
 from distsetup.training import memory
 from distsetup.training.backends import Backend
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.validate import read_json, validate_file
+from distsetup.validate import read_json, refuse_problems
 
 
 def read_ds_file(path: str, world_size: int) -> dict:
     """The DeepSpeed file, refused with its first problem where `distsetup validate` would report any."""
-    _, problems = validate_file(Path(path), "deepspeed", world_size)
-    if problems:
-        raise DistsetupError(
-            f"DeepSpeed file {path}: {problems[0]}",
-            f"`distsetup validate {path} --world_size {world_size}` lists every problem.",
-        )
+    refuse_problems(path, "deepspeed", world_size)
     return read_json(Path(path))
 
 

@@ -19,7 +19,7 @@ from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD
 from distsetup.training.backends import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import apply_activation_checkpointing, layer_modules
-from distsetup.validate import read_json, validate_file
+from distsetup.validate import read_json, refuse_problems
 
 DEFAULTS = {
     "fsdp_sharding_strategy": "FULL_SHARD",
@@ -36,9 +36,7 @@ def read_fsdp_file(path: str | None) -> dict:
     """The FSDP file with defaults filled in; none at all means full shard of each block."""
     if not path:
         return dict(DEFAULTS)
-    _, problems = validate_file(Path(path), "fsdp")
-    if problems:
-        raise DistsetupError(f"FSDP file {path}: {problems[0]}", f"`distsetup validate {path}` lists every problem.")
+    refuse_problems(path, "fsdp")
     raw = read_json(Path(path))
     if raw.get("fsdp_version", 2) != 2:
         raise DistsetupError(
@@ -63,7 +61,7 @@ class FSDPBackend(Backend):
         file_precision = self.fsdp["mixed_precision"]
         if file_precision != "no" and file_precision != self.precision:
             self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
-            self.precision = file_precision
+            self.precision, self.precision_source = file_precision, "the FSDP file's mixed_precision"
         if self.precision == "fp16":
             raise DistsetupError(
                 "FSDP with fp16 needs loss scaling, which distsetup's trainer does not do for FSDP.",

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
+from distsetup.planner import gpt_params
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,7 +103,6 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
     m = cfg.model
     if m.type == "gpt":
         layers = [m.layer_cls] if m.layer_cls else ["Block"]
-        check_fits_in_memory(gpt_parameter_count(m.vocab_size, m.block_size, m.n_layer, m.n_embd))
         return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout), layers
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -132,21 +132,19 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
     return HFCausalLM(hf), layers
 
 
-def gpt_parameter_count(vocab_size: int, block_size: int, n_layer: int, n_embd: int) -> int:
-    """Parameters of GPT(...) above: embeddings and head, then per block attention, MLP and two LayerNorms."""
-    d = n_embd
-    per_block = (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d) + 4 * d
-    return vocab_size * d + block_size * d + n_layer * per_block + 2 * d + d * vocab_size
-
-
-def check_fits_in_memory(parameters: int) -> None:
-    """Every rank builds the whole model in CPU memory first (4 bytes a parameter): refuse one that cannot be
-    built, in one line, rather than a traceback from the allocator or a visit from the OOM killer."""
-    needed, available = 4 * parameters, available_memory()
+def check_model_fits(cfg, processes_per_node: int) -> None:
+    """Every process of a node builds the whole model in CPU memory first (4 bytes a parameter): refuse, before
+    any process group, a built-in GPT that cannot be built, rather than a traceback from the allocator or a
+    visit from the OOM killer. (A Hugging Face model's size is known only once its config is read.)"""
+    m = cfg.model
+    if m.type != "gpt":
+        return
+    parameters = gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd)
+    needed, available = 4 * parameters * processes_per_node, available_memory()
     if needed > available:
         raise DistsetupError(
-            f"the model has {parameters:,} parameters ({needed / 2**30:,.1f} GiB in fp32), more "
-            f"than this machine's {available / 2**30:,.1f} GiB of free memory can build.",
+            f"the model has {parameters:,} parameters: {processes_per_node} process(es) building it need "
+            f"{needed / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB of free memory.",
             "lower model.n_embd, model.n_layer or model.vocab_size.",
         )
 

@@ -3,10 +3,11 @@
 Two runs writing into one folder would resume each other's checkpoints and mix their metrics. The lock is
 an flock, which the kernel drops when its process ends however it ends, so a run killed with -9, preempted
 or crashed leaves nothing stuck; the file keeps the holder's host and pid for the message a second run
-prints. (On network file systems without flock support, each node's kernel still keeps two runs started on
-the same node apart.)
+prints. A file system without flock (Lustre mounted `noflock`, NFS without lockd) cannot be locked: the run
+goes on and says so.
 """
 
+import errno
 import fcntl
 import os
 import socket
@@ -16,12 +17,14 @@ from pathlib import Path
 from distsetup.errors import DistsetupError
 
 LOCK_FILE = ".lock"
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)  # the file system has no flock
 
 
 class OutputDirLock:
     def __init__(self, output_dir: Path):
         self.output_dir = output_dir
         self.fd: int | None = None
+        self.unsupported: str | None = None  # why the folder could not be locked, where it cannot
 
     def acquire(self) -> None:
         """Create the folder and take the lock, or fail in one line naming training.output_dir."""
@@ -42,8 +45,22 @@ class OutputDirLock:
                 f"training.output_dir {self.output_dir} is in use by another run ({holder}).",
                 "wait for that run to end, or give this one its own training.output_dir.",
             )
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode())
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                os.close(fd)
+                raise DistsetupError(
+                    f"training.output_dir {self.output_dir}: cannot lock {LOCK_FILE} ({e.strerror}).",
+                    "set training.output_dir to a folder on a local or shared disk you can write to.",
+                )
+            os.close(fd)  # a file system without locks (Lustre `noflock`, NFS without lockd): run unguarded
+            self.unsupported = f"{self.output_dir} cannot be locked ({e.strerror}): nothing stops a second run there"
+            return
+        try:
+            os.ftruncate(fd, 0)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}".encode())
+        except OSError:
+            pass  # the holder's name is a courtesy to a second run's message; the lock holds without it
         self.fd = fd
 
     def release(self) -> None:

@@ -2,13 +2,17 @@
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from distsetup.errors import DistsetupError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,18 +88,30 @@ LOST_PEER = (
 )
 
 
+def decided_by_rank0(decide: Callable[[], T]) -> T:
+    """Rank 0's answer of `decide()` on every rank (one broadcast); without a process group, the answer here."""
+    if not dist.is_initialized():
+        return decide()
+    answer = [decide() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(answer, src=0)
+    return answer[0]  # type: ignore[return-value]  # rank 0's T, unpickled
+
+
+def last_line(error: BaseException) -> str:
+    """The last line of an error's message (where C++ and DCP errors say what happened), or its type."""
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else type(error).__name__
+
+
 def is_lost_contact(error: BaseException) -> bool:
     """Whether `error` is a collective that failed because another rank stopped, hung or died."""
-    return isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and any(text in str(error) for text in LOST_PEER)
-    )
+    return isinstance(error, dist.DistError) or any(text in str(error) for text in LOST_PEER)
 
 
 def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: int) -> DistsetupError:
     """The one line a rank prints when a collective failed: another rank stopped, hung or died."""
-    detail = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
     return DistsetupError(
-        f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({detail}): "
+        f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({last_line(error)}): "
         "another rank stopped, hung or died.",
         "look at the other ranks' first error; if a step or a checkpoint legitimately takes longer than "
         f"{timeout_minutes} min, raise distributed.timeout_minutes.",
