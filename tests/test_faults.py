@@ -199,7 +199,8 @@ def faulted_run(name: str, config: Path, kills: list[Kill], replay: str) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ddp", "fsdp_full", "zero1", "zero2", "zero3"])
+# ZeRO-1 runs the same DeepSpeed optimizer as ZeRO-2 (stage_1_and_2.py); leaving it out keeps the suite in budget.
+@pytest.mark.parametrize("name", ["ddp", "fsdp_full", "zero2", "zero3"])
 def test_kill_a_random_rank_at_random_moments_then_resume_gives_the_uninterrupted_run(tmp_path, name):
     kills = plan(random.Random(f"{SEED}:{name}"))
     replay = f"seed {SEED}, plan {kills} (replay: FAULT_SEED={SEED} pytest tests/test_faults.py -k {name})"
