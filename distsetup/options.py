@@ -149,5 +149,15 @@ class RenamedOption(click.Option):
 
 
 def renamed(old: str, new: str, **kwargs):
-    """--old as a deprecated spelling of --new (a separate parameter named `old`; the command merges it)."""
+    """--old as a deprecated spelling of --new (a separate parameter named `old`; the command folds it in with
+    `take_renamed`)."""
     return option(old, cls=RenamedOption, new_flag=f"--{new}", **kwargs)
+
+
+def take_renamed(opts: dict, old: str, new: str) -> None:
+    """Fold the value of a renamed option's old spelling into the new one; both given is an error."""
+    value = opts.pop(old)
+    if value and opts[new]:
+        raise DistsetupError(f"--{old} is the old spelling of --{new}; give one of them.", f"use --{new}.")
+    if value:
+        opts[new] = value

@@ -4,10 +4,9 @@ import shlex
 
 import click
 
-from distsetup.errors import DistsetupError
 from distsetup.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.launch_plan import RDZV_BACKENDS, build_launcher_script, launch_warnings
-from distsetup.options import option, renamed
+from distsetup.options import option, renamed, take_renamed
 from distsetup.output import emit
 
 
@@ -46,17 +45,14 @@ Examples:
     show_default=True,
     help="Script to write; '-' prints it.",
 )
-def launcher(output, dry_run, module, **opts):
+def launcher(output, dry_run, **opts):
     """Write a launch script (torchrun, deepspeed or accelerate) for one node of a training world.
 
     It runs distsetup's trainer (python -m distsetup.train) unless --script or --python_module names your own,
     and works from any folder: it first enters the folder it was written in, which relative paths refer to.
     """
-    if module and opts["python_module"]:
-        raise DistsetupError(
-            "--module is the old spelling of --python_module; give one of them.", "use --python_module."
-        )
-    spec, notes = launch_spec_from_options({**opts, "python_module": opts["python_module"] or module})
+    take_renamed(opts, "module", "python_module")
+    spec, notes = launch_spec_from_options(opts)
     text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     run_command = f"bash {shlex.quote(str(output))}"
     remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in launch_warnings(spec, run_command)]

@@ -9,7 +9,7 @@ import click
 from distsetup.errors import DistsetupError
 from distsetup.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
 from distsetup.launch_plan import launch_warnings, parse_env_pairs
-from distsetup.options import option, positive, renamed
+from distsetup.options import option, positive, renamed, take_renamed
 from distsetup.output import emit
 from distsetup.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
@@ -110,8 +110,8 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
         raise DistsetupError(
             "distsetup slurm needs a number for --num_gpus_per_node, not auto.", "e.g. --num_gpus_per_node 8."
         )
-    if o["module"] and o["env_module"]:
-        raise DistsetupError("--module is the old spelling of --env_module; give one of them.", "use --env_module.")
+    o = dict(o)
+    take_renamed(o, "module", "env_module")
     launch_opts = dict(o, env_pairs=parse_env_pairs(o["env"]))
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
     launch, notes = launch_spec_from_options(launch_opts, slurm=True)
@@ -134,7 +134,7 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
         mail_user=o["mail_user"],
         mail_type=o["mail_type"],
         extra_sbatch=parse_sbatch_pairs(o["sbatch"]),
-        modules=tuple(o["env_module"] or o["module"]),
+        modules=tuple(o["env_module"]),
         conda_env=o["conda_env"],
         venv=o["venv"],
         requeue=o["requeue"],
