@@ -65,7 +65,7 @@ bench-gpu: venv
 	cd benchmarks && ../$(PY) gpu_throughput.py
 
 schemas: venv
-	$(PY) -m distsetup.runconfig > distsetup/schemas/run_config.schema.json
+	$(PY) -m distsetup.formats.runconfig > distsetup/formats/schemas/run_config.schema.json
 
 presets: venv
 	for p in zero0 zero1 zero2 zero2_offload zero3 zero3_offload; do \

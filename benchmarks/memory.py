@@ -79,9 +79,9 @@ def main():
     parser.add_argument("--n_layer", type=int, default=4)
     parser.add_argument("--n_embd", type=int, default=128)
     a = parser.parse_args()
-    from distsetup.commands.plan import count_on_meta
-    from distsetup.planner import BY_KEY, Hardware, model_states
-    from distsetup.runconfig import load_run_config
+    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.formats.runconfig import load_run_config
+    from distsetup.planning.planner import BY_KEY, Hardware, model_states
 
     overrides = [
         f"model.n_layer={a.n_layer}",

@@ -1,3 +1,3 @@
-from distsetup.cli import main
+from distsetup.cli.main import main
 
 main()

@@ -1,5 +1,5 @@
 """The one error type users can cause, said in one line with the fix. It knows nothing of Click: the CLI
-(distsetup/cli.py) and the trainer (distsetup/train.py) each turn it into their one line and exit status."""
+(distsetup/cli/main.py) and the trainer (distsetup/train.py) each turn it into their one line and exit status."""
 
 
 class DistsetupError(Exception):

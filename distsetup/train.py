@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
-from distsetup.lr_scaling import scaled_lr
-from distsetup.runconfig import load_run_config, resolve_config_path
+from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.formats.runconfig import load_run_config, resolve_config_path
 
 PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script requeues on
 
@@ -142,7 +142,7 @@ def train(cfg, args) -> int:
     backend = make_backend(backend_name, cfg, world, device)
     backend.check_device_support()
     global_batch = backend.micro_batch * backend.accumulation * world.size
-    lr_scaled = t.scale_lr != "none" and "optimizer" not in getattr(backend, "ds_config", {})  # else the file's lr
+    lr_scaled = t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
     if lr_scaled:
         backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
     check_model_fits(cfg, world.local_size)

@@ -1,7 +1,7 @@
 import pytest
 
-from distsetup.batch import resolve_batch, world_size_from
 from distsetup.errors import DistsetupError
+from distsetup.formats.batch import resolve_batch, world_size_from
 
 
 @pytest.mark.parametrize(
@@ -16,7 +16,8 @@ def test_any_two_batch_values_give_the_third(micro, accumulation, train, world):
 
 def test_inconsistent_trio_shows_the_arithmetic():
     with pytest.raises(
-        DistsetupError, match=r"4 x gradient_accumulation 2 x world_size 4 = 32, not train_batch_size 30"
+        DistsetupError,
+        match=r"--train_batch_size 30 != --micro_batch_size 4 x --gradient_accumulation_steps 2 x world size 4 = 32",
     ):
         resolve_batch(4, 2, 30, 4)
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from distsetup.cli import COMMANDS, cli
-from distsetup.output import write_atomic
+from distsetup.cli.main import COMMANDS, cli
+from distsetup.cli.output import write_atomic
 from tests.conftest import REPO, run_subprocess_cli
 
 # One real invocation per generating command, run in a fresh interpreter to watch sys.modules.
@@ -40,7 +40,7 @@ GENERATING_COMMANDS = [
 def test_generating_never_imports_torch_or_deepspeed(args):
     # ...nor jsonschema, which only explains files that fast_schema.conforms did not accept.
     code = (
-        "import sys\nfrom distsetup.cli import cli\n"
+        "import sys\nfrom distsetup.cli.main import cli\n"
         f"try:\n    cli({args!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
         "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'jsonschema')\n"
         "               if m in sys.modules)\n"

@@ -1,5 +1,6 @@
 """`distsetup deepspeed`: the output is what DeepSpeed's own DeepSpeedConfig accepts, for any flags."""
 
+import itertools
 import json
 from unittest import mock
 
@@ -7,10 +8,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distsetup.checks import auto_paths, deepspeed_problems
-from distsetup.deepspeed_config import PRESETS
-from distsetup.fast_schema import conforms
-from distsetup.problems import load_schema
+from distsetup.errors import DistsetupError
+from distsetup.formats.batch import BatchMismatch
+from distsetup.formats.deepspeed import (
+    PRESETS,
+    STAGES,
+    DeepSpeedSpec,
+    auto_paths,
+    batch_of,
+    check_spec,
+    deepspeed_problems,
+)
+from distsetup.formats.fast_schema import conforms
+from distsetup.formats.problems import load_schema
 from tests.conftest import REPO
 
 deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
@@ -151,7 +161,7 @@ def test_fp16_gets_dynamic_loss_scaling(run_cli):
                 "--world_size",
                 "4",
             ],
-            "= 32, not train_batch_size 30",
+            "--train_batch_size 30 != --micro_batch_size 4",
         ),
         (["--zero_stage", "7"], "--zero_stage"),
     ],
@@ -262,3 +272,56 @@ def test_hf_auto_values_are_exactly_the_ones_the_hf_trainer_fills(run_cli, tmp_p
 def test_without_hf_auto_no_value_is_auto(run_cli):
     _, config = invoke(run_cli, "--zero_stage", "3", "--scheduler", "WarmupLR")
     assert auto_paths(config) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_batch_identity_is_deepspeeds_own(world_size):
+    """complete_batch (the trainer, `validate --world_size`) derives what DeepSpeed derives from a file, and
+    refuses exactly the files DeepSpeed refuses."""
+    values = (None, 1, 2, 3, 4, 6, 12)
+    outcomes = set()
+    for micro, accumulation, train in itertools.product(values, values, values):
+        if micro is None and train is None:
+            continue  # the schema's problem, before any arithmetic
+        config = {
+            key: value
+            for key, value in (
+                ("train_micro_batch_size_per_gpu", micro),
+                ("gradient_accumulation_steps", accumulation),
+                ("train_batch_size", train),
+            )
+            if value is not None
+        }
+        try:
+            theirs = deepspeed_accepts(config, world_size)
+        except (AssertionError, ValueError):
+            with pytest.raises(BatchMismatch):
+                batch_of(config, world_size)
+            outcomes.add("refused")
+            continue
+        outcomes.add("accepted")
+        ours = batch_of(config, world_size)
+        assert (ours.micro, ours.accumulation, ours.train_batch) == (
+            theirs.train_micro_batch_size_per_gpu,
+            theirs.gradient_accumulation_steps,
+            theirs.train_batch_size,
+        ), config
+    assert outcomes == {"accepted", "refused"}
+
+
+@pytest.mark.parametrize("option", sorted(STAGES))
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_stage_rules_are_one_rule_for_flags_and_files(option, stage):
+    """`distsetup deepspeed` refuses an option at a ZeRO stage exactly where `validate` flags it in a file."""
+    value = {"offload_optimizer": "cpu", "offload_param": "cpu"}.get(option, True if "comm" in option else 1000)
+    if option.startswith("stage3_gather") or option == "contiguous_gradients":
+        value = True
+    try:
+        check_spec(DeepSpeedSpec(zero_stage=stage, **{option: value}))
+        refused = False
+    except DistsetupError:
+        refused = True
+    in_file = {"device": value} if option.startswith("offload_") else value
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage, option: in_file}}
+    flagged = [p.path for p in deepspeed_problems(config)] == [f"zero_optimization.{option}"]
+    assert refused == flagged == (stage not in STAGES[option])

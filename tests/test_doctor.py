@@ -5,7 +5,7 @@ import platform
 
 import pytest
 
-from distsetup.commands.doctor import FAIL, slurm_findings
+from distsetup.cli.commands.doctor import FAIL, slurm_findings
 from tests.conftest import REPO, run_subprocess_cli
 
 

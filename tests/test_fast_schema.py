@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsetup.fast_schema import conforms
-from distsetup.problems import load_schema, schema_problems
-from distsetup.runconfig import parse_yaml
+from distsetup.formats.fast_schema import conforms
+from distsetup.formats.problems import load_schema, schema_problems
+from distsetup.formats.reading import parse_yaml
 from tests.conftest import REPO
 
 SCHEMAS = ["deepspeed", "fsdp", "run_config"]

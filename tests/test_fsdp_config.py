@@ -1,9 +1,18 @@
+import dataclasses
 import json
 
 import pytest
 
-from distsetup.checks import fsdp_problems
-from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD, SHARDING_STRATEGIES
+from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import (
+    KEYS,
+    RESHARDS_AFTER_FORWARD,
+    SHARDING_STRATEGIES,
+    FsdpSpec,
+    build_fsdp_config,
+    check_fsdp_spec,
+    fsdp_problems,
+)
 
 
 def fsdp(run_cli, *args):
@@ -79,7 +88,7 @@ def test_size_based_wrap(run_cli):
         (["--buffer_dtype", "float32", "--mixed_precision", "BFLOAT16"], "--buffer_dtype means nothing"),
         (["--auto_wrap_policy", "SIZE_BASED_WRAP"], "needs --min_num_params"),
         (["--auto_wrap_policy", "NO_WRAP", "--transformer_layer_cls_to_wrap", "Block"], "only used with TRANSFORMER"),
-        (["--reduce_dtype", "bfloat16"], "need --mixed_precision"),
+        (["--reduce_dtype", "bfloat16"], "means nothing without --mixed_precision"),
         (["--sharding_strategy", "ZERO3"], "--sharding_strategy"),
     ],
 )
@@ -95,3 +104,62 @@ def test_fsdp2_strategies_accelerate_reads_differently_are_flagged(run_cli, stra
     result = run_cli("fsdp", "--sharding_strategy", strategy)
     assert result.exit_code == 0 and "Warning:" in result.stderr and "Accelerate" in result.stderr
     assert "Warning" not in run_cli("fsdp", "--sharding_strategy", "FULL_SHARD").stderr
+
+
+SPECS = [
+    FsdpSpec(transformer_layer_cls_to_wrap=("Block",)),
+    FsdpSpec(
+        transformer_layer_cls_to_wrap=("Block", "Embedding"),
+        sharding_strategy="SHARD_GRAD_OP",
+        mixed_precision="BFLOAT16",
+        reduce_dtype="bfloat16",
+        cpu_offload=True,
+    ),
+    FsdpSpec(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1000, state_dict_type="FULL_STATE_DICT"),
+    FsdpSpec(
+        fsdp_version=1,
+        auto_wrap_policy="NO_WRAP",
+        backward_prefetch="BACKWARD_POST",
+        buffer_dtype="float16",
+        mixed_precision="FLOAT16",
+        cpu_ram_efficient_loading=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_written_file_reads_back_as_the_spec_it_was_written_from(spec):
+    """FsdpSpec is the file's one model: written, read back (as the trainer and doctor read it), written again."""
+    config = build_fsdp_config(spec)
+    assert fsdp_problems(config) == []
+    read = FsdpSpec.from_dict(config)
+    assert build_fsdp_config(read) == config
+    assert read.precision == {"no": "fp32", "FLOAT16": "fp16", "BFLOAT16": "bf16"}[spec.mixed_precision]
+    assert read.reshards_after_forward == RESHARDS_AFTER_FORWARD[spec.sharding_strategy]
+
+
+@pytest.mark.parametrize(
+    "changes, option",
+    [
+        ({"fsdp_version": 2, "use_orig_params": True}, "use_orig_params"),
+        ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, "min_num_params"),
+        ({"auto_wrap_policy": "NO_WRAP", "min_num_params": 10}, "min_num_params"),
+        ({"reduce_dtype": "float32"}, "reduce_dtype"),
+        ({"fsdp_version": 1, "cpu_ram_efficient_loading": True, "sync_module_states": False}, "sync_module_states"),
+    ],
+)
+def test_the_rules_are_one_rule_for_flags_and_files(changes, option):
+    """What `distsetup fsdp` refuses in flags, `validate` reports in a file's keys, from the same rule."""
+    spec = FsdpSpec(**{"transformer_layer_cls_to_wrap": ("Block",), **changes})
+    if changes.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
+        spec = dataclasses.replace(spec, transformer_layer_cls_to_wrap=())
+    with pytest.raises(DistsetupError, match=f"--{option}"):
+        check_fsdp_spec(spec)
+    config = {**build_fsdp_config(dataclasses.replace(spec, **{option: None})), **_file_values(spec, option)}
+    assert KEYS[option] in [p.path for p in fsdp_problems(config)]
+
+
+def _file_values(spec: FsdpSpec, option: str) -> dict:
+    """The file's key and value for `option` of `spec` (the one build_fsdp_config may leave out)."""
+    value = getattr(spec, option)
+    return {} if value is None else {KEYS[option]: value}

@@ -13,15 +13,15 @@ import pytest
 from launch_inputs import DS_CONFIG
 from shell_checks import fake_tools, run_script
 
-from distsetup.cli import COMMANDS, cli
+from distsetup.cli.main import COMMANDS, cli
+from distsetup.cli.options import Checked
+from distsetup.cli.output import json_text, write_atomic
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import LaunchSpec, launch_context
-from distsetup.options import Checked
-from distsetup.output import json_text, write_atomic
-from distsetup.problems import MAX_CONFIG_BYTES, MAX_DEPTH
-from distsetup.runconfig import load_run_config, parse_yaml, read_yaml
-from distsetup.sbatch import SlurmSpec, build_slurm_script
-from distsetup.validate import validate_file
+from distsetup.formats.reading import MAX_CONFIG_BYTES, MAX_DEPTH, parse_yaml, read_yaml
+from distsetup.formats.runconfig import load_run_config
+from distsetup.formats.validate import validate_file
+from distsetup.scripts.launch_plan import LaunchSpec, launch_context
+from distsetup.scripts.sbatch import SlurmSpec, build_slurm_script
 from tests.conftest import REPO
 
 RUN_CONFIG = "training: {micro_batch_size: 4}\ndistributed: {backend: ddp}\n"

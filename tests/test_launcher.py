@@ -14,7 +14,7 @@ from launch_inputs import DS_CONFIG, FSDP_CONFIG, WEIRD
 from shell_checks import fake_tools, run_script, shellcheck
 
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, parse_gpus
+from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, parse_gpus
 
 
 def build(**kwargs) -> str:
@@ -439,7 +439,10 @@ def test_flags_override_the_configs_backend(run_cli, project):
         (["--num_nodes", "0"], "--num_nodes 0 must be at least 1"),
         (["--num_gpus_per_node", "0"], "--num_gpus_per_node 0 must be at least 1"),
         (["--num_nodes", "2", "--node_rank", "2"], "--node_rank 2 is out of range for --num_nodes 2"),
-        (["--num_gpus_per_node", "3"], "8 != micro 4 x accumulation 1 x world size 3 = 12"),
+        (
+            ["--num_gpus_per_node", "3"],
+            "8 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1 x world size 3 = 12",
+        ),
         (["--num_nodes", "2", "--num_gpus_per_node", "2", "--master_addr", "h0"], "world size 4 = 16"),
         (["--use_deepspeed", "--use_fsdp"], "mutually exclusive"),
         (["--gpus", "0,x"], "is not a list of GPU indices"),
@@ -458,9 +461,9 @@ def test_bad_input_is_an_error_and_writes_nothing(run_cli, project, args, messag
 
 
 def test_gpus_auto_uses_distsetup_gpus(run_cli, project, monkeypatch):
-    import distsetup.gpus
+    import distsetup.planning.gpus
 
-    monkeypatch.setattr(distsetup.gpus, "select_gpus", lambda count, **kw: [3, 1][:count])
+    monkeypatch.setattr(distsetup.planning.gpus, "select_gpus", lambda count, **kw: [3, 1][:count])
     result = run_cli("launcher", "--use_fsdp", "--gpus", "auto:2", "-o", "-")
     assert result.exit_code == 0, result.output
     assert "export CUDA_VISIBLE_DEVICES=3,1" in result.stdout and "NPROC_PER_NODE=2" in result.stdout
@@ -594,7 +597,7 @@ def test_several_nodes_without_master_addr_read_it_at_run_time(run_cli, project)
 
 def test_command_does_not_import_torch():
     code = (
-        "import sys; from distsetup.cli import cli; "
+        "import sys; from distsetup.cli.main import cli; "
         "cli(['launcher', '--num_gpus_per_node', '2', '-o', '-'], standalone_mode=False); "
         "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules"
     )
@@ -621,7 +624,7 @@ def test_relative_paths_hold_when_the_script_runs_from_another_folder(run_cli, p
 
 def test_workdir_keeps_the_shells_spelling_of_this_folder(run_cli, tmp_path, monkeypatch):
     """$PWD (symbolic links kept, as users see the folder) when it is this folder, else the resolved one."""
-    from distsetup.launch_options import working_folder
+    from distsetup.cli.launch_options import working_folder
 
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")

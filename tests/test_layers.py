@@ -1,15 +1,19 @@
 """The package's layers import downward only, and every module imports alone (pip-tools'
 test_circular_imports): a cycle or a layer crossed fails here rather than for a user.
 
-- cli: the Click group and its commands, and the option, writer and launch-option modules they share;
-- training: distsetup.train and distsetup.training (imports torch);
-- core: everything else, the file formats, scripts and planning, which the other two build on.
+From the bottom up:
+- errors: DistsetupError, which every layer raises;
+- formats: the DeepSpeed file, the FSDP file, the run config (read, build, check, write);
+- scripts (launch plan, sbatch, templates) and planning (memory planner, GPUs), side by side;
+- training: distsetup.train, distsetup.preflight and distsetup.training (they import torch);
+- cli: the Click group, its commands, and the option, writer and launch-option modules they share.
 
-Core imports neither of the others; training imports nothing of the cli (nor Click); a command imports no
-other command (what two commands share lives in a module of its own).
+A module imports only from its own layer and those below; scripts and planning not from each other;
+nothing but the cli imports Click; a command imports no other command (what two share has a module).
 """
 
 import ast
+import os
 import subprocess
 import sys
 
@@ -18,15 +22,13 @@ import pytest
 from tests.conftest import REPO
 
 PACKAGE = REPO / "distsetup"
-CLI = (
-    "distsetup.cli",
-    "distsetup.__main__",
-    "distsetup.commands",
-    "distsetup.options",
-    "distsetup.output",
-    "distsetup.launch_options",
+LAYERS = (  # bottom first; a layer's groups may not import each other
+    (("distsetup.errors", "distsetup.__init__"),),
+    (("distsetup.formats",),),
+    (("distsetup.scripts",), ("distsetup.planning",)),
+    (("distsetup.train", "distsetup.preflight", "distsetup.training"),),
+    (("distsetup.cli", "distsetup.__main__"),),
 )
-TRAINING = ("distsetup.train", "distsetup.training")
 
 
 def module_names() -> list[str]:
@@ -52,25 +54,34 @@ def imports_of(name: str) -> set[str]:
     return found
 
 
-def in_layer(name: str, layer: tuple[str, ...]) -> bool:
-    return any(name == prefix or name.startswith(prefix + ".") for prefix in layer)
+def in_group(name: str, group: tuple[str, ...]) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in group)
 
 
-def layer_of(name: str) -> str:
-    return "cli" if in_layer(name, CLI) else "training" if in_layer(name, TRAINING) else "core"
+def place_of(name: str) -> tuple[int, int]:
+    """(layer, group) of a module of the package; the package itself (its version) is the bottom."""
+    if name == "distsetup":
+        return (0, 0)
+    for layer, groups in enumerate(LAYERS):
+        for group, prefixes in enumerate(groups):
+            if in_group(name, prefixes):
+                return (layer, group)
+    raise AssertionError(f"{name} is in no layer: add it to LAYERS")
 
 
 def crossings(name: str) -> list[str]:
     """The imports of module `name` that break the layer rules."""
-    ours = {i for i in imports_of(name) if i.startswith("distsetup.") and i in set(module_names())}
-    layer, bad = layer_of(name), []
-    if layer == "core":
-        bad += [i for i in ours if layer_of(i) != "core"]
-    if layer == "training":
-        bad += [i for i in ours if layer_of(i) == "cli"]
+    modules = set(module_names()) | {"distsetup"}
+    ours = {i for i in imports_of(name) if i in modules}
+    (layer, group), bad = place_of(name), []
+    for imported in ours:
+        other_layer, other_group = place_of(imported)
+        if other_layer > layer or (other_layer == layer and other_group != group):
+            bad.append(imported)
+    if layer < len(LAYERS) - 1:
         bad += [i for i in imports_of(name) if i == "click" or i.startswith("click.")]
-    if name.startswith("distsetup.commands."):
-        bad += [i for i in ours if i.startswith("distsetup.commands.")]
+    if name.startswith("distsetup.cli.commands."):
+        bad += [i for i in ours if i.startswith("distsetup.cli.commands.")]
     return sorted(bad)
 
 
@@ -82,12 +93,57 @@ def test_layers_import_downward_only():
 
 def test_the_rules_catch_a_crossing():
     """The check above sees lazy imports, and what it forbids is forbidden."""
-    assert "distsetup.training.model" in imports_of("distsetup.commands.plan")  # imported inside a function
-    assert layer_of("distsetup.validate") == "core" and layer_of("distsetup.launch_options") == "cli"
-    assert layer_of("distsetup.training.world") == layer_of("distsetup.train") == "training"
+    assert "distsetup.training.model" in imports_of("distsetup.cli.commands.plan")  # imported inside a function
+    assert place_of("distsetup.formats.validate") < place_of("distsetup.scripts.sbatch")
+    assert place_of("distsetup.scripts.sbatch")[0] == place_of("distsetup.planning.gpus")[0]
+    assert place_of("distsetup.training.world") == place_of("distsetup.train") < place_of("distsetup.cli.output")
+    assert place_of("distsetup.cli.commands.plan") == place_of("distsetup.cli.launch_options")
 
 
-@pytest.mark.parametrize("name", [n for n in module_names() if n != "distsetup.__main__"])
-def test_each_module_imports_alone(name):
-    result = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+# Each module imported in a child forked from one interpreter that has imported torch (the slow part) and
+# nothing of distsetup: every child starts with no module of ours loaded, as a fresh interpreter would.
+IMPORT_EACH_ALONE = """
+import os, sys, traceback
+import torch  # noqa: F401
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            __import__(name)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    print(name, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+MODULES = [n for n in module_names() if n != "distsetup.__main__"]
+
+
+@pytest.fixture(scope="module")
+def import_results() -> tuple[dict[str, int], str]:
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH_ALONE, *MODULES], capture_output=True, text=True, timeout=300
+    )
+    statuses = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines())
+    return {name: int(status) for name, status in statuses.items()}, result.stderr
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_each_module_imports_alone(name, import_results):
+    statuses, stderr = import_results
+    assert statuses[name] == 0, stderr[-2000:]
+
+
+def test_a_module_that_cannot_import_alone_is_caught(tmp_path):
+    """The forked import sees what a fresh interpreter sees: a circular import fails there."""
+    (tmp_path / "cycle_a.py").write_text("from cycle_b import B\nA = 1\n")
+    (tmp_path / "cycle_b.py").write_text("from cycle_a import A\nB = 2\n")
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH_ALONE, "cycle_a", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.stdout.split() == ["cycle_a", "1", "json", "0"]
+    assert "ImportError" in result.stderr

@@ -41,17 +41,21 @@ def wheel_site(wheel, tmp_path_factory):
 def test_wheel_contains_schemas_and_templates(wheel_site):
     wheel, _ = wheel_site
     names = zipfile.ZipFile(wheel).namelist()
-    assert "distsetup/schemas/deepspeed.schema.json" in names
-    assert "distsetup/schemas/run_config.schema.json" in names
+    assert "distsetup/formats/schemas/deepspeed.schema.json" in names
+    assert "distsetup/formats/schemas/run_config.schema.json" in names
     templates = {n for n in names if n.startswith("distsetup/templates/")}
     shipped = {f"distsetup/templates/{p.name}" for p in (REPO / "templates").glob("*.j2")}
     assert shipped <= templates
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "distsetup").rglob("*.py")}
+    assert modules - set(names) == set()  # every sub-package listed in setup.cfg
 
 
 def test_installed_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
     _, site = wheel_site
     env = {**os.environ, "PYTHONPATH": str(site)}
-    code = "import distsetup, distsetup.templating as t, sys; print(distsetup.__file__); print(t.templates_dir())"
+    code = (
+        "import distsetup, distsetup.scripts.templating as t, sys; print(distsetup.__file__); print(t.templates_dir())"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     module_file, templates = out.stdout.split()
     assert module_file.startswith(str(site)) and templates.startswith(str(site))

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from distsetup.planner import (
+from distsetup.planning.planner import (
     BY_KEY,
     GB,
     STRATEGIES,
@@ -267,7 +267,7 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
 
 def test_plan_never_imports_torch():
     code = (
-        "import sys\nfrom distsetup.cli import cli\n"
+        "import sys\nfrom distsetup.cli.main import cli\n"
         "try:\n    cli(['plan', '--params', '13B', '--num_gpus', '8', '--gpu_memory', '80GB', '--hidden_size', "
         "'5120', '--num_layers', '40', '--vocab_size', '32000'], prog_name='distsetup')\n"
         "except SystemExit as e:\n    code = e.code\n"
@@ -319,7 +319,7 @@ def _train(tmp_path, name, backend, ds_args=None):
         ds = tmp_path / f"{name}.json"
         from click.testing import CliRunner
 
-        from distsetup.cli import cli
+        from distsetup.cli.main import cli
 
         res = CliRunner().invoke(
             cli,
@@ -380,8 +380,8 @@ def test_predicted_model_states_match_train_py(tmp_path, name, backend, ds_args,
     pytest.importorskip("torch")
     summary = _train(tmp_path, name, backend, ds_args)
     assert summary["world_size"] == 2 and summary["precision"] == "fp32"
-    from distsetup.commands.plan import count_on_meta
-    from distsetup.runconfig import load_run_config
+    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.formats.runconfig import load_run_config
 
     cfg_path = tmp_path / "shape.yaml"
     cfg_path.write_text(json.dumps({"model": TINY}))
@@ -406,8 +406,8 @@ def test_predicted_model_states_match_train_py(tmp_path, name, backend, ds_args,
 
 def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
     pytest.importorskip("transformers")
-    from distsetup.commands.plan import count_on_meta, hf_shape_from_json
-    from distsetup.runconfig import load_run_config
+    from distsetup.cli.commands.plan import count_on_meta, hf_shape_from_json
+    from distsetup.formats.runconfig import load_run_config
 
     (tmp_path / "config.json").write_text(
         json.dumps(
@@ -470,7 +470,7 @@ def test_deepspeed_scale_lr_needs_base_batch_and_world_size(run_cli):
 
 
 def test_params_alone_assumes_a_published_shape_and_says_so(run_cli):
-    from distsetup.planner import assumed_shape
+    from distsetup.planning.planner import assumed_shape
 
     assert assumed_shape(7_000_000_000)[:2] == (4096, 32)
     assert assumed_shape(120_000_000)[:2] == (768, 12)

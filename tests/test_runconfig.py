@@ -4,8 +4,8 @@ import json
 import pytest
 
 from distsetup.errors import DistsetupError
-from distsetup.problems import load_schema
-from distsetup.runconfig import SECTIONS, RunConfig, load_run_config, run_config_schema
+from distsetup.formats.problems import load_schema
+from distsetup.formats.runconfig import SECTIONS, RunConfig, load_run_config, run_config_schema
 from tests.conftest import REPO
 
 
@@ -86,3 +86,10 @@ def test_explicit_backend_wins_over_the_guides_keys_and_a_mismatch_is_reported(t
     path = write_yaml(tmp_path, "distributed:\n  backend: single\n  use_fsdp: true\n")
     with pytest.raises(DistsetupError, match="use_fsdp is true but backend is single"):
         load_run_config(path)
+
+
+def test_every_backend_a_run_config_names_is_one_the_trainer_has():
+    from distsetup.formats.runconfig import BACKENDS
+    from distsetup.training.backends import BACKENDS as TRAINER_BACKENDS
+
+    assert tuple(TRAINER_BACKENDS) == BACKENDS

@@ -16,8 +16,8 @@ from shell_checks import require_tool, shellcheck, srun_program
 from slurm_cluster import LocalSlurm, slurm_available
 
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import EnvSpec, LaunchSpec
-from distsetup.sbatch import (
+from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec
+from distsetup.scripts.sbatch import (
     MANAGED_SBATCH_KEYS,
     SlurmSpec,
     build_slurm_script,
@@ -454,7 +454,7 @@ def test_old_module_flag_still_loads_environment_modules(run_cli, tmp_path, monk
         (["--env", "1X=2"], "not KEY=VALUE"),
         (
             ["--use_deepspeed", "--deepspeed_config", "ds.json", "--num_nodes", "2", "--num_gpus_per_node", "2"],
-            "6 is not divisible by 3 x world size 4",
+            "6 is not divisible by train_micro_batch_size_per_gpu 3 x world size 4",
         ),
     ],
 )

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from distsetup.commands.status import refit_batch
+from distsetup.cli.commands.status import refit_batch
 from distsetup.errors import DistsetupError
-from distsetup.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
+from distsetup.planning.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
 from tests.conftest import REPO, run_subprocess_cli
 
 
@@ -131,7 +131,7 @@ def test_status_without_driver_is_one_line_and_exit_0():
 def test_select_gpus_keeps_the_launchers_signature():
     import inspect
 
-    from distsetup.gpus import select_gpus
+    from distsetup.planning.gpus import select_gpus
 
     params = inspect.signature(select_gpus).parameters
     assert [(n, p.default) for n, p in params.items()] == [

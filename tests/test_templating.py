@@ -3,7 +3,7 @@
 import jinja2
 import pytest
 
-from distsetup import templating
+from distsetup.scripts import templating
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ RUNS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_measured_activation_bytes_match_the_planner(name):
-    from distsetup.commands.plan import count_on_meta
-    from distsetup.planner import Workload, activation_bytes
-    from distsetup.runconfig import load_run_config
+    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.formats.runconfig import load_run_config
+    from distsetup.planning.planner import Workload, activation_bytes
 
     precision, checkpointing = RUNS[name]
     measured = json.loads((feature_run(name) / "summary.json").read_text())["peak_activation_bytes"]

@@ -33,7 +33,9 @@ def test_deepspeed_batch_identity_checked_for_the_real_world_size(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(bad))
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
-    line = assert_clean_error(result, f"train_batch_size: {GLOBAL_BATCH} != micro 8", "world size 1")
+    line = assert_clean_error(
+        result, f"train_batch_size: {GLOBAL_BATCH} != train_micro_batch_size_per_gpu 8", "world size 1"
+    )
     assert "= 8" in line
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
@@ -117,3 +119,16 @@ def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}")
     assert_clean_error(result, "fsdp.json", "fsdp_", "distsetup validate")
+
+
+def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp_path):
+    """Issue 11: when training raised, the progress bar was left open (the error line followed it on its line)
+    and so was the metrics file. Here the checkpoint of step 2 cannot be written: a file is where it goes."""
+    config = write_run_config(tmp_path, "single")
+    checkpoints = tmp_path / "out" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_0000002").write_text("in the way")
+    result = train(config, 1, "training.max_steps=4", "training.checkpoint_interval=2", "training.log_interval=1")
+    assert_clean_error(result, "cannot write checkpoint", "step_0000002")
+    logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2]

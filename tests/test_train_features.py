@@ -189,7 +189,7 @@ def test_throughput_leaves_checkpoint_writes_out():
 
 def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_path):
     """`distsetup deepspeed --scale_lr` scales the file's lr; the trainer scaled it a second time."""
-    from distsetup.runconfig import load_run_config
+    from distsetup.formats.runconfig import load_run_config
     from distsetup.training.deepspeed_backend import DeepSpeedBackend
     from distsetup.training.world import World
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from distsetup.validate import validate_file
+from distsetup.formats.validate import validate_file
 
 GOOD_DS = {
     "train_micro_batch_size_per_gpu": 4,
@@ -46,7 +46,9 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
     assert run_cli("validate", path, "--world_size", "8").exit_code == 0
     result = run_cli("validate", path, "--num_nodes", "2", "--num_gpus_per_node", "8")
     assert result.exit_code == 1
-    assert "64 != micro 4 x accumulation 2 x world size 16 = 128" in result.stdout
+    assert (
+        "64 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 16 = 128" in result.stdout
+    )
 
 
 @pytest.mark.parametrize(

@@ -221,7 +221,7 @@ def cli_file(command: str, *args: str) -> dict:
     """The JSON file `distsetup COMMAND ARGS --output FILE` writes."""
     from click.testing import CliRunner
 
-    from distsetup.cli import cli
+    from distsetup.cli.main import cli
 
     out = Path(tempfile.mkdtemp(dir=SHARED)) / f"{command}.json"
     result = CliRunner().invoke(cli, [command, *args, "--output", str(out)])

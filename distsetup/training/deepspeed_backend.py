@@ -1,42 +1,11 @@
 """DeepSpeed ZeRO 0-3 from a DeepSpeed file; DeepSpeed owns the optimizer step and the checkpoints."""
 
-from pathlib import Path
-
-from distsetup.deepspeed_config import precision_of
 from distsetup.errors import DistsetupError
+from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
+from distsetup.formats.validate import read_valid
 from distsetup.training import memory
-from distsetup.training.backends import Backend
+from distsetup.training.backend import Backend
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.validate import read_json, refuse_problems
-
-
-def read_ds_file(path: str, world_size: int) -> dict:
-    """The DeepSpeed file, refused with its first problem where `distsetup validate` would report any."""
-    refuse_problems(path, "deepspeed", world_size)
-    return read_json(Path(path))
-
-
-def resolve_batch(config: dict, world_size: int, path: str) -> tuple[int, int, int]:
-    """(micro, accumulation, train_batch) for this world size; the identity must hold, as DeepSpeed asserts."""
-    micro = config.get("train_micro_batch_size_per_gpu")
-    accumulation = config.get("gradient_accumulation_steps")
-    total = config.get("train_batch_size")
-    if micro is None:
-        if total is None:
-            raise DistsetupError(
-                f"{path} sets neither train_micro_batch_size_per_gpu nor train_batch_size.",
-                "set train_micro_batch_size_per_gpu.",
-            )
-        accumulation = accumulation or 1
-        micro = total // (accumulation * world_size)
-    accumulation = accumulation or (total // (micro * world_size) if total else 1)
-    if micro < 1 or accumulation < 1 or (total is not None and micro * accumulation * world_size != total):
-        raise DistsetupError(
-            f"{path}: train_batch_size {total} != micro batch {micro} x accumulation {accumulation} x world size "
-            f"{world_size} = {micro * accumulation * world_size}.",
-            f"regenerate it with `distsetup deepspeed --world_size {world_size} ...` or drop train_batch_size.",
-        )
-    return micro, accumulation, micro * accumulation * world_size
 
 
 class DeepSpeedBackend(Backend):
@@ -44,9 +13,10 @@ class DeepSpeedBackend(Backend):
 
     def __init__(self, cfg, world, device):
         super().__init__(cfg, world, device)
-        path = cfg.distributed.deepspeed_config
-        self.ds_config = read_ds_file(path, world.size)
-        micro, accumulation, total = resolve_batch(self.ds_config, world.size, path)
+        # refused where `distsetup validate --world_size N` finds a problem, so the batch identity holds
+        self.ds_config = read_valid(cfg.distributed.deepspeed_config, "deepspeed", world.size)
+        batch = batch_of(self.ds_config, world.size)
+        micro, accumulation, total = batch.micro, batch.accumulation, batch.train_batch
         t = cfg.training
         if (micro, accumulation) != (t.micro_batch_size, t.gradient_accumulation_steps):
             self.notes.append(
@@ -57,9 +27,8 @@ class DeepSpeedBackend(Backend):
         self.ds_config.update(
             train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation, train_batch_size=total
         )
-        zero = self.ds_config.get("zero_optimization", {})
-        self.zero_stage = int(zero.get("stage", 0))
-        self.offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
+        self.zero_stage = zero_stage_of(self.ds_config)
+        self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
         precision = precision_of(self.ds_config)
         if precision != self.precision:
             self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
@@ -70,6 +39,7 @@ class DeepSpeedBackend(Backend):
         block = self.ds_config.get("optimizer")
         if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
             self.lr = block.setdefault("params", {}).setdefault("lr", t.lr)
+            self.lr_from_file = True
             self.notes.append(f"optimizer {block.get('type')} (lr {self.lr}) from the DeepSpeed file")
             if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
                 self.notes.append(

@@ -1,7 +1,5 @@
 """FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
 
-from pathlib import Path
-
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -15,40 +13,24 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
-from distsetup.fsdp_config import RESHARDS_AFTER_FORWARD
-from distsetup.training.backends import DTYPES, Backend
+from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.validate import read_valid
+from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import apply_activation_checkpointing, layer_modules
-from distsetup.validate import read_json, refuse_problems
-
-DEFAULTS = {
-    "fsdp_sharding_strategy": "FULL_SHARD",
-    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-    "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-    "fsdp_offload_params": False,
-    "fsdp_activation_checkpointing": False,
-    "mixed_precision": "no",
-}
-REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def read_fsdp_file(path: str | None) -> dict:
-    """The FSDP file with defaults filled in; none at all means full shard of each block."""
+def read_fsdp_file(path: str | None) -> FsdpSpec:
+    """The FSDP file as a spec (the defaults for what it leaves out); none at all: full shard of each block."""
     if not path:
-        return dict(DEFAULTS)
-    refuse_problems(path, "fsdp")
-    raw = read_json(Path(path))
-    if raw.get("fsdp_version", 2) != 2:
+        return FsdpSpec()
+    spec = FsdpSpec.from_dict(read_valid(path, "fsdp"))
+    if spec.fsdp_version != 2:
         raise DistsetupError(
             f"{path} is an FSDP1 file; distsetup's trainer runs FSDP2 (fully_shard).",
             "regenerate it with `distsetup fsdp --fsdp_version 2`.",
         )
-    strategy = raw.get("fsdp_sharding_strategy", "FULL_SHARD")
-    if strategy not in RESHARDS_AFTER_FORWARD:
-        raise DistsetupError(
-            f"{path}: unknown fsdp_sharding_strategy {strategy}.", f"use one of {', '.join(RESHARDS_AFTER_FORWARD)}."
-        )
-    return {**DEFAULTS, **raw}
+    return spec
 
 
 class FSDPBackend(Backend):
@@ -57,9 +39,9 @@ class FSDPBackend(Backend):
     def __init__(self, cfg, world, device):
         super().__init__(cfg, world, device)
         self.fsdp = read_fsdp_file(cfg.distributed.fsdp_config)
-        self.strategy = self.fsdp["fsdp_sharding_strategy"]
-        file_precision = self.fsdp["mixed_precision"]
-        if file_precision != "no" and file_precision != self.precision:
+        self.strategy = self.fsdp.sharding_strategy
+        file_precision = self.fsdp.precision
+        if file_precision != "fp32" and file_precision != self.precision:
             self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
             self.precision, self.precision_source = file_precision, "the FSDP file's mixed_precision"
         if self.precision == "fp16":
@@ -67,7 +49,7 @@ class FSDPBackend(Backend):
                 "FSDP with fp16 needs loss scaling, which distsetup's trainer does not do for FSDP.",
                 "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.",
             )
-        self.full_state_dict = self.fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
         self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
         if len(self.mesh_shape) == 2:
             self.notes.append(
@@ -77,13 +59,13 @@ class FSDPBackend(Backend):
     def wrap(self, model, blocks):
         model = model.to(self.device)
         units = self._units(model, blocks)
-        if self.fsdp["fsdp_activation_checkpointing"] or self.cfg.training.activation_checkpointing:
+        if self.fsdp.activation_checkpointing or self.cfg.training.activation_checkpointing:
             apply_activation_checkpointing(model, blocks)  # the blocks, whatever the wrapping policy
             wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
             units = [wrapped.get(id(u), u) for u in units]
         kwargs = {
             "mesh": self._mesh(),
-            "reshard_after_forward": self.fsdp.get("fsdp_reshard_after_forward", RESHARDS_AFTER_FORWARD[self.strategy]),
+            "reshard_after_forward": self.fsdp.reshards_after_forward,
             "mp_policy": self._mixed_precision(),
             "offload_policy": self._offload(),
         }
@@ -95,13 +77,13 @@ class FSDPBackend(Backend):
         self._build_optimizer(model)
 
     def _units(self, model, blocks):
-        policy = self.fsdp["fsdp_auto_wrap_policy"]
+        policy = self.fsdp.auto_wrap_policy
         if policy == "NO_WRAP":
             return []
         if policy == "SIZE_BASED_WRAP":
-            return _size_based_units(model, int(self.fsdp.get("fsdp_min_num_params") or 1e8))
-        names = self.fsdp.get("fsdp_transformer_layer_cls_to_wrap")
-        return layer_modules(model, names.split(",")) if names else blocks
+            return _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
+        names = self.fsdp.transformer_layer_cls_to_wrap
+        return layer_modules(model, list(names)) if names else blocks
 
     def _mesh(self):
         if len(self.mesh_shape) == 2:
@@ -111,11 +93,11 @@ class FSDPBackend(Backend):
     def _mixed_precision(self):
         if self.precision == "fp32":
             return MixedPrecisionPolicy()
-        reduce = REDUCE_DTYPES[self.fsdp.get("fsdp_reduce_dtype") or "float32"]
+        reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
         return MixedPrecisionPolicy(param_dtype=DTYPES[self.precision], reduce_dtype=reduce)
 
     def _offload(self):
-        if not self.fsdp["fsdp_offload_params"]:
+        if not self.fsdp.cpu_offload:
             return OffloadPolicy()
         if self.device.type != "cuda":
             self.notes.append("fsdp_offload_params ignored: parameters already live on the CPU")

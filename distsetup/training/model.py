@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
-from distsetup.planner import gpt_params
+from distsetup.planning.planner import gpt_params
 
 
 class CausalSelfAttention(nn.Module):

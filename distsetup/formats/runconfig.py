@@ -1,12 +1,11 @@
 """The run config (config.yaml): one dataclass per section, loaded strictly, checked across fields once.
 
-Each field's metadata also yields the JSON Schema shipped as distsetup/schemas/run_config.schema.json
-(`python -m distsetup.runconfig > distsetup/schemas/run_config.schema.json` regenerates it).
+Each field's metadata also yields the JSON Schema shipped as distsetup/formats/schemas/run_config.schema.json
+(`python -m distsetup.formats.runconfig > distsetup/formats/schemas/run_config.schema.json` regenerates it).
 """
 
 import dataclasses
 import json
-import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,16 +14,9 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
-from distsetup.lr_scaling import RULES
-from distsetup.problems import (
-    Problem,
-    TooComplex,
-    check_size,
-    join_path,
-    read_config_text,
-    schema_problems,
-    too_complex,
-)
+from distsetup.formats.lr_scaling import RULES
+from distsetup.formats.problems import Problem, join_path, schema_problems
+from distsetup.formats.reading import parse_yaml, read_yaml
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -147,53 +139,6 @@ def _json_type(hint) -> dict:
     return {"type": names[hint]}
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string).
-
-    Composed within problems.check_size, an alias counting as every value it stands for: a nesting bomb or
-    an alias bomb ("billion laughs": a few lines that expand to 10^9 values) is refused after at most
-    MAX_VALUES nodes, before anything walks the expanded data; an anchor used inside itself is refused too.
-    """
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._depth = 0
-        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth) with aliases expanded
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            target = self.anchors.get(self.peek_event().anchor)
-            if target is not None and id(target) not in self._sizes:
-                raise TooComplex("uses an anchor inside itself (a recursive alias)")
-            return super().compose_node(parent, index)  # a node composed and measured before
-        self._depth += 1
-        check_size(0, self._depth)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        children = (
-            node.value
-            if isinstance(node, yaml.SequenceNode)
-            else [n for pair in node.value for n in pair]
-            if isinstance(node, yaml.MappingNode)
-            else []
-        )
-        sizes = [self._sizes[id(child)] for child in children]
-        self._sizes[id(node)] = (1 + sum(v for v, _ in sizes), 1 + max((d for _, d in sizes), default=0))
-        check_size(*self._sizes[id(node)])
-        return node
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
-)
-
-
-def parse_yaml(text: str):
-    return yaml.load(text, Loader=_Loader)
-
-
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict."""
     for item in overrides:
@@ -215,24 +160,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
-    return raw
-
-
-def read_yaml(path: Path) -> dict:
-    """A run config file as a dict, read within the limits of problems.read_config_text and _Loader."""
-    text = read_config_text(path, "run config")
-    try:
-        raw = parse_yaml(text) or {}
-    except TooComplex as e:
-        raise too_complex(path, "run config", e)
-    except yaml.YAMLError as e:
-        raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
-    except ValueError as e:  # a date such as 2024-13-45, an integer of more digits than Python converts
-        raise DistsetupError(
-            f"{path} is not valid YAML: {str(e).split(';')[0]}.", "fix the value, or quote it to make it a string."
-        )
-    if not isinstance(raw, dict):
-        raise DistsetupError(f"{path} must hold a mapping of sections.", "start with e.g. 'training:'.")
     return raw
 
 

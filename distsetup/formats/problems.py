@@ -1,97 +1,13 @@
-"""Config files: reading one within limits, and a problem found in it (where it is, what is wrong, the fix)."""
+"""A problem found in a config file (where it is, what is wrong, the fix), and the schema problems of one."""
 
 import difflib
 import json
 import math
-import os
-import stat
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
-from pathlib import Path
 
-from distsetup.errors import DistsetupError
-from distsetup.fast_schema import conforms
-
-# A DeepSpeed file or a run config is a few kB with some dozens of values a few levels deep. Anything far
-# beyond that is not a config (a FIFO, /dev/zero, a nesting or YAML-alias bomb): refused before it can hang
-# a command or eat its memory.
-MAX_CONFIG_BYTES = 2**20
-MAX_DEPTH = 64
-MAX_VALUES = 10_000
-_FILE_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-}
-_NOT_A_CONFIG = "give the config file itself."
-
-
-class TooComplex(ValueError):
-    """Parsed config data nested deeper or holding more values than any config does."""
-
-
-def read_config_text(path: Path, what: str) -> str:
-    """The text of a config file: a regular file of at most MAX_CONFIG_BYTES of UTF-8, else one clear error.
-
-    Opened without blocking and checked on the open file (no stat-then-open race): a FIFO, a device or a
-    directory is refused before a single byte is read, and at most the limit is read from anything.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise DistsetupError(f"cannot read {what} {path}: {e.strerror}.", "check the path.")
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        raise DistsetupError(
-            f"{what} {path} is {_FILE_KINDS.get(kind, 'not a regular file')}, not a file.", _NOT_A_CONFIG
-        )
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as e:
-            raise DistsetupError(f"cannot read {what} {path}: {e.strerror}.", "check the path.")
-    if len(data) > MAX_CONFIG_BYTES:
-        raise DistsetupError(
-            f"{what} {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB, the most a config file may hold.",
-            _NOT_A_CONFIG,
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DistsetupError(f"{what} {path} is not UTF-8 text.", _NOT_A_CONFIG)
-
-
-TOO_DEEP = f"nests deeper than {MAX_DEPTH} levels"
-
-
-def check_size(values: int, depth: int) -> None:
-    """Raise TooComplex for data of more than MAX_VALUES values or MAX_DEPTH levels."""
-    if depth > MAX_DEPTH:
-        raise TooComplex(TOO_DEEP)
-    if values > MAX_VALUES:
-        raise TooComplex(f"holds more than {MAX_VALUES:,} values")
-
-
-def check_shape(data) -> None:
-    """check_size for parsed data (a tree of dicts and lists), walked without recursion."""
-    values, stack = 0, [(data, 1)]
-    while stack:
-        item, depth = stack.pop()
-        values += 1
-        check_size(values, depth)
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children)
-
-
-def too_complex(path: Path, what: str, error: TooComplex) -> DistsetupError:
-    return DistsetupError(
-        f"{what} {path} {error}.",
-        "a config file holds some dozens of settings a few levels deep; give the config file itself.",
-    )
+from distsetup.formats.fast_schema import conforms
 
 
 @dataclass(frozen=True)
@@ -122,8 +38,8 @@ def suggest(word: str, choices) -> str:
 
 @cache
 def load_schema(name: str) -> dict:
-    """A JSON Schema shipped in distsetup/schemas/, e.g. 'deepspeed'."""
-    return json.loads(resources.files("distsetup.schemas").joinpath(f"{name}.schema.json").read_text())
+    """A JSON Schema shipped in distsetup/formats/schemas/, e.g. 'deepspeed'."""
+    return json.loads(resources.files("distsetup.formats.schemas").joinpath(f"{name}.schema.json").read_text())
 
 
 def non_finite_problems(data, path=()) -> list[Problem]:
@@ -171,4 +87,4 @@ def _describe(error) -> tuple[str, str]:
         return f"{value!r} has the wrong type.", f"write a{'n' if expected[0] in 'aeiou' else ''} {expected}."
     if error.validator == "required":
         return error.message + ".", "add it."
-    return error.message + ".", "see the schema in distsetup/schemas/."
+    return error.message + ".", "see the schema in distsetup/formats/schemas/."

@@ -2,9 +2,10 @@
 
 import click
 
-from distsetup.checks import fsdp_problems
+from distsetup.cli.options import option, output_options, switch
+from distsetup.cli.output import emit, json_text
 from distsetup.errors import DistsetupError
-from distsetup.fsdp_config import (
+from distsetup.formats.fsdp import (
     BACKWARD_PREFETCH,
     DTYPES,
     MIXED_PRECISION,
@@ -14,9 +15,8 @@ from distsetup.fsdp_config import (
     FsdpSpec,
     build_fsdp_config,
     check_fsdp_spec,
+    fsdp_problems,
 )
-from distsetup.options import option, output_options, switch
-from distsetup.output import emit, json_text
 
 
 def _class_names(values: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,10 +1,14 @@
-"""Building a DeepSpeed config dict from a frozen spec: pure, no Click, no disk, no DeepSpeed import."""
+"""The DeepSpeed file: built from a frozen spec (`distsetup deepspeed`), read back (the trainer, `doctor`), and
+checked (`validate`) by the same rules: the batch identity, precision, and what each ZeRO stage uses. Pure:
+no Click, no disk, no DeepSpeed import."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from distsetup.batch import BatchSizes
 from distsetup.errors import DistsetupError
+from distsetup.formats.batch import FILE_KEYS, BatchMismatch, BatchSizes, complete_batch
+from distsetup.formats.problems import Problem, join_path, schema_problems
 
 AUTO = "auto"
 DEFAULT_LR = 3e-4
@@ -86,21 +90,44 @@ def warmup_too_long(warmup, total) -> bool:
     return len(steps) == 2 and warmup >= total
 
 
+def stages_using(option: str) -> tuple[int, ...]:
+    """The ZeRO stages at which a zero_optimization option means something (any stage3_* key: stage 3)."""
+    return STAGES.get(option, (3,) if option.startswith("stage3_") else (0, 1, 2, 3))
+
+
 def applies(option: str, stage: int) -> bool:
-    """Whether `option` means something at ZeRO `stage` (options outside STAGES always do)."""
-    return stage in STAGES.get(option, (stage,))
+    """Whether `option` means something at ZeRO `stage`."""
+    return stage in stages_using(option)
+
+
+def unused_at_stage(options: Iterable[str], stage: int) -> list[str]:
+    """The options, of those set, that DeepSpeed ignores silently at ZeRO `stage`."""
+    return [option for option in options if not applies(option, stage)]
+
+
+def stages_text(option: str) -> str:
+    stages = stages_using(option)
+    return "stage 3" if stages == (3,) else "stages " + ", ".join(map(str, stages))
+
+
+def stage_for(option: str) -> int:
+    """The stage to suggest for an option set at a stage that ignores it."""
+    stages = stages_using(option)
+    return 2 if stages == (1, 2) else stages[-1]
+
+
+def needs_nvme_path(device: str | None, nvme_path: str | None) -> bool:
+    return device == "nvme" and not nvme_path
 
 
 def check_spec(spec: DeepSpeedSpec) -> list[str]:
     """Reject combinations DeepSpeed would ignore silently; return warnings for ones it bends."""
-    for option, stages in STAGES.items():
-        if getattr(spec, option) is not None and spec.zero_stage not in stages:
-            where = "stage 3" if stages == (3,) else "stages " + ", ".join(map(str, stages))
-            raise DistsetupError(
-                f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
-                f"at {where} only and ignores it silently otherwise.",
-                f"use --zero_stage {stages[-1] if stages != (1, 2) else 2}, or drop --{option}.",
-            )
+    for option in unused_at_stage([o for o in STAGES if getattr(spec, o) is not None], spec.zero_stage):
+        raise DistsetupError(
+            f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
+            f"at {stages_text(option)} only and ignores it silently otherwise.",
+            f"use --zero_stage {stage_for(option)}, or drop --{option}.",
+        )
     if spec.optimizer.betas and not all(0 <= b < 1 for b in spec.optimizer.betas):
         raise DistsetupError(
             f"--betas {spec.optimizer.betas[0]} {spec.optimizer.betas[1]}: each beta must be in [0, 1).",
@@ -118,7 +145,7 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
             "add --lr with the peak learning rate of your optimizer.",
         )
     nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
-    if nvme and not spec.nvme_path:
+    if any(needs_nvme_path(device, spec.nvme_path) for device in (spec.offload_optimizer, spec.offload_param)):
         raise DistsetupError(
             "offloading to nvme needs --nvme_path.", "add --nvme_path /local/nvme (a fast local disk on every node)."
         )
@@ -156,10 +183,153 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
     return warnings
 
 
+# The file's precision sections; DeepSpeed still reads the old spelling "bfloat16" for "bf16".
+PRECISION_SECTIONS = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def enabled_precisions(config: dict) -> set[str]:
+    """The 16-bit precisions a DeepSpeed file enables (more than one is a problem)."""
+    return {p for key, p in PRECISION_SECTIONS.items() if _section(config, key).get("enabled") is True}
+
+
 def precision_of(config: dict) -> str:
-    """The training precision a DeepSpeed config asks for: bf16, fp16 or fp32."""
-    enabled = lambda key: isinstance(config.get(key), dict) and config[key].get("enabled") is True  # noqa: E731
-    return "bf16" if enabled("bf16") else "fp16" if enabled("fp16") else "fp32"
+    """The training precision a DeepSpeed file asks for: bf16, fp16 or fp32."""
+    enabled = enabled_precisions(config)
+    return "bf16" if "bf16" in enabled else "fp16" if "fp16" in enabled else "fp32"
+
+
+def zero_stage_of(config: dict) -> int:
+    stage = _section(config, "zero_optimization").get("stage", 0)
+    return stage if stage in (0, 1, 2, 3) else 0
+
+
+def offload_device(config: dict, block: str) -> str:
+    """Where zero_optimization.offload_optimizer / offload_param puts its states: none, cpu or nvme."""
+    device = _section(_section(config, "zero_optimization"), block).get("device")
+    return device if device in ("cpu", "nvme") else "none"
+
+
+def batch_of(config: dict, world_size: int) -> BatchSizes:
+    """The batch sizes DeepSpeed derives from the file at `world_size` (BatchMismatch where none fit)."""
+    micro, accumulation, train = (
+        _positive_int(config, key) for key in (FILE_KEYS.micro, FILE_KEYS.accumulation, FILE_KEYS.train)
+    )
+    return complete_batch(micro, accumulation, train, world_size, FILE_KEYS)
+
+
+def auto_paths(data, path=()) -> list[tuple]:
+    """Paths of every "auto" value in a nested dict/list."""
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in auto_paths(v, path + (k,))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in auto_paths(v, path + (i,))]
+    return [path] if data == AUTO else []
+
+
+def without_auto(data):
+    """A copy with "auto" values removed: the HF Trainer fills them, so the schema need not see them."""
+    if isinstance(data, dict):
+        return {k: without_auto(v) for k, v in data.items() if v != AUTO}
+    if isinstance(data, list):
+        return [without_auto(v) for v in data]
+    return data
+
+
+def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = False) -> list[Problem]:
+    """Schema problems, then the rules DeepSpeed itself checks late, silently ignores or bends."""
+    problems = []
+    if not hf:
+        problems += [
+            Problem(
+                join_path(p),
+                '"auto" is only filled in by the Hugging Face Trainer; DeepSpeed '
+                "itself (and distsetup's trainer) cannot use it.",
+                "write a value (`distsetup deepspeed` without "
+                "--hf_auto writes numbers); a file for TrainingArguments(deepspeed=...) passes "
+                "`distsetup validate --hf`.",
+            )
+            for p in auto_paths(config)
+        ]
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
+        problems.append(
+            Problem(
+                "train_micro_batch_size_per_gpu",
+                "neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed refuses to start.",
+                "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps).",
+            )
+        )
+    config = without_auto(config)
+    problems += schema_problems(config, "deepspeed")
+    zero = _section(config, "zero_optimization")
+    stage = zero_stage_of(config)
+    if len(enabled_precisions(config)) > 1:
+        problems.append(
+            Problem(
+                "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
+            )
+        )
+    offloads = ("offload_optimizer", "offload_param")
+    set_keys = [k for k in zero if k != "stage" and (k not in offloads or offload_device(config, k) != "none")]
+    for key in sorted(unused_at_stage(set_keys, stage)):
+        problems.append(
+            Problem(
+                f"zero_optimization.{key}",
+                f"means nothing at ZeRO stage {stage}: DeepSpeed uses it at {stages_text(key)} only and ignores "
+                "it silently otherwise.",
+                f"set zero_optimization.stage to {stage_for(key)}, or remove the key.",
+            )
+        )
+    for block in offloads:
+        offload = _section(zero, block)
+        if needs_nvme_path(offload.get("device"), offload.get("nvme_path")):
+            problems.append(
+                Problem(
+                    f"zero_optimization.{block}.nvme_path",
+                    "device nvme needs nvme_path.",
+                    'add "nvme_path": "/local/nvme" (a fast local disk).',
+                )
+            )
+    schedule = _section(_section(config, "scheduler"), "params")
+    if warmup_too_long(schedule.get("warmup_num_steps"), schedule.get("total_num_steps")):
+        problems.append(
+            Problem(
+                "scheduler.params.warmup_num_steps",
+                f"{schedule['warmup_num_steps']} warmup steps are not fewer than total_num_steps "
+                f"{schedule['total_num_steps']}: the warmup would take the whole run.",
+                "warm up for a small part of the run (e.g. a tenth), or raise total_num_steps.",
+            )
+        )
+    problems += _batch_problems(config, world_size)
+    return problems
+
+
+def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:
+    """The batch identity at `world_size`, where a train batch size is given (else DeepSpeed computes it)."""
+    if world_size is None or _positive_int(config, "train_batch_size") is None:
+        return []
+    try:
+        batch_of(config, world_size)
+    except BatchMismatch as e:
+        return [
+            Problem(
+                "train_batch_size",
+                f"{e.message}.",
+                f"set train_batch_size to {e.fits} (and the other two to match), or drop it and let DeepSpeed "
+                "compute it.",
+            )
+        ]
+    return []
+
+
+def _section(config: dict, key: str) -> dict:
+    """config[key] when it is a dict, else {} (a wrong type is already a schema problem)."""
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _positive_int(config: dict, key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def build_deepspeed_config(spec: DeepSpeedSpec) -> dict:

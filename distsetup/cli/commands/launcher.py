@@ -4,10 +4,10 @@ import shlex
 
 import click
 
-from distsetup.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
-from distsetup.launch_plan import RDZV_BACKENDS, build_launcher_script, launch_warnings
-from distsetup.options import option, renamed, take_renamed
-from distsetup.output import emit
+from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.options import option, renamed, take_renamed
+from distsetup.cli.output import emit
+from distsetup.scripts.launch_plan import RDZV_BACKENDS, build_launcher_script, launch_warnings
 
 
 @click.command(

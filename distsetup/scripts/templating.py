@@ -16,7 +16,7 @@ def templates_dir() -> Path:
     spec = importlib.util.find_spec("distsetup.templates")
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 class CompiledTemplateCache(jinja2.FileSystemBytecodeCache):

@@ -4,10 +4,10 @@ import json
 
 import click
 
+from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
-from distsetup.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
-from distsetup.lr_scaling import scaled_lr
-from distsetup.options import option, positive
+from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.planning.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
 
 
 @click.command(

@@ -40,7 +40,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 
 from distsetup.errors import DistsetupError
-from distsetup.fsdp_config import FLAG_FOR_PRECISION
+from distsetup.formats.fsdp import FLAG_FOR_PRECISION
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}

@@ -14,12 +14,14 @@ from pathlib import Path
 import click
 
 from distsetup import __version__
-from distsetup.batch import world_size_from
-from distsetup.deepspeed_config import precision_of
+from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
-from distsetup.lr_scaling import scaled_lr
-from distsetup.options import option, positive
-from distsetup.validate import read_json, validate_file
+from distsetup.formats.batch import world_size_from
+from distsetup.formats.deepspeed import precision_of
+from distsetup.formats.fsdp import precision_of as fsdp_precision_of
+from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.formats.reading import read_json
+from distsetup.formats.validate import validate_file
 
 OK, WARN, FAIL = "ok", "warning", "problem"
 
@@ -138,7 +140,7 @@ def environment_findings() -> list[Finding]:
         version = _version(dist)
         if version:
             found.append(Finding(OK, dist, version))
-    from distsetup.gpus import NoGpuError, query_gpus
+    from distsetup.planning.gpus import NoGpuError, query_gpus
 
     try:
         gpus = query_gpus()
@@ -217,7 +219,7 @@ def consistency_findings(
         problems = _file_findings(config, "run_config", world)
         found += problems
         if not problems:
-            from distsetup.runconfig import load_run_config, resolve_config_path
+            from distsetup.formats.runconfig import load_run_config, resolve_config_path
 
             cfg = load_run_config(config)
             dist = cfg.distributed
@@ -257,7 +259,7 @@ def consistency_findings(
 def _file_findings(path: Path, kind: str, world: int | None) -> list[Finding]:
     """`distsetup validate`'s problems with one file, as findings; a file it cannot read is one finding."""
     try:
-        _, problems = validate_file(path, kind, world)
+        problems = validate_file(path, kind, world).problems
     except DistsetupError as e:
         return [Finding(FAIL, str(path), e.message)]
     return [Finding(FAIL, str(path), str(p)) for p in problems]
@@ -265,7 +267,7 @@ def _file_findings(path: Path, kind: str, world: int | None) -> list[Finding]:
 
 def _referenced(cfg, kind: str, path: Path, base: Path) -> bool:
     """Whether validate_file(config) already checked `path` as the config's own DeepSpeed/FSDP file."""
-    from distsetup.runconfig import resolve_config_path
+    from distsetup.formats.runconfig import resolve_config_path
 
     value = getattr(cfg.distributed, f"{kind}_config")
     return bool(value) and resolve_config_path(value, base).resolve() == path.resolve()
@@ -317,7 +319,7 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
                 )
             )
     if fsdp is not None and backend == "fsdp":
-        precision = {"bf16": "bf16", "fp16": "fp16"}.get(str(fsdp.get("mixed_precision")), "fp32")
+        precision = fsdp_precision_of(fsdp)
         if precision != t.precision:
             out.append((WARN, f"the FSDP file's mixed_precision means {precision}, the run config says {t.precision}."))
         if (

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import click
 
+from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.options import option, positive, renamed, take_renamed
+from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
-from distsetup.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
-from distsetup.launch_plan import launch_warnings, parse_env_pairs
-from distsetup.options import option, positive, renamed, take_renamed
-from distsetup.output import emit
-from distsetup.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
+from distsetup.scripts.launch_plan import launch_warnings, parse_env_pairs
+from distsetup.scripts.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
 
 @click.command(

@@ -1,4 +1,4 @@
-"""The `distsetup` command group; each subcommand lives in distsetup/commands/ and is imported only
+"""The `distsetup` command group; each subcommand lives in distsetup/cli/commands/ and is imported only
 when it runs (or when help lists it), so every command answers in a blink."""
 
 import importlib
@@ -8,7 +8,7 @@ import click
 from distsetup import __version__
 from distsetup.errors import DistsetupError
 
-# command name -> "module:function" under distsetup.commands
+# command name -> "module:function" under distsetup.cli.commands
 COMMANDS = {
     "deepspeed": "deepspeed:deepspeed",
     "fsdp": "fsdp:fsdp",
@@ -38,7 +38,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(f"distsetup.commands.{module}"), attr)
+        return getattr(importlib.import_module(f"distsetup.cli.commands.{module}"), attr)
 
 
 @click.group(

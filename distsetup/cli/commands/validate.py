@@ -4,10 +4,10 @@ from pathlib import Path
 
 import click
 
-from distsetup.batch import world_size_from
-from distsetup.options import checked, option, world_options
-from distsetup.problems import as_json
-from distsetup.validate import KINDS, validate_file
+from distsetup.cli.options import checked, option, world_options
+from distsetup.formats.batch import world_size_from
+from distsetup.formats.problems import as_json
+from distsetup.formats.validate import KINDS, validate_file
 
 KIND_NAMES = {"deepspeed": "DeepSpeed config", "fsdp": "FSDP config", "run_config": "run config"}
 
@@ -29,7 +29,7 @@ Examples:
 def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per_node, hf, kind, as_json_output):
     """Check FILE against the schema and DeepSpeed's and FSDP's cross-field rules; exit 1 on problems."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
-    kind, problems = validate_file(file, kind, world, hf)
+    kind, problems, _ = validate_file(file, kind, world, hf)
     if as_json_output:
         click.echo(as_json(problems))
     else:

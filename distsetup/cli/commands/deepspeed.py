@@ -5,9 +5,19 @@ from dataclasses import replace
 
 import click
 
-from distsetup.batch import resolve_batch, world_size_from
-from distsetup.checks import deepspeed_problems
-from distsetup.deepspeed_config import (
+from distsetup.cli.options import (
+    batch_options,
+    chosen_precision,
+    option,
+    output_options,
+    positive,
+    switch,
+    world_options,
+)
+from distsetup.cli.output import emit, json_text
+from distsetup.errors import DistsetupError
+from distsetup.formats.batch import resolve_batch, world_size_from
+from distsetup.formats.deepspeed import (
     DEFAULT_LR,
     OPTIMIZERS,
     PRESETS,
@@ -18,11 +28,9 @@ from distsetup.deepspeed_config import (
     applies,
     build_deepspeed_config,
     check_spec,
+    deepspeed_problems,
 )
-from distsetup.errors import DistsetupError
-from distsetup.lr_scaling import scaled_lr
-from distsetup.options import batch_options, chosen_precision, option, output_options, positive, switch, world_options
-from distsetup.output import emit, json_text
+from distsetup.formats.lr_scaling import scaled_lr
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
 BYTES = click.IntRange(min=1)

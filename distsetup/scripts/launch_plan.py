@@ -17,10 +17,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distsetup.batch import check_world_counts
+from distsetup.formats.batch import check_world_counts
 from distsetup.errors import DistsetupError
-from distsetup.runconfig import BACKENDS
-from distsetup.templating import render
+from distsetup.formats.runconfig import BACKENDS
+from distsetup.scripts.templating import render
 
 LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
 RDZV_BACKENDS = ("static", "c10d")

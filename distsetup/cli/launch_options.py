@@ -7,8 +7,12 @@ from pathlib import Path
 
 import click
 
+from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import (
+from distsetup.formats.reading import read_yaml
+from distsetup.formats.runconfig import backend_of, config_problems, resolve_config_path
+from distsetup.formats.validate import read_valid
+from distsetup.scripts.launch_plan import (
     DEFAULT_TRAINER,
     LAUNCH_METHODS,
     NCCL_DEBUG_LEVELS,
@@ -17,9 +21,6 @@ from distsetup.launch_plan import (
     check_launch,
     parse_gpus,
 )
-from distsetup.options import option, positive, stack, switch
-from distsetup.runconfig import backend_of, config_problems, read_yaml, resolve_config_path
-from distsetup.validate import refuse_problems
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
 DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
@@ -162,9 +163,9 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
     # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
     if spec.deepspeed_config:
-        refuse_problems(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
+        read_valid(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
     if spec.fsdp_config:
-        refuse_problems(spec.fsdp_config, "fsdp")
+        read_valid(spec.fsdp_config, "fsdp")
     return spec, notes
 
 
@@ -234,12 +235,12 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
 
 
 def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:
-    """(--gpus as indices, processes per node); auto:N asks distsetup.gpus which GPUs are free now."""
+    """(--gpus as indices, processes per node); auto:N asks distsetup.planning.gpus which GPUs are free now."""
     gpus = None
     if gpus_text:
         parsed = parse_gpus(gpus_text)
         if isinstance(parsed, int):
-            from distsetup.gpus import select_gpus  # lazy: NVML only when asked for
+            from distsetup.planning.gpus import select_gpus  # lazy: NVML only when asked for
 
             parsed = tuple(select_gpus(parsed))
         gpus = parsed

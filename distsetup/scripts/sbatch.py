@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
-from distsetup.launch_plan import LaunchSpec, check_launch, check_text, launch_context, literal_dollars
-from distsetup.templating import render
+from distsetup.scripts.launch_plan import LaunchSpec, check_launch, check_text, launch_context, literal_dollars
+from distsetup.scripts.templating import render
 
 GPU_REQUESTS = ("gres", "gpus-per-node", "none")
 MAIL_TYPES = (

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import click
 
-from distsetup.batch import check_world_counts, resolve_batch
-from distsetup.deepspeed_config import DeepSpeedSpec, build_deepspeed_config, check_spec
+from distsetup.cli.options import chosen_precision, option, positive, switch
+from distsetup.cli.output import json_text, write_atomic
 from distsetup.errors import DistsetupError
-from distsetup.fsdp_config import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
-from distsetup.options import chosen_precision, option, positive, switch
-from distsetup.output import json_text, write_atomic
-from distsetup.planner import (
+from distsetup.formats.batch import check_world_counts, resolve_batch
+from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config, check_spec
+from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
+from distsetup.formats.reading import read_json
+from distsetup.formats.runconfig import MODEL_MAXIMA
+from distsetup.planning.planner import (
     BY_KEY,
     MAX_BATCH,
     Hardware,
@@ -29,8 +31,6 @@ from distsetup.planner import (
     parse_memory,
     plan,
 )
-from distsetup.runconfig import MODEL_MAXIMA
-from distsetup.validate import read_json
 
 COLUMNS = (
     "strategy",
@@ -183,7 +183,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
             {},
             notes,
         )
-    from distsetup.runconfig import load_run_config
+    from distsetup.formats.runconfig import load_run_config
 
     cfg = load_run_config(o["config"])
     shape = shape_from_run_config(cfg)
@@ -301,7 +301,7 @@ def hardware_from_options(o: dict) -> Hardware:
     if o["gpu_memory"]:
         memory = parse_memory(o["gpu_memory"])
     else:
-        from distsetup.gpus import query_gpus
+        from distsetup.planning.gpus import query_gpus
 
         gpus = query_gpus()  # NoGpuError (a DistsetupError) says there is none
         memory = min(g.memory_total for g in gpus)

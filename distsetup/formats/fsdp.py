@@ -1,0 +1,261 @@
+"""The FSDP file (Accelerate's `fsdp_config` key names) as one typed model, FsdpSpec: built from the flags of
+`distsetup fsdp`, read from a file (`FsdpSpec.from_dict`: the trainer, `doctor`), written (`build_fsdp_config`)
+and checked by one set of rules (`violations`), said in flags for the command and in keys for `validate`."""
+
+import dataclasses
+from dataclasses import dataclass
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.problems import Problem, schema_problems
+
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+# Strategies that free parameters after forward (and gather them again for backward).
+RESHARDS_AFTER_FORWARD = {
+    "FULL_SHARD": True,
+    "HYBRID_SHARD": True,
+    "SHARD_GRAD_OP": False,
+    "HYBRID_SHARD_ZERO2": False,
+    "NO_SHARD": False,
+}
+# The training precision, the --mixed_precision value and Accelerate's mixed_precision value of each.
+_PRECISION_NAMES = (("fp32", "no", "no"), ("fp16", "FLOAT16", "fp16"), ("bf16", "BFLOAT16", "bf16"))
+MIXED_PRECISION = {flag: value for _, flag, value in _PRECISION_NAMES}  # --mixed_precision -> the file's value
+FLAG_FOR_PRECISION = {precision: flag for precision, flag, _ in _PRECISION_NAMES}
+PRECISION_OF_FILE = {value: precision for precision, _, value in _PRECISION_NAMES}
+WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+DTYPES = ("float32", "bfloat16", "float16")
+# FSDP1-only knobs: FSDP2 (fully_shard) has no such argument.
+FSDP1_ONLY = {
+    "backward_prefetch": "prefetches one module ahead by itself",
+    "forward_prefetch": "prefetches one module ahead by itself",
+    "use_orig_params": "always keeps the original parameters",
+    "sync_module_states": "loads states with torch.distributed.checkpoint instead",
+    "buffer_dtype": "leaves buffers in their own dtype",
+}
+
+
+@dataclass(frozen=True)
+class FsdpSpec:
+    """Everything `distsetup fsdp` was asked for."""
+
+    fsdp_version: int = 2
+    sharding_strategy: str = "FULL_SHARD"
+    mixed_precision: str = "no"  # no | FLOAT16 | BFLOAT16
+    reduce_dtype: str | None = None
+    buffer_dtype: str | None = None
+    auto_wrap_policy: str = "TRANSFORMER_BASED_WRAP"
+    transformer_layer_cls_to_wrap: tuple[str, ...] = ()
+    min_num_params: int | None = None
+    state_dict_type: str = "SHARDED_STATE_DICT"
+    backward_prefetch: str | None = None
+    forward_prefetch: bool | None = None
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    cpu_ram_efficient_loading: bool = False
+    sync_module_states: bool | None = None
+    use_orig_params: bool | None = None
+    reshard_after_forward: bool | None = None  # None: as the sharding strategy does
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "FsdpSpec":
+        """The spec a file states; what it leaves out takes the defaults above (call fsdp_problems first).
+        A file without fsdp_version is read as FSDP2, the version distsetup writes and its trainer runs."""
+        values = {name: config[key] for name, key in KEYS.items() if key in config}
+        if "mixed_precision" in values:
+            values["mixed_precision"] = FLAG_FOR_PRECISION[PRECISION_OF_FILE[values["mixed_precision"]]]
+        if "transformer_layer_cls_to_wrap" in values:
+            values["transformer_layer_cls_to_wrap"] = tuple(
+                name.strip() for name in values["transformer_layer_cls_to_wrap"].split(",") if name.strip()
+            )
+        return cls(**values)
+
+    @property
+    def precision(self) -> str:
+        """The training precision: fp32, bf16 or fp16."""
+        return PRECISION_OF_FILE[MIXED_PRECISION[self.mixed_precision]]
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return RESHARDS_AFTER_FORWARD.get(self.sharding_strategy, True)
+
+    def given(self) -> set[str]:
+        """The options set to something (for the flags: every option given or defaulted to a value)."""
+        return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
+
+
+# Spec field -> the file's key (Accelerate's name).
+KEYS = {
+    "fsdp_version": "fsdp_version",
+    "sharding_strategy": "fsdp_sharding_strategy",
+    "mixed_precision": "mixed_precision",
+    "reduce_dtype": "fsdp_reduce_dtype",
+    "buffer_dtype": "fsdp_buffer_dtype",
+    "auto_wrap_policy": "fsdp_auto_wrap_policy",
+    "transformer_layer_cls_to_wrap": "fsdp_transformer_layer_cls_to_wrap",
+    "min_num_params": "fsdp_min_num_params",
+    "state_dict_type": "fsdp_state_dict_type",
+    "backward_prefetch": "fsdp_backward_prefetch",
+    "forward_prefetch": "fsdp_forward_prefetch",
+    "cpu_offload": "fsdp_offload_params",
+    "activation_checkpointing": "fsdp_activation_checkpointing",
+    "cpu_ram_efficient_loading": "fsdp_cpu_ram_efficient_loading",
+    "sync_module_states": "fsdp_sync_module_states",
+    "use_orig_params": "fsdp_use_orig_params",
+    "reshard_after_forward": "fsdp_reshard_after_forward",
+}
+
+
+def precision_of(config: dict) -> str:
+    """The training precision an FSDP file asks for (fp32 for a value it should not hold)."""
+    return PRECISION_OF_FILE.get(str(config.get("mixed_precision")), "fp32")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A rule broken: the option to change, and what is wrong and the fix with {option} names and {value}s
+    left to the words of the flags or of the file."""
+
+    option: str
+    message: str
+    fix: str
+
+
+class FlagWords(dict):
+    """{option} -> --option; {BFLOAT16} -> the flag's value."""
+
+    def __missing__(self, name: str) -> str:
+        return name if name.isupper() else f"--{name}"
+
+
+class KeyWords(dict):
+    """{option} -> the file's key; {BFLOAT16} -> the file's value."""
+
+    def __missing__(self, name: str) -> str:
+        return MIXED_PRECISION.get(name, name) if name.isupper() else KEYS[name]
+
+
+def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
+    """Options that mean nothing together or that a client refuses. `given`: the options the user set (a rule
+    about a default applies only where it was chosen)."""
+    found = []
+    if spec.fsdp_version == 2 and "fsdp_version" in given:
+        found += [
+            Violation(
+                name,
+                f"{{{name}}} means nothing with {{fsdp_version}} 2: FSDP2 {why}.",
+                f"remove {{{name}}}, or use {{fsdp_version}} 1.",
+            )
+            for name, why in FSDP1_ONLY.items()
+            if name in given
+        ]
+        if spec.state_dict_type == "LOCAL_STATE_DICT":
+            found.append(
+                Violation("state_dict_type", "LOCAL_STATE_DICT does not exist in FSDP2.", "use SHARDED_STATE_DICT.")
+            )
+    policy = spec.auto_wrap_policy if "auto_wrap_policy" in given else None
+    for option, needed_by, example in (
+        ("transformer_layer_cls_to_wrap", "TRANSFORMER_BASED_WRAP", "LlamaDecoderLayer (Block for the built-in model)"),
+        ("min_num_params", "SIZE_BASED_WRAP", "100000000 (wrap modules of at least that many parameters)"),
+    ):
+        if policy == needed_by and option not in given:
+            found.append(
+                Violation(
+                    option, f"{{auto_wrap_policy}} {needed_by} needs {{{option}}}.", f"add {{{option}}} {example}."
+                )
+            )
+        if policy is not None and policy != needed_by and option in given:
+            found.append(
+                Violation(
+                    option,
+                    f"{{{option}}} is only used with {needed_by}, not {policy}.",
+                    f"remove it, or use {{auto_wrap_policy}} {needed_by}.",
+                )
+            )
+    if spec.mixed_precision == "no":
+        found += [
+            Violation(
+                name,
+                f"{{{name}}} means nothing without {{mixed_precision}}.",
+                "set {mixed_precision} to {BFLOAT16} or {FLOAT16}, or remove it.",
+            )
+            for name in ("reduce_dtype", "buffer_dtype")
+            if name in given
+        ]
+    if spec.fsdp_version == 1 and spec.cpu_ram_efficient_loading and spec.sync_module_states is False:
+        found.append(
+            Violation(
+                "sync_module_states",
+                "{cpu_ram_efficient_loading} with {fsdp_version} 1 needs {sync_module_states}: other ranks start "
+                "from empty weights.",
+                "set {sync_module_states} to true.",
+            )
+        )
+    return found
+
+
+def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
+    """Refuse the first rule the flags break, naming the flag and the fix; return warnings."""
+    for violation in violations(spec, spec.given()):
+        words = FlagWords()
+        raise DistsetupError(violation.message.format_map(words), violation.fix.format_map(words))
+    if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+        return [
+            f"{spec.sharding_strategy} with FSDP2: distsetup's trainer builds the device mesh it needs, but "
+            "Accelerate's FSDP2 reads only fsdp_reshard_after_forward"
+            + (
+                " (false = SHARD_GRAD_OP); use DDP there for no sharding."
+                if spec.sharding_strategy == "NO_SHARD"
+                else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding."
+            )
+        ]
+    return []
+
+
+def build_fsdp_config(spec: FsdpSpec) -> dict:
+    """The FSDP config dict for `spec` (call check_fsdp_spec first)."""
+    config: dict = {
+        "fsdp_version": spec.fsdp_version,
+        "fsdp_sharding_strategy": spec.sharding_strategy,
+    }
+    if spec.fsdp_version == 2:
+        config["fsdp_reshard_after_forward"] = RESHARDS_AFTER_FORWARD[spec.sharding_strategy]
+    config["fsdp_auto_wrap_policy"] = spec.auto_wrap_policy
+    if spec.transformer_layer_cls_to_wrap:
+        config["fsdp_transformer_layer_cls_to_wrap"] = ",".join(spec.transformer_layer_cls_to_wrap)
+    if spec.min_num_params is not None:
+        config["fsdp_min_num_params"] = spec.min_num_params
+    config["fsdp_state_dict_type"] = spec.state_dict_type
+    config["fsdp_offload_params"] = spec.cpu_offload
+    config["fsdp_activation_checkpointing"] = spec.activation_checkpointing
+    config["fsdp_cpu_ram_efficient_loading"] = spec.cpu_ram_efficient_loading
+    if spec.fsdp_version == 1:
+        config["fsdp_backward_prefetch"] = spec.backward_prefetch or "BACKWARD_PRE"
+        config["fsdp_forward_prefetch"] = bool(spec.forward_prefetch)
+        config["fsdp_use_orig_params"] = spec.use_orig_params if spec.use_orig_params is not None else True
+        config["fsdp_sync_module_states"] = (
+            spec.sync_module_states if spec.sync_module_states is not None else spec.cpu_ram_efficient_loading
+        )
+    config["mixed_precision"] = MIXED_PRECISION[spec.mixed_precision]
+    if spec.mixed_precision != "no":
+        config["fsdp_reduce_dtype"] = spec.reduce_dtype or "float32"
+        if spec.fsdp_version == 1:
+            config["fsdp_buffer_dtype"] = spec.buffer_dtype or "float32"
+    return config
+
+
+def fsdp_problems(config: dict) -> list[Problem]:
+    """Schema problems, then every rule the file breaks (the rules `distsetup fsdp` refuses), in its keys."""
+    problems = schema_problems(config, "fsdp")
+    wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
+    readable = {key: value for key, value in config.items() if key not in wrong}
+    words = KeyWords()
+    given = {name for name, key in KEYS.items() if key in readable}
+    return problems + [
+        Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words))
+        for v in violations(FsdpSpec.from_dict(readable), given)
+        if KEYS[v.option] not in wrong  # said once, as the schema says it
+    ]

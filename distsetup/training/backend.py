@@ -1,0 +1,142 @@
+"""The interface every backend implements (wrap, backward, step, save, load, and the bytes they hold), and
+the `single` backend itself: one process holding the whole model. The others subclass it: DDP (ddp.py), FSDP2
+(fsdp.py) and DeepSpeed (deepspeed_backend.py); backends.py picks one by name.
+"""
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from distsetup.errors import DistsetupError
+from distsetup.training import memory
+from distsetup.training.checkpoint import atomic_save
+from distsetup.training.optim import adamw, lambda_scheduler
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Backend:
+    """One process holding the whole model: the interface, and the `single` backend itself."""
+
+    name = "single"
+    zero_stage = None
+
+    def __init__(self, cfg, world, device: torch.device):
+        self.cfg, self.world, self.device = cfg, world, device
+        t = cfg.training
+        self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
+        self.precision, self.lr = t.precision, t.lr
+        self.precision_source = "training.precision"  # the setting a user changes to change it
+        self.lr_from_file = False  # True where a backend file sets the lr (never scaled by training.scale_lr)
+        self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
+        self.memory: dict | None = None
+        self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
+        self._grad_bytes = 0
+
+    # -- the interface -------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
+        self._checkpoint_activations(model, blocks)
+        self.model = model.to(self.device)
+        self._build_optimizer(self.model)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    def backward(self, x, y, last_micro: bool) -> torch.Tensor:
+        """Forward and backward one micro-batch, returning its loss (left on the device: reading it would make
+        the host wait for the device); gradients are synchronised on the last micro-batch only."""
+        with self._sync(last_micro), self._autocast():
+            loss = self._forward(x, y)
+        scaled = loss / self.accumulation
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return loss.detach()
+
+    def step(self) -> None:
+        """Clip, update, advance the schedule, drop the gradients."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.cfg.training.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self._measure_memory()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, path: Path) -> None:
+        """Rank 0 writes the full state in one file, atomically (DDP replicas are identical)."""
+        if self.world.is_main:
+            state = {
+                "model": self._plain_model().state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+            }
+            if self.scaler:
+                state["scaler"] = self.scaler.state_dict()
+            atomic_save(state, path / "state.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
+        self._plain_model().load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def current_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def check_device_support(self) -> None:
+        """Refuse, before any process group, a precision this device cannot train in."""
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and self.precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise DistsetupError(
+                f"{self.precision_source} asks for bf16, which needs an Ampere or newer GPU; this one is older.",
+                f"set {self.precision_source} to fp16 (DDP, DeepSpeed) or fp32.",
+            )
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _forward(self, x, y) -> torch.Tensor:
+        """The model's loss; the first call also counts the bytes its forward saves for backward."""
+        if self.activation_bytes is not None:
+            return self.model(x, y)
+        with memory.SavedActivations(self.model) as saved:
+            loss = self.model(x, y)
+        self.activation_bytes = saved.bytes
+        return loss
+
+    def _build_optimizer(self, model: nn.Module) -> None:
+        t = self.cfg.training
+        self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay)
+        self.scheduler = lambda_scheduler(self.optimizer, t)
+
+    def _checkpoint_activations(self, model, blocks) -> None:
+        if self.cfg.training.activation_checkpointing:
+            from distsetup.training.model import apply_activation_checkpointing
+
+            apply_activation_checkpointing(model, blocks)
+
+    def _plain_model(self) -> nn.Module:
+        return self.model
+
+    def _sync(self, last_micro: bool):
+        return contextlib.nullcontext()
+
+    def _autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
+
+    def _measure_memory(self) -> None:
+        """Once, after the first update, when parameters, gradients and optimizer state all exist."""
+        if self.memory is None:
+            params = list(self.model.parameters())
+            self.memory = {
+                "params": memory.tensor_bytes(params),
+                "grads": memory.grad_bytes(params),
+                "optimizer": memory.tensor_bytes(memory.state_tensors(self.optimizer.state)),
+            }
