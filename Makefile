@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv constraints lint test test-fast demo bench bench-gpu schemas presets clean
+.PHONY: venv ops constraints lint test test-fast demo bench bench-gpu schemas presets clean
 
 # Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
 DEMO_PROCS ?= 2
@@ -28,6 +28,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 
 venv: $(VENV)/.installed
 
+# DeepSpeed's CPU ops (CPU Adam, fused Adam, shared-memory collectives), compiled at set-up rather than by
+# whichever test first needs them; a no-op once built.
+ops: venv
+	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A, FusedAdamBuilder as F, ShareMemCommBuilder as S; [b().load(verbose=False) for b in (A, F, S)]"
+
 constraints: venv
 	$(PY) -m pip install -q pip-tools
 	CUSTOM_COMPILE_COMMAND="make constraints" $(VENV)/bin/pip-compile --quiet --upgrade --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
@@ -42,7 +47,7 @@ lint: venv
 
 # The whole suite (under 20 minutes on 2 cores); test-fast leaves out every test marked slow (several
 # processes: torchrun, deepspeed, sbatch) and takes under 3 minutes.
-test: venv
+test: venv ops
 	$(PY) -m pytest -q
 
 test-fast: venv

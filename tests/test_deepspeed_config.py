@@ -266,7 +266,18 @@ def test_hf_auto_values_are_exactly_the_ones_the_hf_trainer_fills(run_cli, tmp_p
     model = mock.Mock(config=mock.Mock(hidden_size=64, hidden_sizes=None))
     hf.trainer_config_finalize(training_args, model, num_training_steps=100)
     assert not auto_paths(hf.config), f"HF left auto at {auto_paths(hf.config)}"
-    assert deepspeed_accepts(hf.config).train_micro_batch_size_per_gpu == 2
+    understood = deepspeed_accepts(hf.config)
+    assert understood.train_micro_batch_size_per_gpu == 2
+    # Issue 12: at ZeRO-3 the Trainer saves weights only where DeepSpeed gathers them (else no model file)
+    assert understood.zero_config.gather_16bit_weights_on_model_save == (understood.zero_optimization_stage == 3)
+
+
+def test_zero3_gathers_16bit_weights_on_save_unless_told_not_to(run_cli):
+    """Issue 12: `--zero_stage 3` left it off (the zero3 preset set it on): the HF Trainer and DeepSpeed's
+    save_16bit_model saved no weights."""
+    for args, gathered in (((), True), (("--no_stage3_gather_16bit_weights_on_model_save",), False)):
+        _, config = invoke(run_cli, "--zero_stage", "3", *args)
+        assert deepspeed_accepts(config).zero_config.gather_16bit_weights_on_model_save is gathered
 
 
 def test_without_hf_auto_no_value_is_auto(run_cli):

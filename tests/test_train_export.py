@@ -4,6 +4,8 @@ import pytest
 import torch
 from train_runs import SHARED, final_weights, losses, shared_run, train, write_run_config
 
+from distsetup.training.checkpoint import latest_complete
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["zero3", "fsdp_full"])
@@ -27,3 +29,19 @@ def test_export_matches_the_sharded_checkpoint_and_seeds_a_single_run(tmp_path, 
     assert result.returncode == 0, result.stderr[-3000:]
     # the same first batch: a trained start has a clearly lower loss than random weights
     assert losses(tmp_path / "seeded" / "out")[0] < losses(tmp_path / "fresh" / "out")[0] - 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["zero3", "zero2"])
+def test_deepspeeds_own_zero_to_fp32_reads_the_checkpoints_as_they_are(name):
+    """Issue 12: DeepSpeed's zero_to_fp32 said "Unable to find 'latest' file" unless given -t step_NNNNNNN (the
+    trainer saved without DeepSpeed's `latest` tag). The tag is now written once a checkpoint is complete."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    checkpoints = shared_run(name) / "checkpoints"
+    assert (checkpoints / "latest").read_text() == latest_complete(checkpoints).name
+    theirs = get_fp32_state_dict_from_zero_checkpoint(str(checkpoints))  # no tag: DeepSpeed reads `latest`
+    ours = final_weights(checkpoints.parent)
+    assert set(ours) <= set(theirs)
+    for key, value in ours.items():
+        torch.testing.assert_close(theirs[key].float(), value.float(), rtol=0, atol=0)

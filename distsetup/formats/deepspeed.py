@@ -407,7 +407,8 @@ def _zero(spec: DeepSpeedSpec, auto) -> dict:
             ("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
             ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
             ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
-            ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save),
+            # on unless refused: without it the HF Trainer and save_16bit_model save no weights at stage 3
+            ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save is not False),
         ):
             if value is not None:
                 zero[key] = value

@@ -87,6 +87,9 @@ class Backend:
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
+    def checkpoint_complete(self, path: Path) -> None:
+        """Rank 0, once checkpoint `path` is complete on every rank: tell its format's own tools so."""
+
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 

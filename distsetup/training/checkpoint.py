@@ -143,6 +143,7 @@ def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict) ->
         with disk_errors(path):
             marker = {**meta, "step": step, "world_size": world.size, "files": file_sizes(path)}
             atomic_write_text(path / MARKER, json.dumps(marker, indent=2))
+            backend.checkpoint_complete(path)
     barrier()
     return path
 

@@ -5,6 +5,7 @@ from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, 
 from distsetup.formats.validate import read_valid
 from distsetup.training import memory
 from distsetup.training.backend import Backend
+from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
 
 
@@ -105,6 +106,11 @@ class DeepSpeedBackend(Backend):
 
     def save(self, path):
         self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
+
+    def checkpoint_complete(self, path):
+        # DeepSpeed's `latest` tag, written only now (not by save_checkpoint, before every rank is done): its
+        # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
+        atomic_write_text(path.parent / "latest", path.name)
 
     def load(self, path):
         loaded, _ = self.engine.load_checkpoint(str(path.parent), tag=path.name)

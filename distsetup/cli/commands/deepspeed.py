@@ -81,7 +81,7 @@ Examples:
 @switch(
     "stage3_gather_16bit_weights_on_model_save",
     default=None,
-    help="Stage 3: gather full 16-bit weights when saving the model.",
+    help="Stage 3: gather full 16-bit weights when saving the model [on: the HF Trainer saves no weights without it].",
 )
 @option(
     "optimizer",
