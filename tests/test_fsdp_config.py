@@ -70,7 +70,8 @@ def test_fsdp1_writes_its_own_knobs(run_cli):
     assert config["fsdp_backward_prefetch"] == "BACKWARD_POST" and config["fsdp_forward_prefetch"] is True
     assert config["fsdp_buffer_dtype"] == "float16" and config["mixed_precision"] == "fp16"
     assert config["fsdp_sync_module_states"] is True  # Accelerate needs it with cpu_ram_efficient_loading
-    assert "fsdp_reshard_after_forward" not in config
+    # the HF Trainer's FSDP1 reads its sharding strategy here (issue 12), Accelerate's from fsdp_sharding_strategy
+    assert config["fsdp_reshard_after_forward"] == config["fsdp_sharding_strategy"] == "FULL_SHARD"
     assert fsdp_problems(config) == []
 
 

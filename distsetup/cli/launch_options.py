@@ -3,12 +3,14 @@ how many GPUs) and their conversion into a LaunchSpec: one place for both comman
 
 import os
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.reading import read_yaml
 from distsetup.formats.runconfig import backend_of, config_problems, resolve_config_path
 from distsetup.formats.validate import read_valid
@@ -165,7 +167,9 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     if spec.deepspeed_config:
         read_valid(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
     if spec.fsdp_config:
-        read_valid(spec.fsdp_config, "fsdp")
+        fsdp = read_valid(spec.fsdp_config, "fsdp")
+        if spec.launch_method == "accelerate":
+            spec = replace(spec, accelerate_fsdp_args=tuple(accelerate_launch_args(fsdp)))
     return spec, notes
 
 

@@ -63,6 +63,11 @@ class FsdpSpec:
         """The spec a file states; what it leaves out takes the defaults above (call fsdp_problems first).
         A file without fsdp_version is read as FSDP2, the version distsetup writes and its trainer runs."""
         values = {name: config[key] for name, key in KEYS.items() if key in config}
+        if TRAINER_CPU_OFFLOAD in config:
+            values.setdefault("cpu_offload", config[TRAINER_CPU_OFFLOAD])
+        if isinstance(values.get("reshard_after_forward"), str):  # FSDP1's strategy, the HF Trainer's way
+            values.setdefault("sharding_strategy", values["reshard_after_forward"])
+            values["reshard_after_forward"] = None
         if "mixed_precision" in values:
             values["mixed_precision"] = FLAG_FOR_PRECISION[PRECISION_OF_FILE[values["mixed_precision"]]]
         if "transformer_layer_cls_to_wrap" in values:
@@ -87,6 +92,8 @@ class FsdpSpec:
         return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
 
 
+# The HF Trainer's key for what Accelerate calls fsdp_offload_params: the file holds both.
+TRAINER_CPU_OFFLOAD = "fsdp_cpu_offload"
 # Spec field -> the file's key (Accelerate's name).
 KEYS = {
     "fsdp_version": "fsdp_version",
@@ -202,8 +209,9 @@ def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
     for violation in violations(spec, spec.given()):
         words = FlagWords()
         raise DistsetupError(violation.message.format_map(words), violation.fix.format_map(words))
+    warnings = []
     if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
-        return [
+        warnings.append(
             f"{spec.sharding_strategy} with FSDP2: distsetup's trainer builds the device mesh it needs, but "
             "Accelerate's FSDP2 reads only fsdp_reshard_after_forward"
             + (
@@ -211,8 +219,14 @@ def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
                 if spec.sharding_strategy == "NO_SHARD"
                 else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding."
             )
-        ]
-    return []
+        )
+    if spec.mixed_precision != "no":
+        warnings.append(
+            "the file's mixed_precision and fsdp_reduce_dtype are read by distsetup's trainer only: give Accelerate "
+            f"`accelerate launch --mixed_precision {MIXED_PRECISION[spec.mixed_precision]}` (distsetup launcher "
+            f"passes it), the HF Trainer TrainingArguments({MIXED_PRECISION[spec.mixed_precision]}=True)."
+        )
+    return warnings
 
 
 def build_fsdp_config(spec: FsdpSpec) -> dict:
@@ -221,8 +235,11 @@ def build_fsdp_config(spec: FsdpSpec) -> dict:
         "fsdp_version": spec.fsdp_version,
         "fsdp_sharding_strategy": spec.sharding_strategy,
     }
-    if spec.fsdp_version == 2:
-        config["fsdp_reshard_after_forward"] = RESHARDS_AFTER_FORWARD[spec.sharding_strategy]
+    # FSDP2 reads a boolean here (Accelerate and the HF Trainer); the HF Trainer's FSDP1 reads the strategy here
+    # and nowhere else (Accelerate's FSDP1 reads either).
+    config["fsdp_reshard_after_forward"] = (
+        spec.reshards_after_forward if spec.fsdp_version == 2 else spec.sharding_strategy
+    )
     config["fsdp_auto_wrap_policy"] = spec.auto_wrap_policy
     if spec.transformer_layer_cls_to_wrap:
         config["fsdp_transformer_layer_cls_to_wrap"] = ",".join(spec.transformer_layer_cls_to_wrap)
@@ -230,6 +247,7 @@ def build_fsdp_config(spec: FsdpSpec) -> dict:
         config["fsdp_min_num_params"] = spec.min_num_params
     config["fsdp_state_dict_type"] = spec.state_dict_type
     config["fsdp_offload_params"] = spec.cpu_offload
+    config[TRAINER_CPU_OFFLOAD] = spec.cpu_offload
     config["fsdp_activation_checkpointing"] = spec.activation_checkpointing
     config["fsdp_cpu_ram_efficient_loading"] = spec.cpu_ram_efficient_loading
     if spec.fsdp_version == 1:
@@ -254,8 +272,64 @@ def fsdp_problems(config: dict) -> list[Problem]:
     readable = {key: value for key, value in config.items() if key not in wrong}
     words = KeyWords()
     given = {name for name, key in KEYS.items() if key in readable}
-    return problems + [
-        Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words))
-        for v in violations(FsdpSpec.from_dict(readable), given)
-        if KEYS[v.option] not in wrong  # said once, as the schema says it
-    ]
+    return (
+        problems
+        + _reader_problems(readable)
+        + [
+            Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words))
+            for v in violations(FsdpSpec.from_dict(readable), given)
+            if KEYS[v.option] not in wrong  # said once, as the schema says it
+        ]
+    )
+
+
+def _reader_problems(config: dict) -> list[Problem]:
+    """Keys that Accelerate and the HF Trainer would read differently."""
+    problems = []
+    offloads = {config[key] for key in ("fsdp_offload_params", TRAINER_CPU_OFFLOAD) if key in config}
+    if len(offloads) > 1:
+        problems.append(
+            Problem(
+                TRAINER_CPU_OFFLOAD,
+                f"is {config[TRAINER_CPU_OFFLOAD]} but fsdp_offload_params is {config['fsdp_offload_params']}: the "
+                "HF Trainer reads the first, Accelerate the second.",
+                "give both the same value.",
+            )
+        )
+    reshard, version = config.get("fsdp_reshard_after_forward"), config.get("fsdp_version", 2)
+    if version == 2 and isinstance(reshard, str):
+        problems.append(
+            Problem(
+                "fsdp_reshard_after_forward",
+                f"{reshard!r} is a sharding strategy; FSDP2 reads true or false here.",
+                "write true (FULL_SHARD) or false (SHARD_GRAD_OP).",
+            )
+        )
+    strategy = config.get("fsdp_sharding_strategy")
+    if version == 1 and reshard is not None and reshard != strategy:
+        problems.append(
+            Problem(
+                "fsdp_reshard_after_forward",
+                f"is {reshard!r} but fsdp_sharding_strategy is {strategy!r}: the HF Trainer's FSDP1 reads the "
+                "sharding strategy from fsdp_reshard_after_forward, Accelerate from fsdp_sharding_strategy.",
+                f'write "fsdp_reshard_after_forward": "{strategy}".',
+            )
+        )
+    return problems
+
+
+# The file's keys that `accelerate launch` takes as flags of the same name.
+ACCELERATE_FLAGS = {key for key in KEYS.values() if key.startswith("fsdp_")} - {
+    "fsdp_reduce_dtype",
+    "fsdp_buffer_dtype",
+}
+
+
+def accelerate_launch_args(config: dict) -> list[str]:
+    """The FSDP file as `accelerate launch` flags: its launcher takes FSDP settings from flags (or its own config
+    YAML), never from a JSON file, and the precision from --mixed_precision."""
+    args = ["--use_fsdp", "--mixed_precision", str(config.get("mixed_precision", "no"))]
+    for key, value in config.items():
+        if key in ACCELERATE_FLAGS:
+            args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args

@@ -69,6 +69,7 @@ class LaunchSpec:
     gpus: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
+    accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
 
     @property
     def world_size(self) -> int | None:
@@ -296,6 +297,7 @@ def launch_context(spec: LaunchSpec) -> dict:
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
+        "accelerate_fsdp_args": "\n".join(spec.accelerate_fsdp_args),
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
         if spec.launch_method == "deepspeed" and not single

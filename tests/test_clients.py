@@ -1,0 +1,137 @@
+"""Each program that reads a file distsetup writes, asked what it understood: Accelerate (its launcher's flags
+and environment, and the FullyShardedDataParallelPlugin its processes build from them) and the HF Trainer
+(TrainingArguments' FSDP plugin arguments). On CPU, where neither runs FSDP, through the objects they build.
+DeepSpeed's own readers (DeepSpeedConfig, zero_to_fp32) are asked in test_deepspeed_config.py and
+test_train_export.py."""
+
+import json
+import os
+from unittest import mock
+
+import pytest
+from shell_checks import run_script
+
+from distsetup.formats.fsdp import FsdpSpec, fsdp_problems
+
+accelerate_launch = pytest.importorskip("accelerate.commands.launch")
+transformers = pytest.importorskip("transformers")
+
+FSDP_FLAGS = {
+    "fsdp2-shard-grad-op-offload-bf16": [
+        "--sharding_strategy",
+        "SHARD_GRAD_OP",
+        "--cpu_offload",
+        "--mixed_precision",
+        "BFLOAT16",
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer",
+    ],
+    "fsdp2-size-based-full-state": [
+        "--auto_wrap_policy",
+        "SIZE_BASED_WRAP",
+        "--min_num_params",
+        "1000",
+        "--state_dict_type",
+        "FULL_STATE_DICT",
+        "--activation_checkpointing",
+    ],
+    "fsdp1-shard-grad-op": [
+        "--fsdp_version",
+        "1",
+        "--sharding_strategy",
+        "SHARD_GRAD_OP",
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer",
+    ],
+}
+
+
+def write_fsdp_file(run_cli, folder, flags) -> tuple[dict, FsdpSpec]:
+    result = run_cli("fsdp", *flags, "-o", folder / "fsdp.json")
+    assert result.exit_code == 0, result.output
+    config = json.loads((folder / "fsdp.json").read_text())
+    return config, FsdpSpec.from_dict(config)
+
+
+@pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
+def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch, flags):
+    """Issue 12: `--launch_method accelerate --use_fsdp --script user.py` passed no FSDP setting (plain DDP)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import CPUOffloadPolicy, ShardingStrategy, StateDictType
+
+    monkeypatch.chdir(tmp_path)
+    _, meant = write_fsdp_file(run_cli, tmp_path, flags)
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_fsdp", "--fsdp_config", "fsdp.json", "--script", "user.py"),
+        *("--num_gpus_per_node", "2", "-o", "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    assert argv[0] == "launch" and argv[-1] == "user.py"
+
+    args = accelerate_launch.launch_command_parser().parse_args(argv[1:])
+    args, _, _ = accelerate_launch._validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    assert env["ACCELERATE_MIXED_PRECISION"] == meant.precision.replace("fp32", "no")
+    with mock.patch.dict(os.environ, env, clear=True):
+        plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == meant.fsdp_version
+    assert plugin.state_dict_type == StateDictType[meant.state_dict_type]
+    assert plugin.activation_checkpointing == meant.activation_checkpointing
+    if meant.fsdp_version == 2:
+        assert plugin.reshard_after_forward == meant.reshards_after_forward
+        assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) == meant.cpu_offload
+    else:
+        assert plugin.sharding_strategy == ShardingStrategy[meant.sharding_strategy]
+        assert plugin.cpu_offload.offload_params == meant.cpu_offload
+    if meant.auto_wrap_policy == "SIZE_BASED_WRAP":
+        assert plugin.min_num_params == meant.min_num_params
+    else:
+        assert plugin.transformer_cls_names_to_wrap == list(meant.transformer_layer_cls_to_wrap)
+
+
+@pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
+def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, flags):
+    """Issue 12: the Trainer reads cpu_offload (not offload_params) and, for FSDP1, the sharding strategy from
+    reshard_after_forward: an offloading file trained without offload, a SHARD_GRAD_OP file as FULL_SHARD."""
+    _, meant = write_fsdp_file(run_cli, tmp_path, flags)
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), fsdp=True, fsdp_config=str(tmp_path / "fsdp.json"), report_to=[]
+    )
+    understood = arguments.fsdp_plugin_args
+    assert understood["fsdp_version"] == meant.fsdp_version
+    assert understood.get("cpu_offload", False) == meant.cpu_offload
+    assert understood["auto_wrap_policy"] == meant.auto_wrap_policy
+    assert understood["state_dict_type"] == meant.state_dict_type
+    assert understood.get("activation_checkpointing", False) == meant.activation_checkpointing
+    if meant.fsdp_version == 2:
+        assert understood["reshard_after_forward"] == meant.reshards_after_forward
+    else:  # the strategy's name, in any case (Accelerate upper-cases it)
+        assert understood["reshard_after_forward"].upper() == meant.sharding_strategy
+    if meant.auto_wrap_policy == "SIZE_BASED_WRAP":
+        assert understood["min_num_params"] == meant.min_num_params
+    else:
+        assert understood["transformer_cls_names_to_wrap"] == ",".join(meant.transformer_layer_cls_to_wrap)
+
+
+def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_read_apart():
+    """Issue 12: `validate` called the Trainer's own fsdp_cpu_offload an unknown key."""
+    base = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "NO_WRAP"}
+    assert fsdp_problems({**base, "fsdp_cpu_offload": True}) == []
+    assert FsdpSpec.from_dict({**base, "fsdp_cpu_offload": True}).cpu_offload
+    apart = {**base, "fsdp_cpu_offload": True, "fsdp_offload_params": False}
+    assert [p.path for p in fsdp_problems(apart)] == ["fsdp_cpu_offload"]
+    strategy_in_fsdp2 = {**base, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}
+    assert [p.path for p in fsdp_problems(strategy_in_fsdp2)] == ["fsdp_reshard_after_forward"]
+    fsdp1 = {**base, "fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}
+    assert fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}) == []
+    assert FsdpSpec.from_dict({**fsdp1, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}).sharding_strategy == (
+        "SHARD_GRAD_OP"
+    )
+    assert [p.path for p in fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "FULL_SHARD"})] == [
+        "fsdp_reshard_after_forward"
+    ]
