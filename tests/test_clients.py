@@ -6,10 +6,12 @@ test_train_export.py."""
 
 import json
 import os
+import subprocess
 from unittest import mock
 
 import pytest
 from shell_checks import run_script
+from train_runs import environment
 
 from distsetup.formats.fsdp import FsdpSpec, fsdp_problems
 
@@ -74,7 +76,7 @@ def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tm
 
     args = accelerate_launch.launch_command_parser().parse_args(argv[1:])
     args, _, _ = accelerate_launch._validate_launch_command(args)
-    env = prepare_multi_gpu_env(args)
+    env = prepare_multi_gpu_env(args)  # as launch_command does for FSDP on a GPU machine
     assert env["ACCELERATE_USE_FSDP"] == "true"
     assert env["ACCELERATE_MIXED_PRECISION"] == meant.precision.replace("fp32", "no")
     with mock.patch.dict(os.environ, env, clear=True):
@@ -92,6 +94,37 @@ def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tm
         assert plugin.min_num_params == meant.min_num_params
     else:
         assert plugin.transformer_cls_names_to_wrap == list(meant.transformer_layer_cls_to_wrap)
+
+
+def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch):
+    """The DeepSpeed file reaches Accelerate's DeepSpeedPlugin whole, from any folder the script starts in."""
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    monkeypatch.chdir(tmp_path)
+    flags = ["--zero_stage", "2", "--offload_optimizer", "cpu", "--hf_auto", "-o", "ds.json"]
+    assert run_cli("deepspeed", *flags).exit_code == 0
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_deepspeed", "--deepspeed_config", "ds.json", "--script", "user.py"),
+        *("--num_gpus_per_node", "2", "-o", "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    args = accelerate_launch.launch_command_parser().parse_args(argv[1:])
+    args, defaults, _ = accelerate_launch._validate_launch_command(args)
+    # what launch_command does before its deepspeed launcher (on a GPU machine; on CPU it would not get there)
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config if defaults else [])
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+    with mock.patch.dict(os.environ, env, clear=True):
+        plugin = DeepSpeedPlugin()
+    written = json.loads((tmp_path / "ds.json").read_text())
+    understood = dict(plugin.deepspeed_config)
+    assert understood.pop("steps_per_print") == float("inf")  # Accelerate silences DeepSpeed's log (README)
+    assert understood == {key: value for key, value in written.items() if key != "steps_per_print"}
+    assert plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu"
 
 
 @pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
@@ -135,3 +168,56 @@ def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_re
     assert [p.path for p in fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "FULL_SHARD"})] == [
         "fsdp_reshard_after_forward"
     ]
+
+
+HF_TRAINER_SCRIPT = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+ds_file, out = sys.argv[1], sys.argv[2]
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        ids = torch.arange(16) * (i + 1) % 97
+        return {"input_ids": ids, "labels": ids}
+
+
+# use_cpu: accelerate then starts gloo on CPU (without it, it counts one process); DeepSpeed still runs ZeRO
+args = TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=2, deepspeed=ds_file,
+                         use_cpu=True, save_strategy="no", report_to=[])
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=16))
+trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+trainer.train()
+print("zero stage", trainer.deepspeed.zero_optimization_stage(), flush=True)
+trainer.save_model(out + "/final")
+"""
+
+
+@pytest.mark.slow
+def test_the_hf_trainer_saves_a_model_from_a_zero3_hf_auto_file(run_cli, tmp_path):
+    """Issue 12: with the README's `--zero_stage 3 --hf_auto` file the Trainer saved no weights ("Saving the full
+    checkpoint instead, use zero_to_fp32.py"), and from_pretrained found no model.safetensors."""
+    assert run_cli("deepspeed", "--zero_stage", "3", "--hf_auto", "-o", tmp_path / "ds_hf.json").exit_code == 0
+    (tmp_path / "hf_train.py").write_text(HF_TRAINER_SCRIPT)
+    run = subprocess.run(
+        ["torchrun", "--nproc_per_node", "2", "--standalone", "hf_train.py", "ds_hf.json", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stdout.count("zero stage 3") == 2
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out" / "final", output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+    assert model.config.num_hidden_layers == 2
