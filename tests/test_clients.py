@@ -96,6 +96,35 @@ def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tm
         assert plugin.transformer_cls_names_to_wrap == list(meant.transformer_layer_cls_to_wrap)
 
 
+def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_cli, tmp_path):
+    """A user who pastes the file into an Accelerate config YAML (`fsdp_config:`) gets the same meaning; the
+    precision goes at the YAML's top level, where Accelerate reads it."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    config, meant = write_fsdp_file(run_cli, tmp_path, FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"])
+    accelerate_config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "mixed_precision": config["mixed_precision"],
+        "fsdp_config": config,
+        "num_machines": 1,
+        "num_processes": 2,
+        "machine_rank": 0,
+    }
+    (tmp_path / "accelerate.yaml").write_text(json.dumps(accelerate_config))  # JSON is YAML
+    argv = ["--config_file", str(tmp_path / "accelerate.yaml"), "user.py"]
+    args, _, _ = accelerate_launch._validate_launch_command(accelerate_launch.launch_command_parser().parse_args(argv))
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    with mock.patch.dict(os.environ, env, clear=True):
+        plugin = FullyShardedDataParallelPlugin()
+    assert plugin.reshard_after_forward == meant.reshards_after_forward is False
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+
+
 def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch):
     """The DeepSpeed file reaches Accelerate's DeepSpeedPlugin whole, from any folder the script starts in."""
     from accelerate.utils import DeepSpeedPlugin
@@ -221,3 +250,20 @@ def test_the_hf_trainer_saves_a_model_from_a_zero3_hf_auto_file(run_cli, tmp_pat
     )
     assert not info["missing_keys"] and not info["mismatched_keys"]
     assert model.config.num_hidden_layers == 2
+
+
+def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
+    flags = FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"]
+    write_fsdp_file(run_cli, tmp_path, flags)
+    result = run_cli("validate", tmp_path / "fsdp.json")
+    assert result.exit_code == 0, result.output
+    notes = {line.split(": note: ")[1].split(":")[0]: line for line in result.stdout.splitlines() if ": note: " in line}
+    assert set(notes) == {
+        "fsdp_offload_params",
+        "fsdp_cpu_offload",
+        "fsdp_sharding_strategy",
+        "mixed_precision",
+        "fsdp_reduce_dtype",
+    }
+    assert "the HF Trainer reads fsdp_cpu_offload" in notes["fsdp_offload_params"]
+    assert "distsetup's trainer only" in notes["mixed_precision"]

@@ -318,6 +318,25 @@ def _reader_problems(config: dict) -> list[Problem]:
     return problems
 
 
+# The keys not every reader reads alike (Accelerate's launcher, the HF Trainer's TrainingArguments, distsetup's
+# trainer; tests/test_clients.py asks the first two); every other key all three read as written.
+READERS = {
+    "fsdp_offload_params": "Accelerate and distsetup's trainer; the HF Trainer reads fsdp_cpu_offload",
+    TRAINER_CPU_OFFLOAD: "the HF Trainer and distsetup's trainer; Accelerate reads fsdp_offload_params",
+    "fsdp_sharding_strategy": "Accelerate's FSDP1 and distsetup's trainer; FSDP2 and the HF Trainer read "
+    "fsdp_reshard_after_forward",
+    "mixed_precision": "distsetup's trainer only; Accelerate takes `accelerate launch --mixed_precision`, the HF "
+    "Trainer TrainingArguments(bf16=/fp16=)",
+    "fsdp_reduce_dtype": "distsetup's trainer only",
+    "fsdp_buffer_dtype": "distsetup's trainer only (FSDP1: none of them)",
+}
+
+
+def reader_notes(config: dict) -> list[str]:
+    """Who reads each key of the file that not every reader reads alike."""
+    return [f"{key}: read by {who}." for key, who in READERS.items() if key in config]
+
+
 # The file's keys that `accelerate launch` takes as flags of the same name.
 ACCELERATE_FLAGS = {key for key in KEYS.values() if key.startswith("fsdp_")} - {
     "fsdp_reduce_dtype",

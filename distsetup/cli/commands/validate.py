@@ -6,6 +6,7 @@ import click
 
 from distsetup.cli.options import checked, option, world_options
 from distsetup.formats.batch import world_size_from
+from distsetup.formats.fsdp import reader_notes
 from distsetup.formats.problems import as_json
 from distsetup.formats.validate import KINDS, validate_file
 
@@ -29,12 +30,15 @@ Examples:
 def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per_node, hf, kind, as_json_output):
     """Check FILE against the schema and DeepSpeed's and FSDP's cross-field rules; exit 1 on problems."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
-    kind, problems, _ = validate_file(file, kind, world, hf)
+    kind, problems, data = validate_file(file, kind, world, hf)
     if as_json_output:
         click.echo(as_json(problems))
     else:
         for problem in problems:
             click.echo(f"{file}: {problem}")
+        if kind == "fsdp":
+            for note in reader_notes(data):
+                click.echo(f"{file}: note: {note}")
         checked = f" for world size {world}" if world else ""
         summary = f"{len(problems)} problem(s)" if problems else "no problems"
         click.echo(f"{file}: {KIND_NAMES[kind]}, {summary}{checked}.", err=bool(problems))
