@@ -48,6 +48,26 @@ FSDP_FLAGS = {
 }
 
 
+def accelerate_environment(argv: list[str]) -> dict:
+    """The environment `accelerate launch ARGV` gives its processes, as its launch_command prepares it on a GPU
+    machine (on CPU it would take its CPU launcher instead)."""
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args, defaults, _ = accelerate_launch._validate_launch_command(
+        accelerate_launch.launch_command_parser().parse_args(argv)
+    )
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config if defaults else [])
+        return prepare_deepspeed_cmd_env(args)[1]
+    return prepare_multi_gpu_env(args)
+
+
+def built_in(env: dict, plugin_class):
+    """The plugin an Accelerate process builds from `env`."""
+    with mock.patch.dict(os.environ, env, clear=True):
+        return plugin_class()
+
+
 def write_fsdp_file(run_cli, folder, flags) -> tuple[dict, FsdpSpec]:
     result = run_cli("fsdp", *flags, "-o", folder / "fsdp.json")
     assert result.exit_code == 0, result.output
@@ -59,7 +79,6 @@ def write_fsdp_file(run_cli, folder, flags) -> tuple[dict, FsdpSpec]:
 def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch, flags):
     """Issue 12: `--launch_method accelerate --use_fsdp --script user.py` passed no FSDP setting (plain DDP)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.launch import prepare_multi_gpu_env
     from torch.distributed.fsdp import CPUOffloadPolicy, ShardingStrategy, StateDictType
 
     monkeypatch.chdir(tmp_path)
@@ -74,13 +93,10 @@ def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tm
     argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
     assert argv[0] == "launch" and argv[-1] == "user.py"
 
-    args = accelerate_launch.launch_command_parser().parse_args(argv[1:])
-    args, _, _ = accelerate_launch._validate_launch_command(args)
-    env = prepare_multi_gpu_env(args)  # as launch_command does for FSDP on a GPU machine
+    env = accelerate_environment(argv[1:])
     assert env["ACCELERATE_USE_FSDP"] == "true"
     assert env["ACCELERATE_MIXED_PRECISION"] == meant.precision.replace("fp32", "no")
-    with mock.patch.dict(os.environ, env, clear=True):
-        plugin = FullyShardedDataParallelPlugin()
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
     assert plugin.fsdp_version == meant.fsdp_version
     assert plugin.state_dict_type == StateDictType[meant.state_dict_type]
     assert plugin.activation_checkpointing == meant.activation_checkpointing
@@ -100,7 +116,6 @@ def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_
     """A user who pastes the file into an Accelerate config YAML (`fsdp_config:`) gets the same meaning; the
     precision goes at the YAML's top level, where Accelerate reads it."""
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.launch import prepare_multi_gpu_env
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     config, meant = write_fsdp_file(run_cli, tmp_path, FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"])
@@ -114,12 +129,9 @@ def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_
         "machine_rank": 0,
     }
     (tmp_path / "accelerate.yaml").write_text(json.dumps(accelerate_config))  # JSON is YAML
-    argv = ["--config_file", str(tmp_path / "accelerate.yaml"), "user.py"]
-    args, _, _ = accelerate_launch._validate_launch_command(accelerate_launch.launch_command_parser().parse_args(argv))
-    env = prepare_multi_gpu_env(args)
+    env = accelerate_environment(["--config_file", str(tmp_path / "accelerate.yaml"), "user.py"])
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
-    with mock.patch.dict(os.environ, env, clear=True):
-        plugin = FullyShardedDataParallelPlugin()
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
     assert plugin.reshard_after_forward == meant.reshards_after_forward is False
     assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
@@ -128,7 +140,6 @@ def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_
 def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch):
     """The DeepSpeed file reaches Accelerate's DeepSpeedPlugin whole, from any folder the script starts in."""
     from accelerate.utils import DeepSpeedPlugin
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     monkeypatch.chdir(tmp_path)
     flags = ["--zero_stage", "2", "--offload_optimizer", "cpu", "--hf_auto", "-o", "ds.json"]
@@ -141,14 +152,9 @@ def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cl
     )
     assert result.exit_code == 0, result.output
     argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
-    args = accelerate_launch.launch_command_parser().parse_args(argv[1:])
-    args, defaults, _ = accelerate_launch._validate_launch_command(args)
-    # what launch_command does before its deepspeed launcher (on a GPU machine; on CPU it would not get there)
-    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config if defaults else [])
-    _, env = prepare_deepspeed_cmd_env(args)
+    env = accelerate_environment(argv[1:])
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
-    with mock.patch.dict(os.environ, env, clear=True):
-        plugin = DeepSpeedPlugin()
+    plugin = built_in(env, DeepSpeedPlugin)
     written = json.loads((tmp_path / "ds.json").read_text())
     understood = dict(plugin.deepspeed_config)
     assert understood.pop("steps_per_print") == float("inf")  # Accelerate silences DeepSpeed's log (README)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.problems import Problem
 
 
 def json_text(data: dict) -> str:
@@ -119,3 +120,12 @@ def emit(
     click.echo(f"Wrote {output}", err=True)
     if next_step:
         click.echo(f"Next: {next_step}", err=True)
+
+
+def refuse_generated_problems(problems: list[Problem]) -> None:
+    """A file a command built must pass `validate` as it stands; if not, that is distsetup's bug, said so."""
+    if problems:
+        raise DistsetupError(
+            f"the generated config fails its own check: {problems[0]}",
+            "this is a distsetup bug; please report the command line.",
+        )

@@ -39,7 +39,7 @@ class Backend:
     def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
         self._checkpoint_activations(model, blocks)
-        self.model = model.to(self.device)
+        self.model = self._place(model.to(self.device))
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
@@ -122,6 +122,10 @@ class Backend:
             from distsetup.training.model import apply_activation_checkpointing
 
             apply_activation_checkpointing(model, blocks)
+
+    def _place(self, model: nn.Module) -> nn.Module:
+        """The model as this backend trains it, once on its device."""
+        return model
 
     def _plain_model(self) -> nn.Module:
         return self.model

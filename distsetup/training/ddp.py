@@ -2,8 +2,6 @@
 
 import contextlib
 
-import torch
-
 from distsetup.training.backend import Backend
 
 
@@ -12,15 +10,12 @@ class DDPBackend(Backend):
 
     name = "ddp"
 
-    def wrap(self, model, blocks):
+    def _place(self, model):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self._checkpoint_activations(model, blocks)
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
-        self.model = DDP(model.to(self.device), device_ids=ids, gradient_as_bucket_view=True)
-        self._build_optimizer(self.model)
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
 
     def _plain_model(self):
         return self.model.module

@@ -14,7 +14,7 @@ from distsetup.cli.options import (
     switch,
     world_options,
 )
-from distsetup.cli.output import emit, json_text
+from distsetup.cli.output import emit, json_text, refuse_generated_problems
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import resolve_batch, world_size_from
 from distsetup.formats.deepspeed import (
@@ -130,12 +130,7 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
         raise DistsetupError("--base_batch_size is only used with --scale_lr.", "add --scale_lr linear (or sqrt).")
     warnings = check_spec(spec)
     config = build_deepspeed_config(spec)
-    problems = deepspeed_problems(config, spec.batch.world_size, hf=spec.hf_auto)
-    if problems:
-        raise DistsetupError(
-            f"the generated config fails its own check: {problems[0]}",
-            "this is a distsetup bug; please report the command line.",
-        )
+    refuse_generated_problems(deepspeed_problems(config, spec.batch.world_size, hf=spec.hf_auto))
     next_step = (
         f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script"
         if spec.hf_auto

@@ -3,8 +3,7 @@
 import click
 
 from distsetup.cli.options import option, output_options, switch
-from distsetup.cli.output import emit, json_text
-from distsetup.errors import DistsetupError
+from distsetup.cli.output import emit, json_text, refuse_generated_problems
 from distsetup.formats.fsdp import (
     BACKWARD_PREFETCH,
     DTYPES,
@@ -114,12 +113,7 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
     )
     warnings = check_fsdp_spec(spec)
     config = build_fsdp_config(spec)
-    problems = fsdp_problems(config)
-    if problems:
-        raise DistsetupError(
-            f"the generated config fails its own check: {problems[0]}",
-            "this is a distsetup bug; please report the command line.",
-        )
+    refuse_generated_problems(fsdp_problems(config))
     emit(
         json_text(config),
         output,
