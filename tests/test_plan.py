@@ -406,8 +406,9 @@ def test_predicted_model_states_match_train_py(tmp_path, name, backend, ds_args,
 
 def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
     pytest.importorskip("transformers")
-    from distsetup.cli.commands.plan import count_on_meta, hf_shape_from_json
+    from distsetup.cli.commands.plan import count_on_meta
     from distsetup.formats.runconfig import load_run_config
+    from distsetup.planning.models import hf_shape_from_json
 
     (tmp_path / "config.json").write_text(
         json.dumps(

@@ -94,7 +94,9 @@ class DistributedConfig:
     fsdp_config: str | None = setting(None, "FSDP JSON (backend: fsdp); default: full shard of each block")
     use_deepspeed: bool = setting(False, "same as backend: deepspeed (the guides' spelling)")
     use_fsdp: bool = setting(False, "same as backend: fsdp (the guides' spelling)")
-    timeout_minutes: int = setting(30, "collective timeout; a dead rank ends the job after this", minimum=1)
+    timeout_minutes: float = setting(
+        30, "collective timeout in minutes (fractions allowed); a dead rank ends the job after this", exclusiveMinimum=0
+    )
 
 
 @dataclass

@@ -49,7 +49,7 @@ def pick_device(world: World) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(world: World, backend: str, device: torch.device, timeout_minutes: int) -> None:
+def init_process_group(world: World, backend: str, device: torch.device, timeout_minutes: float) -> None:
     """Join the job's process group (NCCL on GPUs, gloo on CPU); `single` runs without one."""
     if backend == "single":
         if world.size > 1:
@@ -108,7 +108,7 @@ def is_lost_contact(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or any(text in str(error) for text in LOST_PEER)
 
 
-def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: int) -> DistsetupError:
+def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: float) -> DistsetupError:
     """The one line a rank prints when a collective failed: another rank stopped, hung or died."""
     return DistsetupError(
         f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({last_line(error)}): "

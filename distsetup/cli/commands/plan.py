@@ -1,7 +1,6 @@
 """`distsetup plan`: per-GPU memory of every strategy, and the fastest one that fits."""
 
 import json
-import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,11 +9,9 @@ import click
 from distsetup.cli.options import chosen_precision, option, positive, switch
 from distsetup.cli.output import json_text, write_atomic
 from distsetup.errors import DistsetupError
-from distsetup.formats.batch import check_world_counts, resolve_batch
-from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config, check_spec
-from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
-from distsetup.formats.reading import read_json
+from distsetup.formats.batch import check_world_counts
 from distsetup.formats.runconfig import MODEL_MAXIMA
+from distsetup.planning.models import hf_shape_from_json
 from distsetup.planning.planner import (
     BY_KEY,
     MAX_BATCH,
@@ -23,14 +20,13 @@ from distsetup.planning.planner import (
     Plan,
     Workload,
     assumed_shape,
-    deepspeed_args,
-    fsdp_args,
     gb,
     gpt_params,
     parse_count,
     parse_memory,
     plan,
 )
+from distsetup.planning.recommendation import recommended_files
 
 COLUMNS = (
     "strategy",
@@ -256,33 +252,6 @@ def count_on_meta(cfg) -> ModelShape:
     )
 
 
-def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
-    """A Llama/GPT-style decoder's parameters from its config.json, without torch or transformers."""
-    c = read_json(path)
-    try:
-        h, n, v = (int(c[key]) for key in ("hidden_size", "num_hidden_layers", "vocab_size"))
-        heads = int(c.get("num_attention_heads", max(1, h // 128)))
-        kv = int(c.get("num_key_value_heads", heads))
-        inter = int(c.get("intermediate_size", 4 * h))
-        block = 2 * h * h + 2 * h * (h // heads) * kv + 3 * h * inter + 2 * h
-    except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
-        raise DistsetupError(
-            f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
-            "point model.hf_path at a folder with a transformers config.json.",
-        )
-    embeddings = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-    arch = (c.get("architectures") or ["Model"])[0].replace("ForCausalLM", "DecoderLayer")
-    return ModelShape(
-        params=n * block + embeddings + h,
-        hidden_size=h,
-        num_layers=n,
-        num_heads=heads,
-        vocab_size=v,
-        block_params=block,
-        layer_cls=layer_cls or arch,
-    )
-
-
 def hardware_from_options(o: dict) -> Hardware:
     nodes = o["num_nodes"]
     per_node = o["num_gpus_per_node"]
@@ -313,46 +282,6 @@ def hardware_from_options(o: dict) -> Hardware:
         cpu_memory=parse_memory(o["cpu_memory"], "--cpu_memory") if o["cpu_memory"] else None,
         headroom=o["headroom"],
     )
-
-
-def recommended_files(result: Plan) -> tuple[str | None, dict]:
-    """The exact `distsetup deepspeed|fsdp` command and the config it writes (via the same builders)."""
-    choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
-    if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
-        return None, {}
-    s, precision = BY_KEY[choice.strategy], result.workload.precision
-    world = result.hardware.world_size
-    if s.framework == "ddp":
-        return None, {}
-    if s.framework == "deepspeed":
-        args = deepspeed_args(choice, micro, accumulation, precision, world)
-        ds_spec = DeepSpeedSpec(
-            zero_stage=s.zero_stage,
-            offload_optimizer="cpu" if s.offload_optimizer else None,
-            offload_param="cpu" if s.offload_param else None,
-            precision=precision,
-            batch=resolve_batch(micro, accumulation, None, world),
-        )
-        check_spec(ds_spec)
-        name, config = "ds_config.json", build_deepspeed_config(ds_spec)
-        command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
-    else:
-        fsdp_spec = FsdpSpec(
-            sharding_strategy=s.fsdp_sharding,
-            transformer_layer_cls_to_wrap=(result.model.layer_cls,),
-            mixed_precision=FLAG_FOR_PRECISION[precision],
-            activation_checkpointing=choice.activation_checkpointing,
-        )
-        check_fsdp_spec(fsdp_spec)
-        name, config = "fsdp_config.json", build_fsdp_config(fsdp_spec)
-        command = [
-            "distsetup",
-            "fsdp",
-            *fsdp_args(choice, precision, result.model.layer_cls),
-            "--output",
-            f"config/{name}",
-        ]
-    return shlex.join(command), {name: config}
 
 
 def render_table(result: Plan, command: str | None) -> str:

@@ -1,0 +1,49 @@
+"""The DeepSpeed or FSDP file a plan recommends, built by the same builders as `distsetup deepspeed|fsdp`,
+and the command line that writes it."""
+
+import shlex
+
+from distsetup.formats.batch import resolve_batch
+from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config, check_spec
+from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
+from distsetup.planning.planner import BY_KEY, Plan, deepspeed_args, fsdp_args
+
+
+def recommended_files(result: Plan) -> tuple[str | None, dict]:
+    """The exact `distsetup deepspeed|fsdp` command and the config it writes (via the same builders)."""
+    choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
+    if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
+        return None, {}
+    s, precision = BY_KEY[choice.strategy], result.workload.precision
+    world = result.hardware.world_size
+    if s.framework == "ddp":
+        return None, {}
+    if s.framework == "deepspeed":
+        args = deepspeed_args(choice, micro, accumulation, precision, world)
+        ds_spec = DeepSpeedSpec(
+            zero_stage=s.zero_stage,
+            offload_optimizer="cpu" if s.offload_optimizer else None,
+            offload_param="cpu" if s.offload_param else None,
+            precision=precision,
+            batch=resolve_batch(micro, accumulation, None, world),
+        )
+        check_spec(ds_spec)
+        name, config = "ds_config.json", build_deepspeed_config(ds_spec)
+        command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
+    else:
+        fsdp_spec = FsdpSpec(
+            sharding_strategy=s.fsdp_sharding,
+            transformer_layer_cls_to_wrap=(result.model.layer_cls,),
+            mixed_precision=FLAG_FOR_PRECISION[precision],
+            activation_checkpointing=choice.activation_checkpointing,
+        )
+        check_fsdp_spec(fsdp_spec)
+        name, config = "fsdp_config.json", build_fsdp_config(fsdp_spec)
+        command = [
+            "distsetup",
+            "fsdp",
+            *fsdp_args(choice, precision, result.model.layer_cls),
+            "--output",
+            f"config/{name}",
+        ]
+    return shlex.join(command), {name: config}
