@@ -8,6 +8,7 @@ class DistsetupError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        self.problem, self.hint = message, hint
         self.message = f"{message} HINT: {hint}" if hint else message
         super().__init__(self.message)
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from shell_checks import require_tool
+from slurm_cluster import LocalSlurm, slurm_available
 
 from distsetup.cli.main import cli
 
@@ -26,6 +28,20 @@ def run_cli():
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False, **kwargs)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """A real two-node SLURM cluster on loopback (tests/slurm_cluster.py), started once for every test."""
+    if not slurm_available() or os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("SLURM tests must run in CI: install slurmctld slurmd slurm-client munge and run as root")
+        pytest.skip("needs slurmctld, slurmd, munge and root")
+    require_tool("shellcheck")
+    c = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    c.start()
+    yield c
+    c.stop()
 
 
 def free_port() -> int:

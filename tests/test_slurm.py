@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from golden_files import check_golden
-from shell_checks import require_tool, shellcheck, srun_program
-from slurm_cluster import LocalSlurm, slurm_available
+from shell_checks import shellcheck, srun_program
 
 from distsetup.errors import DistsetupError
 from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec
@@ -531,19 +530,6 @@ def test_torchrun_honours_the_grace_period(tmp_path):
 
 
 # --- a real two-node SLURM cluster ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if not slurm_available() or os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("SLURM tests must run in CI: install slurmctld slurmd slurm-client munge and run as root")
-        pytest.skip("needs slurmctld, slurmd, munge and root")
-    require_tool("shellcheck")
-    c = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    c.start()
-    yield c
-    c.stop()
 
 
 def slurm_project(root: Path, max_steps: int, checkpoint_interval: int) -> Path:

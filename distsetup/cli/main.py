@@ -10,6 +10,7 @@ from distsetup.errors import DistsetupError
 
 # command name -> "module:function" under distsetup.cli.commands
 COMMANDS = {
+    "init": "init:init",
     "deepspeed": "deepspeed:deepspeed",
     "fsdp": "fsdp:fsdp",
     "validate": "validate:validate",

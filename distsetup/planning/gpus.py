@@ -38,6 +38,12 @@ class GpuInfo:
     memory_free: int
     utilization: int | None
     processes: tuple[GpuProcess, ...] = field(default=())
+    compute_capability: tuple[int, int] | None = None  # (8, 0) for A100: bf16 from 8.0 on
+
+    @property
+    def supports_bf16(self) -> bool | None:
+        """Whether the GPU computes in bfloat16 (Ampere and later); None when NVML did not say."""
+        return None if self.compute_capability is None else self.compute_capability >= (8, 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +122,11 @@ def _query_one(nvml, index: int) -> GpuInfo:
             name = "?"
         used = getattr(proc, "usedGpuMemory", None)
         processes.append(GpuProcess(int(proc.pid), name, int(used) if used is not None else None))
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        capability: tuple[int, int] | None = (int(major), int(minor))
+    except (nvml.NVMLError, AttributeError):  # an old driver (or a fake NVML) without the call
+        capability = None
     return GpuInfo(
         index=index,
         name=_text(nvml.nvmlDeviceGetName(handle)),
@@ -124,6 +135,7 @@ def _query_one(nvml, index: int) -> GpuInfo:
         memory_free=int(memory.free),
         utilization=utilization,
         processes=tuple(processes),
+        compute_capability=capability,
     )
 
 

@@ -1,0 +1,219 @@
+"""`distsetup init`: ask (or take from flags) what a run needs, let the planner choose how to spread it, and
+write the run config, the DeepSpeed or FSDP file and the launcher or sbatch script."""
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from distsetup.cli.init_setup import (
+    CONFIG_PATH,
+    SCHEDULERS,
+    Answers,
+    build_setup,
+    hf_config_path,
+    write_setup,
+)
+from distsetup.cli.launch_options import working_folder
+from distsetup.cli.machine import Machine, this_machine
+from distsetup.cli.options import option, positive
+from distsetup.errors import DistsetupError
+from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE
+from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS
+from distsetup.planning.models import BUILTIN_SIZES
+from distsetup.planning.planner import MAX_BATCH, parse_memory
+from distsetup.scripts.sbatch import time_limit_seconds
+
+NO_GPU = "none"
+
+
+@click.command(
+    "init",
+    epilog="""\b
+Examples:
+  distsetup init                                  # asks, in a terminal; every answer has a default
+  distsetup init --yes --model models/my-llama --num_gpus_per_node 8 --num_nodes 2 --scheduler slurm \\
+      --partition gpu --time_limit 24:00:00       # the same without questions (scripts, CI)
+Writes config/config.yaml, config/ds_config.json or config/fsdp_config.json (when the plan needs one) and
+scripts/run_training.sh or scripts/slurm_job.sh; never over an existing file without --force.
+""",
+)
+@option("model", help=f"A built-in size ({', '.join(BUILTIN_SIZES)}) or a local Hugging Face model folder.")
+@option("data", help="Training files, comma-separated (.txt, or .jsonl with a text field), or synthetic.")
+@option("scheduler", type=click.Choice(SCHEDULERS), help="Where it runs: this machine (local) or SLURM.")
+@option("num_nodes", type=click.IntRange(1, MAX_NODES), help="Nodes [the SLURM allocation's, else 1].")
+@option(
+    "num_gpus_per_node",
+    type=click.IntRange(1, MAX_PROCESSES_PER_NODE),
+    help="GPUs per node, or CPU processes in a CPU setup [this machine's].",
+)
+@option("gpu_memory", help=f"Memory of one GPU, e.g. 80GB; {NO_GPU}: a CPU setup [this machine's GPUs].")
+@option("precision", type=click.Choice(PRECISIONS), help="bf16 (GPUs from Ampere on), fp16 or fp32.")
+@option("global_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per optimizer step [8 per process].")
+@option("partition", help="SLURM partition [the allocation's, else the cluster's default].")
+@option("time_limit", help="SLURM time limit, e.g. 24:00:00.")
+@option("account", help="SLURM account to charge [the allocation's, else none].")
+@option("venv", help="Virtual environment the SLURM job activates [the active one].")
+@option("cpus_per_task", type=positive, help="CPUs of each SLURM node's task (its launcher and processes).")
+@option("max_steps", type=positive, default=1000, show_default=True, help="Optimizer steps of the run.")
+@option("seq_len", type=click.IntRange(2, MODEL_MAXIMA["block_size"]), help="Tokens per sample [the model's].")
+@option("yes", "-y", is_flag=True, help="Ask nothing: defaults for every answer not given as a flag.")
+@option("force", is_flag=True, help="Replace files that exist.")
+def init(yes: bool, force: bool, **given):
+    """Ask what the run needs, choose the strategy with the planner, and write every file to start it."""
+    if Path(CONFIG_PATH).exists() and not force:  # before any question: the answers would be lost
+        raise DistsetupError(
+            f"{CONFIG_PATH} exists: distsetup init never writes over a file.",
+            "add --force to replace what init writes, or run it in another folder.",
+        )
+    machine = this_machine()
+    answers = ask_everything(Questions(given, yes), machine)
+    setup = build_setup(answers, working_folder())
+    write_setup(setup.files, force)
+    for remark in setup.remarks:
+        click.echo(remark, err=True)
+    for line in setup.summary:
+        click.echo(line)
+    click.echo("Wrote " + ", ".join(setup.files))
+    click.echo(f"Next: {setup.next_command}")
+
+
+class Questions:
+    """Each answer from its flag, else the default (--yes), else the terminal, asked again until valid."""
+
+    def __init__(self, given: dict, yes: bool):
+        self.given, self.yes = given, yes
+
+    def answer(self, name: str, text: str, default, kind=None, check: Callable | None = None):
+        if self.given.get(name) is not None:
+            value = self.given[name]
+            return check(value) if check else value
+        if self.yes:
+            return check(default) if check else default
+        if not sys.stdin.isatty():
+            raise DistsetupError(
+                f"distsetup init would ask for --{name}, and stdin is not a terminal.",
+                "add --yes (defaults for every answer not given as a flag), or run it in a terminal.",
+            )
+        return click.prompt(text, default=default, value_proc=_reasked(kind, check), show_default=default != "")
+
+
+def _reasked(kind, check: Callable | None) -> Callable:
+    """A prompt's conversion: a value that fails `kind` or `check` is said and asked again."""
+    convert = click.types.convert_type(kind)
+
+    def proc(text):
+        value = convert(text)
+        if check is None:
+            return value
+        try:
+            return check(value)
+        except DistsetupError as e:
+            raise click.BadParameter(e.message) from None
+
+    return proc
+
+
+def ask_everything(q: Questions, machine: Machine) -> Answers:
+    if q.yes:
+        pass
+    elif machine.gpus:
+        names = sorted({g.name for g in machine.gpus})
+        click.echo(f"This machine: {len(machine.gpus)} GPU(s) ({', '.join(names)}).", err=True)
+    else:
+        click.echo(
+            f"This machine: no GPU ({(machine.no_gpu_reason or '').rstrip('.')}). Without --gpu_memory, init "
+            "writes a CPU setup.",
+            err=True,
+        )
+    model = q.answer(
+        "model", f"Model: a built-in size ({', '.join(BUILTIN_SIZES)}) or a Hugging Face folder", "tiny", str, _model
+    )
+    data = q.answer("data", "Training data: files (comma-separated) or synthetic", "synthetic", str, _data)
+    scheduler = q.answer(
+        "scheduler",
+        "Where it runs",
+        "slurm" if machine.in_slurm_job else "local",
+        click.Choice(SCHEDULERS),
+    )
+    num_nodes = q.answer(
+        "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
+    )
+    gpu_memory = q.answer(
+        "gpu_memory",
+        f"Memory of one GPU ({NO_GPU}: train on CPU processes)",
+        f"{machine.gpu_memory / 1e9:.1f}GB" if machine.gpu_memory else NO_GPU,
+        str,
+        _gpu_memory,
+    )
+    per_node_default = (
+        machine.slurm_count("SLURM_GPUS_ON_NODE")
+        or len(machine.gpus)
+        or (1 if gpu_memory is not None else min(2, machine.cpu_count))
+    )
+    per_node = q.answer(
+        "num_gpus_per_node",
+        "GPUs per node" if gpu_memory else "CPU processes per node",
+        per_node_default,
+        click.IntRange(1, MAX_PROCESSES_PER_NODE),
+    )
+    precision_default = machine.precision if machine.gpus or not gpu_memory else "bf16"
+    precision = q.answer("precision", "Precision", precision_default, click.Choice(PRECISIONS))
+    world = num_nodes * per_node
+    global_batch = q.answer(
+        "global_batch_size", "Global batch (samples per optimizer step)", 8 * world, click.IntRange(1, MAX_BATCH)
+    )
+    slurm: dict = {}
+    if scheduler == "slurm":
+        slurm["partition"] = q.answer(
+            "partition", "SLURM partition (empty: the default)", machine.slurm.get("SLURM_JOB_PARTITION", ""), str
+        )
+        slurm["time_limit"] = q.answer("time_limit", "SLURM time limit", "24:00:00", str, _time_limit)
+        slurm["account"] = q.answer(
+            "account", "SLURM account (empty: none)", machine.slurm.get("SLURM_JOB_ACCOUNT", ""), str
+        )
+        slurm["venv"] = q.given.get("venv") or machine.venv
+        slurm["cpus_per_task"] = q.given.get("cpus_per_task")
+    return Answers(
+        model=model,
+        data=data,
+        scheduler=scheduler,
+        num_nodes=num_nodes,
+        num_gpus_per_node=per_node,
+        gpu_memory=gpu_memory,
+        precision=precision,
+        global_batch_size=global_batch,
+        max_steps=q.given.get("max_steps") or 1000,
+        seq_len=q.given.get("seq_len"),
+        **{key: value or None for key, value in slurm.items()},
+    )
+
+
+def _model(value: str) -> str:
+    value = value.strip()
+    if value not in BUILTIN_SIZES:
+        hf_config_path(value)
+    return value
+
+
+def _data(value: str) -> tuple[str, ...]:
+    if value.strip() in ("", "synthetic"):
+        return ()
+    paths = tuple(p.strip() for p in value.split(",") if p.strip())
+    for path in paths:
+        if not Path(path).is_file():
+            raise DistsetupError(f"--data: no file {path}.", "give existing .txt or .jsonl files, or synthetic.")
+    return paths
+
+
+def _gpu_memory(value: str) -> str | None:
+    if value.strip().lower() == NO_GPU:
+        return None
+    parse_memory(value)
+    return value.strip()
+
+
+def _time_limit(value: str) -> str:
+    time_limit_seconds(value)
+    return value.strip()
