@@ -272,7 +272,9 @@ def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
 
 @pytest.mark.slow
 def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    project = tmp_path / "we ird 'dir\" $x"  # every path in the script is quoted
+    project.mkdir()
+    monkeypatch.chdir(project)
     result = run_cli(
         "init",
         "--yes",
@@ -291,12 +293,12 @@ def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_pa
     )
     assert result.exit_code == 0, result.output
     assert "Next: sbatch scripts/slurm_job.sh" in result.stdout
-    shellcheck([tmp_path / "scripts" / "slurm_job.sh"])
-    job = cluster.run("sbatch", "--parsable", "scripts/slurm_job.sh", cwd=tmp_path).stdout.strip().split(";")[0]
+    shellcheck([project / "scripts" / "slurm_job.sh"])
+    job = cluster.run("sbatch", "--parsable", "scripts/slurm_job.sh", cwd=project).stdout.strip().split(";")[0]
     state = cluster.wait_job(job, timeout=150)
-    log = (tmp_path / f"distsetup-{job}.out").read_text(errors="replace")
+    log = (project / f"distsetup-{job}.out").read_text(errors="replace")
     assert state["JobState"] == "COMPLETED", log[-4000:]
     assert state["NodeList"] == "n[1-2]"
     assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
-    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    summary = json.loads((project / "runs" / "tiny" / "summary.json").read_text())
     assert (summary["backend"], summary["world_size"], summary["steps"]) == ("ddp", 2, 4)

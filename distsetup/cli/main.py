@@ -47,6 +47,7 @@ class LazyGroup(click.Group):
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
     epilog="""\b
 Quick start:
+  distsetup init                                  # asks, then writes every file a run needs
   distsetup deepspeed --zero_stage 2 --offload_optimizer --bf16 --output config/ds_config.json
   distsetup validate config/ds_config.json --world_size 16
 Shell completion (bash): eval "$(_DISTSETUP_COMPLETE=bash_source distsetup)"

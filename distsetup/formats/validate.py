@@ -5,17 +5,24 @@ from pathlib import Path
 from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
 from distsetup.formats.deepspeed import deepspeed_problems
 from distsetup.formats.fsdp import fsdp_problems
+from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
 from distsetup.formats.runconfig import config_problems, resolve_config_path
 
-KINDS = ("deepspeed", "fsdp", "run_config")
+KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def detect_kind(path: Path, data: dict) -> str:
-    if path.suffix in (".yaml", ".yml"):
+    if is_accelerate_config(data):
+        return "accelerate"
+    if is_training_arguments(data):
+        return "training_args"
+    if path.suffix in YAML_SUFFIXES:
         return "run_config"
     if any(k.startswith("fsdp_") for k in data):
         return "fsdp"
@@ -28,17 +35,57 @@ class Validated(NamedTuple):
     data: dict  # as read
 
 
-def validate_file(path: Path, kind: str | None = None, world_size: int | None = None, hf: bool = False) -> Validated:
-    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON or a run config YAML."""
-    if kind == "run_config" or (kind is None and path.suffix in (".yaml", ".yml")):
-        raw = read_yaml(path)
-        problems = config_problems(raw, path.parent)
-        return Validated("run_config", problems + _referenced_file_problems(raw, path.parent, world_size, hf), raw)
-    data = read_json(path)
+def validate_file(
+    path: Path,
+    kind: str | None = None,
+    world_size: int | None = None,
+    hf: bool = False,
+    num_gpus_per_node: int | None = None,
+) -> Validated:
+    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config
+    or TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names)."""
+    data = read_yaml(path) if path.suffix in YAML_SUFFIXES else read_json(path)
     kind = kind or detect_kind(path, data)
-    problems = duplicate_key_problems(data)
-    problems += deepspeed_problems(data, world_size, hf) if kind == "deepspeed" else fsdp_problems(data)
+    if kind == "run_config":
+        problems = config_problems(data, path.parent)
+        return Validated(kind, problems + _referenced_file_problems(data, path.parent, world_size, hf), data)
+    problems = [] if path.suffix in YAML_SUFFIXES else duplicate_key_problems(data)
+    if kind == "accelerate":
+        problems += accelerate_problems(data, num_gpus_per_node)
+        block = data.get("deepspeed_config")
+        named = block.get("deepspeed_config_file") if isinstance(block, dict) else None
+        world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else world_size
+        # Accelerate fills "auto" (batch sizes from the dataloader, precision from its own setting) as the Trainer does
+        problems += _named_deepspeed_problems(named, path.parent, "deepspeed_config.deepspeed_config_file", world, None)
+    elif kind == "training_args":
+        trainer = TrainerValues.from_dict(data)
+        problems += trainer.type_problems()
+        named = data.get("deepspeed")
+        if not any(p.path in ("per_device_train_batch_size", "gradient_accumulation_steps") for p in problems):
+            problems += _named_deepspeed_problems(named, path.parent, "deepspeed", world_size, trainer)
+    elif kind == "deepspeed":
+        problems += deepspeed_problems(data, world_size, hf)
+    else:
+        problems += fsdp_problems(data)
     return Validated(kind, problems, data)
+
+
+def _named_deepspeed_problems(
+    named, base_dir: Path, key: str, world_size: int | None, trainer: TrainerValues | None
+) -> list[Problem]:
+    """Problems in the DeepSpeed file an Accelerate config or TrainingArguments names (`key`), prefixed with
+    the key; with TrainingArguments also the values the HF Trainer would find mismatched."""
+    if not isinstance(named, str) or not named.strip():
+        return []
+    target = resolve_config_path(named, base_dir)
+    try:
+        config = read_json(target)
+    except DistsetupError as e:
+        return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
+    found = duplicate_key_problems(config) + deepspeed_problems(config, world_size, hf=True)
+    if trainer is not None:
+        found += mismatch_problems(config, trainer, Context(world_size=world_size), str(target))
+    return [Problem(f"{key} -> {p.path}", p.message, p.fix) for p in found]
 
 
 def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: bool = False) -> dict:

@@ -1,16 +1,30 @@
-"""`distsetup validate`: report every problem in a DeepSpeed, FSDP or run config file."""
+"""`distsetup validate`: report every problem in a DeepSpeed, FSDP or run config file, an Accelerate config or
+TrainingArguments; `--resolve` shows what the HF Trainer puts in each "auto"."""
 
+import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
 
-from distsetup.cli.options import checked, option, world_options
+from distsetup.cli.options import checked, option, positive, world_options
+from distsetup.errors import DistsetupError
+from distsetup.formats.accelerate import default_config_note
 from distsetup.formats.batch import world_size_from
 from distsetup.formats.fsdp import reader_notes
+from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, resolve_auto
 from distsetup.formats.problems import as_json
+from distsetup.formats.reading import read_json
+from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
 from distsetup.formats.validate import KINDS, validate_file
 
-KIND_NAMES = {"deepspeed": "DeepSpeed config", "fsdp": "FSDP config", "run_config": "run config"}
+KIND_NAMES = {
+    "deepspeed": "DeepSpeed config",
+    "fsdp": "FSDP config",
+    "run_config": "run config",
+    "accelerate": "Accelerate config",
+    "training_args": "TrainingArguments",
+}
 
 
 @click.command(
@@ -18,28 +32,67 @@ KIND_NAMES = {"deepspeed": "DeepSpeed config", "fsdp": "FSDP config", "run_confi
 Examples:
   distsetup validate config/ds_config.json --world_size 16
   distsetup validate config.yaml
-  distsetup validate ds_hf.json --hf --json
+  distsetup validate ~/.cache/huggingface/accelerate/default_config.yaml --num_gpus_per_node 8
+  distsetup validate training_args.json --world_size 16       # and the DeepSpeed file it names
+  distsetup validate ds_hf.json --hf --resolve --hidden_size 4096 --micro_batch_size 4 --world_size 16
 """
 )
 @click.argument("file", type=checked(click.Path(dir_okay=False, path_type=Path)))
 @world_options
 @option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
 @option("kind", type=click.Choice(KINDS), help="Override the detected kind of file.")
+@option("resolve", is_flag=True, help='Show what the HF Trainer puts in each "auto" of the DeepSpeed file.')
+@option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="The model's hidden size (--resolve).")
+@option("micro_batch_size", type=positive, help="per_device_train_batch_size (--resolve) [TrainingArguments'].")
+@option("gradient_accumulation_steps", type=positive, help="(--resolve) [TrainingArguments', else 1].")
+@option("max_steps", type=positive, help="Training steps, for the scheduler's (--resolve).")
 @click.option("--json", "as_json_output", is_flag=True, help="Print the problems as JSON.")
 @click.pass_context
-def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per_node, hf, kind, as_json_output):
-    """Check FILE against the schema and DeepSpeed's and FSDP's cross-field rules; exit 1 on problems."""
+def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per_node, hf, kind, as_json_output, **o):
+    """Check FILE against the schema and DeepSpeed's, FSDP's, Accelerate's and the HF Trainer's rules; exit 1 on
+    problems."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
-    kind, problems, data = validate_file(file, kind, world, hf)
+    kind, problems, data = validate_file(file, kind, world, hf, num_gpus_per_node)
+    resolved = resolve(file, kind, data, world, o) if o["resolve"] else []
     if as_json_output:
-        click.echo(as_json(problems))
+        if o["resolve"]:
+            click.echo(
+                json.dumps(
+                    {"problems": json.loads(as_json(problems)), "resolved": [asdict(r) for r in resolved]}, indent=2
+                )
+            )
+        else:
+            click.echo(as_json(problems))
     else:
         for problem in problems:
             click.echo(f"{file}: {problem}")
-        if kind == "fsdp":
-            for note in reader_notes(data):
-                click.echo(f"{file}: note: {note}")
+        notes = reader_notes(data) if kind == "fsdp" else [default_config_note(file)] if kind == "accelerate" else []
+        for note in filter(None, notes):
+            click.echo(f"{file}: note: {note}")
+        for r in resolved:
+            value = "?" if r.value is None else json.dumps(r.value)
+            click.echo(f"{file}: resolve: {r.path} = {value} ({r.source})")
         checked = f" for world size {world}" if world else ""
         summary = f"{len(problems)} problem(s)" if problems else "no problems"
         click.echo(f"{file}: {KIND_NAMES[kind]}, {summary}{checked}.", err=bool(problems))
     ctx.exit(1 if problems else 0)
+
+
+def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> list[Resolved]:
+    """The "auto" values of the DeepSpeed file (FILE, or the one TrainingArguments name) as the Trainer fills them."""
+    if kind == "deepspeed":
+        config, trainer = data, TrainerValues()
+    elif kind == "training_args" and isinstance(data.get("deepspeed"), str):
+        config, trainer = read_json(resolve_config_path(data["deepspeed"], file.parent)), TrainerValues.from_dict(data)
+    else:
+        raise DistsetupError(
+            f"--resolve needs a DeepSpeed file or TrainingArguments naming one; {file} is a {KIND_NAMES[kind]}.",
+            "give the DeepSpeed JSON (with --hf).",
+        )
+    given = {
+        "per_device_train_batch_size": o["micro_batch_size"],
+        "gradient_accumulation_steps": o["gradient_accumulation_steps"],
+        "max_steps": o["max_steps"],
+    }
+    trainer = replace(trainer, **{key: value for key, value in given.items() if value is not None})
+    return resolve_auto(config, trainer, Context(world_size=world, hidden_size=o["hidden_size"]))

@@ -1,0 +1,273 @@
+"""An Accelerate config YAML (what `accelerate config` writes, `accelerate launch --config_file` reads): its
+keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, checked as Accelerate reads them
+(accelerate 1.x: `ClusterConfig`, `accelerate launch`, `DeepSpeedPlugin`)."""
+
+from pathlib import Path
+
+from distsetup.formats.deepspeed import needs_nvme_path, stages_text, unused_at_stage
+from distsetup.formats.fsdp import fsdp_problems
+from distsetup.formats.problems import Problem, suggest
+
+# ClusterConfig's fields; Accelerate refuses any other top-level key ("had unknown keys"), save the two old
+# spellings its process_config converts (fp16, dynamo_backend).
+KEYS = frozenset(
+    {
+        "compute_environment",
+        "distributed_type",
+        "mixed_precision",
+        "use_cpu",
+        "debug",
+        "num_processes",
+        "machine_rank",
+        "num_machines",
+        "gpu_ids",
+        "main_process_ip",
+        "main_process_port",
+        "rdzv_backend",
+        "same_network",
+        "main_training_function",
+        "enable_cpu_affinity",
+        "fp8_config",
+        "deepspeed_config",
+        "fsdp_config",
+        "parallelism_config",
+        "megatron_lm_config",
+        "mpirun_config",
+        "downcast_bf16",
+        "tpu_name",
+        "tpu_zone",
+        "tpu_use_cluster",
+        "tpu_use_sudo",
+        "command_file",
+        "commands",
+        "tpu_vm",
+        "tpu_env",
+        "dynamo_config",
+    }
+)
+OLD_KEYS = frozenset({"fp16", "dynamo_backend"})
+DISTRIBUTED_TYPES = frozenset(
+    {
+        "NO",
+        "MULTI_CPU",
+        "MULTI_GPU",
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_SDAA",
+        "MULTI_MUSA",
+        "MULTI_XPU",
+        "MULTI_HPU",
+        "MULTI_NEURON",
+        "DEEPSPEED",
+        "FSDP",
+        "XLA",
+        "MEGATRON_LM",
+    }
+)
+MIXED_PRECISIONS = frozenset({"no", "fp16", "bf16", "fp8"})
+# The deepspeed_config block as `accelerate launch` reads it (its --<key> flags).
+DEEPSPEED_KEYS = frozenset(
+    {
+        "deepspeed_config_file",
+        "zero_stage",
+        "offload_optimizer_device",
+        "offload_param_device",
+        "offload_optimizer_nvme_path",
+        "offload_param_nvme_path",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "zero3_init_flag",
+        "zero3_save_16bit_model",
+        "deepspeed_multinode_launcher",
+        "deepspeed_hostfile",
+        "deepspeed_exclusion_filter",
+        "deepspeed_inclusion_filter",
+        "deepspeed_moe_layer_cls_names",
+    }
+)
+# Beside deepspeed_config_file these belong in the DeepSpeed file: DeepSpeedPlugin raises ValueError ("When
+# using `deepspeed_config_file`, the following accelerate config variables will be ignored").
+IGNORED_BESIDE_FILE = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
+DEFAULT_CONFIG = Path("~/.cache/huggingface/accelerate/default_config.yaml")
+
+
+def is_accelerate_config(data: dict) -> bool:
+    return "distributed_type" in data or "compute_environment" in data
+
+
+def accelerate_problems(data: dict, num_gpus_per_node: int | None = None) -> list[Problem]:
+    """Every place `accelerate launch` would refuse the file or run something else than it says."""
+    problems = [
+        Problem(key, 'Accelerate refuses unknown keys ("had unknown keys").', suggest(key, KEYS))
+        for key in data
+        if key not in KEYS | OLD_KEYS
+    ]
+    kind = data.get("distributed_type")
+    if kind is None:
+        problems.append(Problem("distributed_type", "is missing; Accelerate refuses the file.", "e.g. MULTI_GPU."))
+    elif kind not in DISTRIBUTED_TYPES:
+        problems.append(
+            Problem("distributed_type", f"{kind!r} is not one Accelerate knows.", suggest(str(kind), DISTRIBUTED_TYPES))
+        )
+    precision = data.get("mixed_precision")
+    if precision is not None and precision not in MIXED_PRECISIONS:
+        problems.append(
+            Problem("mixed_precision", f"{precision!r} is not one Accelerate knows.", "use no, fp16, bf16 or fp8.")
+        )
+    problems += _number_problems(data)
+    if not any(p.path in WHOLE_NUMBERS for p in problems):
+        problems += _world_problems(data, num_gpus_per_node)
+    problems += _block_problems(data, kind)
+    return problems
+
+
+def _number_problems(data: dict) -> list[Problem]:
+    problems = []
+    for key in WHOLE_NUMBERS:
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            digits = value.strip() if isinstance(value, str) and value.strip().lstrip("-").isdigit() else None
+            problems.append(
+                Problem(
+                    key,
+                    f"{value!r} is {'a string' if isinstance(value, str) else 'not a whole number'}"
+                    + ("; YAML read the quotes, so Accelerate gets text, not a number." if digits else "."),
+                    f"write {key}: {digits or 8} without quotes.",
+                )
+            )
+    return problems
+
+
+def _world_problems(data: dict, num_gpus_per_node: int | None) -> list[Problem]:
+    problems = []
+    processes, machines, rank = data.get("num_processes"), data.get("num_machines", 1), data.get("machine_rank", 0)
+    if machines < 1:
+        problems.append(Problem("num_machines", f"{machines} machines.", "at least 1."))
+        return problems
+    if not 0 <= rank < machines:
+        problems.append(
+            Problem("machine_rank", f"{rank} is not a rank of {machines} machine(s).", f"0 to {machines - 1}.")
+        )
+    if processes is not None and processes > 0:
+        expected = machines * num_gpus_per_node if num_gpus_per_node else None
+        if expected is not None and processes != expected:
+            per_machine = (
+                " (it counts processes over all machines, not per machine)"
+                if processes == num_gpus_per_node and machines > 1
+                else ""
+            )
+            problems.append(
+                Problem(
+                    "num_processes",
+                    f"{processes} is not {machines} machine(s) x {num_gpus_per_node} GPUs = {expected}{per_machine}.",
+                    f"num_processes: {expected}.",
+                )
+            )
+        elif processes % machines:
+            problems.append(
+                Problem(
+                    "num_processes",
+                    f"{processes} processes do not split evenly over {machines} machines: num_processes is the "
+                    "total over all machines.",
+                    "num_machines x GPUs per machine.",
+                )
+            )
+    if machines > 1 and not data.get("main_process_ip"):
+        problems.append(
+            Problem(
+                "main_process_ip",
+                f"is missing with {machines} machines: the other machines cannot find the main one.",
+                "the address of machine 0, reachable from every machine.",
+            )
+        )
+    return problems
+
+
+def _block_problems(data: dict, kind) -> list[Problem]:
+    problems = []
+    for block, owner in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
+        if data.get(block) and kind != owner and kind is not None:
+            problems.append(
+                Problem(
+                    block,
+                    f"is ignored: distributed_type is {kind}, so `accelerate launch` does not read it.",
+                    f"set distributed_type: {owner}, or remove the block.",
+                )
+            )
+    fsdp = data.get("fsdp_config")
+    if kind == "FSDP" and isinstance(fsdp, dict):
+        # without fsdp_version Accelerate runs FSDP1
+        found = fsdp_problems({"fsdp_version": 1, **fsdp})
+        problems += [Problem(f"fsdp_config.{p.path}".rstrip("."), p.message, p.fix) for p in found]
+    deepspeed = data.get("deepspeed_config")
+    if kind == "DEEPSPEED" and isinstance(deepspeed, dict):
+        problems += deepspeed_block_problems(
+            deepspeed, "mixed_precision" in data and data["mixed_precision"] is not None
+        )
+    return problems
+
+
+def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Problem]:
+    problems = [
+        Problem(f"deepspeed_config.{key}", "is not a key `accelerate launch` reads.", suggest(key, DEEPSPEED_KEYS))
+        for key in block
+        if key not in DEEPSPEED_KEYS
+    ]
+    if block.get("deepspeed_config_file"):
+        beside = [key for key in IGNORED_BESIDE_FILE if key in block]
+        beside += ["mixed_precision"] if top_level_precision else []
+        problems += [
+            Problem(
+                key if key == "mixed_precision" else f"deepspeed_config.{key}",
+                'beside deepspeed_config_file: Accelerate stops ("the following accelerate config variables will '
+                'be ignored").',
+                "set it in the DeepSpeed file and remove it here.",
+            )
+            for key in beside
+        ]
+        return problems
+    stage = block.get("zero_stage")
+    if stage is not None and stage not in (0, 1, 2, 3):
+        problems.append(Problem("deepspeed_config.zero_stage", f"{stage!r} is not a ZeRO stage.", "0, 1, 2 or 3."))
+    for key in ("offload_optimizer_device", "offload_param_device"):
+        device, option = block.get(key), key.removesuffix("_device")
+        if device is not None and device not in OFFLOAD_DEVICES:
+            problems.append(Problem(f"deepspeed_config.{key}", f"{device!r} is not a device.", "none, cpu or nvme."))
+        if needs_nvme_path(device, block.get(f"{option}_nvme_path")):
+            problems.append(
+                Problem(f"deepspeed_config.{key}", "is nvme without a path.", f"add {option}_nvme_path: /local/nvme.")
+            )
+        if device not in (None, "none") and stage in (0, 1, 2) and unused_at_stage([option], stage):
+            problems.append(
+                Problem(
+                    f"deepspeed_config.{key}",
+                    f"means nothing at ZeRO stage {stage}: DeepSpeed uses {option} at {stages_text(option)} only.",
+                    f"a zero_stage that uses it, or {key}: none.",
+                )
+            )
+    return problems
+
+
+def default_config_note(path: Path) -> str | None:
+    """The default config is read by every `accelerate launch` without --config_file, long after it was written."""
+    try:
+        is_default = path.resolve() == DEFAULT_CONFIG.expanduser().resolve()
+    except OSError:
+        return None
+    if not is_default:
+        return None
+    return (
+        "this is Accelerate's default config: `accelerate launch` without --config_file uses it for every run "
+        "(a leftover FSDP or DeepSpeed setting here applies to all of them)."
+    )

@@ -1,0 +1,290 @@
+"""`distsetup validate` on the files users bring from elsewhere: Accelerate config YAMLs (written by `accelerate
+config default` and by hand with the classic mistakes) and TrainingArguments beside a DeepSpeed file; and
+`--resolve`, whose values must be what transformers' own HfTrainerDeepSpeedConfig fills in."""
+
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from distsetup.formats.accelerate import DISTRIBUTED_TYPES, IGNORED_BESIDE_FILE, KEYS, MIXED_PRECISIONS
+from distsetup.formats.hf_trainer import Context, TrainerValues, mismatch_problems, resolve_auto
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data) if path.suffix == ".yaml" else json.dumps(data))
+    return path
+
+
+def problem_paths(run_cli, path: Path, *args) -> list[str]:
+    result = run_cli("validate", path, "--json", *args)
+    assert result.exit_code in (0, 1), result.output
+    return [p["path"] for p in json.loads(result.stdout)]
+
+
+@pytest.mark.slow  # imports transformers or accelerate
+def test_what_accelerate_knows_is_what_validate_knows():
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import DistributedType, PrecisionType
+
+    assert set(ClusterConfig.__dataclass_fields__) == KEYS
+    assert {d.value for d in DistributedType} == DISTRIBUTED_TYPES
+    assert {p.value for p in PrecisionType} == MIXED_PRECISIONS
+
+
+@pytest.mark.slow  # imports transformers or accelerate
+@pytest.mark.parametrize("key", [*IGNORED_BESIDE_FILE, "mixed_precision", "zero3_init_flag"])
+def test_the_keys_accelerate_refuses_beside_a_deepspeed_file(tmp_path, monkeypatch, key):
+    """DeepSpeedPlugin itself, given what `accelerate launch` passes on for a config with this key."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    ds = write(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}})
+    monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", f"deepspeed_config_file,{key}")
+    if key == "zero3_init_flag":  # allowed beside the file
+        DeepSpeedPlugin(hf_ds_config=str(ds))
+        return
+    with pytest.raises(ValueError, match="will be ignored"):
+        DeepSpeedPlugin(hf_ds_config=str(ds))
+
+
+@pytest.mark.slow  # imports transformers or accelerate
+def test_accelerate_config_default_passes(run_cli, tmp_path):
+    from accelerate.commands.config.default import write_basic_config  # what `accelerate config default` runs
+
+    path = tmp_path / "default_config.yaml"
+    write_basic_config(save_location=str(path))
+    result = run_cli("validate", path, "--num_gpus_per_node", 1)
+    assert result.exit_code == 0, result.output
+    assert "Accelerate config, no problems" in result.stdout
+
+
+MULTI_NODE = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "MULTI_GPU",
+    "mixed_precision": "bf16",
+    "num_machines": 2,
+    "machine_rank": 0,
+    "num_processes": 16,
+    "main_process_ip": "10.0.0.1",
+    "main_process_port": 29500,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"),
+    [
+        ({"num_processes": 8}, "num_processes", "not 2 machine(s) x 8 GPUs = 16 (it counts processes over all"),
+        ({"num_processes": "16"}, "num_processes", "write num_processes: 16 without quotes"),
+        ({"machine_rank": 2}, "machine_rank", "is not a rank of 2 machine(s)"),
+        ({"main_process_ip": None}, "main_process_ip", "the other machines cannot find the main one"),
+        ({"distributed_type": "MULTI_GPUS"}, "distributed_type", "did you mean 'MULTI_GPU'?"),
+        ({"num_process": 16}, "num_process", "did you mean 'num_processes'?"),
+        ({"mixed_precision": "bfloat16"}, "mixed_precision", "use no, fp16, bf16 or fp8"),
+        (
+            {"fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD"}},
+            "fsdp_config",
+            "is ignored: distributed_type is MULTI_GPU",
+        ),
+        (
+            {"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARDS"}},
+            "fsdp_config.fsdp_sharding_strategy",
+            "",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_param_device": "cpu"}},
+            "deepspeed_config.offload_param_device",
+            "DeepSpeed uses offload_param at stage 3 only",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 0, "offload_optimizer_device": "cpu"}},
+            "deepspeed_config.offload_optimizer_device",
+            "DeepSpeed uses offload_optimizer at stages 1, 2, 3 only",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "nvme"},
+            },
+            "deepspeed_config.offload_optimizer_device",
+            "add offload_optimizer_nvme_path",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero_stage": 2},
+                "mixed_precision": None,
+            },
+            "deepspeed_config.zero_stage",
+            "set it in the DeepSpeed file and remove it here",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": "ds.json"}},
+            "mixed_precision",  # the top-level one, beside a DeepSpeed file
+            "set it in the DeepSpeed file",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": "bad_ds.json"},
+                "mixed_precision": None,
+            },
+            "deepspeed_config.deepspeed_config_file -> bf16.enabled",
+            "fp16 and bf16 are both enabled",
+        ),
+    ],
+)
+def test_classic_accelerate_mistakes_are_named_with_their_key_and_fix(run_cli, tmp_path, change, path, words):
+    write(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}})
+    write(
+        tmp_path / "bad_ds.json",
+        {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "fp16": {"enabled": True}},
+    )
+    config = {key: value for key, value in {**MULTI_NODE, **change}.items() if value is not None}
+    file = write(tmp_path / "accelerate.yaml", config)
+    result = run_cli("validate", file, "--num_gpus_per_node", 8)
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stdout.splitlines() if f": {path}: " in line]
+    assert len(lines) == 1 and words in lines[0], result.stdout
+    assert problem_paths(run_cli, file, "--num_gpus_per_node", 8) == [path]  # that mistake alone
+
+
+def test_the_correct_multi_node_file_passes_and_the_default_path_gets_a_note(run_cli, tmp_path, monkeypatch):
+    assert problem_paths(run_cli, write(tmp_path / "a.yaml", MULTI_NODE), "--num_gpus_per_node", 8) == []
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
+    default.parent.mkdir(parents=True)
+    write(default, MULTI_NODE)
+    result = run_cli("validate", default)
+    assert result.exit_code == 0
+    assert (
+        "note: this is Accelerate's default config: `accelerate launch` without --config_file uses it" in result.stdout
+    )
+
+
+def hf_mismatches(ds: dict, args) -> set[str]:
+    """What transformers' HfTrainerDeepSpeedConfig reports as mismatched (it raises ValueError listing them)."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(ds)))
+    hf.trainer_config_process(args)
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=64))
+    try:
+        hf.trainer_config_finalize(args, model, num_training_steps=100)
+    except ValueError as e:
+        return set(re.findall(r"- ds (\S+)=", str(e)))
+    return set()
+
+
+def training_arguments(tmp_path, **values):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], **values)
+
+
+BASE_DS = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "train_batch_size": "auto",
+    "gradient_clipping": 1.0,
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 2},
+}
+BASE_ARGS = dict(
+    per_device_train_batch_size=4,
+    gradient_accumulation_steps=2,
+    learning_rate=3e-4,
+    adam_beta2=0.95,
+    weight_decay=0.1,
+    bf16=True,
+    max_steps=100,
+)
+
+
+@pytest.mark.slow  # imports transformers or accelerate
+@pytest.mark.parametrize(
+    ("ds_change", "args_change"),
+    [
+        ({}, {}),
+        ({"train_micro_batch_size_per_gpu": "4"}, {}),  # transformers issue 29348: "8" against 8
+        ({"gradient_clipping": 0.5}, {}),
+        ({}, {"learning_rate": 1e-4}),
+        ({}, {"adam_beta2": 0.999, "bf16": False}),
+        ({"train_batch_size": 16}, {"gradient_accumulation_steps": 4}),
+    ],
+)
+def test_training_arguments_beside_a_deepspeed_file_find_what_the_trainer_stops_on(
+    run_cli, tmp_path, ds_change, args_change
+):
+    ds = {**BASE_DS, **ds_change}
+    args = {**BASE_ARGS, **args_change}
+    write(tmp_path / "ds.json", ds)
+    file = write(tmp_path / "training_args.json", {"output_dir": "out", "deepspeed": "ds.json", **args})
+    result = run_cli("validate", file, "--world_size", 1, "--json")
+    ours = {p["path"].split(" -> ")[1] for p in json.loads(result.stdout) if "TrainingArguments" in p["message"]}
+    theirs = hf_mismatches(ds, training_arguments(tmp_path, **args))
+    assert ours == theirs
+    assert bool(ours) == bool(ds_change or args_change)
+    if ds_change.get("train_micro_batch_size_per_gpu") == "4":
+        (line,) = [p.message for p in mismatch_problems(ds, TrainerValues(**args), Context(1), "ds.json")]
+        assert "'4' in ds.json is a string, TrainingArguments' per_device_train_batch_size is 4, a number" in line
+
+
+def test_training_arguments_of_the_wrong_type_are_named(run_cli, tmp_path):
+    file = write(tmp_path / "args.yaml", {"output_dir": "out", "per_device_train_batch_size": "8", "bf16": "true"})
+    result = run_cli("validate", file)
+    assert result.exit_code == 1
+    assert problem_paths(run_cli, file) == ["per_device_train_batch_size", "bf16"]
+    assert "write per_device_train_batch_size: 8 without quotes" in result.stdout
+
+
+@pytest.mark.slow  # imports transformers or accelerate
+@pytest.mark.parametrize("stage", [2, 3])
+def test_resolve_gives_what_the_hf_trainer_fills_in(run_cli, tmp_path, stage):
+    ds_file = tmp_path / "ds_hf.json"
+    written = run_cli("deepspeed", "--zero_stage", stage, "--hf_auto", "--scheduler", "WarmupDecayLR", "-o", ds_file)
+    assert written.exit_code == 0, written.output
+    ds = json.loads(ds_file.read_text())
+    args = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=3e-4, bf16=True)
+    args.update(warmup_steps=7, max_steps=100, max_grad_norm=0.5, weight_decay=0.1, adam_epsilon=1e-6)
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    hf = HfTrainerDeepSpeedConfig(json.loads(ds_file.read_text()))
+    hf.trainer_config_process(training_arguments(tmp_path, **args))
+    hf.trainer_config_finalize(
+        training_arguments(tmp_path, **args), SimpleNamespace(config=SimpleNamespace(hidden_size=64)), 100
+    )
+    resolved = resolve_auto(ds, TrainerValues(**args), Context(world_size=1, hidden_size=64))
+    assert resolved, "the --hf_auto file has auto values"
+    for r in resolved:
+        node = hf.config
+        for part in r.path.split("."):
+            node = node[part]
+        assert node == ("auto" if r.value is None else r.value), r
+    args_file = write(tmp_path / "training_args.json", {"output_dir": "out", "deepspeed": ds_file.name, **args})
+    shown = run_cli("validate", args_file, "--resolve", "--hidden_size", 64, "--world_size", 1)
+    assert shown.exit_code == 0, shown.output
+    assert "resolve: train_batch_size = 8 (world size x per_device_train_batch_size" in shown.stdout
+    assert "resolve: scheduler.params.warmup_num_steps = 7 (warmup_steps" in shown.stdout
+
+
+def test_resolve_says_what_it_needs(run_cli, tmp_path):
+    ds_file = tmp_path / "ds_hf.json"
+    assert run_cli("deepspeed", "--zero_stage", 3, "--hf_auto", "-o", ds_file).exit_code == 0
+    shown = run_cli("validate", ds_file, "--hf", "--resolve", "--micro_batch_size", 4)
+    assert "resolve: train_micro_batch_size_per_gpu = 4 (per_device_train_batch_size)" in shown.stdout
+    assert "resolve: train_batch_size = ? (give --world_size)" in shown.stdout
+    assert "resolve: zero_optimization.reduce_bucket_size = ? (give --hidden_size)" in shown.stdout
+    not_deepspeed = run_cli(
+        "validate", write(tmp_path / "f.json", {"fsdp_sharding_strategy": "FULL_SHARD"}), "--resolve"
+    )
+    assert not_deepspeed.exit_code == 1 and "--resolve needs a DeepSpeed file" in not_deepspeed.stderr
+
+
+def test_validate_of_a_yaml_run_config_is_unchanged(run_cli):
+    assert run_cli("validate", Path(__file__).parent.parent / "config" / "config.yaml").exit_code == 0
+    assert os.path.exists(Path(__file__).parent.parent / "config" / "config.yaml")
