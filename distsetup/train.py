@@ -114,6 +114,7 @@ def train(cfg, args) -> int:
     import torch
     from tqdm import tqdm
 
+    from distsetup.formats.checkpoint_folder import find_resume, read_meta
     from distsetup.training import checkpoint as ckpt
     from distsetup.training.backends import make_backend
     from distsetup.training.data import ShardedSampler, build_dataset
@@ -157,9 +158,9 @@ def train(cfg, args) -> int:
     try:
         # Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
         # another node may see the newest marker late, and ranks resuming different steps would diverge.
-        resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else ckpt.find_resume(ckpt_root))
+        resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else find_resume(ckpt_root))
         if resume:
-            ckpt.check_compatible(ckpt.read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
+            ckpt.check_compatible(read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
         elif damaged:
             raise DistsetupError(
                 f"no intact checkpoint to resume from: {damaged[0]}.",

@@ -33,6 +33,7 @@ GENERATING_COMMANDS = [
         "-",
     ],
     ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB"],
+    ["checkpoint", "ls", "tests"],
 ]
 
 

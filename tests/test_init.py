@@ -4,6 +4,7 @@ as one world); bad answers are asked again in a terminal and one line with nothi
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,11 @@ def test_a_person_answers_in_a_terminal_and_the_files_validate_and_train(tmp_pat
     init.sendline("0")
     init.expect_exact("not in the range")
     init.sendline("2")
-    init.expect_exact("Precision [fp32]")
+    init.expect_exact("Precision (fp32, bf16, fp16) [fp32]")
     init.sendline("")
+    init.expect_exact("Global batch (samples per optimizer step) [16]")
+    init.sendline("7")  # an answer that fails with an earlier one (2 processes) is asked again too
+    init.expect_exact("is not divisible by the 2 processes")
     init.expect_exact("Global batch (samples per optimizer step) [16]")
     init.sendline("12")
     init.expect(pexpect.EOF)
@@ -167,10 +171,16 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         (["--model", "nowhere"], "--model nowhere is neither a built-in size nor a folder."),
         (["--num_gpus_per_node", "0"], "--num_gpus_per_node: 0 is not in the range 1<=x<=1024."),
         (["--num_nodes", "0"], "--num_nodes: 0 is not in the range"),
-        (["--scheduler", "slurm", "--time_limit", "25:99:00"], "time limit '25:99:00' is not one SLURM accepts."),
+        (
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--time_limit", "25:99:00"],
+            "--time_limit: time limit '25:99:00' is not one SLURM accepts.",
+        ),
         (["--gpu_memory", "lots"], "--gpu_memory: cannot read 'lots' as an amount of memory."),
         (["--data", "missing.jsonl"], "--data: no file missing.jsonl."),
         (["--global_batch_size", "3"], "--global_batch_size 3 is not divisible by the 2 processes"),
+        (["--data", ","], "--data ',' names no file."),
+        (["--scheduler", "slurm"], "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes."),
+        (["--model", "folder-7b", "--seq_len", "8192"], "--seq_len 8192 is longer than folder-7b allows"),
         (
             ["--model", "xl", "--gpu_memory", "1GB", "--num_gpus_per_node", "1"],
             "nothing fits: xl (1.48B parameters, bf16, sequence 1024) on 1 node(s) x 1 GPU(s) of 1GB. HINT: what "
@@ -181,10 +191,12 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
 def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder").mkdir()
+    (tmp_path / "folder-7b").mkdir()
+    (tmp_path / "folder-7b" / "config.json").write_text(json.dumps(LLAMA_7B))
     result = run_cli("init", "--yes", *args)
     assert result.exit_code == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert files_in(tmp_path) == []
+    assert files_in(tmp_path) == ["folder-7b/config.json"]
 
 
 def test_defaults_come_from_the_gpus_and_the_slurm_allocation():
@@ -246,19 +258,21 @@ def test_gpu_setup_writes_the_file_distsetup_plan_recommends(run_cli, tmp_path, 
     assert run_cli("validate", "config/config.yaml", "--world_size", 8).exit_code == 0
 
 
+LLAMA_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+
+
 def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
     folder = tmp_path / "my-llama"
     folder.mkdir()
-    llama = {
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 4096,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "intermediate_size": 11008,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-    }
-    (folder / "config.json").write_text(json.dumps(llama))
+    (folder / "config.json").write_text(json.dumps(LLAMA_7B))
     answers = Answers(str(folder), (), "slurm", 2, 8, "80GB", "bf16", 128, time_limit="24:00:00")
     setup = build_setup(answers, str(tmp_path))
     config = setup.files["config/config.yaml"][0]
@@ -286,6 +300,8 @@ def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_pa
         1,
         "--time_limit",
         10,
+        "--gpu_memory",
+        "none",  # the test cluster's nodes have no real GPUs: a CPU job
         "--venv",
         VENV,
         "--max_steps",
@@ -302,3 +318,39 @@ def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_pa
     assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
     summary = json.loads((project / "runs" / "tiny" / "summary.json").read_text())
     assert (summary["backend"], summary["world_size"], summary["steps"]) == ("ddp", 2, 4)
+
+
+def test_fp16_never_gets_fsdp_which_the_trainer_cannot_scale(run_cli, tmp_path, monkeypatch):
+    """At bf16 the planner's choice for this case is FSDP; at fp16 (GPUs before Ampere) it must be another."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--yes", "--model", "xl", "--gpu_memory", "16GB", "--num_gpus_per_node", "4"]
+    assert run_cli("init", *args, "--precision", "bf16").exit_code == 0
+    assert (tmp_path / "config" / "fsdp_config.json").exists()
+    assert run_cli("init", *args, "--precision", "fp16", "--force").exit_code == 0
+    config = (tmp_path / "config" / "config.yaml").read_text()
+    assert "backend: fsdp" not in config and "precision: fp16" in config
+    fsdp_fp16 = config.replace("backend: deepspeed", "backend: fsdp").replace("deepspeed_config:", "fsdp_config:")
+    (tmp_path / "config" / "config.yaml").write_text(fsdp_fp16.replace("ds_config.json", "fsdp_config.json"))
+    refused = run_cli("validate", "config/config.yaml", "--json")
+    assert [p["path"] for p in json.loads(refused.stdout)] == ["training.precision"]
+
+
+def test_the_summary_says_why_with_numbers_that_hold(tmp_path):
+    """Each faster strategy it names needs more than the usable memory: that is why it was passed over."""
+    answers = Answers("xl", (), "local", 1, 4, "16GB", "bf16", 32)
+    (why,) = [line for line in build_setup(answers, str(tmp_path)).summary if line.startswith("Strategy:")]
+    usable = float(re.search(r"fits (\d+\.\d) GB usable", why).group(1))
+    needs = [float(n) for n in re.findall(r" (\d+\.\d) GB", why.split("faster ones need more")[1])]
+    assert needs and all(n > usable for n in needs), why
+
+
+def test_init_never_imports_torch_or_the_clients(tmp_path):
+    code = (
+        "import sys\nfrom distsetup.cli.main import cli\n"
+        "try:\n    cli(['init', '--yes', '--gpu_memory', '80GB', '--model', 'xl'], prog_name='distsetup')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate') if m in sys.modules),"
+        " 'EXIT', code)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr

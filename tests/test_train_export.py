@@ -4,7 +4,7 @@ import pytest
 import torch
 from train_runs import SHARED, final_weights, losses, shared_run, train, write_run_config
 
-from distsetup.training.checkpoint import latest_complete
+from distsetup.formats.checkpoint_folder import latest_complete
 
 
 @pytest.mark.slow

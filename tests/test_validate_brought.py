@@ -288,3 +288,56 @@ def test_resolve_says_what_it_needs(run_cli, tmp_path):
 def test_validate_of_a_yaml_run_config_is_unchanged(run_cli):
     assert run_cli("validate", Path(__file__).parent.parent / "config" / "config.yaml").exit_code == 0
     assert os.path.exists(Path(__file__).parent.parent / "config" / "config.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "paths"),
+    [
+        ({"num_machines": None, "machine_rank": None, "main_process_ip": None}, ["num_processes"]),
+        ({"distributed_type": ["MULTI_GPU"]}, ["distributed_type"]),
+        ({"mixed_precision": {"a": 1}}, ["mixed_precision"]),
+        ({1: "x"}, ["1"]),
+        ({"fsdp_config": ["a"]}, ["fsdp_config"]),
+        ({"distributed_type": "DEEPSPEED", "deepspeed_config": "zero3"}, ["deepspeed_config"]),
+        ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": True}}, ["deepspeed_config.zero_stage"]),
+        ({"num_machines": True}, ["num_machines"]),
+    ],
+)
+def test_odd_accelerate_values_are_problems_not_tracebacks(run_cli, tmp_path, change, paths):
+    config = {key: value for key, value in {**MULTI_NODE, **change}.items() if value is not None}
+    assert problem_paths(run_cli, write(tmp_path / "odd.yaml", config), "--num_gpus_per_node", 8) == paths
+
+
+def test_num_processes_against_the_world_size(run_cli, tmp_path):
+    file = write(tmp_path / "a.yaml", MULTI_NODE)
+    assert problem_paths(run_cli, file, "--world_size", 16) == []
+    result = run_cli("validate", file, "--world_size", 8)
+    assert "num_processes: 16 is not the world size 8 = 8." in result.stdout
+
+
+def test_training_arguments_in_yaml_are_read_as_pyyaml_reads_them(run_cli, tmp_path):
+    """HfArgumentParser.parse_yaml_file uses yaml.safe_load: `3e-5` is a string there, not a number."""
+    file = tmp_path / "args.yaml"
+    file.write_text("output_dir: out\nper_device_train_batch_size: 4\nlearning_rate: 3e-5\nwarmup_steps: '0.1'\n")
+    result = run_cli("validate", file)
+    assert problem_paths(run_cli, file) == ["learning_rate", "warmup_steps"]
+    assert "write learning_rate: 3.0e-05 without quotes." in result.stdout
+    assert yaml.safe_load("learning_rate: 3.0e-05")["learning_rate"] == 3e-5  # the fix is a number to PyYAML
+
+
+def test_values_of_the_wrong_type_are_not_compared_or_resolved(run_cli, tmp_path):
+    # BASE_DS differs from TrainingArguments' defaults in several values: none is compared while types are wrong
+    write(tmp_path / "ds.json", {**BASE_DS, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})
+    file = write(
+        tmp_path / "training_args.json",
+        {"output_dir": "out", "deepspeed": "ds.json", "max_steps": "100", "gradient_accumulation_steps": "2"},
+    )
+    assert problem_paths(run_cli, file, "--world_size", 1) == ["gradient_accumulation_steps", "max_steps"]
+    resolved = run_cli("validate", file, "--resolve", "--world_size", 1)
+    assert resolved.exit_code == 1 and "has values of the wrong type" in resolved.stderr
+
+
+def test_kind_run_config_reads_yaml_whatever_the_name(run_cli, tmp_path):
+    file = tmp_path / "rc.txt"
+    file.write_text("training: {max_steps: 5}\n")
+    assert run_cli("validate", file, "--kind", "run_config").exit_code == 0

@@ -170,7 +170,7 @@ def losses(output_dir: Path) -> list[float]:
 
 
 def final_weights(output_dir: Path) -> dict:
-    from distsetup.training.checkpoint import latest_complete
+    from distsetup.formats.checkpoint_folder import latest_complete
     from distsetup.training.export import consolidated_state_dict
 
     return consolidated_state_dict(latest_complete(output_dir / "checkpoints"))

@@ -12,11 +12,12 @@ from distsetup.cli.output import json_text, refuse_generated_problems, write_ato
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts
 from distsetup.formats.deepspeed import deepspeed_problems
-from distsetup.formats.fsdp import fsdp_problems
+from distsetup.formats.fsdp import TRAINER_PRECISIONS, fsdp_problems
 from distsetup.formats.runconfig import config_problems
 from distsetup.planning.models import BUILTIN_SIZES, hf_context_length, hf_shape_from_json
 from distsetup.planning.planner import (
     BY_KEY,
+    STRATEGIES,
     Hardware,
     ModelShape,
     Plan,
@@ -114,7 +115,13 @@ def model_of(answers: Answers) -> Model:
         section.update(n_layer=size.n_layer, n_head=size.n_head, n_embd=size.n_embd)
         return Model(section, size.shape(), size.block_size, answers.model)
     config = hf_config_path(answers.model)
-    seq_len = answers.seq_len or min(hf_context_length(config) or LONGEST_DEFAULT_SEQUENCE, LONGEST_DEFAULT_SEQUENCE)
+    context = hf_context_length(config)
+    if answers.seq_len and context and answers.seq_len > context:
+        raise DistsetupError(
+            f"--seq_len {answers.seq_len} is longer than {answers.model} allows (max_position_embeddings {context}).",
+            f"give at most {context}.",
+        )
+    seq_len = answers.seq_len or min(context or LONGEST_DEFAULT_SEQUENCE, LONGEST_DEFAULT_SEQUENCE)
     section = {"type": "hf", "hf_path": answers.model, "block_size": seq_len}
     return Model(section, hf_shape_from_json(config, None), seq_len, Path(answers.model).name)
 
@@ -135,18 +142,19 @@ def hf_config_path(model: str) -> Path:
     return folder / "config.json"
 
 
-def per_rank_batch(answers: Answers) -> int:
-    if answers.global_batch_size % answers.world_size:
+def per_rank_batch(global_batch: int, num_nodes: int, per_node: int) -> int:
+    world = num_nodes * per_node
+    if global_batch % world:
         raise DistsetupError(
-            f"--global_batch_size {answers.global_batch_size} is not divisible by the {answers.world_size} "
-            f"processes ({answers.num_nodes} node(s) x {answers.num_gpus_per_node}).",
-            f"use a multiple of {answers.world_size}.",
+            f"--global_batch_size {global_batch} is not divisible by the {world} processes ({num_nodes} node(s) "
+            f"x {per_node}).",
+            f"use a multiple of {world}.",
         )
-    return answers.global_batch_size // answers.world_size
+    return global_batch // world
 
 
 def cpu_choice(answers: Answers) -> Choice:
-    per_rank = per_rank_batch(answers)
+    per_rank = per_rank_batch(answers.global_batch_size, answers.num_nodes, answers.num_gpus_per_node)
     micro = max(m for m in range(1, min(per_rank, CPU_MICRO_BATCH) + 1) if per_rank % m == 0)
     backend = "ddp" if answers.world_size > 1 else "single"
     why = (
@@ -161,9 +169,11 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
         gpus_per_node=answers.num_gpus_per_node,
         gpu_memory=parse_memory(answers.gpu_memory or "", "--gpu_memory"),
     )
-    per_rank_batch(answers)
+    per_rank_batch(answers.global_batch_size, answers.num_nodes, answers.num_gpus_per_node)
     work = Workload(precision=answers.precision, seq_len=model.seq_len, global_batch_size=answers.global_batch_size)
-    result = plan(model.shape, hardware, work)
+    # distsetup's trainer runs FSDP at fp32 and bf16 only
+    allowed = tuple(s.key for s in STRATEGIES if s.framework != "fsdp" or answers.precision in TRAINER_PRECISIONS)
+    result = plan(model.shape, hardware, work, allowed)
     chosen, micro, accumulation = result.choice, result.micro_batch, result.accumulation
     if chosen is None or micro is None or accumulation is None:
         raise DistsetupError(
@@ -184,26 +194,42 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
         accumulation,
         chosen.activation_checkpointing,
         files,
-        why=why_chosen(result),
+        why=why_chosen(result, allowed),
         memory=memory,
     )
 
 
-def why_chosen(result: Plan) -> str:
-    """The planner takes the fastest strategy that fits: name the faster ones and what they would need."""
+def why_chosen(result: Plan, allowed: tuple[str, ...]) -> str:
+    """The planner takes the fastest strategy that fits, first without recomputation, then with it, then with
+    offload: name the faster ones and what they need per GPU at micro-batch 1 (so they do not fit at all)."""
     assert result.choice is not None
     chosen = BY_KEY[result.choice.strategy]
-    order = candidates(result.hardware)
-    faster = [s for s in order[: order.index(chosen)] if not (chosen.offload and s.offload)]
+    order = candidates(result.hardware, allowed)
+    faster = order[: order.index(chosen)]
+    recompute = result.choice.activation_checkpointing or bool(chosen.offload)
     ckpt = " with activation checkpointing" if result.choice.activation_checkpointing else ""
-    if not faster:
-        return f"{chosen.label}{ckpt}: the fastest strategy, and it fits."
+    if not faster and not result.choice.activation_checkpointing:
+        return f"{chosen.label}: the fastest strategy, and it fits."
     needs = [
-        f"{s.label} {gb(estimate(s, result.model, result.hardware, result.workload, 1, True).total)} GB" for s in faster
+        f"{s.label} {gb(estimate(s, result.model, result.hardware, result.workload, 1, recompute).total)} GB"
+        for s in faster
     ]
+    without = (
+        f"; without recomputation not even micro-batch 1 fits ({chosen.label} "
+        f"{gb(estimate(chosen, result.model, result.hardware, result.workload, 1, False).total)} GB)"
+        if result.choice.activation_checkpointing
+        else ""
+    )
     return (
-        f"{chosen.label}{ckpt}: the fastest strategy that fits; faster ones need more per GPU even at "
-        f"micro-batch 1 with activation checkpointing ({', '.join(needs)})."
+        f"{chosen.label}{ckpt}: the fastest strategy that fits {gb(result.choice.usable)} GB usable per GPU"
+        + (
+            f"; faster ones need more even at micro-batch 1"
+            f"{' with activation checkpointing' if recompute else ' without recomputation'} ({', '.join(needs)})"
+            if needs
+            else ""
+        )
+        + without
+        + "."
     )
 
 
@@ -285,7 +311,7 @@ HEADER = """\
 
 
 def summary(answers: Answers, model: Model, choice: Choice) -> list[str]:
-    processes = "GPU(s)" if answers.gpu_memory else "CPU process(es)"
+    processes = "GPU(s)" if answers.gpu_memory else "CPU process(es) (no --gpu_memory: a CPU setup, gloo)"
     where = (
         f"SLURM ({answers.num_nodes} node(s)"
         + (f", partition {answers.partition}" if answers.partition else "")
@@ -310,15 +336,21 @@ def summary(answers: Answers, model: Model, choice: Choice) -> list[str]:
     return lines
 
 
-def write_setup(files: dict[str, tuple[str, bool]], force: bool) -> None:
-    """Write every file, or none: a file that exists is replaced only with `force`, and a failure (or Ctrl-C)
-    part-way puts back what was there."""
-    existing = [path for path in files if Path(path).exists() or Path(path).is_symlink()]
+def refuse_existing(paths, force: bool) -> list[str]:
+    """The paths that exist; without `force` the first of them is an error."""
+    existing = [path for path in paths if Path(path).exists() or Path(path).is_symlink()]
     if existing and not force:
         raise DistsetupError(
             f"{existing[0]} exists: distsetup init never writes over a file.",
             "add --force to replace what init writes, or run it in another folder.",
         )
+    return existing
+
+
+def write_setup(files: dict[str, tuple[str, bool]], force: bool) -> None:
+    """Write every file, or none: a file that exists is replaced only with `force`, and a failure (or Ctrl-C)
+    part-way puts back what was there."""
+    existing = refuse_existing(files, force)
     before = {path: Path(path).read_bytes() for path in existing if Path(path).is_file()}
     new_folders = [folder for folder in {str(Path(p).parent) for p in files} if not Path(folder).exists()]
     written: list[str] = []

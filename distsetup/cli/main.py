@@ -19,6 +19,7 @@ COMMANDS = {
     "plan": "plan:plan_command",
     "status": "status:status",
     "doctor": "doctor:doctor",
+    "checkpoint": "checkpoint:checkpoint",
 }
 
 

@@ -4,9 +4,9 @@ keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, check
 
 from pathlib import Path
 
-from distsetup.formats.deepspeed import needs_nvme_path, stages_text, unused_at_stage
+from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, needs_nvme_path, stages_text, unused_at_stage
 from distsetup.formats.fsdp import fsdp_problems
-from distsetup.formats.problems import Problem, suggest
+from distsetup.formats.problems import Problem, suggest, wrong_type
 
 # ClusterConfig's fields; Accelerate refuses any other top-level key ("had unknown keys"), save the two old
 # spellings its process_config converts (fp16, dynamo_backend).
@@ -97,7 +97,6 @@ IGNORED_BESIDE_FILE = (
     "offload_optimizer_nvme_path",
     "zero3_save_16bit_model",
 )
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
 DEFAULT_CONFIG = Path("~/.cache/huggingface/accelerate/default_config.yaml")
 
@@ -106,71 +105,65 @@ def is_accelerate_config(data: dict) -> bool:
     return "distributed_type" in data or "compute_environment" in data
 
 
-def accelerate_problems(data: dict, num_gpus_per_node: int | None = None) -> list[Problem]:
-    """Every place `accelerate launch` would refuse the file or run something else than it says."""
+def accelerate_problems(
+    data: dict, num_gpus_per_node: int | None = None, world_size: int | None = None
+) -> list[Problem]:
+    """Every place `accelerate launch` would refuse the file or run something else than it says; the world is
+    `world_size` processes, or num_machines x `num_gpus_per_node`."""
     problems = [
-        Problem(key, 'Accelerate refuses unknown keys ("had unknown keys").', suggest(key, KEYS))
+        Problem(str(key), 'Accelerate refuses unknown keys ("had unknown keys").', suggest(str(key), KEYS))
         for key in data
         if key not in KEYS | OLD_KEYS
     ]
     kind = data.get("distributed_type")
     if kind is None:
         problems.append(Problem("distributed_type", "is missing; Accelerate refuses the file.", "e.g. MULTI_GPU."))
-    elif kind not in DISTRIBUTED_TYPES:
+    elif not isinstance(kind, str) or kind not in DISTRIBUTED_TYPES:
         problems.append(
             Problem("distributed_type", f"{kind!r} is not one Accelerate knows.", suggest(str(kind), DISTRIBUTED_TYPES))
         )
     precision = data.get("mixed_precision")
-    if precision is not None and precision not in MIXED_PRECISIONS:
+    if precision is not None and (not isinstance(precision, str) or precision not in MIXED_PRECISIONS):
         problems.append(
             Problem("mixed_precision", f"{precision!r} is not one Accelerate knows.", "use no, fp16, bf16 or fp8.")
         )
-    problems += _number_problems(data)
-    if not any(p.path in WHOLE_NUMBERS for p in problems):
-        problems += _world_problems(data, num_gpus_per_node)
+    wrong = [
+        problem
+        for key in WHOLE_NUMBERS
+        if data.get(key) is not None and (problem := wrong_type(key, data[key], int, "accelerate launch")) is not None
+    ]
+    problems += wrong or _world_problems(data, num_gpus_per_node, world_size)
     problems += _block_problems(data, kind)
     return problems
 
 
-def _number_problems(data: dict) -> list[Problem]:
-    problems = []
-    for key in WHOLE_NUMBERS:
-        value = data.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            digits = value.strip() if isinstance(value, str) and value.strip().lstrip("-").isdigit() else None
-            problems.append(
-                Problem(
-                    key,
-                    f"{value!r} is {'a string' if isinstance(value, str) else 'not a whole number'}"
-                    + ("; YAML read the quotes, so Accelerate gets text, not a number." if digits else "."),
-                    f"write {key}: {digits or 8} without quotes.",
-                )
-            )
-    return problems
-
-
-def _world_problems(data: dict, num_gpus_per_node: int | None) -> list[Problem]:
-    problems = []
-    processes, machines, rank = data.get("num_processes"), data.get("num_machines", 1), data.get("machine_rank", 0)
+def _world_problems(data: dict, num_gpus_per_node: int | None, world_size: int | None) -> list[Problem]:
+    processes = data.get("num_processes")
+    machines = data.get("num_machines")
+    machines = 1 if machines is None else machines
+    rank = data.get("machine_rank") or 0
     if machines < 1:
-        problems.append(Problem("num_machines", f"{machines} machines.", "at least 1."))
-        return problems
+        return [Problem("num_machines", f"{machines} machines.", "at least 1.")]
+    problems = []
     if not 0 <= rank < machines:
         problems.append(
             Problem("machine_rank", f"{rank} is not a rank of {machines} machine(s).", f"0 to {machines - 1}.")
         )
+    expected = world_size or (machines * num_gpus_per_node if num_gpus_per_node else None)
     if processes is not None and processes > 0:
-        expected = machines * num_gpus_per_node if num_gpus_per_node else None
         if expected is not None and processes != expected:
             per_machine = (
                 " (it counts processes over all machines, not per machine)"
-                if processes == num_gpus_per_node and machines > 1
+                if machines > 1 and processes * machines == expected
                 else ""
+            )
+            given = (
+                f"the world size {world_size}" if world_size else f"{machines} machine(s) x {num_gpus_per_node} GPUs"
             )
             problems.append(
                 Problem(
                     "num_processes",
-                    f"{processes} is not {machines} machine(s) x {num_gpus_per_node} GPUs = {expected}{per_machine}.",
+                    f"{processes} is not {given} = {expected}{per_machine}.",
                     f"num_processes: {expected}.",
                 )
             )
@@ -197,7 +190,9 @@ def _world_problems(data: dict, num_gpus_per_node: int | None) -> list[Problem]:
 def _block_problems(data: dict, kind) -> list[Problem]:
     problems = []
     for block, owner in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
-        if data.get(block) and kind != owner and kind is not None:
+        if data.get(block) is not None and not isinstance(data[block], dict):
+            problems.append(Problem(block, f"{data[block]!r} is not a mapping of keys.", f"write {block}: as keys."))
+        elif data.get(block) and kind != owner and kind is not None:
             problems.append(
                 Problem(
                     block,
@@ -220,7 +215,7 @@ def _block_problems(data: dict, kind) -> list[Problem]:
 
 def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Problem]:
     problems = [
-        Problem(f"deepspeed_config.{key}", "is not a key `accelerate launch` reads.", suggest(key, DEEPSPEED_KEYS))
+        Problem(f"deepspeed_config.{key}", "is not a key `accelerate launch` reads.", suggest(str(key), DEEPSPEED_KEYS))
         for key in block
         if key not in DEEPSPEED_KEYS
     ]
@@ -238,7 +233,7 @@ def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Pro
         ]
         return problems
     stage = block.get("zero_stage")
-    if stage is not None and stage not in (0, 1, 2, 3):
+    if stage is not None and (isinstance(stage, bool) or stage not in STAGE_NUMBERS):
         problems.append(Problem("deepspeed_config.zero_stage", f"{stage!r} is not a ZeRO stage.", "0, 1, 2 or 3."))
     for key in ("offload_optimizer_device", "offload_param_device"):
         device, option = block.get(key), key.removesuffix("_device")

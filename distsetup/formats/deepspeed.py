@@ -68,6 +68,8 @@ class DeepSpeedSpec:
     hf_auto: bool = False
 
 
+STAGE_NUMBERS = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # The ZeRO stages at which each option means something; DeepSpeed silently ignores it at the others.
 STAGES = {
     "offload_optimizer": (1, 2, 3),
@@ -92,7 +94,7 @@ def warmup_too_long(warmup, total) -> bool:
 
 def stages_using(option: str) -> tuple[int, ...]:
     """The ZeRO stages at which a zero_optimization option means something (any stage3_* key: stage 3)."""
-    return STAGES.get(option, (3,) if option.startswith("stage3_") else (0, 1, 2, 3))
+    return STAGES.get(option, (3,) if option.startswith("stage3_") else STAGE_NUMBERS)
 
 
 def applies(option: str, stage: int) -> bool:
@@ -200,13 +202,13 @@ def precision_of(config: dict) -> str:
 
 def zero_stage_of(config: dict) -> int:
     stage = _section(config, "zero_optimization").get("stage", 0)
-    return stage if stage in (0, 1, 2, 3) else 0
+    return stage if stage in STAGE_NUMBERS else 0
 
 
 def offload_device(config: dict, block: str) -> str:
     """Where zero_optimization.offload_optimizer / offload_param puts its states: none, cpu or nvme."""
     device = _section(_section(config, "zero_optimization"), block).get("device")
-    return device if device in ("cpu", "nvme") else "none"
+    return device if device in OFFLOAD_DEVICES else "none"
 
 
 def batch_of(config: dict, world_size: int) -> BatchSizes:

@@ -18,6 +18,12 @@ RESHARDS_AFTER_FORWARD = {
     "NO_SHARD": False,
 }
 # The training precision, the --mixed_precision value and Accelerate's mixed_precision value of each.
+# distsetup's trainer has no loss scaling under FSDP (Accelerate and the HF Trainer do, with ShardedGradScaler).
+TRAINER_PRECISIONS = ("fp32", "bf16")
+TRAINER_FP16_PROBLEM = (
+    "FSDP with fp16 needs loss scaling, which distsetup's trainer does not do for FSDP.",
+    "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.",
+)
 _PRECISION_NAMES = (("fp32", "no", "no"), ("fp16", "FLOAT16", "fp16"), ("bf16", "BFLOAT16", "bf16"))
 MIXED_PRECISION = {flag: value for _, flag, value in _PRECISION_NAMES}  # --mixed_precision -> the file's value
 FLAG_FOR_PRECISION = {precision: flag for precision, flag, _ in _PRECISION_NAMES}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from distsetup.formats.deepspeed import zero_stage_of
-from distsetup.formats.problems import Problem
+from distsetup.formats.problems import Problem, wrong_type
 
 
 def is_training_arguments(data: dict) -> bool:
@@ -38,26 +38,20 @@ class TrainerValues:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainerValues":
-        """The values a TrainingArguments file holds, defaults for the rest (wrong types: see type_problems)."""
+        """The values a TrainingArguments file holds (of the right types: see type_problems), defaults for the rest."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
-    def type_problems(self) -> list[Problem]:
-        problems = []
-        for f in fields(self):
-            value, wanted = getattr(self, f.name), TYPES[f.type]
-            if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
-                problems.append(
-                    Problem(
-                        f.name,
-                        f"{value!r} is {_a(value)}; TrainingArguments takes {_a_type(wanted)} here and does not "
-                        "convert it (the Trainer then compares it with the DeepSpeed file as it is).",
-                        f"write {f.name}: {_example(wanted)} without quotes.",
-                    )
-                )
-        return problems
+    @staticmethod
+    def type_problems(data: dict) -> list[Problem]:
+        return [
+            problem
+            for f in fields(TrainerValues)
+            if f.name in data and (problem := _wrong(f, data[f.name])) is not None
+        ]
 
 
-TYPES: dict[Any, Any] = {int: int, float: (int, float), bool: bool}
+def _wrong(f, value) -> Problem | None:
+    return wrong_type(f.name, value, f.type, "TrainingArguments")
 
 
 @dataclass(frozen=True)
@@ -202,11 +196,3 @@ def _a(value) -> str:
     if isinstance(value, (int, float)):
         return "a number"
     return f"a {type(value).__name__}"
-
-
-def _a_type(wanted) -> str:
-    return {int: "a whole number", bool: "true or false"}.get(wanted, "a number")
-
-
-def _example(wanted) -> str:
-    return {int: "8", bool: "true"}.get(wanted, "0.0001")

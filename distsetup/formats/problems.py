@@ -88,3 +88,42 @@ def _describe(error) -> tuple[str, str]:
     if error.validator == "required":
         return error.message + ".", "add it."
     return error.message + ".", "see the schema in distsetup/formats/schemas/."
+
+
+def wrong_type(path: str, value, wanted: type, reader: str) -> Problem | None:
+    """`value` where `reader` (a program that does not convert what it reads) takes a `wanted` (int, float or
+    bool), or None when it is one. The fix writes the value so that YAML and JSON read it as that type."""
+    if wanted is bool:
+        if isinstance(value, bool):
+            return None
+    elif not isinstance(value, bool) and isinstance(value, int if wanted is int else (int, float)):
+        return None
+    kind = {int: "a whole number", float: "a number", bool: "true or false"}[wanted]
+    what = "a string" if isinstance(value, str) else "null" if value is None else f"a {type(value).__name__}"
+    converted = _as(value, wanted) if isinstance(value, str) else None
+    fix = (
+        f"write {path.rsplit('.', 1)[-1]}: {_written(converted)} without quotes."
+        if converted is not None
+        else f"write {kind} there."
+    )
+    return Problem(path, f"{value!r} is {what}; {reader} takes {kind} here and does not convert it.", fix)
+
+
+def _as(text: str, wanted: type):
+    """What a string means as the wanted type, or None."""
+    text = text.strip()
+    if wanted is bool:
+        return {"true": True, "false": False}.get(text.lower())
+    try:
+        return int(text) if wanted is int else float(text)
+    except ValueError:
+        return None
+
+
+def _written(value) -> str:
+    """A value as YAML 1.1 (PyYAML) and JSON both read it back: true, 8, 3.0e-05 (PyYAML reads 3e-05 as text)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text

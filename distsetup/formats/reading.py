@@ -150,8 +150,8 @@ def read_json(path: Path) -> dict:
     return data
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string).
+class _PyYamlLoader(yaml.SafeLoader):
+    """YAML as PyYAML's safe_load reads it (Accelerate and HfArgumentParser do: `3e-4` is a string there).
 
     Composed within check_size, an alias counting as every value it stands for: a nesting bomb or
     an alias bomb ("billion laughs": a few lines that expand to 10^9 values) is refused after at most
@@ -188,20 +188,25 @@ class _Loader(yaml.SafeLoader):
         return node
 
 
+class _Loader(_PyYamlLoader):
+    """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string)."""
+
+
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
 )
 
 
-def parse_yaml(text: str):
-    return yaml.load(text, Loader=_Loader)
+def parse_yaml(text: str, as_pyyaml: bool = False):
+    return yaml.load(text, Loader=_PyYamlLoader if as_pyyaml else _Loader)
 
 
-def read_yaml(path: Path) -> dict:
-    """A run config file as a dict, read within the limits of read_config_text and _Loader."""
+def read_yaml(path: Path, as_pyyaml: bool = False) -> dict:
+    """A config file as a dict, read within the limits of read_config_text and _Loader; `as_pyyaml`: as
+    yaml.safe_load reads it, for files other programs read that way (Accelerate's, TrainingArguments)."""
     text = read_config_text(path, "run config")
     try:
-        raw = parse_yaml(text) or {}
+        raw = parse_yaml(text, as_pyyaml) or {}
     except TooComplex as e:
         raise too_complex(path, "run config", e)
     except yaml.YAMLError as e:

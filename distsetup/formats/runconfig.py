@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.lr_scaling import RULES
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
@@ -303,6 +304,8 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                     f"create it with `distsetup {key.split('_')[0]}` or fix the path.",
                 )
             )
+    if dist.backend == "fsdp" and training.precision not in TRAINER_PRECISIONS:
+        problems.append(Problem("training.precision", *TRAINER_FP16_PROBLEM))
     if model.type == "gpt" and model.n_embd % model.n_head:
         problems.append(
             Problem(

@@ -44,25 +44,29 @@ def validate_file(
 ) -> Validated:
     """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config
     or TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names)."""
-    data = read_yaml(path) if path.suffix in YAML_SUFFIXES else read_json(path)
+    as_yaml = path.suffix in YAML_SUFFIXES or kind == "run_config"
+    data = read_yaml(path) if as_yaml else read_json(path)
     kind = kind or detect_kind(path, data)
+    if as_yaml and kind in ("accelerate", "training_args"):
+        data = read_yaml(path, as_pyyaml=True)  # as Accelerate and HfArgumentParser read it: 3e-5 is text there
     if kind == "run_config":
         problems = config_problems(data, path.parent)
         return Validated(kind, problems + _referenced_file_problems(data, path.parent, world_size, hf), data)
-    problems = [] if path.suffix in YAML_SUFFIXES else duplicate_key_problems(data)
+    problems = [] if as_yaml else duplicate_key_problems(data)
     if kind == "accelerate":
-        problems += accelerate_problems(data, num_gpus_per_node)
+        # the file says how many machines: --num_gpus_per_node sets the world (num_machines x it), else --world_size
+        problems += accelerate_problems(data, num_gpus_per_node, None if num_gpus_per_node else world_size)
         block = data.get("deepspeed_config")
         named = block.get("deepspeed_config_file") if isinstance(block, dict) else None
         world = data.get("num_processes") if isinstance(data.get("num_processes"), int) else world_size
         # Accelerate fills "auto" (batch sizes from the dataloader, precision from its own setting) as the Trainer does
         problems += _named_deepspeed_problems(named, path.parent, "deepspeed_config.deepspeed_config_file", world, None)
     elif kind == "training_args":
-        trainer = TrainerValues.from_dict(data)
-        problems += trainer.type_problems()
-        named = data.get("deepspeed")
-        if not any(p.path in ("per_device_train_batch_size", "gradient_accumulation_steps") for p in problems):
-            problems += _named_deepspeed_problems(named, path.parent, "deepspeed", world_size, trainer)
+        wrong = TrainerValues.type_problems(data)
+        # what the Trainer computes from a value of the wrong type is unknown: compare once the types are right
+        trainer = None if wrong else TrainerValues.from_dict(data)
+        named = _named_deepspeed_problems(data.get("deepspeed"), path.parent, "deepspeed", world_size, trainer)
+        problems += wrong + named
     elif kind == "deepspeed":
         problems += deepspeed_problems(data, world_size, hf)
     else:

@@ -53,10 +53,12 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
         raise DistsetupError(
             f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
-            "point model.hf_path at a folder with a transformers config.json.",
+            "give a folder with a transformers config.json (model.hf_path, distsetup init --model).",
         )
     embeddings = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-    arch = (c.get("architectures") or ["Model"])[0].replace("ForCausalLM", "DecoderLayer")
+    names = c.get("architectures")
+    first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "Model"
+    arch = first.replace("ForCausalLM", "DecoderLayer")
     return ModelShape(
         params=n * block + embeddings + h,
         hidden_size=h,

@@ -1,17 +1,16 @@
-"""Checkpoint folders: naming, the COMPLETE marker, atomic writes, RNG state and resume checks.
+"""Saving and loading checkpoints: atomic writes, RNG state and resume checks (the folder's layout and its
+COMPLETE marker: distsetup/formats/checkpoint_folder.py).
 
-A checkpoint is `output_dir/checkpoints/step_NNNNNNN/`. It counts only once `COMPLETE` exists: rank 0
-writes it (atomically, holding the run's metadata and the size of every file in the folder) after a barrier
-that every rank reaches only when its own part is on disk. A crash mid-save therefore leaves the previous
-complete checkpoint as the newest, and a folder damaged later (a truncated or missing file, a marker that
-is not ours) is passed over for the one before it, which every rank decides alike before any collective.
+Rank 0 writes the marker after a barrier that every rank reaches only when its own part is on disk. A crash
+mid-save therefore leaves the previous complete checkpoint as the newest, and a folder damaged later is passed
+over for the one before it, which every rank decides alike (rank 0 decides, the others follow) before any
+collective.
 """
 
 import contextlib
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -19,15 +18,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import MARKER, file_sizes, read_meta, step_dir
 from distsetup.training.world import World, barrier, is_lost_contact, last_line
-
-MARKER = "COMPLETE"
-STEP_FOLDER = re.compile(r"step_(\d+)")
-REQUIRED_META = ("backend", "step", "world_size")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:07d}"
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -35,65 +27,6 @@ def atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def latest_complete(root: Path) -> Path | None:
-    """The newest checkpoint folder that is complete and intact (DeepSpeed's `latest` is never read)."""
-    return find_resume(root)[0]
-
-
-def find_resume(root: Path) -> tuple[Path | None, list[str]]:
-    """(the newest intact checkpoint, what was wrong with each newer folder that has a COMPLETE marker)."""
-    steps = (
-        [
-            (int(m.group(1)), d)
-            for d in root.glob("step_*")
-            if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()
-        ]
-        if root.is_dir()
-        else []
-    )
-    damaged: list[str] = []
-    for step, path in sorted(steps, reverse=True):
-        problem = damage(path, step)
-        if problem is None:
-            return path, damaged
-        damaged.append(f"{path}: {problem}")
-    return None, damaged
-
-
-def damage(path: Path, step: int) -> str | None:
-    """What makes checkpoint folder `path` (step_`step`) unusable, or None: its marker must be ours and name `step`,
-    and every file the marker lists must be there with the size it had when the checkpoint completed."""
-    try:
-        meta = read_meta(path)
-    except (OSError, ValueError):
-        return f"{MARKER} is not a distsetup marker (unreadable or not JSON)"
-    if not isinstance(meta, dict) or any(key not in meta for key in REQUIRED_META):
-        return f"{MARKER} lacks {', '.join(REQUIRED_META)}"
-    if meta["step"] != step:
-        return f"{MARKER} names step {meta['step']}"
-    files = meta.get("files") or {}
-    if not isinstance(files, dict):
-        return f"{MARKER}'s files are not a mapping of names to sizes"
-    for name, size in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, not the {size} it was written with"
-    return None
-
-
-def read_meta(path: Path) -> dict:
-    return json.loads((path / MARKER).read_text())
-
-
-def file_sizes(path: Path) -> dict[str, int]:
-    """Every file under checkpoint folder `path` (its marker aside) and its size in bytes."""
-    return {
-        str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER
-    }
 
 
 def check_compatible(meta: dict, path: Path, backend: str, world_size: int, zero_stage) -> None:

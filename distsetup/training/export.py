@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.training.checkpoint import atomic_save, latest_complete, read_meta
+from distsetup.formats.checkpoint_folder import latest_complete, read_meta
+from distsetup.training.checkpoint import atomic_save
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)

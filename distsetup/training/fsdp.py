@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
 from distsetup.formats.validate import read_valid
 from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
@@ -44,11 +44,8 @@ class FSDPBackend(Backend):
         if file_precision != "fp32" and file_precision != self.precision:
             self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
             self.precision, self.precision_source = file_precision, "the FSDP file's mixed_precision"
-        if self.precision == "fp16":
-            raise DistsetupError(
-                "FSDP with fp16 needs loss scaling, which distsetup's trainer does not do for FSDP.",
-                "use bf16 (or fp32) with FSDP, or fp16 with DDP or DeepSpeed.",
-            )
+        if self.precision not in TRAINER_PRECISIONS:
+            raise DistsetupError(*TRAINER_FP16_PROBLEM)
         self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
         self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
         if len(self.mesh_shape) == 2:

@@ -10,9 +10,12 @@ import click
 from distsetup.cli.init_setup import (
     CONFIG_PATH,
     SCHEDULERS,
+    SCRIPT_PATHS,
     Answers,
     build_setup,
     hf_config_path,
+    per_rank_batch,
+    refuse_existing,
     write_setup,
 )
 from distsetup.cli.launch_options import working_folder
@@ -62,13 +65,9 @@ scripts/run_training.sh or scripts/slurm_job.sh; never over an existing file wit
 @option("force", is_flag=True, help="Replace files that exist.")
 def init(yes: bool, force: bool, **given):
     """Ask what the run needs, choose the strategy with the planner, and write every file to start it."""
-    if Path(CONFIG_PATH).exists() and not force:  # before any question: the answers would be lost
-        raise DistsetupError(
-            f"{CONFIG_PATH} exists: distsetup init never writes over a file.",
-            "add --force to replace what init writes, or run it in another folder.",
-        )
+    refuse_existing([CONFIG_PATH], force)  # before any question: the answers would be lost
     machine = this_machine()
-    answers = ask_everything(Questions(given, yes), machine)
+    answers = ask_everything(Questions(given, yes, force), machine)
     setup = build_setup(answers, working_folder())
     write_setup(setup.files, force)
     for remark in setup.remarks:
@@ -82,8 +81,8 @@ def init(yes: bool, force: bool, **given):
 class Questions:
     """Each answer from its flag, else the default (--yes), else the terminal, asked again until valid."""
 
-    def __init__(self, given: dict, yes: bool):
-        self.given, self.yes = given, yes
+    def __init__(self, given: dict, yes: bool, force: bool = False):
+        self.given, self.yes, self.force = given, yes, force
 
     def answer(self, name: str, text: str, default, kind=None, check: Callable | None = None):
         if self.given.get(name) is not None:
@@ -96,7 +95,9 @@ class Questions:
                 f"distsetup init would ask for --{name}, and stdin is not a terminal.",
                 "add --yes (defaults for every answer not given as a flag), or run it in a terminal.",
             )
-        return click.prompt(text, default=default, value_proc=_reasked(kind, check), show_default=default != "")
+        return click.prompt(
+            text, default=default, value_proc=_reasked(kind, check), show_default=default not in ("", None)
+        )
 
 
 def _reasked(kind, check: Callable | None) -> Callable:
@@ -115,37 +116,43 @@ def _reasked(kind, check: Callable | None) -> Callable:
     return proc
 
 
+def what_this_machine_has(machine: Machine) -> str:
+    if machine.gpus:
+        return f"This machine: {len(machine.gpus)} GPU(s) ({', '.join(sorted({g.name for g in machine.gpus}))})."
+    reason = (machine.no_gpu_reason or "").rstrip(".")
+    return f"This machine: no GPU ({reason}). Without --gpu_memory, init writes a CPU setup."
+
+
 def ask_everything(q: Questions, machine: Machine) -> Answers:
-    if q.yes:
-        pass
-    elif machine.gpus:
-        names = sorted({g.name for g in machine.gpus})
-        click.echo(f"This machine: {len(machine.gpus)} GPU(s) ({', '.join(names)}).", err=True)
-    else:
-        click.echo(
-            f"This machine: no GPU ({(machine.no_gpu_reason or '').rstrip('.')}). Without --gpu_memory, init "
-            "writes a CPU setup.",
-            err=True,
-        )
+    if not q.yes:  # under --yes the summary says what was chosen; an error stays one line
+        click.echo(what_this_machine_has(machine), err=True)
     model = q.answer(
         "model", f"Model: a built-in size ({', '.join(BUILTIN_SIZES)}) or a Hugging Face folder", "tiny", str, _model
     )
     data = q.answer("data", "Training data: files (comma-separated) or synthetic", "synthetic", str, _data)
     scheduler = q.answer(
         "scheduler",
-        "Where it runs",
+        f"Where it runs ({', '.join(SCHEDULERS)})",
         "slurm" if machine.in_slurm_job else "local",
         click.Choice(SCHEDULERS),
     )
+    refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
     num_nodes = q.answer(
         "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
     )
+    if machine.gpu_memory:
+        memory_default: str | None = f"{machine.gpu_memory / 1e9:.1f}GB"
+    elif scheduler == "slurm" and not machine.in_slurm_job:
+        memory_default = None  # a login node without GPUs says nothing about the cluster's: ask, never assume CPUs
+        if q.yes and q.given.get("gpu_memory") is None:
+            raise DistsetupError(
+                "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes.",
+                f"give --gpu_memory (e.g. 80GB) for GPU nodes, or --gpu_memory {NO_GPU} for a CPU job.",
+            )
+    else:
+        memory_default = NO_GPU
     gpu_memory = q.answer(
-        "gpu_memory",
-        f"Memory of one GPU ({NO_GPU}: train on CPU processes)",
-        f"{machine.gpu_memory / 1e9:.1f}GB" if machine.gpu_memory else NO_GPU,
-        str,
-        _gpu_memory,
+        "gpu_memory", f"Memory of one GPU ({NO_GPU}: train on CPU processes)", memory_default, str, _gpu_memory
     )
     per_node_default = (
         machine.slurm_count("SLURM_GPUS_ON_NODE")
@@ -159,10 +166,21 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         click.IntRange(1, MAX_PROCESSES_PER_NODE),
     )
     precision_default = machine.precision if machine.gpus or not gpu_memory else "bf16"
-    precision = q.answer("precision", "Precision", precision_default, click.Choice(PRECISIONS))
+    precision = q.answer(
+        "precision", f"Precision ({', '.join(PRECISIONS)})", precision_default, click.Choice(PRECISIONS)
+    )
     world = num_nodes * per_node
+
+    def divides(batch: int) -> int:
+        per_rank_batch(batch, num_nodes, per_node)
+        return batch
+
     global_batch = q.answer(
-        "global_batch_size", "Global batch (samples per optimizer step)", 8 * world, click.IntRange(1, MAX_BATCH)
+        "global_batch_size",
+        "Global batch (samples per optimizer step)",
+        8 * world,
+        click.IntRange(1, MAX_BATCH),
+        divides,
     )
     slurm: dict = {}
     if scheduler == "slurm":
@@ -198,9 +216,11 @@ def _model(value: str) -> str:
 
 
 def _data(value: str) -> tuple[str, ...]:
-    if value.strip() in ("", "synthetic"):
+    if value.strip() == "synthetic":
         return ()
     paths = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not paths:
+        raise DistsetupError(f"--data {value!r} names no file.", "give .txt or .jsonl files, or synthetic.")
     for path in paths:
         if not Path(path).is_file():
             raise DistsetupError(f"--data: no file {path}.", "give existing .txt or .jsonl files, or synthetic.")
@@ -215,5 +235,8 @@ def _gpu_memory(value: str) -> str | None:
 
 
 def _time_limit(value: str) -> str:
-    time_limit_seconds(value)
+    try:
+        time_limit_seconds(value)
+    except DistsetupError as e:
+        raise DistsetupError(f"--time_limit: {e.problem}", e.hint) from None
     return value.strip()

@@ -72,7 +72,7 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
         for r in resolved:
             value = "?" if r.value is None else json.dumps(r.value)
             click.echo(f"{file}: resolve: {r.path} = {value} ({r.source})")
-        checked = f" for world size {world}" if world else ""
+        checked = f" for world size {world}" if world and kind != "accelerate" else ""
         summary = f"{len(problems)} problem(s)" if problems else "no problems"
         click.echo(f"{file}: {KIND_NAMES[kind]}, {summary}{checked}.", err=bool(problems))
     ctx.exit(1 if problems else 0)
@@ -83,6 +83,12 @@ def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> li
     if kind == "deepspeed":
         config, trainer = data, TrainerValues()
     elif kind == "training_args" and isinstance(data.get("deepspeed"), str):
+        wrong = TrainerValues.type_problems(data)
+        if wrong:
+            raise DistsetupError(
+                f"--resolve: {file} has values of the wrong type ({', '.join(p.path for p in wrong)}).",
+                "fix them first; `distsetup validate` without --resolve says how.",
+            )
         config, trainer = read_json(resolve_config_path(data["deepspeed"], file.parent)), TrainerValues.from_dict(data)
     else:
         raise DistsetupError(

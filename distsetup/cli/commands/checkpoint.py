@@ -1,0 +1,57 @@
+"""`distsetup checkpoint`: what a run's checkpoints hold, read from their folders without torch."""
+
+import json
+from pathlib import Path
+
+import click
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import checkpoints_folder, list_checkpoints
+
+COLUMNS = ("step", "backend", "ZeRO", "world", "precision", "complete", "size", "")
+
+
+@click.group(
+    epilog="""\b
+Examples:
+  distsetup checkpoint ls runs/exp                 # runs/exp/checkpoints/step_*
+  distsetup checkpoint ls runs/exp --json
+"""
+)
+def checkpoint():
+    """Inspect the checkpoints of a run."""
+
+
+@checkpoint.command("ls")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def ls(run: Path, as_json: bool):
+    """List RUN's checkpoints (RUN: a training.output_dir, or its checkpoints folder): step, backend, ZeRO stage,
+    world size, precision, whether it is complete and intact, its size, and the one a resumed run starts from."""
+    folder = checkpoints_folder(run)
+    if not folder.is_dir():
+        raise DistsetupError(f"{run}: no such folder.", "give a run's training.output_dir (it holds checkpoints/).")
+    listed = list_checkpoints(run)
+    if as_json:
+        click.echo(json.dumps([c.to_dict() for c in listed], indent=2))
+        return
+    if not listed:
+        click.echo(f"{folder}: no checkpoints.")
+        return
+    rows = [COLUMNS] + [
+        (
+            str(c.step),
+            c.backend or "?",
+            "-" if c.zero_stage is None else str(c.zero_stage),
+            "?" if c.world_size is None else str(c.world_size),
+            c.precision or "?",
+            "yes" if c.complete else f"no: {c.problem}",
+            f"{c.size_bytes / 2**20:.1f} MiB",
+            "<- resume" if c.resume else "",
+        )
+        for c in listed
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    click.echo(f"{folder}:")
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -1,0 +1,47 @@
+"""`distsetup checkpoint ls` on the checkpoints real runs wrote (DDP, FSDP, ZeRO-3 on 2 CPU processes), and on
+the same folders damaged and half-written: what it says must be what a resumed run does."""
+
+import json
+import shutil
+
+import pytest
+from train_runs import RUNS, shared_run
+
+from distsetup.formats.checkpoint_folder import MARKER, find_resume
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp_full", "zero3"])
+def test_ls_shows_what_each_checkpoint_holds_and_which_one_resumes(run_cli, tmp_path, name):
+    run = tmp_path / "run"
+    shutil.copytree(shared_run(name), run)  # a copy: other tests read the shared run
+    result = run_cli("checkpoint", "ls", run, "--json")
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    folders = sorted((run / "checkpoints").glob("step_*"))
+    assert [c["step"] for c in listed] == [int(f.name.split("_")[1]) for f in folders] and len(listed) >= 2
+    backend = {"ddp": "ddp", "fsdp_full": "fsdp", "zero3": "deepspeed"}[name]
+    for c, folder in zip(listed, folders, strict=True):
+        meta = json.loads((folder / MARKER).read_text())
+        assert (c["backend"], c["world_size"], c["precision"]) == (backend, RUNS[name][0], meta["precision"])
+        assert c["zero_stage"] == (3 if name == "zero3" else None) and c["complete"]
+        assert c["size_bytes"] == sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert [c["resume"] for c in listed] == [False] * (len(listed) - 1) + [True]
+
+    newest, before = folders[-1], folders[-2]
+    biggest = max((f for f in newest.rglob("*") if f.is_file() and f.name != MARKER), key=lambda f: f.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[:-1])  # a truncated file: damage
+    (before / MARKER).unlink()  # and the one before it never completed
+    listed = json.loads(run_cli("checkpoint", "ls", run, "--json").stdout)
+    assert "bytes, not the" in listed[-1]["problem"] and not listed[-1]["complete"]
+    assert "no COMPLETE marker" in listed[-2]["problem"]
+    resumes = [c["path"] for c in listed if c["resume"]]
+    assert resumes == [str(find_resume(run / "checkpoints")[0])] and resumes == [str(folders[-3])]
+    table = run_cli("checkpoint", "ls", run).stdout
+    assert "<- resume" in table.splitlines()[len(listed) - 1] and "no: " in table
+
+
+def test_ls_of_a_folder_that_is_not_there_is_one_line(run_cli, tmp_path):
+    result = run_cli("checkpoint", "ls", tmp_path / "nowhere")
+    assert result.exit_code == 1 and "no such folder" in result.stderr
+    assert run_cli("checkpoint", "ls", tmp_path).stdout.strip() == f"{tmp_path}: no checkpoints."
