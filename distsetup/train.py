@@ -19,6 +19,7 @@ user's signal) ends there, its checkpoint ready for the next `sbatch`, which res
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -205,7 +206,12 @@ def train(cfg, args) -> int:
             sampler.load_state_dict(meta["sampler"])
             step, loss = meta["step"], meta.get("loss", loss)
             say(f"resumed from {resume} (step {step})")
-        meta = {"backend": backend.name, "zero_stage": backend.zero_stage, "precision": backend.precision}
+        meta = {
+            "backend": backend.name,
+            "zero_stage": backend.zero_stage,
+            "precision": backend.precision,
+            "model": dataclasses.asdict(cfg.model),  # what `distsetup checkpoint export` writes beside the weights
+        }
 
         # loop (the timer leaves checkpoint writes out of the throughput)
         out_dir.mkdir(parents=True, exist_ok=True)

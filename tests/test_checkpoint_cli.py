@@ -45,3 +45,30 @@ def test_ls_of_a_folder_that_is_not_there_is_one_line(run_cli, tmp_path):
     result = run_cli("checkpoint", "ls", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no such folder" in result.stderr
     assert run_cli("checkpoint", "ls", tmp_path).stdout.strip() == f"{tmp_path}: no checkpoints."
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp_full", "zero3"])
+def test_export_writes_safetensors_any_model_loads(run_cli, tmp_path, name):
+    import torch
+    from safetensors.torch import load_file
+    from train_runs import final_weights
+
+    from distsetup.training.model import GPT
+
+    run = shared_run(name)
+    result = run_cli("checkpoint", "export", run, "-o", tmp_path / "exported", "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    weights = load_file(tmp_path / "exported" / "model.safetensors")
+    expected = final_weights(run)  # the consolidated fp32 state of the newest checkpoint
+    assert sorted(weights) == sorted(expected)
+    for key, tensor in expected.items():
+        assert weights[key].dtype == (torch.bfloat16 if tensor.is_floating_point() else tensor.dtype)
+        assert torch.equal(weights[key], tensor.to(weights[key].dtype)), key
+    model = json.loads((tmp_path / "exported" / "model.json").read_text())
+    gpt = GPT(model["vocab_size"], model["block_size"], model["n_layer"], model["n_head"], model["n_embd"], 0.0)
+    fit = gpt.load_state_dict({k: v.float() for k, v in weights.items()}, strict=True)
+    assert not fit.missing_keys and not fit.unexpected_keys
+
+    again = run_cli("checkpoint", "export", run, "-o", tmp_path / "exported")
+    assert again.exit_code == 1 and "exists and is not an empty folder" in again.stderr

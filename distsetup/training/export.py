@@ -1,12 +1,14 @@
 """One consolidated weights file from the newest complete checkpoint of any backend."""
 
+import json
+import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import latest_complete, read_meta
+from distsetup.formats.checkpoint_folder import checkpoints_folder, latest_complete, read_meta
 from distsetup.training.checkpoint import atomic_save
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -54,6 +56,43 @@ def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]
     state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(state, out)
+    return path, len(state)
+
+
+def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
+    """The newest complete checkpoint of `run` (any backend, any world size) as a folder `out` holding
+    model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
+    written whole into a new folder or not at all. Returns (checkpoint used, tensors written)."""
+    from safetensors.torch import save_file
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DistsetupError(f"-o {out} exists and is not an empty folder.", "name a new folder.")
+    path = latest_complete(checkpoints_folder(run))
+    if path is None:
+        raise DistsetupError(f"no complete checkpoint under {run}.", "give a run's training.output_dir.")
+    model = read_meta(path).get("model")
+    if not isinstance(model, dict):
+        raise DistsetupError(
+            f"{path} does not say which model it holds (written before distsetup stored it).",
+            "use `python -m distsetup.train --config CONFIG --export OUT.pt` for it.",
+        )
+    target = EXPORT_DTYPES[dtype]
+    # clone: tied weights share storage, which safetensors refuses to write twice
+    state = {
+        k: (v.to(target) if v.is_floating_point() else v).contiguous().clone()
+        for k, v in consolidated_state_dict(path).items()
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt", "dtype": dtype})
+        (staging / "model.json").write_text(json.dumps(model, indent=2) + "\n")
+        if out.is_dir():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return path, len(state)
 
 

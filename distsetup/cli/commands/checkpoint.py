@@ -16,6 +16,7 @@ COLUMNS = ("step", "backend", "ZeRO", "world", "precision", "complete", "size", 
 Examples:
   distsetup checkpoint ls runs/exp                 # runs/exp/checkpoints/step_*
   distsetup checkpoint ls runs/exp --json
+  distsetup checkpoint export runs/exp -o exported/ --dtype bf16
 """
 )
 def checkpoint():
@@ -55,3 +56,16 @@ def ls(run: Path, as_json: bool):
     click.echo(f"{folder}:")
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@checkpoint.command("export")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new folder to write.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
+def export(run: Path, output: Path, dtype: str):
+    """Write the newest complete checkpoint of RUN (any backend, any world size) as OUTPUT/model.safetensors and
+    OUTPUT/model.json (the model section of its run config). Imports torch (and DeepSpeed for ZeRO checkpoints)."""
+    from distsetup.training.export import export_safetensors  # torch: only this subcommand needs it
+
+    used, count = export_safetensors(run, output, dtype)
+    click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")
