@@ -1,3 +1,4 @@
+import ast
 import os
 import socket
 import subprocess
@@ -61,6 +62,18 @@ def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess
         text=True,
         timeout=120,
     )
+
+
+def heavy_imports(args: list[str], watched: tuple[str, ...], cwd=REPO) -> tuple[list[str], object]:
+    """(the `watched` modules loaded, the exit code) after `distsetup ARGS` in a fresh interpreter."""
+    code = (
+        "import sys\nfrom distsetup.cli.main import cli\n"
+        f"try:\n    cli({list(args)!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
+        f"print(repr((sorted(m for m in {watched!r} if m in sys.modules), code)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip(), out.stdout + out.stderr
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
 _skipped_in_ci: list[str] = []

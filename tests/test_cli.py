@@ -9,7 +9,7 @@ import pytest
 
 from distsetup.cli.main import COMMANDS, cli
 from distsetup.cli.output import write_atomic
-from tests.conftest import REPO, run_subprocess_cli
+from tests.conftest import REPO, heavy_imports, run_subprocess_cli
 
 # One real invocation per generating command, run in a fresh interpreter to watch sys.modules.
 GENERATING_COMMANDS = [
@@ -40,15 +40,8 @@ GENERATING_COMMANDS = [
 @pytest.mark.parametrize("args", GENERATING_COMMANDS, ids=lambda a: a[0])
 def test_generating_never_imports_torch_or_deepspeed(args):
     # ...nor jsonschema, which only explains files that fast_schema.conforms did not accept.
-    code = (
-        "import sys\nfrom distsetup.cli.main import cli\n"
-        f"try:\n    cli({args!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
-        "heavy = sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate', 'jsonschema')\n"
-        "               if m in sys.modules)\n"
-        "print('HEAVY', heavy, 'EXIT', code)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr
+    watched = ("torch", "deepspeed", "transformers", "accelerate", "jsonschema")
+    assert heavy_imports(args, watched) == ([], 0)
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from conftest import run_subprocess_cli
+from conftest import heavy_imports, run_subprocess_cli
 from shell_checks import shellcheck
 
 from distsetup.cli.commands.init import Questions, ask_everything
@@ -345,12 +345,5 @@ def test_the_summary_says_why_with_numbers_that_hold(tmp_path):
 
 
 def test_init_never_imports_torch_or_the_clients(tmp_path):
-    code = (
-        "import sys\nfrom distsetup.cli.main import cli\n"
-        "try:\n    cli(['init', '--yes', '--gpu_memory', '80GB', '--model', 'xl'], prog_name='distsetup')\n"
-        "except SystemExit as e:\n    code = e.code\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'deepspeed', 'transformers', 'accelerate') if m in sys.modules),"
-        " 'EXIT', code)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr
+    args = ["init", "--yes", "--gpu_memory", "80GB", "--model", "xl"]
+    assert heavy_imports(args, ("torch", "deepspeed", "transformers", "accelerate"), cwd=tmp_path) == ([], 0)

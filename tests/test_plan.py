@@ -25,7 +25,7 @@ from distsetup.planning.planner import (
     parse_memory,
     plan,
 )
-from tests.conftest import REPO
+from tests.conftest import REPO, heavy_imports
 
 NO_RUNTIME = dict(runtime_bytes=0)  # model states only, as the paper and DeepSpeed's estimators count them
 
@@ -266,15 +266,9 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
 
 
 def test_plan_never_imports_torch():
-    code = (
-        "import sys\nfrom distsetup.cli.main import cli\n"
-        "try:\n    cli(['plan', '--params', '13B', '--num_gpus', '8', '--gpu_memory', '80GB', '--hidden_size', "
-        "'5120', '--num_layers', '40', '--vocab_size', '32000'], prog_name='distsetup')\n"
-        "except SystemExit as e:\n    code = e.code\n"
-        "print('HEAVY', sorted(m for m in ('torch', 'deepspeed', 'pynvml') if m in sys.modules), 'EXIT', code)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert "HEAVY [] EXIT 0" in out.stdout, out.stdout + out.stderr
+    args = ["plan", "--params", "13B", "--num_gpus", "8", "--gpu_memory", "80GB", "--hidden_size", "5120"]
+    args += ["--num_layers", "40", "--vocab_size", "32000"]
+    assert heavy_imports(args, ("torch", "deepspeed", "pynvml")) == ([], 0)
 
 
 def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli):

@@ -6,7 +6,7 @@ and the trainer read folders through this module."""
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 MARKER = "COMPLETE"
@@ -104,7 +104,6 @@ def checkpoints_folder(run: Path) -> Path:
 def list_checkpoints(run: Path) -> list[Listed]:
     """Every step_* folder of a run, oldest first, with its metadata and whether a resume would use it."""
     root = checkpoints_folder(run)
-    resume, _ = find_resume(root)
     listed = []
     for folder in sorted(root.glob("step_*")):
         match = STEP_FOLDER.fullmatch(folder.name)
@@ -126,7 +125,10 @@ def list_checkpoints(run: Path) -> list[Listed]:
                 complete=problem is None,
                 problem=problem,
                 size_bytes=size,
-                resume=folder == resume,
+                resume=False,
             )
         )
-    return listed
+    listed.sort(key=lambda c: c.step)  # by number: a step past 9,999,999 has a longer name
+    # the newest complete and intact folder: what find_resume chooses, from the same damage() checks
+    newest = max((c for c in listed if c.complete), key=lambda c: c.step, default=None)
+    return [replace(c, resume=True) if c is newest else c for c in listed]

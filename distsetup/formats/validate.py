@@ -83,13 +83,17 @@ def _named_deepspeed_problems(
         return []
     target = resolve_config_path(named, base_dir)
     try:
-        config = read_json(target)
+        _, found, config = validate_file(target, "deepspeed", world_size, hf=True)
     except DistsetupError as e:
         return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
-    found = duplicate_key_problems(config) + deepspeed_problems(config, world_size, hf=True)
     if trainer is not None:
         found += mismatch_problems(config, trainer, Context(world_size=world_size), str(target))
-    return [Problem(f"{key} -> {p.path}", p.message, p.fix) for p in found]
+    return _prefixed(key, found)
+
+
+def _prefixed(key: str, problems: list[Problem]) -> list[Problem]:
+    """Problems of a file another file names under `key`, said as `key -> path`."""
+    return [Problem(f"{key} -> {p.path}", p.message, p.fix) for p in problems]
 
 
 def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: bool = False) -> dict:
@@ -125,5 +129,5 @@ def _referenced_file_problems(raw: dict, base_dir: Path, world_size: int | None,
             except DistsetupError as e:  # unreadable: one problem, and the run config's others still listed
                 problems.append(Problem(f"distributed.{key}", e.message, "give the file itself."))
                 continue
-            problems += [Problem(f"distributed.{key} -> {p.path}", p.message, p.fix) for p in found]
+            problems += _prefixed(f"distributed.{key}", found)
     return problems

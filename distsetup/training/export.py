@@ -44,16 +44,25 @@ def _strip(key: str) -> str:
     return key
 
 
-def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
-    """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
+def newest_checkpoint(checkpoints: Path) -> Path:
     path = latest_complete(checkpoints)
     if path is None:
         raise DistsetupError(
             f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir."
         )
-    state = consolidated_state_dict(path)
+    return path
+
+
+def weights_as(path: Path, dtype: str) -> dict:
+    """The consolidated weights of checkpoint folder `path`, floating-point tensors in `dtype` (fp32 or bf16)."""
     target = EXPORT_DTYPES[dtype]
-    state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    return {k: v.to(target) if v.is_floating_point() else v for k, v in consolidated_state_dict(path).items()}
+
+
+def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
+    """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
+    path = newest_checkpoint(checkpoints)
+    state = weights_as(path, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(state, out)
     return path, len(state)
@@ -67,21 +76,15 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DistsetupError(f"-o {out} exists and is not an empty folder.", "name a new folder.")
-    path = latest_complete(checkpoints_folder(run))
-    if path is None:
-        raise DistsetupError(f"no complete checkpoint under {run}.", "give a run's training.output_dir.")
+    path = newest_checkpoint(checkpoints_folder(run))
     model = read_meta(path).get("model")
     if not isinstance(model, dict):
         raise DistsetupError(
             f"{path} does not say which model it holds (written before distsetup stored it).",
             "use `python -m distsetup.train --config CONFIG --export OUT.pt` for it.",
         )
-    target = EXPORT_DTYPES[dtype]
     # clone: tied weights share storage, which safetensors refuses to write twice
-    state = {
-        k: (v.to(target) if v.is_floating_point() else v).contiguous().clone()
-        for k, v in consolidated_state_dict(path).items()
-    }
+    state = {k: v.contiguous().clone() for k, v in weights_as(path, dtype).items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
