@@ -161,7 +161,9 @@ def train(cfg, args) -> int:
         # another node may see the newest marker late, and ranks resuming different steps would diverge.
         resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else find_resume(ckpt_root))
         if resume:
-            ckpt.check_compatible(read_meta(resume), resume, backend.name, world.size, backend.zero_stage)
+            ckpt.check_compatible(read_meta(resume), resume, backend.name)
+            if conversion := backend.adopt(resume, read_meta(resume)):
+                say(conversion)
         elif damaged:
             raise DistsetupError(
                 f"no intact checkpoint to resume from: {damaged[0]}.",
@@ -206,6 +208,11 @@ def train(cfg, args) -> int:
             sampler.load_state_dict(meta["sampler"])
             step, loss = meta["step"], meta.get("loss", loss)
             say(f"resumed from {resume} (step {step})")
+            if meta["sampler"]["global_batch"] != global_batch:
+                say(
+                    f"note: the checkpoint's global batch was {meta['sampler']['global_batch']}, this run's is "
+                    f"{global_batch}: continuing from sample {sampler.position} of epoch {sampler.epoch}"
+                )
         meta = {
             "backend": backend.name,
             "zero_stage": backend.zero_stage,
@@ -242,7 +249,12 @@ def train(cfg, args) -> int:
             if stop or checkpoint_now:
                 with timer.checkpointing():
                     ckpt.save_checkpoint(
-                        backend, ckpt_root, step, world, {**meta, "loss": loss, "sampler": sampler.state_dict()}
+                        backend,
+                        ckpt_root,
+                        step,
+                        world,
+                        {**meta, "loss": loss, "sampler": sampler.state_dict()},
+                        keep=t.keep_checkpoints,
                     )
             if stop:
                 say(f"preempted: checkpoint at step {step}")

@@ -1,10 +1,7 @@
 """The planner against the ZeRO paper, DeepSpeed's own estimators, the built-in model and real runs."""
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -25,7 +22,7 @@ from distsetup.planning.planner import (
     parse_memory,
     plan,
 )
-from tests.conftest import REPO, heavy_imports
+from tests.conftest import heavy_imports
 
 NO_RUNTIME = dict(runtime_bytes=0)  # model states only, as the paper and DeepSpeed's estimators count them
 
@@ -285,100 +282,29 @@ def test_bad_sizes_are_errors(run_cli):
     assert parse_memory("24GiB") == 24 * 2**30 and parse_count("1.3e9") == 1_300_000_000
 
 
-# -- against src/train.py: 2 CPU ranks, per-rank bytes as the run reports them -------------------------
+# -- against src/train.py: per-rank bytes as the shared 2-rank runs of train_runs.py report them --------------
 
-TINY = {"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}
-
-
-def _train(tmp_path, name, backend, ds_args=None):
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        json.dumps(
-            {
-                "model": TINY,
-                "data": {"num_samples": 64},
-                "training": {
-                    "micro_batch_size": 4,
-                    "max_steps": 1,
-                    "warmup_steps": 0,
-                    "checkpoint_interval": 100,
-                    "log_interval": 1,
-                },
-                "distributed": {"backend": backend},
-            }
-        )
-    )
-    extra = []
-    if ds_args is not None:
-        ds = tmp_path / f"{name}.json"
-        from click.testing import CliRunner
-
-        from distsetup.cli.main import cli
-
-        res = CliRunner().invoke(
-            cli,
-            [
-                "deepspeed",
-                *ds_args,
-                "--world_size",
-                "2",
-                "--micro_batch_size",
-                "4",
-                "--gradient_accumulation_steps",
-                "1",
-                "-o",
-                str(ds),
-            ],
-        )
-        assert res.exit_code == 0, res.output
-        extra = ["--deepspeed", str(ds)]
-    out_dir = tmp_path / name
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(REPO / "src" / "train.py"),
-            "--config",
-            str(cfg),
-            "--no_resume",
-            *extra,
-            f"training.output_dir={out_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    return json.loads((out_dir / "summary.json").read_text())
-
-
-RUNS = [
-    ("ddp", "ddp", None, "ddp"),
-    ("zero1", "deepspeed", ["--zero_stage", "1"], "zero1"),
-    ("zero2", "deepspeed", ["--zero_stage", "2"], "zero2"),
-    # persistence 0: DeepSpeed would otherwise keep every parameter under 1e5 elements whole (all of TINY's)
-    ("zero3", "deepspeed", ["--zero_stage", "3", "--stage3_param_persistence_threshold", "0"], "zero3"),
-    ("fsdp", "fsdp", None, "fsdp_full_shard"),
-]
+MEASURED = {  # planner strategy -> the shared run that trains it (ZeRO-3 there persists no parameter whole)
+    "ddp": "ddp",
+    "zero1": "zero1",
+    "zero2": "zero2",
+    "zero3": "zero3",
+    "fsdp_full_shard": "fsdp_full",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, backend, ds_args, key", RUNS, ids=[r[0] for r in RUNS])
-def test_predicted_model_states_match_train_py(tmp_path, name, backend, ds_args, key):
-    pytest.importorskip("torch")
-    summary = _train(tmp_path, name, backend, ds_args)
-    assert summary["world_size"] == 2 and summary["precision"] == "fp32"
+@pytest.mark.parametrize("key", MEASURED)
+def test_predicted_model_states_match_train_py(tmp_path, key):
+    from train_runs import MODEL, shared_run
+
     from distsetup.cli.commands.plan import count_on_meta
     from distsetup.formats.runconfig import load_run_config
 
+    summary = json.loads((shared_run(MEASURED[key]) / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["precision"] == "fp32"
     cfg_path = tmp_path / "shape.yaml"
-    cfg_path.write_text(json.dumps({"model": TINY}))
+    cfg_path.write_text(json.dumps({"model": MODEL}))
     shape = count_on_meta(load_run_config(cfg_path))
     predicted = model_states(BY_KEY[key], shape, Hardware(1, 2, runtime_bytes=0), "fp32")
     measured = summary["memory"]

@@ -26,7 +26,7 @@ def test_ranks_read_disjoint_samples_whose_union_is_the_single_process_batch():
 
 def test_each_epoch_is_a_fresh_permutation():
     sampler = ShardedSampler(N, MICRO, ACC, 1, 0, SEED)
-    per_epoch = sampler.steps_per_epoch
+    per_epoch = N // (MICRO * ACC)
     epochs = [sum(run(sampler, per_epoch), []) for _ in range(3)]
     for order in epochs:
         assert len(order) == len(set(order)) == per_epoch * MICRO * ACC  # no sample twice within an epoch
@@ -46,10 +46,42 @@ def test_resume_mid_run_continues_the_same_order(stop_after):
     assert head + run(second, 9 - stop_after) == uninterrupted
 
 
-def test_resume_with_another_global_batch_is_an_error():
-    state = ShardedSampler(N, MICRO, ACC, 2, 0, SEED).state_dict()
-    with pytest.raises(DistsetupError, match="global batch 12"):
-        ShardedSampler(N, MICRO, ACC, 1, 0, SEED).load_state_dict(state)
+def global_batches(samplers, steps):
+    """The samples the ranks of one run read together at each step, as a set per step."""
+    per_rank = [run(sampler, steps) for sampler in samplers]
+    return [set(sum((rank[step] for rank in per_rank), [])) for step in range(steps)]
+
+
+def resumed_at(state, micro, acc, world):
+    samplers = [ShardedSampler(N, micro, acc, world, rank, SEED) for rank in range(world)]
+    for sampler in samplers:
+        sampler.load_state_dict(state)
+    return samplers
+
+
+@pytest.mark.parametrize("micro, acc, world", [(2, 2, 3), (6, 2, 1), (1, 4, 3), (12, 1, 1)])
+def test_the_same_global_batch_split_otherwise_reads_what_the_uninterrupted_run_reads(micro, acc, world):
+    uninterrupted = global_batches([ShardedSampler(N, MICRO, ACC, 2, r, SEED) for r in range(2)], 8)
+    first = [ShardedSampler(N, MICRO, ACC, 2, r, SEED) for r in range(2)]
+    head = global_batches(first, 2)
+    state = json.loads(json.dumps(first[0].state_dict()))
+    assert state["samples"] == 2 * MICRO * ACC * 2
+    assert head + global_batches(resumed_at(state, micro, acc, world), 6) == uninterrupted
+
+
+def test_another_global_batch_continues_from_the_same_sample():
+    first = ShardedSampler(N, MICRO, ACC, 2, 0, SEED)
+    run(first, 2)  # 24 of the 40 samples of epoch 0
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(SEED)).tolist()
+    (bigger,) = resumed_at(first.state_dict(), 8, 1, 1)
+    next_epoch = torch.randperm(N, generator=torch.Generator().manual_seed(SEED + 1)).tolist()
+    assert run(bigger, 3) == [order[24:32], order[32:40], next_epoch[:8]]
+
+
+def test_a_position_stored_in_steps_is_read_as_samples():
+    """Checkpoints written before the position was counted in samples stored optimizer steps."""
+    (resumed,) = resumed_at({"epoch": 0, "position": 2, "global_batch": 12}, 12, 1, 1)
+    assert resumed.state_dict() == {"epoch": 0, "samples": 24, "global_batch": 12}
 
 
 def test_text_and_jsonl_files_become_byte_samples(tmp_path):

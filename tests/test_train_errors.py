@@ -34,9 +34,11 @@ def test_deepspeed_batch_identity_checked_for_the_real_world_size(tmp_path):
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
     line = assert_clean_error(
-        result, f"train_batch_size: {GLOBAL_BATCH} != train_micro_batch_size_per_gpu 8", "world size 1"
+        result,
+        f"train_batch_size: {GLOBAL_BATCH} != train_micro_batch_size_per_gpu {GLOBAL_BATCH // 2}",
+        "world size 1",
     )
-    assert "= 8" in line
+    assert f"= {GLOBAL_BATCH // 2}" in line
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 

@@ -24,7 +24,7 @@ BIN = Path(sys.executable).parent
 SHARED = Path(tempfile.mkdtemp(prefix="distsetup-train-"))
 atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
 
-STEPS, INTERVAL, GLOBAL_BATCH = 30, 10, 16
+STEPS, INTERVAL, GLOBAL_BATCH = 30, 10, 24
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 TRAINING = {
     "seed": 7,

@@ -43,6 +43,18 @@ def find_resume(root: Path) -> tuple[Path | None, list[str]]:
     return None, damaged
 
 
+def beyond_newest(root: Path, keep: int) -> list[Path]:
+    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1): what
+    training.keep_checkpoints removes. Folders without a marker (being written, or a crash's leftovers) and
+    damaged ones are never among them."""
+    intact = sorted(
+        (int(m.group(1)), d)
+        for d in (root.glob("step_*") if root.is_dir() else [])
+        if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file() and damage(d, int(m.group(1))) is None
+    )
+    return [path for _, path in intact[: max(len(intact) - keep, 0)]]
+
+
 def damage(path: Path, step: int) -> str | None:
     """What makes checkpoint folder `path` (step_`step`) unusable, or None: its marker must be ours and name `step`,
     and every file the marker lists must be there with the size it had when the checkpoint completed."""

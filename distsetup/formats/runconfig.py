@@ -82,6 +82,11 @@ class TrainingConfig:
     base_batch_size: int | None = setting(None, "global batch size that lr was tuned for", minimum=1)
     activation_checkpointing: bool = setting(False, "recompute block activations in backward")
     checkpoint_interval: int = setting(50, "save every N steps (and at the end)", minimum=1)
+    keep_checkpoints: int | None = setting(
+        None,
+        "keep the N newest complete checkpoints (older ones go once a newer one is complete); default all",
+        minimum=1,
+    )
     output_dir: str = setting("runs/demo", "checkpoints, metrics and the run summary")
     log_interval: int = setting(10, "print and log metrics every N steps", minimum=1)
 

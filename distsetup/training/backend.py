@@ -79,6 +79,11 @@ class Backend:
                 state["scaler"] = self.scaler.state_dict()
             atomic_save(state, path / "state.pt")
 
+    def adopt(self, path: Path, meta: dict) -> str | None:
+        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written by this
+        backend at any world size; returns a line for the user when that takes a conversion."""
+        return None
+
     def load(self, path: Path) -> None:
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         self._plain_model().load_state_dict(state["model"])

@@ -18,7 +18,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import MARKER, file_sizes, read_meta, step_dir
+from distsetup.formats.checkpoint_folder import MARKER, beyond_newest, file_sizes, read_meta, step_dir
 from distsetup.training.world import World, barrier, is_lost_contact, last_line
 
 
@@ -29,19 +29,13 @@ def atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def check_compatible(meta: dict, path: Path, backend: str, world_size: int, zero_stage) -> None:
-    """A checkpoint from another backend (or a ZeRO world it cannot be split for) is an error up front."""
+def check_compatible(meta: dict, path: Path, backend: str) -> None:
+    """A checkpoint from another backend is an error up front."""
     if meta["backend"] != backend:
         raise DistsetupError(
             f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}.",
             f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
             "(or --export it and start this backend with --init_from).",
-        )
-    if backend == "deepspeed" and (meta["world_size"] != world_size or meta.get("zero_stage") != zero_stage):
-        raise DistsetupError(
-            f"checkpoint {path} is ZeRO-{meta.get('zero_stage')} on {meta['world_size']} ranks; "
-            f"this run is ZeRO-{zero_stage} on {world_size}.",
-            "resume with the same DeepSpeed file and world size, or --export it and use --init_from.",
         )
 
 
@@ -59,8 +53,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict) -> Path:
-    """Every rank writes its part; the COMPLETE marker follows only once all have finished."""
+def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict, keep: int | None = None) -> Path:
+    """Every rank writes its part; the COMPLETE marker follows only once all have finished. Then, with `keep`,
+    rank 0 removes the complete checkpoints older than the `keep` newest."""
     path = step_dir(root, step)
     with disk_errors(path):
         if world.is_main:
@@ -77,6 +72,9 @@ def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict) ->
             marker = {**meta, "step": step, "world_size": world.size, "files": file_sizes(path)}
             atomic_write_text(path / MARKER, json.dumps(marker, indent=2))
             backend.checkpoint_complete(path)
+            for old in beyond_newest(root, keep) if keep else []:
+                (old / MARKER).unlink()  # first: a removal cut short leaves a folder no resume picks
+                shutil.rmtree(old, ignore_errors=True)
     barrier()
     return path
 

@@ -71,10 +71,12 @@ def build_dataset(cfg) -> torch.Tensor:
 class ShardedSampler:
     """Which samples each rank reads, step by step; like DistributedSampler, but resumable mid-epoch.
 
-    Each epoch is a fresh permutation (seed + epoch); every optimizer step takes the next `global_batch`
-    samples of it, and rank r's micro-batch m is slice (m * world + r) of that chunk. Ranks never share
-    a sample, and the global batch does not depend on how it is split, so 1 process and N processes
-    see the same data at every step.
+    Each epoch is a fresh permutation of the samples, a function of the seed and the epoch alone; every optimizer
+    step takes the next `global_batch` samples of it, and rank r's micro-batch m is slice (m * world + r) of that
+    chunk. Ranks never share a sample, and the position is counted in samples: a run resumed with the same global
+    batch split otherwise (other world size, micro-batch or accumulation) reads what the uninterrupted run would
+    have, and one with another global batch continues from the same sample. An epoch ends where the samples left
+    no longer fill a global batch.
     """
 
     def __init__(self, num_samples: int, micro_batch: int, accumulation: int, world_size: int, rank: int, seed: int):
@@ -86,41 +88,36 @@ class ShardedSampler:
             seed,
         )
         self.global_batch = micro_batch * accumulation * world_size
-        self.steps_per_epoch = num_samples // self.global_batch
-        if self.steps_per_epoch == 0:
+        if num_samples < self.global_batch:
             raise DistsetupError(
                 f"the dataset has {num_samples} samples, fewer than one global batch of {self.global_batch}.",
                 "add data or lower the batch size.",
             )
         self.num_samples = num_samples
-        self.epoch, self.position = 0, 0  # position: optimizer steps already taken in this epoch
+        self.epoch, self.position = 0, 0  # position: samples of this epoch's order already read
         self._order: torch.Tensor | None = None  # this epoch's permutation, drawn when first needed
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._order = epoch, None
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "global_batch": self.global_batch}
+        return {"epoch": self.epoch, "samples": self.position, "global_batch": self.global_batch}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["global_batch"] != self.global_batch:
-            raise DistsetupError(
-                f"the checkpoint was written with global batch {state['global_batch']}, "
-                f"this run uses {self.global_batch}.",
-                "keep the batch sizes, or use --no_resume.",
-            )
+        """Continue at the sample where `state` stopped (older checkpoints counted optimizer steps of their own
+        global batch)."""
         self.set_epoch(state["epoch"])
-        self.position = state["position"]
+        self.position = state["samples"] if "samples" in state else state["position"] * state["global_batch"]
 
     def next_step(self) -> list[torch.Tensor]:
         """This rank's sample indices for each micro-batch of the next optimizer step."""
-        if self.position == self.steps_per_epoch:
+        if self.position + self.global_batch > self.num_samples:
             self.set_epoch(self.epoch + 1)
             self.position = 0
         if self._order is None:
             self._order = torch.randperm(
                 self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
             )
-        chunk = self._order[self.position * self.global_batch : (self.position + 1) * self.global_batch]
-        self.position += 1
+        chunk = self._order[self.position : self.position + self.global_batch]
+        self.position += self.global_batch
         return [chunk[(m * self.world + self.rank) * self.micro :][: self.micro] for m in range(self.accumulation)]

@@ -1,0 +1,118 @@
+"""A run resumed on another number of processes, or with its global batch split otherwise, continues the
+uninterrupted run's loss curve; checkpoint retention (training.keep_checkpoints) removes only what it may.
+
+Each case copies one checkpoint (step 10) of a shared 30-step run into a fresh output folder, which is what a
+job killed after step 10 leaves behind (test_train_resume kills real ranks), and resumes it elsewhere."""
+
+import json
+import re
+import shutil
+
+import pytest
+from train_runs import (
+    DS_FILES,
+    GLOBAL_BATCH,
+    INTERVAL,
+    RUNS,
+    STEPS,
+    TRAINING,
+    final_weights,
+    losses,
+    shared_run,
+    train,
+    write_config,
+)
+
+from distsetup.formats.checkpoint_folder import MARKER, beyond_newest, step_dir
+
+
+def ds_split(name: str, processes: int, micro: int) -> dict:
+    """Run `name`'s DeepSpeed file with the same global batch split over `processes` in micro-batches of `micro`."""
+    accumulation = GLOBAL_BATCH // (processes * micro)
+    assert micro * accumulation * processes == GLOBAL_BATCH
+    return {
+        **DS_FILES[name],
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+    }
+
+
+# case -> (source run, processes, backend file for them, micro-batch, accumulation)
+RESHAPES = {
+    "zero3 2 -> 1": ("zero3", 1, lambda: ds_split("zero3", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
+    "zero3 2 -> 3": ("zero3", 3, lambda: ds_split("zero3", 3, GLOBAL_BATCH // 3), GLOBAL_BATCH // 3, 1),
+    "fsdp 2 -> 1": ("fsdp_full", 1, lambda: RUNS["fsdp_full"][2], GLOBAL_BATCH, 1),
+    "zero1 2 -> 3, micro 4": ("zero1", 3, lambda: ds_split("zero1", 3, 4), 4, GLOBAL_BATCH // 12),
+    "zero2 -> zero3, 2 ranks": ("zero2", 2, lambda: ds_split("zero3", 2, GLOBAL_BATCH // 2), GLOBAL_BATCH // 2, 1),
+}
+
+
+def resume_elsewhere(tmp_path, source: str, processes: int, backend_file: dict, micro: int, accumulation: int):
+    out = tmp_path / "out"
+    checkpoint = step_dir(out / "checkpoints", INTERVAL)
+    shutil.copytree(step_dir(shared_run(source) / "checkpoints", INTERVAL), checkpoint)
+    backend = RUNS[source][1]
+    training = {**TRAINING, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation}
+    config = write_config(tmp_path, source, backend, backend_file, training)
+    return train(config, processes), out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RESHAPES)
+def test_a_run_resumed_on_another_world_size_continues_the_same_loss_curve(tmp_path, case):
+    source, processes, backend_file, micro, accumulation = RESHAPES[case]
+    result, out = resume_elsewhere(tmp_path, source, processes, backend_file(), micro, accumulation)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(rf"resumed from \S+step_{INTERVAL:07d} \(step {INTERVAL}\)", result.stdout)
+    if RUNS[source][1] == "deepspeed":  # DeepSpeed's own checkpoints are per rank: converted, in one line
+        line = (
+            rf"\(ZeRO-\d, 2 ranks\) converted by DeepSpeed's ds_to_universal for this run \(ZeRO-\d, {processes} rank"
+        )
+        assert len(re.findall(line, result.stdout)) == 1, result.stdout
+    resumed, uninterrupted = losses(out), losses(shared_run(source))[INTERVAL:]
+    assert len(resumed) == STEPS - INTERVAL >= 20
+    assert resumed == pytest.approx(uninterrupted, rel=1e-4)
+    # and each tensor: a setting the resume lost (weight decay, say) moves few parameters and little loss. Not
+    # the qkv biases: their key part gets no gradient (softmax ignores a constant added to every key), so Adam
+    # turns rounding noise, which differs with the world size, into steps of the learning rate's size there.
+    weights, reference = final_weights(out), final_weights(shared_run(source))
+    drift = {k: float((weights[k] - v).norm() / v.norm()) for k, v in reference.items() if "qkv.bias" not in k}
+    assert max(drift.values()) < 1e-4, sorted(drift.items(), key=lambda kv: -kv[1])[:3]
+    assert step_dir(out / "checkpoints", INTERVAL).joinpath(MARKER).is_file()  # the source is left as it was
+
+
+@pytest.mark.slow
+def test_zero0_and_zero_1_to_3_do_not_convert_into_each_other(tmp_path):
+    """DeepSpeed's universal format, which changes stages, covers ZeRO 1-3; ZeRO-0 is told before training."""
+    stage0 = {**ds_split("zero1", 1, GLOBAL_BATCH), "zero_optimization": {"stage": 0}}
+    result, out = resume_elsewhere(tmp_path, "zero1", 1, stage0, GLOBAL_BATCH, 1)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "is ZeRO-1 on 2 ranks; this run is ZeRO-0" in result.stderr and "stage 1" in result.stderr
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_keep_checkpoints_removes_only_older_complete_intact_folders(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (10, 20, 30, 40, 50):
+        folder = step_dir(root, step)
+        folder.mkdir(parents=True)
+        (folder / "state.pt").write_bytes(b"x" * step)
+        if step != 50:  # 50: being written (no marker yet)
+            marker = {"backend": "single", "step": step, "world_size": 1, "files": {"state.pt": step}}
+            (folder / MARKER).write_text(json.dumps(marker))
+    (step_dir(root, 20) / "state.pt").write_bytes(b"x")  # damaged: never counted, never removed
+    assert beyond_newest(root, 2) == [step_dir(root, 10)]
+    assert beyond_newest(root, 1) == [step_dir(root, 10), step_dir(root, 30)]
+    assert beyond_newest(root, 5) == [] and beyond_newest(tmp_path / "none", 1) == []
+
+
+@pytest.mark.slow
+def test_a_run_with_keep_checkpoints_ends_with_the_newest_ones(tmp_path):
+    training = {**TRAINING, "micro_batch_size": GLOBAL_BATCH, "checkpoint_interval": 4, "max_steps": 12}
+    config = write_config(tmp_path, "single", "single", None, {**training, "keep_checkpoints": 2})
+    leftover = step_dir(tmp_path / "out" / "checkpoints", 1)  # a crash's half-written folder: not ours to judge
+    leftover.mkdir(parents=True)
+    result = train(config, 1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    remaining = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())
+    assert remaining == [leftover.name, step_dir(tmp_path, 8).name, step_dir(tmp_path, 12).name]
