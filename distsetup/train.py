@@ -161,7 +161,7 @@ def train(cfg, args) -> int:
         # another node may see the newest marker late, and ranks resuming different steps would diverge.
         resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else find_resume(ckpt_root))
         if resume:
-            ckpt.check_compatible(read_meta(resume), resume, backend.name)
+            ckpt.check_compatible(read_meta(resume), resume, backend.name, dataclasses.asdict(cfg.model))
             if conversion := backend.adopt(resume, read_meta(resume)):
                 say(conversion)
         elif damaged:

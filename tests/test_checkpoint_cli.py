@@ -72,3 +72,34 @@ def test_export_writes_safetensors_any_model_loads(run_cli, tmp_path, name):
 
     again = run_cli("checkpoint", "export", run, "-o", tmp_path / "exported")
     assert again.exit_code == 1 and "exists and is not an empty folder" in again.stderr
+    as_hf = run_cli("checkpoint", "export", run, "-o", tmp_path / "hf", "--format", "hf")
+    assert as_hf.exit_code == 1 and "holds the built-in GPT" in as_hf.stderr and "without --format hf" in as_hf.stderr
+    shard = run_cli("checkpoint", "export", run, "-o", tmp_path / "hf", "--format", "hf", "--max_shard_size", "lots")
+    assert shard.exit_code == 1 and "--max_shard_size lots is not a size" in shard.stderr
+    assert not (tmp_path / "hf").exists() and [p.name for p in tmp_path.iterdir()] == ["exported"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "fsdp_full", "zero3"])
+def test_weights_read_one_at_a_time_equal_each_backends_own_consolidation(tmp_path, name):
+    import torch
+
+    from distsetup.formats.checkpoint_folder import latest_complete
+    from distsetup.training.weight_stream import weight_stream
+
+    path = latest_complete(shared_run(name) / "checkpoints")
+    if name == "zero3":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        reference = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    elif name == "fsdp_full":  # a DCP folder, read here one key at a time
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        dcp_to_torch_save(path / "model", tmp_path / "model.pt")
+        reference = torch.load(tmp_path / "model.pt", weights_only=False)
+    else:
+        reference = torch.load(path / "state.pt", weights_only=False)["model"]
+    streamed = dict(weight_stream(path).tensors())
+    assert streamed.keys() == reference.keys()
+    for key, tensor in reference.items():
+        assert torch.equal(streamed[key], tensor), key

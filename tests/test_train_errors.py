@@ -63,6 +63,16 @@ def test_checkpoint_from_another_backend(tmp_path):
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
 
 
+@pytest.mark.slow
+def test_checkpoint_of_a_model_of_another_shape(tmp_path):
+    config = write_run_config(tmp_path, "single", max_steps=2, checkpoint_interval=2, warmup_steps=0)
+    assert train(config, 1).returncode == 0
+    metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
+    result = train(config, 1, "model.n_layer=3")
+    assert_clean_error(result, "holds a model with model.n_layer 2; this run config says 3", "trained with")
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
+
+
 def test_empty_strings_are_not_files(tmp_path):
     config = write_run_config(tmp_path, "single")
     assert_clean_error(train(config, 1, "--deepspeed", ""), "--deepspeed is empty")

@@ -15,8 +15,8 @@ import signal
 import pytest
 import torch
 from train_runs import (
+    FEATURE_BATCH,
     FEATURE_STEPS,
-    GLOBAL_BATCH,
     MICRO,
     MODEL,
     ds_file,
@@ -60,7 +60,7 @@ def test_accumulating_runs_match_the_single_process_curve(name):
     reference, curve = losses(feature_run("acc_single")), losses(feature_run(name))
     assert len(curve) == len(reference) == FEATURE_STEPS
     if name != "acc_zero2_one_process":
-        assert f"global batch {GLOBAL_BATCH} = micro {MICRO} x accumulation 2 x world 2" in log_of(name)
+        assert f"global batch {FEATURE_BATCH} = micro {MICRO} x accumulation 2 x world 2" in log_of(name)
     assert f"micro {MICRO} x accumulation 4 x world 1" in log_of("acc_single")
     for pattern in PARITY[name]:
         assert re.search(pattern, log_of(name)), (pattern, log_of(name)[-2000:])
@@ -171,12 +171,12 @@ def test_low_precision_runs_learn_where_the_device_supports_them(name):
 def test_text_files_train_with_linearly_scaled_lr():
     """bf16_ddp_files: a .txt and a .jsonl file, lr 5e-3 tuned for batch 8, run at global batch 16."""
     rows = [json.loads(line) for line in (feature_run("bf16_ddp_files") / "metrics.jsonl").read_text().splitlines()]
-    expected = 5e-3 * GLOBAL_BATCH / 8
+    expected = 5e-3 * FEATURE_BATCH / 8
     peak = max(rows, key=lambda r: r["lr"])
     assert peak["lr"] == pytest.approx(expected, rel=1e-9)
     warmup = 3  # TRAINING["warmup_steps"]: the logged lr is the one step `step` used, 1-based
     assert peak["step"] == warmup + 1
-    assert f"lr scaled (linear) to {expected:.6g} for global batch {GLOBAL_BATCH}" in log_of("bf16_ddp_files")
+    assert f"lr scaled (linear) to {expected:.6g} for global batch {FEATURE_BATCH}" in log_of("bf16_ddp_files")
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_throughput_leaves_checkpoint_writes_out():
     s = summary_of("acc_fsdp_ckpt_full_sd")  # writes a full-state-dict checkpoint at the end
     assert s["checkpoint_seconds"] > 0 and s["train_seconds"] > 0
     assert s["steps_per_s"] == pytest.approx(FEATURE_STEPS / s["train_seconds"], rel=1e-9)
-    assert s["tokens_per_s"] == pytest.approx(s["steps_per_s"] * GLOBAL_BATCH * MODEL["block_size"], rel=1e-9)
+    assert s["tokens_per_s"] == pytest.approx(s["steps_per_s"] * FEATURE_BATCH * MODEL["block_size"], rel=1e-9)
 
 
 def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_path):

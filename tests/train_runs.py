@@ -199,7 +199,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
 # -- feature runs: global batch 16 = micro 4 x accumulation (4 / processes) x processes, 12 steps ------------
 # Backend files come from the CLI (`distsetup fsdp|deepspeed ...`), as users get them.
 
-FEATURE_STEPS, MICRO = 12, 4
+FEATURE_STEPS, MICRO, FEATURE_BATCH = 12, 4, 16
 DS_ACC = (
     "--world_size",
     "2",
@@ -351,7 +351,7 @@ FEATURE_RUNS = {
 def write_feature_config(folder: Path, name: str, **training) -> tuple[Path, int, bool]:
     """(config path, processes, as two nodes) for feature run `name`."""
     nproc, backend, backend_file, extra, data = FEATURE_RUNS[name]()[:5]
-    accumulation = GLOBAL_BATCH // (MICRO * nproc)
+    accumulation = FEATURE_BATCH // (MICRO * nproc)
     settings = {
         **TRAINING,
         "max_steps": FEATURE_STEPS,

@@ -29,14 +29,29 @@ def atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def check_compatible(meta: dict, path: Path, backend: str) -> None:
-    """A checkpoint from another backend is an error up front."""
+SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"), "hf": ()}  # what sizes weights
+
+
+def check_compatible(meta: dict, path: Path, backend: str, model: dict) -> None:
+    """A checkpoint from another backend, or of a model of another shape than the run config's `model` section,
+    is an error up front (before any collective load could fail on one rank and leave the others waiting)."""
     if meta["backend"] != backend:
         raise DistsetupError(
             f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}.",
             f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
             "(or --export it and start this backend with --init_from).",
         )
+    stored = meta.get("model")  # checkpoints before distsetup stored it: the load itself finds out
+    if not isinstance(stored, dict):
+        return
+    keys = ("type", *SHAPE_KEYS.get(model["type"], ()))
+    for key in keys:
+        if stored.get(key) != model[key]:
+            raise DistsetupError(
+                f"checkpoint {path} holds a model with model.{key} {stored.get(key)}; this run config says "
+                f"{model[key]}.",
+                "resume with the run config it was trained with, or start afresh in another training.output_dir.",
+            )
 
 
 def rng_state() -> dict:

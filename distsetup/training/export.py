@@ -1,4 +1,6 @@
-"""One consolidated weights file from the newest complete checkpoint of any backend."""
+"""The newest complete checkpoint of any backend and world size as consolidated weights: a .pt for
+`train.py --export`, or with `distsetup checkpoint export` model.safetensors and model.json, or a Hugging Face
+folder; the last two are written one tensor at a time (training/weight_stream.py)."""
 
 import json
 import shutil
@@ -10,38 +12,15 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, latest_complete, read_meta
 from distsetup.training.checkpoint import atomic_save
+from distsetup.training.weight_stream import WeightStream, weight_stream, write_safetensors
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)
+HF_WRAPPER_PREFIX = "hf."  # training.model.HFCausalLM keeps the transformers model as .hf
 
 
 def consolidated_state_dict(path: Path) -> dict:
-    """The full fp32 model state dict of checkpoint folder `path`, whatever backend wrote it."""
-    meta = read_meta(path)
-    backend = meta["backend"]
-    if backend in ("single", "ddp"):
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)["model"]
-    elif backend == "fsdp" and (path / "full_state.pt").exists():
-        state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)["model"]
-    elif backend == "fsdp":
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(path / "model", Path(tmp) / "model.pt")
-            state = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=False)
-    elif meta.get("zero_stage"):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-    else:  # ZeRO-0 keeps the whole module in the model-states file
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    return {_strip(k): v for k, v in state.items()}
-
-
-def _strip(key: str) -> str:
-    for prefix in WRAPPER_PREFIXES:
-        key = key.replace(prefix, "")
-    return key
+    """The full fp32 model state dict of checkpoint folder `path`, whatever backend wrote it, all in memory."""
+    return {name: tensor.clone() for name, tensor in weight_stream(path).tensors()}
 
 
 def newest_checkpoint(checkpoints: Path) -> Path:
@@ -59,6 +38,15 @@ def weights_as(path: Path, dtype: str) -> dict:
     return {k: v.to(target) if v.is_floating_point() else v for k, v in consolidated_state_dict(path).items()}
 
 
+def _entries(stream: WeightStream, dtype: str, rename=lambda name: name) -> list[tuple[str, tuple, torch.dtype]]:
+    """(name as written, shape, dtype as written) of each tensor: floating point ones in the export's dtype."""
+    target = EXPORT_DTYPES[dtype]
+    return [
+        (rename(name), shape, target if kind.is_floating_point else kind)
+        for name, (shape, kind) in stream.shapes.items()
+    ]
+
+
 def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
     """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
     path = newest_checkpoint(checkpoints)
@@ -71,9 +59,115 @@ def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]
 def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
     """The newest complete checkpoint of `run` (any backend, any world size) as a folder `out` holding
     model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
-    written whole into a new folder or not at all. Returns (checkpoint used, tensors written)."""
-    from safetensors.torch import save_file
+    written whole into a new folder or not at all, one tensor at a time. Returns (checkpoint used, tensors)."""
+    path, model = _checkpoint_and_model(run, out)
+    stream = weight_stream(path)
+    entries = _entries(stream, dtype)
 
+    def write(folder: Path) -> None:
+        metadata = {"format": "pt", "dtype": dtype}
+        write_safetensors(folder / "model.safetensors", entries, stream.tensors(), metadata)
+        (folder / "model.json").write_text(json.dumps(model, indent=2) + "\n")
+
+    _write_new_folder(out, write)
+    return path, len(entries)
+
+
+HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# what a Hugging Face model folder holds besides its weights, copied as they are
+HF_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Path, int]:
+    """The newest complete checkpoint of an `hf` run as a Hugging Face folder that `from_pretrained` loads:
+    config.json (the model folder's, with the exported dtype), the tokenizer and generation files it holds, and
+    the weights sharded as `save_pretrained` shards them (model.safetensors, or numbered shards and an index
+    above `max_shard_size`). Written whole into a new folder or not at all."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        parse_size_to_int(max_shard_size)
+    except ValueError:
+        raise DistsetupError(f"--max_shard_size {max_shard_size} is not a size.", "write e.g. 5GB or 500MB.") from None
+    path, model = _checkpoint_and_model(run, out)
+    if model.get("type") != "hf":
+        raise DistsetupError(
+            f"{path} holds the built-in GPT, which has no Hugging Face class.",
+            "export it without --format hf (model.safetensors and model.json).",
+        )
+    source = Path(model["hf_path"])
+    if not (source / "config.json").is_file():
+        raise DistsetupError(
+            f"model.hf_path {source} of the run has no config.json here.",
+            "run the export from the folder the training ran in (a relative hf_path is read from there).",
+        )
+    config = json.loads((source / "config.json").read_text())
+    config["dtype"] = HF_DTYPES[dtype]  # transformers 5's key; 4.x read torch_dtype
+    config.pop("torch_dtype", None)
+    stream = weight_stream(path)
+    entries = _entries(stream, dtype, lambda name: name.removeprefix(HF_WRAPPER_PREFIX))
+    order = _state_dict_order(source)  # the order save_pretrained fills its shards in
+    entries.sort(key=lambda entry: order.get(entry[0], len(order)))
+    # sharded by huggingface_hub's rule, the one save_pretrained uses, from sizes alone (tensors on "meta")
+    split = split_torch_state_dict_into_shards(
+        {name: torch.empty(shape, dtype=kind, device="meta") for name, shape, kind in entries},
+        max_shard_size=max_shard_size,
+    )
+    by_name = {entry[0]: entry for entry in entries}
+
+    def write(folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for name in HF_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, folder / name)
+        for filename, names in split.filename_to_tensors.items():
+            shard = [by_name[name] for name in names]
+            tensors = stream.tensors(HF_WRAPPER_PREFIX + name for name in names)
+            write_safetensors(folder / filename, shard, _renamed(tensors), {"format": "pt"})
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+    _write_new_folder(out, write)
+    return path, len(entries)
+
+
+def _state_dict_order(source: Path) -> dict[str, int]:
+    """Each weight's place in the state dict save_pretrained shards, for a model loaded from `source` (its
+    config.json built on the meta device: no memory, nothing downloaded): transformers 5 sorts the names as
+    dotted paths with numbers in order (dot_natural_key); transformers 4 keeps the model's order."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source, local_files_only=True))
+    names = list(model.state_dict())
+    try:
+        from transformers.core_model_loading import dot_natural_key
+    except ImportError:
+        pass
+    else:
+        names.sort(key=dot_natural_key)
+    return {name: place for place, name in enumerate(names)}
+
+
+def _renamed(tensors):
+    for name, tensor in tensors:
+        yield name.removeprefix(HF_WRAPPER_PREFIX), tensor
+
+
+def _checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
+    """The newest complete checkpoint of `run` and the model section its marker stores; `out` must be new."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DistsetupError(f"-o {out} exists and is not an empty folder.", "name a new folder.")
     path = newest_checkpoint(checkpoints_folder(run))
@@ -83,20 +177,21 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
             f"{path} does not say which model it holds (written before distsetup stored it).",
             "use `python -m distsetup.train --config CONFIG --export OUT.pt` for it.",
         )
-    # clone: tied weights share storage, which safetensors refuses to write twice
-    state = {k: v.contiguous().clone() for k, v in weights_as(path, dtype).items()}
+    return path, model
+
+
+def _write_new_folder(out: Path, write) -> None:
+    """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole; removed on any failure."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt", "dtype": dtype})
-        (staging / "model.json").write_text(json.dumps(model, indent=2) + "\n")
+        write(staging)
         if out.is_dir():
             out.rmdir()
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return path, len(state)
 
 
 def load_weights(model: torch.nn.Module, path: str) -> None:

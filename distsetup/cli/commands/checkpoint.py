@@ -17,6 +17,7 @@ Examples:
   distsetup checkpoint ls runs/exp                 # runs/exp/checkpoints/step_*
   distsetup checkpoint ls runs/exp --json
   distsetup checkpoint export runs/exp -o exported/ --dtype bf16
+  distsetup checkpoint export runs/llama -o exported/ --format hf    # from_pretrained("exported/")
 """
 )
 def checkpoint():
@@ -62,10 +63,27 @@ def ls(run: Path, as_json: bool):
 @click.argument("run", type=click.Path(file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new folder to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
-def export(run: Path, output: Path, dtype: str):
-    """Write the newest complete checkpoint of RUN (any backend, any world size) as OUTPUT/model.safetensors and
-    OUTPUT/model.json (the model section of its run config). Imports torch (and DeepSpeed for ZeRO checkpoints)."""
-    from distsetup.training.export import export_safetensors  # torch: only this subcommand needs it
+@click.option(
+    "--format",
+    "layout",
+    type=click.Choice(["safetensors", "hf"]),
+    default="safetensors",
+    show_default=True,
+    help="safetensors: model.safetensors and model.json (any model); hf: a Hugging Face folder that "
+    "from_pretrained loads (model.type hf).",
+)
+@click.option(
+    "--max_shard_size", default="50GB", show_default=True, help="--format hf: shard above this, as save_pretrained."
+)
+def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str):
+    """Write the newest complete checkpoint of RUN (any backend, any world size) into the new folder OUTPUT:
+    model.safetensors and model.json (the model section of its run config), or with --format hf a Hugging Face
+    folder (config.json, tokenizer files, weights sharded as save_pretrained shards them). Imports torch (and
+    DeepSpeed for ZeRO 1-2 checkpoints); reads one tensor at a time."""
+    from distsetup.training.export import export_hf, export_safetensors  # torch: only this subcommand needs it
 
-    used, count = export_safetensors(run, output, dtype)
+    if layout == "hf":
+        used, count = export_hf(run, output, dtype, max_shard_size)
+    else:
+        used, count = export_safetensors(run, output, dtype)
     click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")
