@@ -76,6 +76,8 @@ def test_export_writes_safetensors_any_model_loads(run_cli, tmp_path, name):
     assert as_hf.exit_code == 1 and "holds the built-in GPT" in as_hf.stderr and "without --format hf" in as_hf.stderr
     shard = run_cli("checkpoint", "export", run, "-o", tmp_path / "hf", "--format", "hf", "--max_shard_size", "lots")
     assert shard.exit_code == 1 and "--max_shard_size lots is not a size" in shard.stderr
+    unsharded = run_cli("checkpoint", "export", run, "-o", tmp_path / "hf", "--max_shard_size", "5GB")
+    assert unsharded.exit_code == 1 and "--max_shard_size shards a Hugging Face folder" in unsharded.stderr
     assert not (tmp_path / "hf").exists() and [p.name for p in tmp_path.iterdir()] == ["exported"]
 
 
@@ -103,3 +105,25 @@ def test_weights_read_one_at_a_time_equal_each_backends_own_consolidation(tmp_pa
     assert streamed.keys() == reference.keys()
     for key, tensor in reference.items():
         assert torch.equal(streamed[key], tensor), key
+
+
+@pytest.mark.slow
+def test_zero3_weights_are_found_under_bf16_file_names_and_a_missing_rank_falls_back(tmp_path):
+    """With bf16 DeepSpeed names the optimizer files bf16_zero_pp_rank_R_...; a rank's file missing is not
+    the layout the stream reads, and DeepSpeed's own reader says what is wrong."""
+    import torch
+
+    from distsetup.formats.checkpoint_folder import latest_complete
+    from distsetup.training.weight_stream import weight_stream
+
+    source = latest_complete(shared_run("zero3") / "checkpoints")
+    copy = tmp_path / "checkpoints" / source.name
+    shutil.copytree(source, copy)
+    for file in copy.glob("zero_pp_rank_*_optim_states.pt"):
+        file.rename(file.with_name("bf16_" + file.name))
+    reference = dict(weight_stream(source).tensors())
+    renamed = dict(weight_stream(copy).tensors())
+    assert renamed.keys() == reference.keys() and all(torch.equal(renamed[k], v) for k, v in reference.items())
+    next(copy.glob("bf16_zero_pp_rank_1_*")).unlink()
+    with pytest.raises(Exception, match="optim"):  # zero_to_fp32: fewer optimizer files than ranks
+        weight_stream(copy)

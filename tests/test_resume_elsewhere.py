@@ -1,5 +1,6 @@
-"""A run resumed on another number of processes, or with its global batch split otherwise, continues the
-uninterrupted run's loss curve; checkpoint retention (training.keep_checkpoints) removes only what it may.
+"""A run resumed on another number of processes, with its global batch split otherwise, or under another of
+single, DDP and FSDP, continues the uninterrupted run's loss curve; checkpoint retention
+(training.keep_checkpoints) removes only what it may.
 
 Each case copies one checkpoint (step 10) of a shared 30-step run into a fresh output folder, which is what a
 job killed after step 10 leaves behind (test_train_resume kills real ranks), and resumes it elsewhere."""
@@ -37,21 +38,23 @@ def ds_split(name: str, processes: int, micro: int) -> dict:
     }
 
 
-# case -> (source run, processes, backend file for them, micro-batch, accumulation)
+# case -> (source run, backend, processes, backend file for them, micro-batch, accumulation)
 RESHAPES = {
-    "zero3 2 -> 1": ("zero3", 1, lambda: ds_split("zero3", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
-    "zero3 2 -> 3": ("zero3", 3, lambda: ds_split("zero3", 3, GLOBAL_BATCH // 3), GLOBAL_BATCH // 3, 1),
-    "fsdp 2 -> 1": ("fsdp_full", 1, lambda: RUNS["fsdp_full"][2], GLOBAL_BATCH, 1),
-    "zero1 2 -> 3, micro 4": ("zero1", 3, lambda: ds_split("zero1", 3, 4), 4, GLOBAL_BATCH // 12),
-    "zero2 -> zero3, 2 ranks": ("zero2", 2, lambda: ds_split("zero3", 2, GLOBAL_BATCH // 2), GLOBAL_BATCH // 2, 1),
+    "zero3 2 -> 1": ("zero3", "deepspeed", 1, lambda: ds_split("zero3", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
+    "zero3 2 -> 3": ("zero3", "deepspeed", 3, lambda: ds_split("zero3", 3, 8), 8, 1),
+    "fsdp 2 -> 1": ("fsdp_full", "fsdp", 1, lambda: RUNS["fsdp_full"][2], GLOBAL_BATCH, 1),
+    "zero1 2 -> 3, micro 4": ("zero1", "deepspeed", 3, lambda: ds_split("zero1", 3, 4), 4, 2),
+    "zero2 -> zero3, 2 ranks": ("zero2", "deepspeed", 2, lambda: ds_split("zero3", 2, 12), 12, 1),
+    "zero3 2 -> zero2 1": ("zero3", "deepspeed", 1, lambda: ds_split("zero2", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
+    "ddp 2 -> fsdp 2": ("ddp", "fsdp", 2, lambda: RUNS["fsdp_full"][2], 12, 1),
+    "fsdp 2 -> single": ("fsdp_full", "single", 1, lambda: None, GLOBAL_BATCH, 1),
 }
 
 
-def resume_elsewhere(tmp_path, source: str, processes: int, backend_file: dict, micro: int, accumulation: int):
+def resume_elsewhere(tmp_path, source: str, backend: str, processes: int, backend_file, micro: int, accumulation: int):
     out = tmp_path / "out"
     checkpoint = step_dir(out / "checkpoints", INTERVAL)
     shutil.copytree(step_dir(shared_run(source) / "checkpoints", INTERVAL), checkpoint)
-    backend = RUNS[source][1]
     training = {**TRAINING, "micro_batch_size": micro, "gradient_accumulation_steps": accumulation}
     config = write_config(tmp_path, source, backend, backend_file, training)
     return train(config, processes), out
@@ -59,15 +62,19 @@ def resume_elsewhere(tmp_path, source: str, processes: int, backend_file: dict, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", RESHAPES)
-def test_a_run_resumed_on_another_world_size_continues_the_same_loss_curve(tmp_path, case):
-    source, processes, backend_file, micro, accumulation = RESHAPES[case]
-    result, out = resume_elsewhere(tmp_path, source, processes, backend_file(), micro, accumulation)
+def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
+    source, backend, processes, backend_file, micro, accumulation = RESHAPES[case]
+    result, out = resume_elsewhere(tmp_path, source, backend, processes, backend_file(), micro, accumulation)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(rf"resumed from \S+step_{INTERVAL:07d} \(step {INTERVAL}\)", result.stdout)
-    if RUNS[source][1] == "deepspeed":  # DeepSpeed's own checkpoints are per rank: converted, in one line
+    if backend == "deepspeed":  # DeepSpeed's own checkpoints are per rank: converted, in one line
         line = (
             rf"\(ZeRO-\d, 2 ranks\) converted by DeepSpeed's ds_to_universal for this run \(ZeRO-\d, {processes} rank"
         )
+        assert len(re.findall(line, result.stdout)) == 1, result.stdout
+        assert not list(out.glob(".universal-*"))  # the converted copy is gone once loaded
+    elif backend != RUNS[source][1]:  # another backend's files: converted, in one line
+        line = rf"\({RUNS[source][1]}, 2 ranks\) converted for this run \({backend}, {processes} rank"
         assert len(re.findall(line, result.stdout)) == 1, result.stdout
     resumed, uninterrupted = losses(out), losses(shared_run(source))[INTERVAL:]
     assert len(resumed) == STEPS - INTERVAL >= 20
@@ -85,7 +92,7 @@ def test_a_run_resumed_on_another_world_size_continues_the_same_loss_curve(tmp_p
 def test_zero0_and_zero_1_to_3_do_not_convert_into_each_other(tmp_path):
     """DeepSpeed's universal format, which changes stages, covers ZeRO 1-3; ZeRO-0 is told before training."""
     stage0 = {**ds_split("zero1", 1, GLOBAL_BATCH), "zero_optimization": {"stage": 0}}
-    result, out = resume_elsewhere(tmp_path, "zero1", 1, stage0, GLOBAL_BATCH, 1)
+    result, out = resume_elsewhere(tmp_path, "zero1", "deepspeed", 1, stage0, GLOBAL_BATCH, 1)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "is ZeRO-1 on 2 ranks; this run is ZeRO-0" in result.stderr and "stage 1" in result.stderr
     assert not (out / "metrics.jsonl").exists()

@@ -58,8 +58,10 @@ def test_checkpoint_from_another_backend(tmp_path):
     config = write_run_config(tmp_path, "single", max_steps=2, checkpoint_interval=2, warmup_steps=0)
     assert train(config, 1).returncode == 0
     metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
-    result = train(config, 1, "distributed.backend=ddp")
-    assert_clean_error(result, "written by backend single", "this run uses ddp")
+    one_rank = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}
+    (tmp_path / "ds.json").write_text(json.dumps(one_rank))
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "written by backend single", "this run uses deepspeed", "converts between single")
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
 
 

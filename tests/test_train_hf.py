@@ -9,10 +9,11 @@ from train_runs import FSDP_FILES, losses, train
 pytest.importorskip("transformers")
 
 
-def write_llama(folder):
+def write_llama(folder, tie_word_embeddings=False):
     from transformers import LlamaConfig
 
     LlamaConfig(
+        tie_word_embeddings=tie_word_embeddings,
         vocab_size=256,
         hidden_size=32,
         intermediate_size=64,
@@ -23,8 +24,8 @@ def write_llama(folder):
     ).save_pretrained(folder)
 
 
-def write_config(tmp_path, layer_cls: str):
-    write_llama(tmp_path / "llama")
+def write_config(tmp_path, layer_cls: str, tie_word_embeddings=False):
+    write_llama(tmp_path / "llama", tie_word_embeddings)
     fsdp = {**FSDP_FILES["fsdp_full"], "fsdp_transformer_layer_cls_to_wrap": layer_cls}
     (tmp_path / "fsdp.json").write_text(json.dumps(fsdp))
     config = {
@@ -61,7 +62,7 @@ def test_unknown_layer_class_is_an_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_zero3_llama_exported_as_hf_loads_with_from_pretrained_and_gives_the_same_logits(run_cli, tmp_path):
+def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_the_same_logits(run_cli, tmp_path):
     import torch
     from train_runs import ds_file
     from transformers import AutoModelForCausalLM
@@ -71,7 +72,7 @@ def test_a_zero3_llama_exported_as_hf_loads_with_from_pretrained_and_gives_the_s
     from distsetup.training.export import consolidated_state_dict
     from distsetup.training.model import build_model
 
-    config = write_config(tmp_path, "LlamaDecoderLayer")
+    config = write_config(tmp_path, "LlamaDecoderLayer", tie_word_embeddings=True)  # one weight, two names
     run = yaml.safe_load(config.read_text())
     batch = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 16}
     (tmp_path / "ds.json").write_text(json.dumps({**ds_file(3), **batch}))  # micro_batch_size 8 on 2 ranks

@@ -12,7 +12,10 @@ import torch.nn as nn
 from distsetup.errors import DistsetupError
 from distsetup.training import memory
 from distsetup.training.checkpoint import atomic_save
+from distsetup.training.named_state import FILES, named_state
 from distsetup.training.optim import adamw, lambda_scheduler
+from distsetup.training.weight_stream import plain_name
+from distsetup.training.world import ranks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,6 +37,7 @@ class Backend:
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
+        self.converted_from: str | None = None  # the backend of the checkpoint being resumed, when another one
 
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
@@ -80,11 +84,42 @@ class Backend:
             atomic_save(state, path / "state.pt")
 
     def adopt(self, path: Path, meta: dict) -> str | None:
-        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written by this
-        backend at any world size; returns a line for the user when that takes a conversion."""
-        return None
+        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written at any world
+        size by this backend or by another of single, DDP and FSDP; returns a line for the user when that takes
+        a conversion."""
+        if FILES[meta["backend"]] == FILES[self.name]:
+            return None
+        self.converted_from = meta["backend"]
+        return (
+            f"checkpoint {path.name} ({meta['backend']}, {ranks(meta['world_size'])}) converted for this run "
+            f"({self.name}, {ranks(self.world.size)}): weights, AdamW moments and steps, scheduler"
+        )
 
     def load(self, path: Path) -> None:
+        """Restore model, optimizer and scheduler from checkpoint `path`."""
+        if self.converted_from is None:
+            self._load_own(path)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        order = [plain_name(name) for name in self._parameter_names_in_optimizer_order()]
+        state = named_state(path, self.converted_from, order)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def _parameter_names_in_optimizer_order(self) -> list[str]:
+        name_of = {id(p): name for name, p in self._plain_model().named_parameters()}
+        return [name_of[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _load_own(self, path: Path) -> None:
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         self._plain_model().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import MARKER, beyond_newest, file_sizes, read_meta, step_dir
+from distsetup.training.named_state import TORCH_BACKENDS
 from distsetup.training.world import World, barrier, is_lost_contact, last_line
 
 
@@ -35,9 +36,10 @@ SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
 def check_compatible(meta: dict, path: Path, backend: str, model: dict) -> None:
     """A checkpoint from another backend, or of a model of another shape than the run config's `model` section,
     is an error up front (before any collective load could fail on one rank and leave the others waiting)."""
-    if meta["backend"] != backend:
+    if meta["backend"] != backend and not {meta["backend"], backend} <= set(TORCH_BACKENDS):
         raise DistsetupError(
-            f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}.",
+            f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}; distsetup "
+            "converts between single, ddp and fsdp, and DeepSpeed checkpoints between world sizes and ZeRO stages.",
             f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
             "(or --export it and start this backend with --init_from).",
         )
@@ -87,11 +89,22 @@ def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict, ke
             marker = {**meta, "step": step, "world_size": world.size, "files": file_sizes(path)}
             atomic_write_text(path / MARKER, json.dumps(marker, indent=2))
             backend.checkpoint_complete(path)
-            for old in beyond_newest(root, keep) if keep else []:
-                (old / MARKER).unlink()  # first: a removal cut short leaves a folder no resume picks
-                shutil.rmtree(old, ignore_errors=True)
     barrier()
+    if keep and world.is_main:
+        remove_older(root, keep)
     return path
+
+
+def remove_older(root: Path, keep: int) -> None:
+    """training.keep_checkpoints: remove the complete checkpoints older than the `keep` newest; a removal that
+    fails is said, never fatal (the new checkpoint is complete either way)."""
+    for old in beyond_newest(root, keep):
+        try:
+            (old / MARKER).unlink()  # first: a removal cut short leaves a folder no resume picks
+        except OSError as e:
+            print(f"note: training.keep_checkpoints could not remove {old}: {e.strerror or e}", flush=True)
+            continue
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,9 @@ from distsetup.training import memory
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.training.world import barrier, decided_by_rank0, last_line
+from distsetup.training.world import barrier, decided_by_rank0, last_line, ranks
+
+UNIVERSAL_PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
 
 
 class DeepSpeedBackend(Backend):
@@ -136,28 +138,36 @@ class DeepSpeedBackend(Backend):
                 "DeepSpeed's universal format, which changes stages, covers ZeRO 1-3 only.",
                 f"resume with zero_optimization.stage {stage}.",
             )
+        if offload_device(self.ds_config, "offload_optimizer") == "nvme":
+            raise DistsetupError(
+                f"checkpoint {path} is ZeRO-{stage} on {size} ranks; a run that offloads its optimizer to NVMe "
+                "cannot load DeepSpeed's universal format, which changes world sizes and stages.",
+                f"resume on {size} ranks with ZeRO-{stage}, or offload to cpu for the resume.",
+            )
         self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
         converted = decided_by_rank0(lambda: _to_universal(path))
         if isinstance(converted, str):  # rank 0's error, raised on every rank
             raise DistsetupError(converted, f"move {path} aside to resume from the one before, or --no_resume.")
         self.universal = converted
         return (
-            f"checkpoint {path.name} (ZeRO-{stage}, {_ranks(size)}) converted by DeepSpeed's ds_to_universal "
-            f"for this run (ZeRO-{self.zero_stage}, {_ranks(self.world.size)})"
+            f"checkpoint {path.name} (ZeRO-{stage}, {ranks(size)}) converted by DeepSpeed's ds_to_universal "
+            f"for this run (ZeRO-{self.zero_stage}, {ranks(self.world.size)})"
         )
 
     def load(self, path):
         folder = self.universal / path.name if self.universal else path
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
-        loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
+        try:
+            loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
+            if self.universal:
+                barrier()  # every rank has read it
+        finally:
+            if self.universal and self.world.is_main:
+                shutil.rmtree(self.universal, ignore_errors=True)
         if loaded is None:
             raise DistsetupError(f"DeepSpeed could not load checkpoint {path}.", "start with --no_resume.")
         if self.universal and self.zero_stage == 3:
             self._mend_zero3_universal_load(groups)
-        if self.universal:
-            barrier()  # every rank has read it
-            if self.world.is_main:
-                shutil.rmtree(self.universal, ignore_errors=True)
 
     def _mend_zero3_universal_load(self, groups: list[dict]) -> None:
         """Undo two slips of ZeRO-3's universal load (DeepSpeed 0.19): it gives every parameter group the first
@@ -217,33 +227,34 @@ class DeepSpeedBackend(Backend):
         }
 
 
-def _ranks(count: int) -> str:
-    return f"{count} rank" + ("s" if count != 1 else "")
-
-
 def _to_universal(path: Path) -> Path | str:
     """Checkpoint folder `path` converted by DeepSpeed's ds_to_universal into a new folder beside the checkpoints
     (the source untouched) that every ZeRO stage 1-3 loads; returns the folder holding the converted `path.name`,
     or the error as one line."""
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-    root = Path(tempfile.mkdtemp(dir=path.parent.parent, prefix=".universal-"))
-    converted = root / path.name
-    args = argparse.Namespace(
-        input_folder=str(path),
-        output_folder=str(converted),
-        num_extract_workers=1,
-        num_merge_workers=1,
-        keep_temp_folder=False,
-        strict=True,
-        inject_missing_state=True,  # the state Megatron-DeepSpeed adds; plain engines do not save it
-    )
+    output_dir = path.parent.parent
+    for stale in output_dir.glob(f"{UNIVERSAL_PREFIX}*"):  # left by a run killed while converting or loading
+        shutil.rmtree(stale, ignore_errors=True)
+    root = None
     try:
+        root = Path(tempfile.mkdtemp(dir=output_dir, prefix=UNIVERSAL_PREFIX))
+        converted = root / path.name
+        args = argparse.Namespace(
+            input_folder=str(path),
+            output_folder=str(converted),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,  # the state Megatron-DeepSpeed adds; plain engines do not save it
+        )
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
             ds_to_universal(args)
         _readable_by_every_stage(converted)
-    except Exception as e:  # whatever a damaged checkpoint makes the conversion raise
-        shutil.rmtree(root, ignore_errors=True)
+    except Exception as e:  # a damaged checkpoint, a full or read-only disk: one line on every rank
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
         return f"cannot convert checkpoint {path} to DeepSpeed's universal format: {last_line(e)}."
     return root
 

@@ -2,17 +2,22 @@
 `train.py --export`, or with `distsetup checkpoint export` model.safetensors and model.json, or a Hugging Face
 folder; the last two are written one tensor at a time (training/weight_stream.py)."""
 
+import contextlib
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, latest_complete, read_meta
 from distsetup.training.checkpoint import atomic_save
-from distsetup.training.weight_stream import WeightStream, weight_stream, write_safetensors
+from distsetup.training.model import require_transformers
+from distsetup.training.safetensors_file import write_safetensors
+from distsetup.training.weight_stream import WeightStream, weight_stream
+from distsetup.training.world import last_line
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 HF_WRAPPER_PREFIX = "hf."  # training.model.HFCausalLM keeps the transformers model as .hf
@@ -32,19 +37,19 @@ def newest_checkpoint(checkpoints: Path) -> Path:
     return path
 
 
+def exported_dtype(kind: torch.dtype, dtype: str) -> torch.dtype:
+    """What a tensor of `kind` is exported as: floating point in the export's dtype (fp32 or bf16), others as is."""
+    return EXPORT_DTYPES[dtype] if kind.is_floating_point else kind
+
+
 def weights_as(path: Path, dtype: str) -> dict:
     """The consolidated weights of checkpoint folder `path`, floating-point tensors in `dtype` (fp32 or bf16)."""
-    target = EXPORT_DTYPES[dtype]
-    return {k: v.to(target) if v.is_floating_point() else v for k, v in consolidated_state_dict(path).items()}
+    return {k: v.to(exported_dtype(v.dtype, dtype)) for k, v in consolidated_state_dict(path).items()}
 
 
 def _entries(stream: WeightStream, dtype: str, rename=lambda name: name) -> list[tuple[str, tuple, torch.dtype]]:
-    """(name as written, shape, dtype as written) of each tensor: floating point ones in the export's dtype."""
-    target = EXPORT_DTYPES[dtype]
-    return [
-        (rename(name), shape, target if kind.is_floating_point else kind)
-        for name, (shape, kind) in stream.shapes.items()
-    ]
+    """(name as written, shape, dtype as written) of each tensor."""
+    return [(rename(name), shape, exported_dtype(kind, dtype)) for name, (shape, kind) in stream.shapes.items()]
 
 
 def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
@@ -61,7 +66,8 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
     model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
     written whole into a new folder or not at all, one tensor at a time. Returns (checkpoint used, tensors)."""
     path, model = _checkpoint_and_model(run, out)
-    stream = weight_stream(path)
+    with _reading(path):
+        stream = weight_stream(path)
     entries = _entries(stream, dtype)
 
     def write(folder: Path) -> None:
@@ -69,11 +75,11 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
         write_safetensors(folder / "model.safetensors", entries, stream.tensors(), metadata)
         (folder / "model.json").write_text(json.dumps(model, indent=2) + "\n")
 
-    _write_new_folder(out, write)
+    with _reading(path):
+        _write_new_folder(out, write)
     return path, len(entries)
 
 
-HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 # what a Hugging Face model folder holds besides its weights, copied as they are
 HF_FILES = (
     "generation_config.json",
@@ -93,11 +99,13 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
     config.json (the model folder's, with the exported dtype), the tokenizer and generation files it holds, and
     the weights sharded as `save_pretrained` shards them (model.safetensors, or numbered shards and an index
     above `max_shard_size`). Written whole into a new folder or not at all."""
+    require_transformers()
     from huggingface_hub import split_torch_state_dict_into_shards
     from huggingface_hub.serialization._base import parse_size_to_int
 
     try:
-        parse_size_to_int(max_shard_size)
+        if parse_size_to_int(max_shard_size) <= 0:
+            raise ValueError
     except ValueError:
         raise DistsetupError(f"--max_shard_size {max_shard_size} is not a size.", "write e.g. 5GB or 500MB.") from None
     path, model = _checkpoint_and_model(run, out)
@@ -112,13 +120,16 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             f"model.hf_path {source} of the run has no config.json here.",
             "run the export from the folder the training ran in (a relative hf_path is read from there).",
         )
-    config = json.loads((source / "config.json").read_text())
-    config["dtype"] = HF_DTYPES[dtype]  # transformers 5's key; 4.x read torch_dtype
+    with _reading(path):
+        config = json.loads((source / "config.json").read_text())
+        stream = weight_stream(path)
+        order, tied = _saved_names(source)
+    config["dtype"] = str(EXPORT_DTYPES[dtype]).removeprefix("torch.")  # transformers 5's key; 4.x read torch_dtype
     config.pop("torch_dtype", None)
-    stream = weight_stream(path)
-    entries = _entries(stream, dtype, lambda name: name.removeprefix(HF_WRAPPER_PREFIX))
-    order = _state_dict_order(source)  # the order save_pretrained fills its shards in
-    entries.sort(key=lambda entry: order.get(entry[0], len(order)))
+    entries = [
+        e for e in _entries(stream, dtype, lambda name: name.removeprefix(HF_WRAPPER_PREFIX)) if e[0] not in tied
+    ]
+    entries.sort(key=lambda entry: order.get(entry[0], len(order)))  # the order save_pretrained fills its shards in
     # sharded by huggingface_hub's rule, the one save_pretrained uses, from sizes alone (tensors on "meta")
     split = split_torch_state_dict_into_shards(
         {name: torch.empty(shape, dtype=kind, device="meta") for name, shape, kind in entries},
@@ -139,26 +150,29 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
             (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
-    _write_new_folder(out, write)
+    with _reading(path):
+        _write_new_folder(out, write)
     return path, len(entries)
 
 
-def _state_dict_order(source: Path) -> dict[str, int]:
-    """Each weight's place in the state dict save_pretrained shards, for a model loaded from `source` (its
-    config.json built on the meta device: no memory, nothing downloaded): transformers 5 sorts the names as
-    dotted paths with numbers in order (dot_natural_key); transformers 4 keeps the model's order."""
+def _saved_names(source: Path) -> tuple[dict[str, int], set[str]]:
+    """For the model `source`'s config.json describes (built on the meta device: no memory, nothing downloaded):
+    each weight's place in the state dict save_pretrained shards for a model loaded with from_pretrained
+    (transformers 5 sorts the names as dotted paths, numbers in order; 4 keeps the model's order), and the tied
+    names it leaves out (a second name of a parameter: from_pretrained ties it again)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source, local_files_only=True))
     names = list(model.state_dict())
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - dict(model.named_parameters()).keys()
     try:
         from transformers.core_model_loading import dot_natural_key
     except ImportError:
         pass
     else:
         names.sort(key=dot_natural_key)
-    return {name: place for place, name in enumerate(names)}
+    return {name: place for place, name in enumerate(names)}, tied
 
 
 def _renamed(tensors):
@@ -178,6 +192,20 @@ def _checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
             "use `python -m distsetup.train --config CONFIG --export OUT.pt` for it.",
         )
     return path, model
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """Whatever a damaged checkpoint (or model folder) makes torch, DCP or transformers raise, as one line."""
+    try:
+        yield
+    except DistsetupError:
+        raise
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is no Exception
+        raise DistsetupError(
+            f"cannot export checkpoint {path}: {last_line(e)}.",
+            f"move {path} aside to export the checkpoint before it.",
+        ) from None
 
 
 def _write_new_folder(out: Path, write) -> None:

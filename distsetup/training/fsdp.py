@@ -123,7 +123,7 @@ class FSDPBackend(Backend):
         if self.world.is_main:
             atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
 
-    def load(self, path):
+    def _load_own(self, path):
         if (path / "full_state.pt").exists():
             state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)
             options = StateDictOptions(full_state_dict=True)

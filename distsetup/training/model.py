@@ -98,16 +98,23 @@ class HFCausalLM(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
+def require_transformers() -> None:
+    """Hugging Face models need transformers (and huggingface_hub, which it brings): the `hf` extra."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.") from None
+
+
 def build_model(cfg) -> tuple[nn.Module, list[str]]:
     """The model from `cfg.model` and the names of its block classes (what to shard and checkpoint)."""
     m = cfg.model
     if m.type == "gpt":
         layers = [m.layer_cls] if m.layer_cls else ["Block"]
         return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout), layers
-    try:
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.")
+    require_transformers()
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     path = Path(m.hf_path)
     if not (path / "config.json").exists():
         raise DistsetupError(

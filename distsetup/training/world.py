@@ -123,6 +123,11 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+def ranks(count: int) -> str:
+    """ "1 rank", "2 ranks": a world size in a sentence."""
+    return f"{count} rank" + ("s" if count != 1 else "")
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -72,18 +72,18 @@ def ls(run: Path, as_json: bool):
     help="safetensors: model.safetensors and model.json (any model); hf: a Hugging Face folder that "
     "from_pretrained loads (model.type hf).",
 )
-@click.option(
-    "--max_shard_size", default="50GB", show_default=True, help="--format hf: shard above this, as save_pretrained."
-)
-def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str):
+@click.option("--max_shard_size", help="--format hf: shard above this size, as save_pretrained  [default: 50GB]")
+def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str | None):
     """Write the newest complete checkpoint of RUN (any backend, any world size) into the new folder OUTPUT:
     model.safetensors and model.json (the model section of its run config), or with --format hf a Hugging Face
     folder (config.json, tokenizer files, weights sharded as save_pretrained shards them). Imports torch (and
-    DeepSpeed for ZeRO 1-2 checkpoints); reads one tensor at a time."""
+    DeepSpeed for its checkpoints); reads one tensor at a time."""
     from distsetup.training.export import export_hf, export_safetensors  # torch: only this subcommand needs it
 
     if layout == "hf":
-        used, count = export_hf(run, output, dtype, max_shard_size)
+        used, count = export_hf(run, output, dtype, max_shard_size or "50GB")
+    elif max_shard_size is not None:
+        raise DistsetupError("--max_shard_size shards a Hugging Face folder.", "add --format hf, or leave it out.")
     else:
         used, count = export_safetensors(run, output, dtype)
     click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")
