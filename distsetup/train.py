@@ -160,9 +160,11 @@ def train(cfg, args) -> int:
         # Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
         # another node may see the newest marker late, and ranks resuming different steps would diverge.
         resume, damaged = decided_by_rank0(lambda: (None, []) if args.no_resume else find_resume(ckpt_root))
+        model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each new one
         if resume:
-            ckpt.check_compatible(read_meta(resume), resume, backend.name, dataclasses.asdict(cfg.model))
-            if conversion := backend.adopt(resume, read_meta(resume)):
+            resume_meta = read_meta(resume)
+            ckpt.check_compatible(resume_meta, resume, backend.name, model_section)
+            if conversion := backend.adopt(resume, resume_meta):
                 say(conversion)
         elif damaged:
             raise DistsetupError(
@@ -217,7 +219,7 @@ def train(cfg, args) -> int:
             "backend": backend.name,
             "zero_stage": backend.zero_stage,
             "precision": backend.precision,
-            "model": dataclasses.asdict(cfg.model),  # what `distsetup checkpoint export` writes beside the weights
+            "model": model_section,  # what `distsetup checkpoint export` writes beside the weights
         }
 
         # loop (the timer leaves checkpoint writes out of the throughput)

@@ -25,17 +25,8 @@ def latest_complete(root: Path) -> Path | None:
 
 def find_resume(root: Path) -> tuple[Path | None, list[str]]:
     """(the newest intact checkpoint, what was wrong with each newer folder that has a COMPLETE marker)."""
-    steps = (
-        [
-            (int(m.group(1)), d)
-            for d in root.glob("step_*")
-            if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()
-        ]
-        if root.is_dir()
-        else []
-    )
     damaged: list[str] = []
-    for step, path in sorted(steps, reverse=True):
+    for step, path in reversed(_marked(root)):
         problem = damage(path, step)
         if problem is None:
             return path, damaged
@@ -47,12 +38,19 @@ def beyond_newest(root: Path, keep: int) -> list[Path]:
     """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1): what
     training.keep_checkpoints removes. Folders without a marker (being written, or a crash's leftovers) and
     damaged ones are never among them."""
-    intact = sorted(
+    intact = [path for step, path in _marked(root) if damage(path, step) is None]
+    return intact[: max(len(intact) - keep, 0)]
+
+
+def _marked(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every step_* folder under `root` with a COMPLETE marker, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(
         (int(m.group(1)), d)
-        for d in (root.glob("step_*") if root.is_dir() else [])
-        if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file() and damage(d, int(m.group(1))) is None
+        for d in root.glob("step_*")
+        if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()
     )
-    return [path for _, path in intact[: max(len(intact) - keep, 0)]]
 
 
 def damage(path: Path, step: int) -> str | None:

@@ -47,9 +47,9 @@ def weights_as(path: Path, dtype: str) -> dict:
     return {k: v.to(exported_dtype(v.dtype, dtype)) for k, v in consolidated_state_dict(path).items()}
 
 
-def _entries(stream: WeightStream, dtype: str, rename=lambda name: name) -> list[tuple[str, tuple, torch.dtype]]:
-    """(name as written, shape, dtype as written) of each tensor."""
-    return [(rename(name), shape, exported_dtype(kind, dtype)) for name, (shape, kind) in stream.shapes.items()]
+def _entries(stream: WeightStream, dtype: str) -> list[tuple[str, tuple, torch.dtype]]:
+    """(name, shape, dtype as written) of each tensor."""
+    return [(name, shape, exported_dtype(kind, dtype)) for name, (shape, kind) in stream.shapes.items()]
 
 
 def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
@@ -122,13 +122,11 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
         )
     with _reading(path):
         config = json.loads((source / "config.json").read_text())
-        stream = weight_stream(path)
+        stream = weight_stream(path).renamed(lambda name: name.removeprefix(HF_WRAPPER_PREFIX))
         order, tied = _saved_names(source)
     config["dtype"] = str(EXPORT_DTYPES[dtype]).removeprefix("torch.")  # transformers 5's key; 4.x read torch_dtype
     config.pop("torch_dtype", None)
-    entries = [
-        e for e in _entries(stream, dtype, lambda name: name.removeprefix(HF_WRAPPER_PREFIX)) if e[0] not in tied
-    ]
+    entries = [entry for entry in _entries(stream, dtype) if entry[0] not in tied]
     entries.sort(key=lambda entry: order.get(entry[0], len(order)))  # the order save_pretrained fills its shards in
     # sharded by huggingface_hub's rule, the one save_pretrained uses, from sizes alone (tensors on "meta")
     split = split_torch_state_dict_into_shards(
@@ -144,8 +142,7 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
                 shutil.copyfile(source / name, folder / name)
         for filename, names in split.filename_to_tensors.items():
             shard = [by_name[name] for name in names]
-            tensors = stream.tensors(HF_WRAPPER_PREFIX + name for name in names)
-            write_safetensors(folder / filename, shard, _renamed(tensors), {"format": "pt"})
+            write_safetensors(folder / filename, shard, stream.tensors(names), {"format": "pt"})
         if split.is_sharded:
             index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
             (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -173,11 +170,6 @@ def _saved_names(source: Path) -> tuple[dict[str, int], set[str]]:
     else:
         names.sort(key=dot_natural_key)
     return {name: place for place, name in enumerate(names)}, tied
-
-
-def _renamed(tensors):
-    for name, tensor in tensors:
-        yield name.removeprefix(HF_WRAPPER_PREFIX), tensor
 
 
 def _checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:

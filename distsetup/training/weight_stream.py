@@ -31,6 +31,13 @@ class WeightStream:
         for name in self.shapes if names is None else names:
             yield name, self.read(name)
 
+    def renamed(self, rename: Callable[[str], str]) -> "WeightStream":
+        """The same tensors under the names `rename` gives them."""
+        original = {rename(name): name for name in self.shapes}
+        return WeightStream(
+            {new: self.shapes[name] for new, name in original.items()}, lambda new: self.read(original[new])
+        )
+
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)  # what activation checkpointing adds to parameter names
 
@@ -38,11 +45,7 @@ WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)  # what activation checkpoin
 def weight_stream(path: Path) -> WeightStream:
     """The consolidated model weights of checkpoint folder `path`, whatever backend and world size wrote it, named
     as in the plain model."""
-    stream = _raw_stream(path)
-    original = {plain_name(name): name for name in stream.shapes}
-    return WeightStream(
-        {plain: stream.shapes[name] for plain, name in original.items()}, lambda plain: stream.read(original[plain])
-    )
+    return _raw_stream(path).renamed(plain_name)
 
 
 def plain_name(name: str) -> str:
