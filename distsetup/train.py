@@ -163,7 +163,7 @@ def train(cfg, args) -> int:
         model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each new one
         if resume:
             resume_meta = read_meta(resume)
-            ckpt.check_compatible(resume_meta, resume, backend.name, model_section)
+            ckpt.check_compatible(resume_meta, resume, model_section)
             if conversion := backend.adopt(resume, resume_meta):
                 say(conversion)
         elif damaged:

@@ -1,6 +1,6 @@
-"""A run resumed on another number of processes, with its global batch split otherwise, or under another of
-single, DDP and FSDP, continues the uninterrupted run's loss curve; checkpoint retention
-(training.keep_checkpoints) removes only what it may.
+"""A run resumed on another number of processes, with its global batch split otherwise, under another ZeRO stage
+or another backend (single, DDP, FSDP, DeepSpeed ZeRO 0-3, with or without optimizer offload) continues the
+uninterrupted run's loss curve; checkpoint retention (training.keep_checkpoints) removes only what it may.
 
 Each case copies one checkpoint (step 10) of a shared 30-step run into a fresh output folder, which is what a
 job killed after step 10 leaves behind (test_train_resume kills real ranks), and resumes it elsewhere."""
@@ -11,12 +11,12 @@ import shutil
 
 import pytest
 from train_runs import (
-    DS_FILES,
     GLOBAL_BATCH,
     INTERVAL,
     RUNS,
     STEPS,
     TRAINING,
+    ds_split,
     final_weights,
     losses,
     shared_run,
@@ -26,16 +26,7 @@ from train_runs import (
 
 from distsetup.formats.checkpoint_folder import MARKER, beyond_newest, step_dir
 
-
-def ds_split(name: str, processes: int, micro: int) -> dict:
-    """Run `name`'s DeepSpeed file with the same global batch split over `processes` in micro-batches of `micro`."""
-    accumulation = GLOBAL_BATCH // (processes * micro)
-    assert micro * accumulation * processes == GLOBAL_BATCH
-    return {
-        **DS_FILES[name],
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": accumulation,
-    }
+ZERO0 = {**ds_split("zero1", 1, GLOBAL_BATCH), "zero_optimization": {"stage": 0}}
 
 
 # case -> (source run, backend, processes, backend file for them, micro-batch, accumulation)
@@ -48,6 +39,18 @@ RESHAPES = {
     "zero3 2 -> zero2 1": ("zero3", "deepspeed", 1, lambda: ds_split("zero2", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
     "ddp 2 -> fsdp 2": ("ddp", "fsdp", 2, lambda: RUNS["fsdp_full"][2], 12, 1),
     "fsdp 2 -> single": ("fsdp_full", "single", 1, lambda: None, GLOBAL_BATCH, 1),
+    "zero2 cpu offload 2 -> zero2 1": (
+        "zero2_offload",
+        "deepspeed",
+        1,
+        lambda: ds_split("zero2", 1, GLOBAL_BATCH),
+        GLOBAL_BATCH,
+        1,
+    ),
+    "zero2 -> ddp": ("zero2", "ddp", 2, lambda: None, 12, 1),
+    "fsdp -> zero3": ("fsdp_full", "deepspeed", 2, lambda: ds_split("zero3", 2, 12), 12, 1),
+    "single -> zero2 cpu offload, 2 ranks": ("single", "deepspeed", 2, lambda: ds_split("zero2_offload", 2, 12), 12, 1),
+    "zero1 2 -> zero0 1": ("zero1", "deepspeed", 1, lambda: ZERO0, GLOBAL_BATCH, 1),
 }
 
 
@@ -67,15 +70,11 @@ def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
     result, out = resume_elsewhere(tmp_path, source, backend, processes, backend_file(), micro, accumulation)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(rf"resumed from \S+step_{INTERVAL:07d} \(step {INTERVAL}\)", result.stdout)
-    if backend == "deepspeed":  # DeepSpeed's own checkpoints are per rank: converted, in one line
-        line = (
-            rf"\(ZeRO-\d, 2 ranks\) converted by DeepSpeed's ds_to_universal for this run \(ZeRO-\d, {processes} rank"
-        )
-        assert len(re.findall(line, result.stdout)) == 1, result.stdout
-        assert not list(out.glob(".universal-*"))  # the converted copy is gone once loaded
-    elif backend != RUNS[source][1]:  # another backend's files: converted, in one line
-        line = rf"\({RUNS[source][1]}, 2 ranks\) converted for this run \({backend}, {processes} rank"
-        assert len(re.findall(line, result.stdout)) == 1, result.stdout
+    before, after = rf"\({RUNS[source][1]}[^)]*, {RUNS[source][0]} ranks?\)", rf"\({backend}[^)]*, {processes} rank"
+    line = rf"{before} converted.* for this run {after}"
+    converts = (RUNS[source][1], backend) != ("fsdp", "fsdp")  # DCP reshards FSDP's own folders as it loads
+    assert len(re.findall(line, result.stdout)) == converts, result.stdout  # in one line
+    assert not list(out.glob(".universal-*"))  # the converted copy is gone once loaded
     resumed, uninterrupted = losses(out), losses(shared_run(source))[INTERVAL:]
     assert len(resumed) == STEPS - INTERVAL >= 20
     assert resumed == pytest.approx(uninterrupted, rel=1e-4)
@@ -86,16 +85,6 @@ def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
     drift = {k: float((weights[k] - v).norm() / v.norm()) for k, v in reference.items() if "qkv.bias" not in k}
     assert max(drift.values()) < 1e-4, sorted(drift.items(), key=lambda kv: -kv[1])[:3]
     assert step_dir(out / "checkpoints", INTERVAL).joinpath(MARKER).is_file()  # the source is left as it was
-
-
-@pytest.mark.slow
-def test_zero0_and_zero_1_to_3_do_not_convert_into_each_other(tmp_path):
-    """DeepSpeed's universal format, which changes stages, covers ZeRO 1-3; ZeRO-0 is told before training."""
-    stage0 = {**ds_split("zero1", 1, GLOBAL_BATCH), "zero_optimization": {"stage": 0}}
-    result, out = resume_elsewhere(tmp_path, "zero1", "deepspeed", 1, stage0, GLOBAL_BATCH, 1)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "is ZeRO-1 on 2 ranks; this run is ZeRO-0" in result.stderr and "stage 1" in result.stderr
-    assert not (out / "metrics.jsonl").exists()
 
 
 def test_keep_checkpoints_removes_only_older_complete_intact_folders(tmp_path):

@@ -54,14 +54,16 @@ def test_single_backend_refuses_several_processes(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_checkpoint_from_another_backend(tmp_path):
+def test_checkpoint_another_backend_wrote_into_an_nvme_offloading_run(tmp_path):
+    """Conversions load DeepSpeed's universal format, which a run offloading its optimizer to NVMe cannot."""
     config = write_run_config(tmp_path, "single", max_steps=2, checkpoint_interval=2, warmup_steps=0)
     assert train(config, 1).returncode == 0
     metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
     one_rank = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}
+    one_rank["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path)}
     (tmp_path / "ds.json").write_text(json.dumps(one_rank))
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
-    assert_clean_error(result, "written by backend single", "this run uses deepspeed", "converts between single")
+    assert_clean_error(result, "(single, 1 rank); a run that offloads its optimizer to NVMe", "offload to cpu")
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
 
 

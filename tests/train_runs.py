@@ -72,6 +72,19 @@ def ds_file(stage: int, offload: bool = False) -> dict:
 
 
 DS_FILES = {"zero1": ds_file(1), "zero2": ds_file(2), "zero3": ds_file(3), "zero2_offload": ds_file(2, offload=True)}
+
+
+def ds_split(name: str, processes: int, micro: int) -> dict:
+    """Run `name`'s DeepSpeed file with the same global batch split over `processes` in micro-batches of `micro`."""
+    accumulation = GLOBAL_BATCH // (processes * micro)
+    assert micro * accumulation * processes == GLOBAL_BATCH
+    return {
+        **DS_FILES[name],
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+    }
+
+
 RUNS = {
     "single": (1, "single", None),
     "ddp": (2, "ddp", None),

@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
-from distsetup.training import memory
+from distsetup.training import memory, universal_folder
 from distsetup.training.checkpoint import atomic_save
-from distsetup.training.named_state import FILES, named_state
+from distsetup.training.named_state import checkpoint_layout, described, layout, named_state, refuse_unreadable
 from distsetup.training.optim import adamw, lambda_scheduler
 from distsetup.training.weight_stream import plain_name
 from distsetup.training.world import ranks
@@ -37,7 +37,8 @@ class Backend:
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
-        self.converted_from: str | None = None  # the backend of the checkpoint being resumed, when another one
+        self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
+        self.universal: Path | None = None  # a DeepSpeed ZeRO 1-3 checkpoint to resume, as a universal folder
 
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
@@ -84,39 +85,59 @@ class Backend:
             atomic_save(state, path / "state.pt")
 
     def adopt(self, path: Path, meta: dict) -> str | None:
-        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written at any world
-        size by this backend or by another of single, DDP and FSDP; returns a line for the user when that takes
-        a conversion."""
-        if FILES[meta["backend"]] == FILES[self.name]:
+        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written by any backend
+        at any world size; returns a line for the user when that takes a conversion."""
+        if self._loads_as_is(meta):
             return None
-        self.converted_from = meta["backend"]
+        source = checkpoint_layout(meta)
+        refuse_unreadable(path, meta)
+        self.converted_from = source
+        how = ""
+        if source == "zero":  # files per rank: rank 0 gathers them with DeepSpeed's own converter
+            self.universal = universal_folder.converted_on_rank0(
+                path, lambda out: universal_folder.from_deepspeed(path, out)
+            )
+            how = " by DeepSpeed's ds_to_universal"
         return (
-            f"checkpoint {path.name} ({meta['backend']}, {ranks(meta['world_size'])}) converted for this run "
-            f"({self.name}, {ranks(self.world.size)}): weights, AdamW moments and steps, scheduler"
+            f"checkpoint {path.name} ({described(meta['backend'], meta.get('zero_stage'))}, "
+            f"{ranks(meta['world_size'])}) converted{how} for this run ({described(self.name, self.zero_stage)}, "
+            f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler"
         )
+
+    def _loads_as_is(self, meta: dict) -> bool:
+        """Whether this backend loads a checkpoint with marker `meta` without converting it."""
+        return checkpoint_layout(meta) == layout(self.name, self.zero_stage)
 
     def load(self, path: Path) -> None:
         """Restore model, optimizer and scheduler from checkpoint `path`."""
         if self.converted_from is None:
             self._load_own(path)
             return
+        if self.universal is None:
+            self._load_named(named_state(path, self.converted_from, self._order()))
+            return
+        with universal_folder.removed_after_loading(self.universal, self.world.is_main):
+            self._load_named(universal_folder.read(self.universal))
+
+    def _load_named(self, state: dict) -> None:
+        """A named state (named_state.py) into model, optimizer, scheduler and fp16 loss scaler."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
             set_optimizer_state_dict,
         )
 
-        order = [plain_name(name) for name in self._parameter_names_in_optimizer_order()]
-        state = named_state(path, self.converted_from, order)
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=options)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        model = self._plain_model()
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, self.optimizer, state["optimizer"], options=options)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
 
-    def _parameter_names_in_optimizer_order(self) -> list[str]:
-        name_of = {id(p): name for name, p in self._plain_model().named_parameters()}
+    def _order(self) -> list[str]:
+        """The parameter names in the optimizer's order."""
+        name_of = {id(p): plain_name(name) for name, p in self._plain_model().named_parameters()}
         return [name_of[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
 
     def _load_own(self, path: Path) -> None:

@@ -19,7 +19,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import MARKER, beyond_newest, file_sizes, read_meta, step_dir
-from distsetup.training.named_state import TORCH_BACKENDS
 from distsetup.training.world import World, barrier, is_lost_contact, last_line
 
 
@@ -33,16 +32,9 @@ def atomic_save(obj, path: Path) -> None:
 SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"), "hf": ()}  # what sizes weights
 
 
-def check_compatible(meta: dict, path: Path, backend: str, model: dict) -> None:
-    """A checkpoint from another backend, or of a model of another shape than the run config's `model` section,
-    is an error up front (before any collective load could fail on one rank and leave the others waiting)."""
-    if meta["backend"] != backend and not {meta["backend"], backend} <= set(TORCH_BACKENDS):
-        raise DistsetupError(
-            f"checkpoint {path} was written by backend {meta['backend']}, this run uses {backend}; distsetup "
-            "converts between single, ddp and fsdp, and DeepSpeed checkpoints between world sizes and ZeRO stages.",
-            f"use backend {meta['backend']}, another training.output_dir, or --no_resume "
-            "(or --export it and start this backend with --init_from).",
-        )
+def check_compatible(meta: dict, path: Path, model: dict) -> None:
+    """A checkpoint of a model of another shape than the run config's `model` section is an error up front (before
+    any collective load could fail on one rank and leave the others waiting)."""
     stored = meta.get("model")  # checkpoints before distsetup stored it: the load itself finds out
     if not isinstance(stored, dict):
         return

@@ -1,27 +1,25 @@
 """DeepSpeed ZeRO 0-3 from a DeepSpeed file; DeepSpeed owns the optimizer step and the checkpoints.
 
-A checkpoint written at another world size or ZeRO stage (1-3) is converted by DeepSpeed's own ds_to_universal
-into its universal format, which the engine loads with `checkpoint.load_universal`; ZeRO-0 keeps the whole
-model and optimizer in one file, which any world size loads as it is.
+A ZeRO 1-3 run resumes any other checkpoint as DeepSpeed's universal folder (universal_folder.py), loaded with
+`checkpoint.load_universal`: one of ZeRO 1-3 at another world size or stage converted by DeepSpeed's own
+ds_to_universal, any other written from its named state. ZeRO-0 keeps the whole module and a torch optimizer in
+one file, which any world size loads as it is, and takes other backends' state as the torch backends do.
 """
 
-import argparse
-import contextlib
-import io
-import shutil
-import tempfile
 from pathlib import Path
+
+import torch
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
 from distsetup.formats.validate import read_valid
-from distsetup.training import memory
+from distsetup.training import memory, universal_folder
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
+from distsetup.training.named_state import checkpoint_layout, layout, named_state
 from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.training.world import barrier, decided_by_rank0, last_line, ranks
-
-UNIVERSAL_PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
+from distsetup.training.weight_stream import plain_name
+from distsetup.training.world import ranks
 
 
 class DeepSpeedBackend(Backend):
@@ -44,7 +42,6 @@ class DeepSpeedBackend(Backend):
             train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation, train_batch_size=total
         )
         self.zero_stage = zero_stage_of(self.ds_config)
-        self.universal = None  # the folder (a Path) the checkpoint to resume was converted into, if it was
         self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
         precision = precision_of(self.ds_config)
         if precision != self.precision:
@@ -85,6 +82,9 @@ class DeepSpeedBackend(Backend):
         self._checkpoint_activations(model, blocks)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
+        name_of = {id(p): plain_name(name) for name, p in model.named_parameters()}
+        self.order = [name_of[id(p)] for group in groups for p in group["params"]]  # the optimizer's, by name
+        self.scaler = None  # DeepSpeed scales fp16 losses itself
         optimizer = None
         if "optimizer" not in self.ds_config:
             if self.offload:  # ZeRO-Offload steps on the CPU and needs DeepSpeed's CPU Adam
@@ -107,6 +107,9 @@ class DeepSpeedBackend(Backend):
         )
         self.model = self.engine
 
+    def _plain_model(self):
+        return self.engine.module
+
     def backward(self, x, y, last_micro):
         loss = self._forward(x, y)
         self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
@@ -128,57 +131,80 @@ class DeepSpeedBackend(Backend):
         # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
         atomic_write_text(path.parent / "latest", path.name)
 
-    def adopt(self, path, meta):
-        stage, size = meta.get("zero_stage"), meta["world_size"]
-        if (stage, size) == (self.zero_stage, self.world.size) or stage == self.zero_stage == 0:
-            return None
-        if not stage or not self.zero_stage:
-            raise DistsetupError(
-                f"checkpoint {path} is ZeRO-{stage} on {size} ranks; this run is ZeRO-{self.zero_stage}: "
-                "DeepSpeed's universal format, which changes stages, covers ZeRO 1-3 only.",
-                f"resume with zero_optimization.stage {stage}.",
-            )
-        if offload_device(self.ds_config, "offload_optimizer") == "nvme":
-            raise DistsetupError(
-                f"checkpoint {path} is ZeRO-{stage} on {size} ranks; a run that offloads its optimizer to NVMe "
-                "cannot load DeepSpeed's universal format, which changes world sizes and stages.",
-                f"resume on {size} ranks with ZeRO-{stage}, or offload to cpu for the resume.",
-            )
-        self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
-        converted = decided_by_rank0(lambda: _to_universal(path))
-        if isinstance(converted, str):  # rank 0's error, raised on every rank
-            raise DistsetupError(converted, f"move {path} aside to resume from the one before, or --no_resume.")
-        self.universal = converted
-        return (
-            f"checkpoint {path.name} (ZeRO-{stage}, {ranks(size)}) converted by DeepSpeed's ds_to_universal "
-            f"for this run (ZeRO-{self.zero_stage}, {ranks(self.world.size)})"
+    def _loads_as_is(self, meta):
+        source, stage, size = checkpoint_layout(meta), meta.get("zero_stage"), meta["world_size"]
+        return source == "zero0" == layout(self.name, self.zero_stage) or (
+            source == "zero" and (stage, size) == (self.zero_stage, self.world.size)
         )
 
-    def load(self, path):
-        folder = self.universal / path.name if self.universal else path
-        groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
-        try:
-            loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
-            if self.universal:
-                barrier()  # every rank has read it
-        finally:
-            if self.universal and self.world.is_main:
-                shutil.rmtree(self.universal, ignore_errors=True)
-        if loaded is None:
-            raise DistsetupError(f"DeepSpeed could not load checkpoint {path}.", "start with --no_resume.")
-        if self.universal and self.zero_stage == 3:
-            self._mend_zero3_universal_load(groups)
+    def adopt(self, path, meta):
+        if self._loads_as_is(meta):
+            return None
+        if checkpoint_layout(meta) == "universal" and self.zero_stage:  # `distsetup checkpoint convert` wrote it
+            self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
+            self.converted_from = "universal"
+            return None
+        self.meta = meta
+        if self.zero_stage == 0 and self.precision != "fp32":
+            raise DistsetupError(
+                f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])}); a ZeRO-0 run "
+                f"takes converted state in fp32 only, and this one trains in {self.precision}.",
+                "resume with ZeRO 1-3 or in fp32, or with the checkpoint's own backend and world size.",
+            )
+        if self.zero_stage and offload_device(self.ds_config, "offload_optimizer") == "nvme":
+            raise DistsetupError(
+                f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])}); a run that "
+                "offloads its optimizer to NVMe cannot load DeepSpeed's universal format, which conversions use.",
+                "offload to cpu for the resume, or resume with the checkpoint's own backend and world size.",
+            )
+        if self.zero_stage:
+            self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
+        return super().adopt(path, meta)
 
-    def _mend_zero3_universal_load(self, groups: list[dict]) -> None:
-        """Undo two slips of ZeRO-3's universal load (DeepSpeed 0.19): it gives every parameter group the first
-        group's settings (the parameters without weight decay would take it), and one `step` tensor to every
-        sub-group, which AdamW then advances once per sub-group and so corrects its moments for too many steps."""
-        for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
-            group.update(settings)
+    def load(self, path):
+        if self.converted_from is not None and self.zero_stage == 0:  # a torch optimizer over the plain module
+            super().load(path)
+            return
+        if self.converted_from == "universal" and self.zero_stage:
+            self._load_universal(path)
+            return
+        if self.converted_from is not None and self.universal is None:  # single, DDP, FSDP or ZeRO-0: written as one
+            state = lambda: named_state(path, self.converted_from, self.order)  # noqa: E731
+            self.universal = universal_folder.converted_on_rank0(
+                path, lambda out: universal_folder.write(state(), out, self.meta)
+            )
+        if self.universal is None:
+            self._load_engine(path)
+            return
+        with universal_folder.removed_after_loading(self.universal, self.world.is_main):
+            self._load_universal(self.universal)
+
+    def _load_universal(self, folder: Path) -> None:
+        groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
+        self._load_engine(folder)
+        self._mend_universal_load(groups)
+
+    def _load_engine(self, folder: Path) -> None:
+        loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
+        if loaded is None:
+            raise DistsetupError(f"DeepSpeed could not load checkpoint {folder}.", "start with --no_resume.")
+
+    def _mend_universal_load(self, groups: list[dict]) -> None:
+        """Undo what DeepSpeed 0.19's universal load gets wrong. ZeRO-3's gives every parameter group the first
+        group's settings (the parameters without weight decay would take it) and one `step` tensor to every
+        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps. And
+        each stage keeps the step as the checkpoint stored it, where torch's AdamW counts in a tensor and
+        DeepSpeed's CPU Adam (offload) in an int."""
+        if self.zero_stage == 3:
+            for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
+                group.update(settings)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
         inner = self.engine.optimizer.optimizer
         for state in inner.state.values():
-            if hasattr(state.get("step"), "clone"):  # a tensor (DeepSpeed's CPU Adam counts in an int)
-                state["step"] = state["step"].clone()
+            if "step" in state:
+                step = float(state["step"])
+                state["step"] = int(step) if isinstance(inner, DeepSpeedCPUAdam) else torch.tensor(step)
 
     def current_lr(self):
         return self.engine.get_lr()[0]
@@ -225,65 +251,3 @@ class DeepSpeedBackend(Backend):
             "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
             "master_params": memory.tensor_bytes(master),
         }
-
-
-def _to_universal(path: Path) -> Path | str:
-    """Checkpoint folder `path` converted by DeepSpeed's ds_to_universal into a new folder beside the checkpoints
-    (the source untouched) that every ZeRO stage 1-3 loads; returns the folder holding the converted `path.name`,
-    or the error as one line."""
-    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
-
-    output_dir = path.parent.parent
-    for stale in output_dir.glob(f"{UNIVERSAL_PREFIX}*"):  # left by a run killed while converting or loading
-        shutil.rmtree(stale, ignore_errors=True)
-    root = None
-    try:
-        root = Path(tempfile.mkdtemp(dir=output_dir, prefix=UNIVERSAL_PREFIX))
-        converted = root / path.name
-        args = argparse.Namespace(
-            input_folder=str(path),
-            output_folder=str(converted),
-            num_extract_workers=1,
-            num_merge_workers=1,
-            keep_temp_folder=False,
-            strict=True,
-            inject_missing_state=True,  # the state Megatron-DeepSpeed adds; plain engines do not save it
-        )
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
-            ds_to_universal(args)
-        _readable_by_every_stage(converted)
-    except Exception as e:  # a damaged checkpoint, a full or read-only disk: one line on every rank
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
-        return f"cannot convert checkpoint {path} to DeepSpeed's universal format: {last_line(e)}."
-    return root
-
-
-def _readable_by_every_stage(converted: Path) -> None:
-    """ds_to_universal writes what the source's stage reads back; ZeRO-3's loader and ZeRO 1-2's look for other
-    files and keys (DeepSpeed 0.19). Give both what they need: the model-states file under each name (the engine
-    reads the scheduler and step counters there), the optimizer's global state in both layouts, the Adam step
-    beside each parameter's moments, and each tensor in the dict ZeRO 1-2 read."""
-    import deepspeed
-    import torch
-
-    for name in ("zero_pp_rank_0_mp_rank_00_model_states.pt", "mp_rank_00_model_states.pt"):
-        if not (converted / name).exists():
-            shutil.copyfile(sorted(converted.glob("*model_states.pt"))[0], converted / name)
-    zero = converted / "zero"
-    state = torch.load(zero / "optimizer_state.pt", weights_only=False)
-    inner = state.get("optimizer_state_dict")
-    if inner is not None:  # from ZeRO-3: one step for all parameters
-        step, groups = inner["state"][0]["step"], inner["param_groups"]
-    else:  # from ZeRO 1-2: a step beside each parameter, all equal
-        step, groups = torch.load(next(zero.glob("*/step.pt")), weights_only=False), state["param_groups"]
-    state.setdefault("optimizer_state_dict", {"state": {0: {"step": step}}, "param_groups": groups})
-    state.setdefault("param_groups", groups)
-    state.setdefault("ds_version", deepspeed.__version__)
-    torch.save(state, zero / "optimizer_state.pt")
-    for folder in (f for f in zero.iterdir() if f.is_dir()):
-        if not (folder / "step.pt").exists():
-            torch.save(step, folder / "step.pt")
-        for file in folder.glob("*.pt"):  # ZeRO-3 writes bare tensors, ZeRO 1-2 read {"param": tensor}
-            if file.name != "step.pt" and isinstance(tensor := torch.load(file, weights_only=False), torch.Tensor):
-                torch.save({"param": tensor}, file)

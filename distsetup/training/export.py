@@ -65,8 +65,8 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
     """The newest complete checkpoint of `run` (any backend, any world size) as a folder `out` holding
     model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
     written whole into a new folder or not at all, one tensor at a time. Returns (checkpoint used, tensors)."""
-    path, model = _checkpoint_and_model(run, out)
-    with _reading(path):
+    path, model = checkpoint_and_model(run, out)
+    with read_errors(path, "export"):
         stream = weight_stream(path)
     entries = _entries(stream, dtype)
 
@@ -75,8 +75,8 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
         write_safetensors(folder / "model.safetensors", entries, stream.tensors(), metadata)
         (folder / "model.json").write_text(json.dumps(model, indent=2) + "\n")
 
-    with _reading(path):
-        _write_new_folder(out, write)
+    with read_errors(path, "export"):
+        write_new_folder(out, write)
     return path, len(entries)
 
 
@@ -108,7 +108,7 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             raise ValueError
     except ValueError:
         raise DistsetupError(f"--max_shard_size {max_shard_size} is not a size.", "write e.g. 5GB or 500MB.") from None
-    path, model = _checkpoint_and_model(run, out)
+    path, model = checkpoint_and_model(run, out)
     if model.get("type") != "hf":
         raise DistsetupError(
             f"{path} holds the built-in GPT, which has no Hugging Face class.",
@@ -120,7 +120,7 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             f"model.hf_path {source} of the run has no config.json here.",
             "run the export from the folder the training ran in (a relative hf_path is read from there).",
         )
-    with _reading(path):
+    with read_errors(path, "export"):
         config = json.loads((source / "config.json").read_text())
         stream = weight_stream(path).renamed(lambda name: name.removeprefix(HF_WRAPPER_PREFIX))
         order, tied = _saved_names(source)
@@ -147,8 +147,8 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
             (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
-    with _reading(path):
-        _write_new_folder(out, write)
+    with read_errors(path, "export"):
+        write_new_folder(out, write)
     return path, len(entries)
 
 
@@ -172,7 +172,7 @@ def _saved_names(source: Path) -> tuple[dict[str, int], set[str]]:
     return {name: place for place, name in enumerate(names)}, tied
 
 
-def _checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
+def checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
     """The newest complete checkpoint of `run` and the model section its marker stores; `out` must be new."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DistsetupError(f"-o {out} exists and is not an empty folder.", "name a new folder.")
@@ -187,20 +187,21 @@ def _checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
 
 
 @contextlib.contextmanager
-def _reading(path: Path):
-    """Whatever a damaged checkpoint (or model folder) makes torch, DCP or transformers raise, as one line."""
+def read_errors(path: Path, verb: str):
+    """Whatever a damaged checkpoint (or model folder) makes torch, DCP, DeepSpeed or transformers raise while
+    we `verb` it, as one line."""
     try:
         yield
     except DistsetupError:
         raise
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is no Exception
         raise DistsetupError(
-            f"cannot export checkpoint {path}: {last_line(e)}.",
-            f"move {path} aside to export the checkpoint before it.",
+            f"cannot {verb} checkpoint {path}: {last_line(e)}.",
+            f"move {path} aside to {verb} the checkpoint before it.",
         ) from None
 
 
-def _write_new_folder(out: Path, write) -> None:
+def write_new_folder(out: Path, write) -> None:
     """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole; removed on any failure."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))

@@ -57,6 +57,10 @@ def plain_name(name: str) -> str:
 
 def _raw_stream(path: Path) -> WeightStream:
     meta = read_meta(path)
+    if meta.get("layout") == "universal":  # written by `distsetup checkpoint convert --to deepspeed`
+        from distsetup.training import universal_folder
+
+        return universal_folder.weights(path)
     if meta["backend"] in ("single", "ddp"):
         return _from_torch_file(path / "state.pt", "model")
     if meta["backend"] == "fsdp":

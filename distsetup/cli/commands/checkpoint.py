@@ -18,6 +18,7 @@ Examples:
   distsetup checkpoint ls runs/exp --json
   distsetup checkpoint export runs/exp -o exported/ --dtype bf16
   distsetup checkpoint export runs/llama -o exported/ --format hf    # from_pretrained("exported/")
+  distsetup checkpoint convert runs/exp --to fsdp -o runs/exp-fsdp  # a ZeRO-3 run continues under FSDP2
 """
 )
 def checkpoint():
@@ -87,3 +88,24 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
     else:
         used, count = export_safetensors(run, output, dtype)
     click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")
+
+
+@checkpoint.command("convert")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--to",
+    "backend",
+    type=click.Choice(["single", "ddp", "fsdp", "deepspeed"]),
+    required=True,
+    help="The backend that resumes the result (deepspeed: any ZeRO stage 1-3).",
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new run folder to write.")
+def convert(run: Path, backend: str, output: Path):
+    """Rewrite the newest complete checkpoint of RUN (any backend, any world size) as one that BACKEND resumes
+    at any world size, with the whole training state: weights, AdamW moments and steps, scheduler, data position.
+    OUTPUT becomes a run folder (OUTPUT/checkpoints/step_N): set training.output_dir to it. RUN is only read.
+    Imports torch (and DeepSpeed for its checkpoints)."""
+    from distsetup.training.convert import convert as convert_checkpoint  # torch: only this subcommand needs it
+
+    used, written = convert_checkpoint(run, backend, output)
+    click.echo(f"converted {used} for {backend} into {written}")

@@ -1,0 +1,122 @@
+"""`distsetup checkpoint convert`: the newest complete checkpoint of a run rewritten as one that another backend
+resumes as its own, at any world size, with the whole training state (weights, AdamW moments and steps, scheduler,
+data position, each rank's RNG): single/DDP's state.pt, FSDP's DCP folders, or DeepSpeed's universal folder, which
+every ZeRO 1-3 run loads. The source is only read; the new output folder is written whole or not at all.
+
+A run resumes another backend's checkpoint by itself (train.py converts in memory); convert does it once, offline,
+so the new run starts without waiting for a conversion and the result can be copied where the run will be.
+"""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import MARKER, file_sizes, read_meta, step_dir
+from distsetup.training import universal_folder
+from distsetup.training.checkpoint import atomic_write_text
+from distsetup.training.export import checkpoint_and_model, read_errors, write_new_folder
+from distsetup.training.named_state import (
+    checkpoint_layout,
+    described,
+    layout,
+    named_state,
+    numbered,
+    refuse_unreadable,
+)
+from distsetup.training.world import ranks
+
+
+def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
+    """Write the newest complete checkpoint of `run` into the new output folder `out` as backend `to` writes it;
+    returns (the checkpoint read, the one written)."""
+    path, model = checkpoint_and_model(run, out)
+    meta = read_meta(path)
+    source, target = checkpoint_layout(meta), "universal" if to == "deepspeed" else layout(to, None)
+    if source == target:
+        raise DistsetupError(
+            f"{path} ({described(meta['backend'], meta.get('zero_stage'))}) already resumes under {to} as it is, "
+            "at any world size.",
+            f"point the {to} run's training.output_dir at {run}.",
+        )
+    refuse_unreadable(path, meta)
+    written = step_dir(out / "checkpoints", meta["step"])
+
+    def write(folder: Path) -> None:
+        checkpoint = step_dir(folder / "checkpoints", meta["step"])
+        if source == "zero" and target == "universal":  # DeepSpeed's own converter writes the result
+            universal_folder.from_deepspeed(path, checkpoint)
+        else:
+            _write(_state(path, source, model, folder), target, checkpoint, meta)
+        for rng in path.glob("rng_rank*.pt"):
+            shutil.copyfile(rng, checkpoint / rng.name)
+        marker = {k: v for k, v in meta.items() if k not in ("layout", "files")}
+        marker.update(
+            backend=to,
+            zero_stage=None,
+            converted_from=f"{described(meta['backend'], meta.get('zero_stage'))}, {ranks(meta['world_size'])}",
+            files=file_sizes(checkpoint),
+        )
+        if target == "universal":
+            marker["layout"] = "universal"
+        atomic_write_text(checkpoint / MARKER, json.dumps(marker, indent=2))
+
+    with read_errors(path, "convert"):
+        write_new_folder(out, write)
+    return path, written
+
+
+def _state(path: Path, source: str, model: dict, scratch: Path) -> dict:
+    """The named state of checkpoint `path`; ZeRO 1-3's per-rank files go through a universal folder in
+    `scratch`, removed once read."""
+    if source != "zero":
+        return named_state(path, source, parameter_order(model))
+    universal = scratch / ".universal" / path.name
+    universal_folder.from_deepspeed(path, universal)
+    state = universal_folder.read(universal)
+    shutil.rmtree(universal.parent)
+    return state
+
+
+def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
+    """Named state `state` as the files of layout `target` in the new folder `checkpoint`."""
+    if target == "universal":
+        universal_folder.write(state, checkpoint, meta)
+        return
+    checkpoint.mkdir(parents=True)
+    if target == "state.pt":
+        whole = {"model": state["model"], "optimizer": numbered(state["optimizer"]), "scheduler": state["scheduler"]}
+        if state["scaler"]:
+            whole["scaler"] = state["scaler"]
+        torch.save(whole, checkpoint / "state.pt")
+        return
+    import torch.distributed.checkpoint as dcp  # FSDP's own layout; it reshards for any world size
+
+    with warnings.catch_warnings():  # that no process group means one process: as meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.save(state["model"], checkpoint_id=checkpoint / "model", no_dist=True)
+        dcp.save(state["optimizer"], checkpoint_id=checkpoint / "optim", no_dist=True)
+    torch.save({"scheduler": state["scheduler"]}, checkpoint / "scheduler.pt")
+
+
+def parameter_order(model: dict) -> list[str]:
+    """The parameter names of the model a run config's `model` section describes, in the order its optimizer
+    holds them (training.optim.param_groups), from the model built on the meta device: no memory, no download."""
+    from distsetup.training.model import GPT, HFCausalLM
+    from distsetup.training.optim import param_groups
+    from distsetup.training.weight_stream import plain_name
+
+    with torch.device("meta"):
+        if model["type"] == "hf":
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(model["hf_path"], local_files_only=True)
+            built: torch.nn.Module = HFCausalLM(AutoModelForCausalLM.from_config(config))
+        else:
+            keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout")
+            built = GPT(*(model[key] for key in keys))
+    name_of = {id(p): plain_name(name) for name, p in built.named_parameters()}
+    return [name_of[id(p)] for group in param_groups(built, 0.0) for p in group["params"]]

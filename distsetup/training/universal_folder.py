@@ -1,0 +1,200 @@
+"""DeepSpeed's universal checkpoint folder: what its ds_to_universal writes and ZeRO 1-3 engines load at any world
+size and stage (`checkpoint.load_universal`). It is also where DeepSpeed and the torch backends meet: a DeepSpeed
+checkpoint is read into a named state (named_state.py) through one, and a named state is written as one for a
+DeepSpeed run to load.
+
+The layout (DeepSpeed 0.19): zero/<parameter name>/ holds fp32.pt, exp_avg.pt and exp_avg_sq.pt, each
+{"param": the whole tensor}, and step.pt; zero/optimizer_state.pt the param groups' settings and the loss scaler;
+the model-states file the scheduler, the step counters, the buffers and the parameter names by param group, in
+the optimizer's order (param_shapes).
+"""
+
+import argparse
+import contextlib
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.training.weight_stream import WeightStream
+from distsetup.training.world import barrier, decided_by_rank0, last_line
+
+PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
+MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")  # ZeRO 1-2's, ZeRO-3's
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def converted_on_rank0(path: Path, write) -> Path:
+    """Rank 0 calls `write(folder)` to fill a new hidden folder of output_dir with checkpoint `path` in universal
+    form (the source untouched); every rank gets that folder, or the same one-line error."""
+
+    def convert() -> Path | str:
+        output_dir = path.parent.parent
+        for stale in output_dir.glob(f"{PREFIX}*"):  # left by a run killed while converting or loading
+            shutil.rmtree(stale, ignore_errors=True)
+        root = None
+        try:
+            root = Path(tempfile.mkdtemp(dir=output_dir, prefix=PREFIX))
+            write(root / path.name)
+        except Exception as e:  # a damaged checkpoint, a full or read-only disk: one line on every rank
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+            return f"cannot convert checkpoint {path} to DeepSpeed's universal format: {last_line(e)}."
+        return root / path.name
+
+    converted = decided_by_rank0(convert)
+    if isinstance(converted, str):  # rank 0's error, raised on every rank
+        raise DistsetupError(converted, f"move {path} aside to resume from the one before, or --no_resume.")
+    return converted
+
+
+@contextlib.contextmanager
+def removed_after_loading(converted: Path, is_main: bool):
+    """Every rank loads `converted` inside; rank 0 then removes its hidden folder, whatever happened."""
+    try:
+        yield
+        barrier()  # every rank has read it
+    finally:
+        if is_main:
+            shutil.rmtree(converted.parent, ignore_errors=True)
+
+
+def from_deepspeed(path: Path, converted: Path) -> None:
+    """DeepSpeed checkpoint folder `path` (ZeRO 1-3, any world size) as universal folder `converted`, by
+    DeepSpeed's own ds_to_universal."""
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(path),
+        output_folder=str(converted),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,  # the state Megatron-DeepSpeed adds; plain engines do not save it
+    )
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
+        ds_to_universal(args)
+    _readable_by_every_stage(converted)
+
+
+def weights(folder: Path) -> WeightStream:
+    """The model's weights in universal folder `folder`, each read when asked for (fp32; buffers as saved)."""
+    model_states = _model_states(folder)
+    shape_of = {name: tuple(shape) for shapes in model_states["param_shapes"] for name, shape in shapes.items()}
+    file_of = {name: name for name in shape_of}
+    for alias, source in (model_states.get("shared_params") or {}).items():  # tied weights: one file, two names
+        file_of[alias] = source
+    shapes = {name: (shape_of[file], torch.float32) for name, file in file_of.items()}
+    module = model_states.get("module") or {}
+    buffers = {name: module[name] for name in model_states.get("buffer_names") or () if name in module}
+
+    def read(name: str) -> torch.Tensor:
+        return buffers[name] if name in buffers else _param(folder / "zero" / file_of[name], "fp32", shapes[name][0])
+
+    return WeightStream({**shapes, **{name: (tuple(b.shape), b.dtype) for name, b in buffers.items()}}, read)
+
+
+def read(folder: Path) -> dict:
+    """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, the optimizer
+    keyed by parameter names with AdamW's tensor step."""
+    model_states = _model_states(folder)
+    zero = folder / "zero"
+    by_group = [list(shapes) for shapes in model_states["param_shapes"]]
+    moments = {}
+    for shapes in model_states["param_shapes"]:
+        for name, shape in shapes.items():
+            step = torch.load(zero / name / "step.pt", weights_only=False)
+            moments[name] = {"step": torch.tensor(float(step)), **{k: _param(zero / name, k, shape) for k in MOMENTS}}
+    settings = torch.load(zero / "optimizer_state.pt", weights_only=False)["param_groups"]
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": names}
+        for group, names in zip(settings, by_group, strict=True)
+    ]
+    return {
+        "model": dict(weights(folder).tensors()),
+        "optimizer": {"state": moments, "param_groups": groups},
+        "scheduler": model_states["lr_scheduler"],
+        "scaler": None,
+    }
+
+
+def write(state: dict, folder: Path, meta: dict) -> None:
+    """Named state `state` of the checkpoint whose COMPLETE marker is `meta` as universal folder `folder`, one
+    parameter at a time."""
+    import deepspeed
+
+    zero = folder / "zero"
+    model, moments, groups = state["model"], state["optimizer"]["state"], state["optimizer"]["param_groups"]
+    for name in (name for group in groups for name in group["params"]):
+        (zero / name).mkdir(parents=True)
+        torch.save({"param": model[name].float()}, zero / name / "fp32.pt")
+        for key in MOMENTS:
+            torch.save({"param": moments[name][key].float()}, zero / name / f"{key}.pt")
+        torch.save(moments[name]["step"], zero / name / "step.pt")
+    names = {name for group in groups for name in group["params"]}
+    settings = [{**{k: v for k, v in group.items() if k != "params"}, "params": [i]} for i, group in enumerate(groups)]
+    step = moments[groups[0]["params"][0]]["step"]
+    optimizer_state = {
+        "param_groups": settings,
+        "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": settings},
+        "ds_version": deepspeed.__version__,
+    }
+    torch.save(optimizer_state, zero / "optimizer_state.pt")
+    buffers = {k: v for k, v in model.items() if k not in names}
+    model_states = {
+        "module": buffers,
+        "buffer_names": list(buffers),
+        "param_shapes": [{name: model[name].shape for name in group["params"]} for group in groups],
+        "lr_scheduler": state["scheduler"],
+        "skipped_steps": 0,
+        "mp_world_size": 1,
+        "ds_version": deepspeed.__version__,
+        "global_steps": meta["step"],  # the engine's counters, which its loader reads
+        "global_samples": meta["step"] * meta["sampler"]["global_batch"],
+        "dp_world_size": meta["world_size"],
+    }
+    for file in MODEL_STATES:
+        torch.save(model_states, folder / file)
+
+
+def _model_states(folder: Path) -> dict:
+    return torch.load(folder / MODEL_STATES[0], map_location="cpu", weights_only=False)
+
+
+def _param(folder: Path, key: str, shape) -> torch.Tensor:
+    """One parameter's `key` (fp32, exp_avg, exp_avg_sq) in its shape (from ZeRO-3, ds_to_universal writes it flat)."""
+    loaded = torch.load(folder / f"{key}.pt", map_location="cpu", weights_only=False)
+    return (loaded["param"] if isinstance(loaded, dict) else loaded).view(shape)
+
+
+def _readable_by_every_stage(converted: Path) -> None:
+    """ds_to_universal writes what the source's stage reads back; ZeRO-3's loader and ZeRO 1-2's look for other
+    files and keys (DeepSpeed 0.19). Give both what they need: the model-states file under each name (the engine
+    reads the scheduler and step counters there), the optimizer's global state in both layouts, the Adam step
+    beside each parameter's moments, and each tensor in the dict ZeRO 1-2 read."""
+    import deepspeed
+
+    for name in MODEL_STATES:
+        if not (converted / name).exists():
+            shutil.copyfile(sorted(converted.glob("*model_states.pt"))[0], converted / name)
+    zero = converted / "zero"
+    state = torch.load(zero / "optimizer_state.pt", weights_only=False)
+    inner = state.get("optimizer_state_dict")
+    if inner is not None:  # from ZeRO-3: one step for all parameters
+        step, groups = inner["state"][0]["step"], inner["param_groups"]
+    else:  # from ZeRO 1-2: a step beside each parameter, all equal
+        step, groups = torch.load(next(zero.glob("*/step.pt")), weights_only=False), state["param_groups"]
+    state.setdefault("optimizer_state_dict", {"state": {0: {"step": step}}, "param_groups": groups})
+    state.setdefault("param_groups", groups)
+    state.setdefault("ds_version", deepspeed.__version__)
+    torch.save(state, zero / "optimizer_state.pt")
+    for folder in (f for f in zero.iterdir() if f.is_dir()):
+        if not (folder / "step.pt").exists():
+            torch.save(step, folder / "step.pt")
+        for file in folder.glob("*.pt"):  # ZeRO-3 writes bare tensors, ZeRO 1-2 read {"param": tensor}
+            if file.name != "step.pt" and isinstance(tensor := torch.load(file, weights_only=False), torch.Tensor):
+                torch.save({"param": tensor}, file)
