@@ -228,6 +228,7 @@ def train(cfg, args) -> int:
         bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
         timer, first_step = StepTimer(), step
         agreement = StepAgreement(world.size, device)
+        pending = None  # training.async_checkpoint: the checkpoint whose ranks are still writing in the background
         while step < t.max_steps:
             lr = backend.current_lr()
             micro_losses = []
@@ -244,23 +245,38 @@ def train(cfg, args) -> int:
             if log_now or checkpoint_now or agreement.due(step):
                 step_seconds = timer.median_step_seconds
                 assert step_seconds is not None  # step_done() above recorded a step
-                loss, stop = agreement.settle(step, micro_losses, preemption.requested, step_seconds)
+                writing = pending is not None and not pending.written_here()
+                loss, stop, written = agreement.settle(step, micro_losses, preemption.requested, step_seconds, writing)
+                if pending is not None and written:  # every rank's part is on disk: it completes, at the same step
+                    pending.finish(world, backend)
+                    pending = None
             if log_now or stop:
                 metrics.write(step, loss=loss, lr=lr)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
             if stop or checkpoint_now:
                 with timer.checkpointing():
-                    ckpt.save_checkpoint(
+                    if pending is not None:  # the one before completes first
+                        pending.finish(world, backend)
+                    background = t.async_checkpoint and not stop  # a preempted run leaves a complete checkpoint
+                    sampler_state = sampler.state_dict()
+                    pending = ckpt.start_checkpoint(
                         backend,
                         ckpt_root,
                         step,
                         world,
-                        {**meta, "loss": loss, "sampler": sampler.state_dict()},
-                        keep=t.keep_checkpoints,
+                        {**meta, "loss": loss, "sampler": sampler_state},
+                        t.keep_checkpoints,
+                        background,
                     )
+                    if not background:
+                        pending.finish(world, backend)
+                        pending = None
             if stop:
                 say(f"preempted: checkpoint at step {step}")
                 return PREEMPTED
+        if pending is not None:
+            with timer.checkpointing():
+                pending.finish(world, backend)
         bar.close()
         metrics.close()
 
@@ -277,6 +293,7 @@ def train(cfg, args) -> int:
                 "steps_per_s": steps_per_s,
                 "train_seconds": seconds,
                 "checkpoint_seconds": timer.checkpoint_seconds,
+                "checkpoint_stalls": timer.checkpoint_stalls,
                 "median_step_seconds": timer.median_step_seconds,
                 "zero_stage": backend.zero_stage,
                 "precision": backend.precision,

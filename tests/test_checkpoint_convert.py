@@ -7,9 +7,9 @@ import re
 import shutil
 
 import pytest
+import torch
 from click.testing import CliRunner
 from train_runs import (
-    GLOBAL_BATCH,
     INTERVAL,
     RUNS,
     STEPS,
@@ -30,7 +30,6 @@ from distsetup.training.export import consolidated_state_dict
 CONVERSIONS = {
     "zero3 2 -> fsdp 2": ("zero3", "fsdp", 2, lambda: RUNS["fsdp_full"][2], 12, 1),
     "ddp 2 -> deepspeed, zero1 on 3": ("ddp", "deepspeed", 3, lambda: ds_split("zero1", 3, 4), 4, 2),
-    "zero2 2 -> single": ("zero2", "single", 1, lambda: None, GLOBAL_BATCH, 1),
 }
 
 
@@ -80,6 +79,47 @@ def test_a_converted_checkpoint_resumes_under_its_new_backend(tmp_path, case):
 
 def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+
+
+def same(a, b) -> bool:
+    """Equal state: tensors element for element (a step counted in a tensor or an int alike), the rest by ==."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) and a.dim() > 0:
+        return torch_equal(a, b)
+    return float(a) == float(b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.slow
+def test_a_round_trip_through_every_layout_gives_back_the_same_training_state(tmp_path):
+    """DDP's state.pt -> DeepSpeed's universal folder -> FSDP's DCP folders -> state.pt again: the same weights,
+    AdamW moments and steps, param groups and scheduler, read with torch.load alone."""
+    run = killed_at_interval(tmp_path, "ddp")
+    for to in ("deepspeed", "fsdp", "ddp"):
+        result = convert(run, "--to", to, "-o", tmp_path / to)
+        assert result.exit_code == 0, result.output
+        run = tmp_path / to
+    original = torch.load(step_dir(shared_run("ddp") / "checkpoints", INTERVAL) / "state.pt", weights_only=False)
+    back = torch.load(step_dir(run / "checkpoints", INTERVAL) / "state.pt", weights_only=False)
+    assert same(dict(back["model"]), dict(original["model"]))
+    assert same(back["optimizer"], original["optimizer"]) and same(back["scheduler"], original["scheduler"])
+
+
+@pytest.mark.slow
+def test_a_zero2_offload_checkpoint_converts_to_the_weights_deepspeed_consolidates(tmp_path):
+    """DeepSpeed's CPU Adam counts its step in an int; torch's AdamW gets it as a tensor."""
+    run = killed_at_interval(tmp_path, "zero2_offload")
+    result = convert(run, "--to", "single", "-o", tmp_path / "single")
+    assert result.exit_code == 0, result.output
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = torch.load(step_dir(tmp_path / "single" / "checkpoints", INTERVAL) / "state.pt", weights_only=False)
+    theirs = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints"), tag=step_dir(run, INTERVAL).name)
+    assert same(dict(state["model"]), dict(theirs))
+    steps = [moments["step"] for moments in state["optimizer"]["state"].values()]
+    assert all(isinstance(step, torch.Tensor) and float(step) == INTERVAL for step in steps)
 
 
 @pytest.mark.slow

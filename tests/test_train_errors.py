@@ -54,8 +54,9 @@ def test_single_backend_refuses_several_processes(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_checkpoint_another_backend_wrote_into_an_nvme_offloading_run(tmp_path):
-    """Conversions load DeepSpeed's universal format, which a run offloading its optimizer to NVMe cannot."""
+def test_checkpoint_another_backend_wrote_into_deepspeed_runs_that_cannot_take_it(tmp_path):
+    """Conversions load DeepSpeed's universal format, which a run offloading its optimizer to NVMe cannot; a
+    DeepSpeed file's own scheduler cannot continue distsetup's schedule."""
     config = write_run_config(tmp_path, "single", max_steps=2, checkpoint_interval=2, warmup_steps=0)
     assert train(config, 1).returncode == 0
     metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
@@ -64,6 +65,11 @@ def test_checkpoint_another_backend_wrote_into_an_nvme_offloading_run(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(one_rank))
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
     assert_clean_error(result, "(single, 1 rank); a run that offloads its optimizer to NVMe", "offload to cpu")
+    one_rank["zero_optimization"].pop("offload_optimizer")
+    one_rank["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 2}}
+    (tmp_path / "ds.json").write_text(json.dumps(one_rank))
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "the scheduler block of DeepSpeed file", "remove the scheduler block")
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # nothing trained
 
 

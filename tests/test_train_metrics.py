@@ -82,8 +82,8 @@ def test_timer_leaves_checkpoint_time_out():
 def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
     agreement = StepAgreement(world_size=1, device=torch.device("cpu"), every_seconds=1.0)
     assert agreement.due(1)
-    loss, stop = agreement.settle(1, [torch.tensor(2.0), torch.tensor(4.0, dtype=torch.bfloat16)], False, 0.05)
-    assert (loss, stop) == (3.0, False)
+    settled = agreement.settle(1, [torch.tensor(2.0), torch.tensor(4.0, dtype=torch.bfloat16)], False, 0.05, False)
+    assert settled == (3.0, False, True)
     assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
-    assert agreement.settle(21, [torch.tensor(1.0)], True, 3.0) == (1.0, True)
+    assert agreement.settle(21, [torch.tensor(1.0)], True, 3.0, True) == (1.0, True, False)  # a write goes on
     assert agreement.due(22)  # steps longer than the period: every step

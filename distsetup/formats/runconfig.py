@@ -87,6 +87,9 @@ class TrainingConfig:
         "keep the N newest complete checkpoints (older ones go once a newer one is complete); default all",
         minimum=1,
     )
+    async_checkpoint: bool = setting(
+        False, "write checkpoints in the background: the loop waits only for a copy in memory (not DeepSpeed)"
+    )
     output_dir: str = setting("runs/demo", "checkpoints, metrics and the run summary")
     log_interval: int = setting(10, "print and log metrics every N steps", minimum=1)
 

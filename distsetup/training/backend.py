@@ -4,6 +4,7 @@ the `single` backend itself: one process holding the whole model. The others sub
 """
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -11,10 +12,9 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.training import memory, universal_folder
-from distsetup.training.checkpoint import atomic_save
+from distsetup.training.checkpoint import atomic_save, copied_to_cpu
 from distsetup.training.named_state import checkpoint_layout, described, layout, named_state, refuse_unreadable
-from distsetup.training.optim import adamw, lambda_scheduler
-from distsetup.training.weight_stream import plain_name
+from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,7 +38,7 @@ class Backend:
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
         self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
-        self.universal: Path | None = None  # a DeepSpeed ZeRO 1-3 checkpoint to resume, as a universal folder
+        self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
 
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
@@ -75,29 +75,39 @@ class Backend:
     def save(self, path: Path) -> None:
         """Rank 0 writes the full state in one file, atomically (DDP replicas are identical)."""
         if self.world.is_main:
-            state = {
-                "model": self._plain_model().state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-            }
-            if self.scaler:
-                state["scaler"] = self.scaler.state_dict()
-            atomic_save(state, path / "state.pt")
+            atomic_save(self._full_state(), path / "state.pt")
+
+    def start_save(self, path: Path) -> list[Future]:
+        """training.async_checkpoint: what save() writes, copied now (the loop waits only for that) and written by
+        a background thread; the futures complete once this rank's files are on disk."""
+        if not self.world.is_main:
+            return []
+        return [self._in_background(atomic_save, copied_to_cpu(self._full_state()), path / "state.pt")]
+
+    def _full_state(self) -> dict:
+        state = {
+            "model": self._plain_model().state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def _in_background(self, write, *args) -> Future:
+        """`write(*args)` on this process's one checkpoint thread: writes happen in the order they were asked."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        return self._writer.submit(write, *args)
 
     def adopt(self, path: Path, meta: dict) -> str | None:
         """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `meta`), written by any backend
         at any world size; returns a line for the user when that takes a conversion."""
         if self._loads_as_is(meta):
             return None
-        source = checkpoint_layout(meta)
         refuse_unreadable(path, meta)
-        self.converted_from = source
-        how = ""
-        if source == "zero":  # files per rank: rank 0 gathers them with DeepSpeed's own converter
-            self.universal = universal_folder.converted_on_rank0(
-                path, lambda out: universal_folder.from_deepspeed(path, out)
-            )
-            how = " by DeepSpeed's ds_to_universal"
+        self.converted_from = checkpoint_layout(meta)
+        how = " by DeepSpeed's ds_to_universal" if self.converted_from == "zero" else ""
         return (
             f"checkpoint {path.name} ({described(meta['backend'], meta.get('zero_stage'))}, "
             f"{ranks(meta['world_size'])}) converted{how} for this run ({described(self.name, self.zero_stage)}, "
@@ -112,12 +122,14 @@ class Backend:
         """Restore model, optimizer and scheduler from checkpoint `path`."""
         if self.converted_from is None:
             self._load_own(path)
-            return
-        if self.universal is None:
-            self._load_named(named_state(path, self.converted_from, self._order()))
-            return
-        with universal_folder.removed_after_loading(self.universal, self.world.is_main):
-            self._load_named(universal_folder.read(self.universal))
+        elif self.converted_from != "zero":
+            self._load_named(named_state(path, self.converted_from, self._groups()))
+        else:  # ZeRO 1-3's files per rank: rank 0 gathers them with DeepSpeed's own converter, every rank reads
+            universal = universal_folder.converted_on_rank0(
+                path, lambda out: universal_folder.from_deepspeed(path, out)
+            )
+            with universal_folder.removed_after_loading(universal, self.world.is_main):
+                self._load_named(universal_folder.read(universal, self._groups()))
 
     def _load_named(self, state: dict) -> None:
         """A named state (named_state.py) into model, optimizer, scheduler and fp16 loss scaler."""
@@ -127,18 +139,30 @@ class Backend:
             set_optimizer_state_dict,
         )
 
+        if "lr_lambdas" not in state["scheduler"]:  # a DeepSpeed file's own scheduler wrote it
+            raise DistsetupError(
+                "the checkpoint's learning-rate schedule is a DeepSpeed file's scheduler block, which this run's "
+                "warmup + cosine schedule cannot continue.",
+                "resume it with that DeepSpeed file.",
+            )
         options = StateDictOptions(full_state_dict=True)
         model = self._plain_model()
         set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, self.optimizer, state["optimizer"], options=options)
+        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them
+        groups = [
+            {**{k: v for k, v in own.items() if k != "params"}, **{k: v for k, v in saved.items() if k in own}}
+            | {"params": saved["params"]}
+            for own, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True)
+        ]
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": groups}
+        set_optimizer_state_dict(model, self.optimizer, optimizer, options=options)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
 
-    def _order(self) -> list[str]:
-        """The parameter names in the optimizer's order."""
-        name_of = {id(p): plain_name(name) for name, p in self._plain_model().named_parameters()}
-        return [name_of[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
+    def _groups(self) -> list[list[str]]:
+        """The parameter names in each of the optimizer's param groups."""
+        return names_by_group(self._plain_model(), self.optimizer.param_groups)
 
     def _load_own(self, path: Path) -> None:
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)

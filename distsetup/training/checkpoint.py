@@ -8,10 +8,13 @@ collective.
 """
 
 import contextlib
+import copy
 import json
 import os
 import random
 import shutil
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +30,17 @@ def atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def copied_to_cpu(state):
+    """`state` with every tensor copied to the CPU: what a background write reads while training goes on."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: copied_to_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(copied_to_cpu(value) for value in state)
+    return copy.deepcopy(state)
 
 
 SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"), "hf": ()}  # what sizes weights
@@ -65,6 +79,17 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict, keep: int | None = None) -> Path:
     """Every rank writes its part; the COMPLETE marker follows only once all have finished. Then, with `keep`,
     rank 0 removes the complete checkpoints older than the `keep` newest."""
+    pending = start_checkpoint(backend, root, step, world, meta, keep, background=False)
+    pending.finish(world, backend)
+    return pending.path
+
+
+def start_checkpoint(
+    backend, root: Path, step: int, world: World, meta: dict, keep: int | None, background: bool
+) -> "PendingCheckpoint":
+    """Every rank starts writing its part of checkpoint `step`: in the background (training.async_checkpoint),
+    once the backend has copied what it writes, or else whole before returning. The checkpoint is complete only
+    once PendingCheckpoint.finish() has seen every rank's part on disk and written the marker."""
     path = step_dir(root, step)
     with disk_errors(path):
         if world.is_main:
@@ -73,18 +98,42 @@ def save_checkpoint(backend, root: Path, step: int, world: World, meta: dict, ke
             path.mkdir(parents=True)
     barrier()
     with disk_errors(path):
-        backend.save(path)
         atomic_save(rng_state(), path / f"rng_rank{world.rank}.pt")
-    barrier()
-    if world.is_main:
-        with disk_errors(path):
-            marker = {**meta, "step": step, "world_size": world.size, "files": file_sizes(path)}
-            atomic_write_text(path / MARKER, json.dumps(marker, indent=2))
-            backend.checkpoint_complete(path)
-    barrier()
-    if keep and world.is_main:
-        remove_older(root, keep)
-    return path
+        if background:
+            writes = backend.start_save(path)
+        else:
+            backend.save(path)
+            writes = []
+    return PendingCheckpoint(path, {**meta, "step": step, "world_size": world.size}, writes, keep)
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose parts are being written: `writes` complete when this rank's files are on disk."""
+
+    path: Path
+    meta: dict
+    writes: list[Future]
+    keep: int | None
+
+    def written_here(self) -> bool:
+        return all(write.done() for write in self.writes)
+
+    def finish(self, world: World, backend) -> None:
+        """Every rank, at the same step: wait for this rank's writes, then rank 0 writes the COMPLETE marker
+        (after a barrier: every part is on disk) and removes what training.keep_checkpoints lets go."""
+        with disk_errors(self.path):
+            for write in self.writes:
+                write.result()  # a failed background write raises here
+        barrier()
+        if world.is_main:
+            with disk_errors(self.path):
+                marker = {**self.meta, "files": file_sizes(self.path)}
+                atomic_write_text(self.path / MARKER, json.dumps(marker, indent=2))
+                backend.checkpoint_complete(self.path)
+        barrier()
+        if self.keep and world.is_main:
+            remove_older(self.path.parent, self.keep)
 
 
 def remove_older(root: Path, keep: int) -> None:

@@ -72,11 +72,12 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
 def _state(path: Path, source: str, model: dict, scratch: Path) -> dict:
     """The named state of checkpoint `path`; ZeRO 1-3's per-rank files go through a universal folder in
     `scratch`, removed once read."""
+    groups = parameter_groups(model)
     if source != "zero":
-        return named_state(path, source, parameter_order(model))
+        return named_state(path, source, groups)
     universal = scratch / ".universal" / path.name
     universal_folder.from_deepspeed(path, universal)
-    state = universal_folder.read(universal)
+    state = universal_folder.read(universal, groups)
     shutil.rmtree(universal.parent)
     return state
 
@@ -102,12 +103,11 @@ def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
     torch.save({"scheduler": state["scheduler"]}, checkpoint / "scheduler.pt")
 
 
-def parameter_order(model: dict) -> list[str]:
-    """The parameter names of the model a run config's `model` section describes, in the order its optimizer
-    holds them (training.optim.param_groups), from the model built on the meta device: no memory, no download."""
+def parameter_groups(model: dict) -> list[list[str]]:
+    """The parameter names in each optimizer param group of the model a run config's `model` section describes
+    (training.optim.param_groups), from the model built on the meta device: no memory, nothing downloaded."""
     from distsetup.training.model import GPT, HFCausalLM
-    from distsetup.training.optim import param_groups
-    from distsetup.training.weight_stream import plain_name
+    from distsetup.training.optim import names_by_group, param_groups
 
     with torch.device("meta"):
         if model["type"] == "hf":
@@ -118,5 +118,4 @@ def parameter_order(model: dict) -> list[str]:
         else:
             keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout")
             built = GPT(*(model[key] for key in keys))
-    name_of = {id(p): plain_name(name) for name, p in built.named_parameters()}
-    return [name_of[id(p)] for group in param_groups(built, 0.0) for p in group["params"]]
+    return names_by_group(built, param_groups(built, 0.0))

@@ -17,8 +17,7 @@ from distsetup.training import memory, universal_folder
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.named_state import checkpoint_layout, layout, named_state
-from distsetup.training.optim import adamw, lambda_scheduler, param_groups
-from distsetup.training.weight_stream import plain_name
+from distsetup.training.optim import adamw, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import ranks
 
 
@@ -50,6 +49,11 @@ class DeepSpeedBackend(Backend):
         clip = self.ds_config.get("gradient_clipping", 0.0)
         if clip != t.grad_clip:
             self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
+        if t.async_checkpoint:
+            self.notes.append(
+                "training.async_checkpoint: DeepSpeed checkpoints are written synchronously (its own background "
+                "writer, the decoupled checkpoint engine, needs its async_io op, which distsetup does not drive)"
+            )
         block = self.ds_config.get("optimizer")
         if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
             self.lr = block.setdefault("params", {}).setdefault("lr", t.lr)
@@ -82,8 +86,7 @@ class DeepSpeedBackend(Backend):
         self._checkpoint_activations(model, blocks)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
-        name_of = {id(p): plain_name(name) for name, p in model.named_parameters()}
-        self.order = [name_of[id(p)] for group in groups for p in group["params"]]  # the optimizer's, by name
+        self.groups = names_by_group(model, groups)  # the optimizer's parameters by name (ZeRO flattens them)
         self.scaler = None  # DeepSpeed scales fp16 losses itself
         optimizer = None
         if "optimizer" not in self.ds_config:
@@ -126,6 +129,10 @@ class DeepSpeedBackend(Backend):
     def save(self, path):
         self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
 
+    def start_save(self, path):
+        self.save(path)  # synchronous: see the note in __init__
+        return []
+
     def checkpoint_complete(self, path):
         # DeepSpeed's `latest` tag, written only now (not by save_checkpoint, before every rank is done): its
         # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
@@ -140,48 +147,55 @@ class DeepSpeedBackend(Backend):
     def adopt(self, path, meta):
         if self._loads_as_is(meta):
             return None
-        if checkpoint_layout(meta) == "universal" and self.zero_stage:  # `distsetup checkpoint convert` wrote it
-            self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
-            self.converted_from = "universal"
-            return None
         self.meta = meta
+        converting = f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])})"
         if self.zero_stage == 0 and self.precision != "fp32":
             raise DistsetupError(
-                f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])}); a ZeRO-0 run "
-                f"takes converted state in fp32 only, and this one trains in {self.precision}.",
+                f"{converting}; a ZeRO-0 run takes converted state in fp32 only, and this one trains in "
+                f"{self.precision}.",
                 "resume with ZeRO 1-3 or in fp32, or with the checkpoint's own backend and world size.",
             )
         if self.zero_stage and offload_device(self.ds_config, "offload_optimizer") == "nvme":
             raise DistsetupError(
-                f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])}); a run that "
-                "offloads its optimizer to NVMe cannot load DeepSpeed's universal format, which conversions use.",
+                f"{converting}; a run that offloads its optimizer to NVMe cannot load DeepSpeed's universal format, "
+                "which conversions use.",
                 "offload to cpu for the resume, or resume with the checkpoint's own backend and world size.",
+            )
+        if "scheduler" in self.ds_config and meta["backend"] != "deepspeed":
+            raise DistsetupError(
+                f"{converting}; the scheduler block of DeepSpeed file {self.cfg.distributed.deepspeed_config} cannot "
+                "continue another backend's warmup + cosine schedule.",
+                "remove the scheduler block (distsetup's schedule then runs), or resume with the checkpoint's backend.",
             )
         if self.zero_stage:
             self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
+        if checkpoint_layout(meta) == "universal" and self.zero_stage:  # `distsetup checkpoint convert` wrote it
+            self.converted_from = "universal"
+            return None
         return super().adopt(path, meta)
 
     def load(self, path):
-        if self.converted_from is not None and self.zero_stage == 0:  # a torch optimizer over the plain module
-            super().load(path)
-            return
-        if self.converted_from == "universal" and self.zero_stage:
-            self._load_universal(path)
-            return
-        if self.converted_from is not None and self.universal is None:  # single, DDP, FSDP or ZeRO-0: written as one
-            state = lambda: named_state(path, self.converted_from, self.order)  # noqa: E731
-            self.universal = universal_folder.converted_on_rank0(
-                path, lambda out: universal_folder.write(state(), out, self.meta)
-            )
-        if self.universal is None:
+        if self.converted_from is None:
             self._load_engine(path)
-            return
-        with universal_folder.removed_after_loading(self.universal, self.world.is_main):
-            self._load_universal(self.universal)
+        elif self.zero_stage == 0:  # a torch optimizer over the plain module, as the torch backends load
+            super().load(path)
+        elif self.converted_from == "universal":
+            self._load_universal(path)
+        else:
+            if self.converted_from == "zero":  # another world size or stage: DeepSpeed's own converter
+                write = lambda out: universal_folder.from_deepspeed(path, out)  # noqa: E731
+            else:  # single, DDP, FSDP or ZeRO-0: their named state written as a universal folder
+                write = lambda out: universal_folder.write(  # noqa: E731
+                    named_state(path, self.converted_from, self.groups), out, self.meta
+                )
+            universal = universal_folder.converted_on_rank0(path, write)
+            with universal_folder.removed_after_loading(universal, self.world.is_main):
+                self._load_universal(universal)
 
     def _load_universal(self, folder: Path) -> None:
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
-        self._load_engine(folder)
+        with universal_folder.plain_names_in(self.engine):
+            self._load_engine(folder)
         self._mend_universal_load(groups)
 
     def _load_engine(self, folder: Path) -> None:
@@ -193,18 +207,17 @@ class DeepSpeedBackend(Backend):
         """Undo what DeepSpeed 0.19's universal load gets wrong. ZeRO-3's gives every parameter group the first
         group's settings (the parameters without weight decay would take it) and one `step` tensor to every
         sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps. And
-        each stage keeps the step as the checkpoint stored it, where torch's AdamW counts in a tensor and
-        DeepSpeed's CPU Adam (offload) in an int."""
+        each stage keeps the step as the checkpoint stored it, where torch's optimizers count in a tensor and
+        DeepSpeed's own (CPU Adam, FusedAdam, Lamb, Lion) in an int their kernels take."""
         if self.zero_stage == 3:
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
                 group.update(settings)
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
         inner = self.engine.optimizer.optimizer
+        counts_in_tensor = type(inner).__module__.startswith("torch.optim")
         for state in inner.state.values():
             if "step" in state:
                 step = float(state["step"])
-                state["step"] = int(step) if isinstance(inner, DeepSpeedCPUAdam) else torch.tensor(step)
+                state["step"] = torch.tensor(step) if counts_in_tensor else int(step)
 
     def current_lr(self):
         return self.engine.get_lr()[0]

@@ -1,5 +1,7 @@
 """FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
 
+import copy
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -70,6 +72,10 @@ class FSDPBackend(Backend):
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
         self.model = model
+        if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
+            # one gloo group per async_save: each writes on a thread of its own, and two threads' collectives on
+            # one group could pair up differently on each rank
+            self._async_groups = {part: torch.distributed.new_group(backend="gloo") for part in ("model", "optim")}
         self.scaler = None
         self._build_optimizer(model)
 
@@ -109,19 +115,42 @@ class FSDPBackend(Backend):
 
     def save(self, path):
         if self.full_state_dict:
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model = get_model_state_dict(self.model, options=options)
-            optim = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            state = self._gathered_full_state()
             if self.world.is_main:
-                atomic_save(
-                    {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()},
-                    path / "full_state.pt",
-                )
+                atomic_save(state, path / "full_state.pt")
             return
         dcp.save(get_model_state_dict(self.model), checkpoint_id=path / "model")
         dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=path / "optim")
         if self.world.is_main:
             atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
+
+    def start_save(self, path):
+        """DCP's async_save: it copies this rank's shards to the CPU, then writes them on a thread, coordinating
+        the ranks over gloo groups of its own (the training loop's collectives keep the default group). The
+        full state, gathered now, is written by rank 0's checkpoint thread."""
+        if self.full_state_dict:
+            state = self._gathered_full_state()  # fresh CPU tensors: nothing to copy again
+            return [self._in_background(atomic_save, state, path / "full_state.pt")] if self.world.is_main else []
+        parts = {
+            "model": get_model_state_dict(self.model),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+        writes = [
+            dcp.async_save(state, checkpoint_id=path / part, process_group=self._async_groups[part])
+            for part, state in parts.items()
+        ]
+        if self.world.is_main:
+            atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
+        return writes
+
+    def _gathered_full_state(self) -> dict:
+        """The whole model and optimizer state, gathered to rank 0's CPU (a collective: every rank calls it)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {
+            "model": get_model_state_dict(self.model, options=options),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),  # a background write outlives this step
+        }
 
     def _load_own(self, path):
         if (path / "full_state.pt").exists():

@@ -48,6 +48,7 @@ class StepTimer:
 
     def __init__(self, window: int = 1000):
         self.train_seconds = self.checkpoint_seconds = 0.0
+        self.checkpoint_stalls: list[float] = []  # seconds the loop waited, per checkpoint (and the final wait)
         self.recent_steps: deque[float] = deque(maxlen=window)
         self._step_began, self._paused = time.perf_counter(), 0.0
 
@@ -70,4 +71,5 @@ class StepTimer:
         finally:
             seconds = time.perf_counter() - began
             self.checkpoint_seconds += seconds
+            self.checkpoint_stalls.append(seconds)
             self._paused += seconds

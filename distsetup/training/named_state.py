@@ -46,19 +46,19 @@ def refuse_unreadable(path: Path, meta: dict) -> None:
         )
 
 
-def named_state(path: Path, source: str, order: list[str]) -> dict:
+def named_state(path: Path, source: str, groups: list[list[str]]) -> dict:
     """{"model", "optimizer", "scheduler", "scaler"} of checkpoint folder `path` in layout `source` ("zero" folders
-    are read once converted to "universal"), the optimizer keyed by parameter names. `order`: the parameter names
-    in the optimizer's order, which state.pt and ZeRO-0 number (every backend builds its groups with
-    training.optim.param_groups, so the numbers mean the same)."""
+    are read once converted to "universal"), the optimizer keyed by parameter names. `groups`: the parameter names
+    in each param group of the optimizer that loads it, in its order; state.pt and ZeRO-0 number the parameters in
+    that order (every backend builds its groups with training.optim.param_groups, so the numbers mean the same)."""
     if source == "universal":
-        return universal_folder.read(path)
+        return universal_folder.read(path, groups)
     if source in ("state.pt", "zero0"):
         ours = source == "state.pt"  # else DeepSpeed's names
         state = torch.load(path / ("state.pt" if ours else ZERO0_FILE), map_location="cpu", weights_only=False)
         return {
             "model": {plain_name(k): v for k, v in state["model" if ours else "module"].items()},
-            "optimizer": _named(state["optimizer"], order),
+            "optimizer": _named(state["optimizer"], [name for names in groups for name in names]),
             "scheduler": state["scheduler" if ours else "lr_scheduler"],
             "scaler": state.get("scaler"),
         }

@@ -5,8 +5,11 @@ DeepSpeed run to load.
 
 The layout (DeepSpeed 0.19): zero/<parameter name>/ holds fp32.pt, exp_avg.pt and exp_avg_sq.pt, each
 {"param": the whole tensor}, and step.pt; zero/optimizer_state.pt the param groups' settings and the loss scaler;
-the model-states file the scheduler, the step counters, the buffers and the parameter names by param group, in
-the optimizer's order (param_shapes).
+the model-states file the scheduler, the step counters, the parameters' shapes (param_shapes) and the names that
+share a parameter (tied weights), and the module's buffers. distsetup's universal folders name parameters
+without what wrappers add (activation checkpointing), and the engine loads them under those names. A universal
+load restores parameters and optimizer state only (a DeepSpeed run keeps the buffers its model was built with);
+the torch backends read the buffers too.
 """
 
 import argparse
@@ -78,13 +81,15 @@ def from_deepspeed(path: Path, converted: Path) -> None:
     )
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its progress
         ds_to_universal(args)
+    (converted.parent / "latest_universal").unlink(missing_ok=True)  # its tag file, beside the output
     _readable_by_every_stage(converted)
+    _with_plain_names(converted)
 
 
 def weights(folder: Path) -> WeightStream:
     """The model's weights in universal folder `folder`, each read when asked for (fp32; buffers as saved)."""
     model_states = _model_states(folder)
-    shape_of = {name: tuple(shape) for shapes in model_states["param_shapes"] for name, shape in shapes.items()}
+    shape_of = _shapes(model_states)
     file_of = {name: name for name in shape_of}
     for alias, source in (model_states.get("shared_params") or {}).items():  # tied weights: one file, two names
         file_of[alias] = source
@@ -98,25 +103,28 @@ def weights(folder: Path) -> WeightStream:
     return WeightStream({**shapes, **{name: (tuple(b.shape), b.dtype) for name, b in buffers.items()}}, read)
 
 
-def read(folder: Path) -> dict:
-    """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, the optimizer
-    keyed by parameter names with AdamW's tensor step."""
+def read(folder: Path, groups: list[list[str]]) -> dict:
+    """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, the optimizer keyed
+    by parameter names with AdamW's tensor step, in param `groups` (each a list of names) of the run that loads it."""
     model_states = _model_states(folder)
-    zero = folder / "zero"
-    by_group = [list(shapes) for shapes in model_states["param_shapes"]]
+    shape_of, zero = _shapes(model_states), folder / "zero"
     moments = {}
-    for shapes in model_states["param_shapes"]:
-        for name, shape in shapes.items():
-            step = torch.load(zero / name / "step.pt", weights_only=False)
-            moments[name] = {"step": torch.tensor(float(step)), **{k: _param(zero / name, k, shape) for k in MOMENTS}}
+    for name in (name for names in groups for name in names):
+        step = torch.load(zero / name / "step.pt", weights_only=False)
+        moments[name] = {
+            "step": torch.tensor(float(step)),
+            **{key: _param(zero / name, key, shape_of[name]) for key in MOMENTS},
+        }
     settings = torch.load(zero / "optimizer_state.pt", weights_only=False)["param_groups"]
-    groups = [
+    if len(settings) != len(groups):
+        raise ValueError(f"{len(settings)} optimizer param groups, where this run has {len(groups)}")
+    param_groups = [
         {**{k: v for k, v in group.items() if k != "params"}, "params": names}
-        for group, names in zip(settings, by_group, strict=True)
+        for group, names in zip(settings, groups, strict=True)
     ]
     return {
         "model": dict(weights(folder).tensors()),
-        "optimizer": {"state": moments, "param_groups": groups},
+        "optimizer": {"state": moments, "param_groups": param_groups},
         "scheduler": model_states["lr_scheduler"],
         "scaler": None,
     }
@@ -129,26 +137,30 @@ def write(state: dict, folder: Path, meta: dict) -> None:
 
     zero = folder / "zero"
     model, moments, groups = state["model"], state["optimizer"]["state"], state["optimizer"]["param_groups"]
-    for name in (name for group in groups for name in group["params"]):
+    names = [name for group in groups for name in group["params"]]
+    for name in names:
         (zero / name).mkdir(parents=True)
         torch.save({"param": model[name].float()}, zero / name / "fp32.pt")
         for key in MOMENTS:
             torch.save({"param": moments[name][key].float()}, zero / name / f"{key}.pt")
         torch.save(moments[name]["step"], zero / name / "step.pt")
-    names = {name for group in groups for name in group["params"]}
     settings = [{**{k: v for k, v in group.items() if k != "params"}, "params": [i]} for i, group in enumerate(groups)]
-    step = moments[groups[0]["params"][0]]["step"]
+    step = moments[names[0]]["step"]
     optimizer_state = {
         "param_groups": settings,
         "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": settings},
         "ds_version": deepspeed.__version__,
     }
     torch.save(optimizer_state, zero / "optimizer_state.pt")
-    buffers = {k: v for k, v in model.items() if k not in names}
+    storage = {model[name].data_ptr(): name for name in names}
+    others = {k: v for k, v in model.items() if k not in names}
+    shared = {k: storage[v.data_ptr()] for k, v in others.items() if v.data_ptr() in storage}
+    buffers = {k: v for k, v in others.items() if k not in shared}
     model_states = {
         "module": buffers,
         "buffer_names": list(buffers),
         "param_shapes": [{name: model[name].shape for name in group["params"]} for group in groups],
+        "shared_params": shared,
         "lr_scheduler": state["scheduler"],
         "skipped_steps": 0,
         "mp_world_size": 1,
@@ -161,6 +173,25 @@ def write(state: dict, folder: Path, meta: dict) -> None:
         torch.save(model_states, folder / file)
 
 
+@contextlib.contextmanager
+def plain_names_in(engine):
+    """While a DeepSpeed `engine` loads a universal folder: its optimizer finds each parameter's files under the
+    name without wrappers (the engine's own names keep activation checkpointing's)."""
+    from distsetup.training.weight_stream import plain_name
+
+    names = engine.param_names  # the dict its ZeRO optimizer holds too
+    own = dict(names)
+    names.update({param: plain_name(name) for param, name in own.items()})
+    try:
+        yield
+    finally:
+        names.update(own)
+
+
+def _shapes(model_states: dict) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(shape) for shapes in model_states["param_shapes"] for name, shape in shapes.items()}
+
+
 def _model_states(folder: Path) -> dict:
     return torch.load(folder / MODEL_STATES[0], map_location="cpu", weights_only=False)
 
@@ -169,6 +200,26 @@ def _param(folder: Path, key: str, shape) -> torch.Tensor:
     """One parameter's `key` (fp32, exp_avg, exp_avg_sq) in its shape (from ZeRO-3, ds_to_universal writes it flat)."""
     loaded = torch.load(folder / f"{key}.pt", map_location="cpu", weights_only=False)
     return (loaded["param"] if isinstance(loaded, dict) else loaded).view(shape)
+
+
+def _with_plain_names(converted: Path) -> None:
+    """A folder ds_to_universal wrote with the engine's names (activation checkpointing's wrapper in them) renamed
+    to the plain names."""
+    from distsetup.training.weight_stream import plain_name
+
+    for folder in (converted / "zero").iterdir():
+        if folder.is_dir() and plain_name(folder.name) != folder.name:
+            folder.rename(folder.with_name(plain_name(folder.name)))
+    for file in MODEL_STATES:
+        model_states = torch.load(converted / file, weights_only=False)
+        model_states["param_shapes"] = [
+            {plain_name(name): shape for name, shape in shapes.items()} for shapes in model_states["param_shapes"]
+        ]
+        shared = model_states.get("shared_params") or {}
+        model_states["shared_params"] = {plain_name(k): plain_name(v) for k, v in shared.items()}
+        model_states["module"] = {plain_name(k): v for k, v in (model_states.get("module") or {}).items()}
+        model_states["buffer_names"] = [plain_name(name) for name in model_states.get("buffer_names") or ()]
+        torch.save(model_states, converted / file)
 
 
 def _readable_by_every_stage(converted: Path) -> None:

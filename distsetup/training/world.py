@@ -134,8 +134,9 @@ def barrier() -> None:
 
 
 class StepAgreement:
-    """What the ranks agree on after a step: the mean loss, and whether to stop (a preemption signal reached
-    at least one rank). One small all-reduce settles both; it runs on steps the caller must agree on (logs,
+    """What the ranks agree on after a step: the mean loss, whether to stop (a preemption signal reached at least
+    one rank) and whether every rank's background checkpoint write is done. One small all-reduce settles them; it
+    runs on steps the caller must agree on (logs,
     checkpoints) and otherwise about every `every_seconds`, so a signal is acted on within about that time
     while short steps do not each pay a collective (a gloo all-reduce costs a 50 ms CPU step 3%)."""
 
@@ -147,16 +148,17 @@ class StepAgreement:
         return step >= self.next_step
 
     def settle(
-        self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool, step_seconds: float
-    ) -> tuple[float, bool]:
-        """(the step's mean loss over micro-batches and ranks, stop?); every rank calls it at the same step."""
+        self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool, step_seconds: float, writing: bool
+    ) -> tuple[float, bool, bool]:
+        """(the step's mean loss over micro-batches and ranks, stop?, no rank writing?); every rank calls it at the
+        same step."""
         loss = torch.stack(micro_losses).double().mean().reshape(1)
-        extras = torch.tensor([float(stop_requested), step_seconds], dtype=torch.float64, device=self.device)
-        values = torch.cat([loss, extras])
+        flags = [float(stop_requested), step_seconds, float(writing)]
+        values = torch.cat([loss, torch.tensor(flags, dtype=torch.float64, device=self.device)])
         if dist.is_initialized():
             dist.all_reduce(values)
-        loss_sum, stops, seconds_sum = values.tolist()
+        loss_sum, stops, seconds_sum, writers = values.tolist()
         # The summed step time is the same on every rank, so they all pick the same next step.
         steps_per_period = self.every_seconds / max(seconds_sum / self.world_size, 1e-6)
         self.next_step = step + int(min(max(steps_per_period, 1), 1000))
-        return loss_sum / self.world_size, stops > 0
+        return loss_sum / self.world_size, stops > 0, writers == 0

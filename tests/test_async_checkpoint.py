@@ -1,0 +1,75 @@
+"""training.async_checkpoint: the loop waits only for a copy; the files are written in the background and the
+checkpoint counts (its COMPLETE marker) only once every rank's write is on disk, so a crash during a background
+write leaves the previous checkpoint the newest complete one. What is written is the state at the checkpoint's
+step, not the state the training reached while it was being written."""
+
+import shutil
+import threading
+
+import pytest
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import latest_complete, read_meta, step_dir
+from distsetup.formats.runconfig import load_run_config
+from distsetup.training.backend import Backend
+from distsetup.training.checkpoint import save_checkpoint, start_checkpoint
+from distsetup.training.export import consolidated_state_dict
+from distsetup.training.model import build_model, layer_modules
+from distsetup.training.world import World
+
+TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
+
+
+def train_one_step(backend: Backend, cfg) -> None:
+    x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.block_size))
+    backend.backward(x, x, last_micro=True)
+    backend.step()
+
+
+def test_a_checkpoint_counts_only_once_its_background_write_is_done_and_holds_its_own_step(tmp_path):
+    cfg = load_run_config(
+        None, ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "training.warmup_steps=0"]
+    )
+    world = World(rank=0, local_rank=0, size=1, local_size=1)
+    backend = Backend(cfg, world, torch.device("cpu"))
+    torch.manual_seed(0)
+    model, layers = build_model(cfg)
+    backend.wrap(model, layer_modules(model, layers))
+    root, meta = tmp_path / "checkpoints", {"backend": "single", "zero_stage": None}
+    train_one_step(backend, cfg)
+    save_checkpoint(backend, root, 1, world, meta)
+
+    train_one_step(backend, cfg)
+    at_step_2 = {k: v.clone() for k, v in model.state_dict().items()}
+    gate = threading.Event()
+    backend._in_background(gate.wait)  # the checkpoint thread is busy: the write of step 2 waits behind it
+    pending = start_checkpoint(backend, root, 2, world, meta, keep=None, background=True)
+    assert not pending.written_here()
+    assert latest_complete(root) == step_dir(root, 1)  # what a run killed now would resume from
+
+    train_one_step(backend, cfg)  # training goes on while the write waits
+    assert any(not torch.equal(v, at_step_2[k]) for k, v in model.state_dict().items())
+    gate.set()
+    pending.finish(world, backend)
+    assert latest_complete(root) == step_dir(root, 2) and read_meta(step_dir(root, 2))["step"] == 2
+    written = consolidated_state_dict(step_dir(root, 2))
+    assert all(torch.equal(written[k], v) for k, v in at_step_2.items())  # step 2's weights, not step 3's
+
+
+def test_a_failed_background_write_is_one_line_and_leaves_the_checkpoint_incomplete(tmp_path):
+    cfg = load_run_config(None, TINY)
+    world = World(rank=0, local_rank=0, size=1, local_size=1)
+    backend = Backend(cfg, world, torch.device("cpu"))
+    model, layers = build_model(cfg)
+    backend.wrap(model, layer_modules(model, layers))
+    root = tmp_path / "checkpoints"
+    gate = threading.Event()
+    backend._in_background(gate.wait)
+    pending = start_checkpoint(backend, root, 1, world, {"backend": "single"}, keep=None, background=True)
+    shutil.rmtree(step_dir(root, 1))  # the folder vanishes (a cleanup script, a lost mount) before the write
+    gate.set()
+    with pytest.raises(DistsetupError) as raised:
+        pending.finish(world, backend)
+    assert f"cannot write checkpoint {step_dir(root, 1)}: Parent directory" in str(raised.value)
+    assert latest_complete(root) is None
