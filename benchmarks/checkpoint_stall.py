@@ -10,6 +10,7 @@ synchronous checkpoint's write throughput (its bytes over its stall) beside torc
 same folder, timed in between."""
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -23,8 +24,8 @@ BACKENDS = {"single": 1, "fsdp": 2}  # backend -> processes
 
 
 def run_measure(a, backend: str, background: bool, work: Path):
-    """A function that trains once and returns (median stall, median step seconds, bytes of a checkpoint)."""
-    out = work / f"{backend}-{'async' if background else 'sync'}"
+    """A function that trains once, afresh, and returns (median stall, median step seconds, bytes of a checkpoint)."""
+    runs = itertools.count()
     overrides = [
         f"distributed.backend={backend}",
         f"training.checkpoint_interval={a.interval}",
@@ -33,6 +34,7 @@ def run_measure(a, backend: str, background: bool, work: Path):
     ]
 
     def measure() -> dict:
+        out = work / f"{backend}-{'async' if background else 'sync'}-{next(runs)}"
         launch(BACKENDS[backend], train_py_argv(a, out, overrides))
         summary = json.loads((out / "summary.json").read_text())
         checkpoints = sorted((out / "checkpoints").glob("step_*"))
