@@ -29,7 +29,7 @@ from distsetup.training.export import consolidated_state_dict
 # case -> (source run, --to, processes resuming it, their backend file, micro-batch, accumulation)
 CONVERSIONS = {
     "zero3 2 -> fsdp 2": ("zero3", "fsdp", 2, lambda: RUNS["fsdp_full"][2], 12, 1),
-    "ddp 2 -> deepspeed, zero1 on 3": ("ddp", "deepspeed", 3, lambda: ds_split("zero1", 3, 4), 4, 2),
+    "ddp 2 -> deepspeed, zero1 micro 4 x 3": ("ddp", "deepspeed", 2, lambda: ds_split("zero1", 2, 4), 4, 3),
 }
 
 

@@ -78,7 +78,7 @@ def jsonschema_valid(data, schema) -> bool:
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(data=st.data())
 def test_conforms_only_what_jsonschema_accepts(name, data):
     schema = load_schema(name)
