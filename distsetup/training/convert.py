@@ -104,18 +104,11 @@ def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
 
 
 def parameter_groups(model: dict) -> list[list[str]]:
-    """The parameter names in each optimizer param group of the model a run config's `model` section describes
-    (training.optim.param_groups), from the model built on the meta device: no memory, nothing downloaded."""
-    from distsetup.training.model import GPT, HFCausalLM
+    """The parameter names in each optimizer param group (training.optim.param_groups) of the model a run
+    config's `model` section describes, built on the meta device."""
+    from distsetup.formats.runconfig import ModelConfig
+    from distsetup.training.model import architecture_on_meta
     from distsetup.training.optim import names_by_group, param_groups
 
-    with torch.device("meta"):
-        if model["type"] == "hf":
-            from transformers import AutoConfig, AutoModelForCausalLM
-
-            config = AutoConfig.from_pretrained(model["hf_path"], local_files_only=True)
-            built: torch.nn.Module = HFCausalLM(AutoModelForCausalLM.from_config(config))
-        else:
-            keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout")
-            built = GPT(*(model[key] for key in keys))
+    built = architecture_on_meta(ModelConfig(**model))
     return names_by_group(built, param_groups(built, 0.0))

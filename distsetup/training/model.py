@@ -3,6 +3,7 @@
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -87,6 +88,8 @@ class GPT(nn.Module):
 class HFCausalLM(nn.Module):
     """A transformers causal LM behind the GPT interface (the data already shifts targets by one)."""
 
+    hf: Any  # the transformers PreTrainedModel (its config, _no_split_modules)
+
     def __init__(self, hf_model: nn.Module):
         super().__init__()
         self.hf = hf_model
@@ -96,6 +99,18 @@ class HFCausalLM(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+def architecture_on_meta(m) -> "GPT | HFCausalLM":
+    """The model a run config's model section `m` describes, built on the meta device: its parameters' names and
+    shapes without memory or weights (an hf model from its config.json alone; nothing is read or downloaded)."""
+    with torch.device("meta"):
+        if m.type == "gpt":
+            return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(m.hf_path, local_files_only=True)
+        return HFCausalLM(AutoModelForCausalLM.from_config(config))
 
 
 def require_transformers() -> None:

@@ -215,27 +215,18 @@ def count_on_meta(cfg) -> ModelShape:
     """Build the model on the meta device (no memory, no weights read) and count its parameters."""
     import torch  # noqa: F401  (ImportError here means: use the analytic count)
 
+    from distsetup.training.model import HFCausalLM, architecture_on_meta
+
     m = cfg.model
-    with torch.device("meta"):
-        if m.type == "gpt":
-            from distsetup.training.model import GPT
-
-            model = GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
-            layers, hidden, n_layer, heads, vocab = (
-                [m.layer_cls or "Block"],
-                m.n_embd,
-                m.n_layer,
-                m.n_head,
-                m.vocab_size,
-            )
-        else:
-            from transformers import AutoConfig, AutoModelForCausalLM
-
-            hf_cfg = AutoConfig.from_pretrained(m.hf_path, local_files_only=True)
-            model = AutoModelForCausalLM.from_config(hf_cfg)
-            layers = [m.layer_cls] if m.layer_cls else list(getattr(model, "_no_split_modules", None) or ["?"])
-            hidden, n_layer = hf_cfg.hidden_size, hf_cfg.num_hidden_layers
-            heads, vocab = hf_cfg.num_attention_heads, hf_cfg.vocab_size
+    model = architecture_on_meta(m)
+    if m.type == "gpt":
+        layers, hidden, n_layer, heads, vocab = [m.layer_cls or "Block"], m.n_embd, m.n_layer, m.n_head, m.vocab_size
+    else:
+        assert isinstance(model, HFCausalLM)  # model.type hf
+        hf_cfg = model.hf.config
+        layers = [m.layer_cls] if m.layer_cls else list(getattr(model.hf, "_no_split_modules", None) or ["?"])
+        hidden, n_layer = hf_cfg.hidden_size, hf_cfg.num_hidden_layers
+        heads, vocab = hf_cfg.num_attention_heads, hf_cfg.vocab_size
     unique = {id(p): p.numel() for p in model.parameters()}
     blocks = [mod for mod in model.modules() if type(mod).__name__ in layers]
     block = sum({id(p): p.numel() for p in blocks[0].parameters()}.values()) if blocks else None
