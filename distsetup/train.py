@@ -68,6 +68,9 @@ def load_config(args):
         if value := getattr(cfg.distributed, key):
             setattr(cfg.distributed, key, str(resolve_config_path(value, base_dir)))
     cfg.data.paths = [str(resolve_config_path(path, base_dir)) for path in cfg.data.paths]
+    cfg.data.val_paths = [str(resolve_config_path(path, base_dir)) for path in cfg.data.val_paths]
+    if cfg.model.tokenizer:
+        cfg.model.tokenizer = str(resolve_config_path(cfg.model.tokenizer, base_dir))
     return cfg
 
 
@@ -118,7 +121,8 @@ def train(cfg, args) -> int:
     from distsetup.formats.checkpoint_folder import find_resume, read_meta
     from distsetup.training import checkpoint as ckpt
     from distsetup.training.backends import make_backend
-    from distsetup.training.data import ShardedSampler, build_dataset
+    from distsetup.training.data import ShardedSampler, build_datasets, loss_weights
+    from distsetup.training.evaluation import evaluate
     from distsetup.training.export import load_weights
     from distsetup.training.metrics import MetricsLog, StepTimer
     from distsetup.training.model import build_model, check_model_fits, layer_modules
@@ -189,9 +193,17 @@ def train(cfg, args) -> int:
             say(f"--no_resume: moved the old checkpoints to {aside}")
         barrier()
 
-        # data
-        data = build_dataset(cfg)
-        sampler = ShardedSampler(len(data), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed)
+        # data: rank 0 tokenizes text into the cache (the others wait), every rank memory-maps it
+        data = build_datasets(cfg, eval_batch=backend.micro_batch * world.size)
+        for note in data.notes:
+            say(note)
+        sampler = ShardedSampler(
+            len(data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
+        )
+        max_steps = t.max_steps
+        if t.epochs is not None:
+            max_steps = t.epochs * (len(data.train) // global_batch)
+            say(f"{t.epochs} epochs of {len(data.train) // global_batch} steps: {max_steps} steps")
 
         # model (same seed on every rank: identical initial weights), then wrap
         torch.manual_seed(t.seed)
@@ -225,22 +237,27 @@ def train(cfg, args) -> int:
         # loop (the timer leaves checkpoint writes out of the throughput)
         out_dir.mkdir(parents=True, exist_ok=True)
         metrics = MetricsLog(out_dir, world.is_main)
-        bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
+        bar = tqdm(total=max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
         timer, first_step = StepTimer(), step
         agreement = StepAgreement(world.size, device)
         pending = None  # training.async_checkpoint: the checkpoint whose ranks are still writing in the background
-        while step < t.max_steps:
+        evals: list[dict] = []
+        while step < max_steps:
             lr = backend.current_lr()
-            micro_losses = []
-            for m, idx in enumerate(sampler.next_step()):
-                x, y = data[idx, :-1].to(device), data[idx, 1:].to(device)
-                micro_losses.append(backend.backward(x, y, last_micro=m == backend.accumulation - 1))
+            batches = [data.train.batch(idx) for idx in sampler.next_step()]
+            weights = [1.0] * len(batches)
+            if data.train.masked:  # micro-batches count different numbers of targets
+                weights = loss_weights([y for _, y in batches], world.size, device)
+            micro_losses = [
+                backend.backward(x.to(device), y.to(device), m == backend.accumulation - 1, weight)
+                for m, ((x, y), weight) in enumerate(zip(batches, weights, strict=True))
+            ]
             backend.step()
             step += 1
             timer.step_done()
             bar.update(1)
-            log_now = step % t.log_interval == 0 or step == t.max_steps
-            checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
+            log_now = step % t.log_interval == 0 or step == max_steps
+            checkpoint_now = step % t.checkpoint_interval == 0 or step == max_steps
             stop = False
             if log_now or checkpoint_now or agreement.due(step):
                 step_seconds = timer.median_step_seconds
@@ -253,6 +270,17 @@ def train(cfg, args) -> int:
             if log_now or stop:
                 metrics.write(step, loss=loss, lr=lr)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+            eval_now = step == max_steps or (t.eval_interval is not None and step % t.eval_interval == 0)
+            if data.val is not None and eval_now and not stop:
+                with timer.evaluating():
+                    result = evaluate(backend, data.val, world.rank, world.size, device)
+                evals.append({"step": step, **result})
+                metrics.write(step, "eval", **result)
+                if world.is_main:
+                    bar.write(
+                        f"step {step}: validation loss {result['val_loss']:.4f}, "
+                        f"perplexity {result['val_perplexity']:.2f}"
+                    )
             if stop or checkpoint_now:
                 with timer.checkpointing():
                     if pending is not None:  # the one before completes first
@@ -287,6 +315,9 @@ def train(cfg, args) -> int:
             summary = {
                 "steps": step,
                 "final_loss": loss,
+                "val_loss": evals[-1]["val_loss"] if evals else None,
+                "val_perplexity": evals[-1]["val_perplexity"] if evals else None,
+                "evals": evals,
                 "world_size": world.size,
                 "backend": backend.name,
                 "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size,
@@ -294,6 +325,7 @@ def train(cfg, args) -> int:
                 "train_seconds": seconds,
                 "checkpoint_seconds": timer.checkpoint_seconds,
                 "checkpoint_stalls": timer.checkpoint_stalls,
+                "eval_seconds": timer.eval_seconds,
                 "median_step_seconds": timer.median_step_seconds,
                 "zero_stage": backend.zero_stage,
                 "precision": backend.precision,

@@ -1,12 +1,11 @@
-"""The data side of src/train.py without processes: text files as samples and the ShardedSampler's order."""
+"""The order ranks read samples in (the ShardedSampler), without processes; and a data file found next to its config."""
 
 import json
 
 import pytest
 import torch
 
-from distsetup.errors import DistsetupError
-from distsetup.training.data import ShardedSampler, file_dataset
+from distsetup.training.data import ShardedSampler
 
 N, MICRO, ACC, SEED = 40, 3, 2, 11  # global batch 3 x 2 x 2 = 12: 3 steps per epoch, 4 samples never drawn
 
@@ -82,21 +81,6 @@ def test_a_position_stored_in_steps_is_read_as_samples():
     """Checkpoints written before the position was counted in samples stored optimizer steps."""
     (resumed,) = resumed_at({"epoch": 0, "position": 2, "global_batch": 12}, 12, 1, 1)
     assert resumed.state_dict() == {"epoch": 0, "samples": 24, "global_batch": 12}
-
-
-def test_text_and_jsonl_files_become_byte_samples(tmp_path):
-    (tmp_path / "a.txt").write_text("héllo world " * 10)
-    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "line one"}) + "\n\n" + json.dumps({"text": "two"}) + "\n")
-    data = file_dataset([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], 15, 256)
-    expected = ("héllo world " * 10 + "\nline one\ntwo").encode()
-    assert data.shape == (len(expected) // 16, 16)
-    assert bytes(data.flatten().tolist()) == expected[: data.numel()]
-
-
-def test_jsonl_without_text_field_names_the_line(tmp_path):
-    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "x"}) + "\n")
-    with pytest.raises(DistsetupError, match="bad.jsonl:2"):
-        file_dataset([str(tmp_path / "bad.jsonl")], 4, 256)
 
 
 def test_data_files_are_found_next_to_the_config_from_any_folder(tmp_path):

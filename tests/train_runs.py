@@ -174,11 +174,12 @@ def shared_run(name: str) -> Path:
 
 
 def losses(output_dir: Path) -> list[float]:
-    """The last logged loss of each step (a resumed run logs some steps twice)."""
+    """The last logged training loss of each step (a resumed run logs some steps twice)."""
     by_step = {}
     for line in (output_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        by_step[row["step"]] = row["loss"]
+        if "loss" in row:  # not an evaluation's line
+            by_step[row["step"]] = row["loss"]
     return [by_step[s] for s in sorted(by_step)]
 
 

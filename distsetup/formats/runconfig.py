@@ -20,6 +20,10 @@ from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
+FORMATS = ("text", "prompt_completion", "chat")
+TEXT_LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # datasets' builders
+TEXT_SUFFIXES = tuple(TEXT_LOADERS)
+TOKEN_SUFFIX = ".bin"  # a pre-tokenized token file
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of
 # hidden size 16-25k with 128 heads, vocabularies of 256k tokens, contexts of 10M tokens); a larger value is
@@ -52,14 +56,31 @@ class ModelConfig:
     dropout: float = setting(0.0, "dropout probability", minimum=0, maximum=1)
     hf_path: str | None = setting(None, "local folder with a config.json (and weights, if a checkpoint)")
     layer_cls: str | None = setting(None, "block class to shard and checkpoint; default: the model's own")
+    tokenizer: str | None = setting(
+        None, "local Hugging Face tokenizer folder (AutoTokenizer; nothing is downloaded); default: bytes (UTF-8)"
+    )
 
 
 @dataclass
 class DataConfig:
-    """Training data: a synthetic task, or the user's text/JSONL files tokenised byte-level."""
+    """Training data: a synthetic task, or the user's files, tokenized once into a cache that every rank maps."""
 
     type: str = setting("synthetic", "synthetic or files", enum=["synthetic", "files"])
-    paths: list[str] = setting([], "text or .jsonl files (with a 'text' field) for type: files; each must exist")
+    paths: list[str] = setting(
+        [], ".txt, .jsonl, .json or .parquet files, or one pre-tokenized .bin (with its .bin.json sidecar)"
+    )
+    val_paths: list[str] = setting([], "validation files, of the kind paths holds")
+    val_fraction: float = setting(
+        0.0, "hold out this fraction of the records (drawn with training.seed) for validation", minimum=0, maximum=0.5
+    )
+    format: str = setting(
+        "text", "text, prompt_completion or chat: what the records hold and which tokens carry loss", enum=list(FORMATS)
+    )
+    text_field: str = setting("text", "the field holding the text (format text)")
+    prompt_field: str = setting("prompt", "the field holding the prompt (format prompt_completion)")
+    completion_field: str = setting("completion", "the field holding the completion (format prompt_completion)")
+    messages_field: str = setting("messages", "the field holding the list of {role, content} messages (format chat)")
+    cache_dir: str | None = setting(None, "where tokenized text is kept; default: training.output_dir/token_cache")
     num_samples: int = setting(4096, "samples in the synthetic task", minimum=1)
 
 
@@ -71,6 +92,10 @@ class TrainingConfig:
     micro_batch_size: int = setting(8, "samples per process per forward pass", minimum=1)
     gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", minimum=1)
     max_steps: int = setting(200, "optimizer steps in the whole run", minimum=1)
+    epochs: int | None = setting(None, "passes over the training data, instead of max_steps", minimum=1)
+    eval_interval: int | None = setting(
+        None, "evaluate on the validation set every N steps (and at the end, always, when there is one)", minimum=1
+    )
     lr: float = setting(1e-3, "peak learning rate (before scaling)", exclusiveMinimum=0)
     min_lr_ratio: float = setting(0.1, "cosine decay ends at lr x this", minimum=0, maximum=1)
     warmup_steps: int = setting(20, "linear warmup steps", minimum=0)
@@ -185,7 +210,14 @@ def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
     problems += [p for p in _value_problems(raw) if p.path not in reported]
     if problems:
         return problems
-    return _cross_field_problems(_build(raw), base_dir)
+    return _cross_field_problems(_build(raw), base_dir) + _step_count_problems(raw)
+
+
+def _step_count_problems(raw: dict) -> list[Problem]:
+    training = raw.get("training") or {}
+    if "epochs" in training and "max_steps" in training:
+        return [Problem("training.epochs", "epochs and max_steps are both set.", "keep one of them.")]
+    return []
 
 
 def _key_problems(data, path=()) -> list[Problem]:
@@ -328,23 +360,7 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                 "model.hf_path", "model type hf needs hf_path.", "point hf_path at a local folder with a config.json."
             )
         )
-    if config.data.type == "files" and not config.data.paths:
-        problems.append(
-            Problem(
-                "data.paths",
-                "data type files needs at least one path.",
-                "list your .txt or .jsonl files under data.paths.",
-            )
-        )
-    for i, name in enumerate(config.data.paths if config.data.type == "files" else []):
-        if not resolve_config_path(name, base_dir).is_file():
-            problems.append(
-                Problem(
-                    f"data.paths[{i}]",
-                    f"file {name} does not exist.",
-                    "correct the path (a relative one is read from the working directory, else next to the config).",
-                )
-            )
+    problems += _data_problems(config, base_dir)
     if training.scale_lr != "none" and training.base_batch_size is None:
         problems.append(
             Problem(
@@ -352,6 +368,72 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                 f"scale_lr {training.scale_lr} needs base_batch_size.",
                 "set base_batch_size to the global batch size your lr was tuned for.",
             )
+        )
+    return problems
+
+
+def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    data, model, training = config.data, config.model, config.training
+    problems = []
+    if model.tokenizer and base_dir is not None and not resolve_config_path(model.tokenizer, base_dir).is_dir():
+        problems.append(
+            Problem("model.tokenizer", f"folder {model.tokenizer} does not exist.", "point it at a tokenizer folder.")
+        )
+    if training.eval_interval and not (data.val_paths or data.val_fraction):
+        problems.append(
+            Problem(
+                "training.eval_interval",
+                "there is no validation set to evaluate.",
+                "set data.val_paths or data.val_fraction, or drop eval_interval.",
+            )
+        )
+    if data.type != "files":
+        return problems
+    if not data.paths:
+        problems.append(
+            Problem("data.paths", "data type files needs at least one path.", "list your data files under data.paths.")
+        )
+        return problems
+    if data.val_paths and data.val_fraction:
+        problems.append(Problem("data.val_fraction", "val_paths and val_fraction are both set.", "keep one of them."))
+    tokens = data.paths[0].endswith(TOKEN_SUFFIX)
+    for key in ("paths", "val_paths"):
+        for i, name in enumerate(getattr(data, key)):
+            where = f"data.{key}[{i}]"
+            if not name.endswith((*TEXT_SUFFIXES, TOKEN_SUFFIX)):
+                problems.append(
+                    Problem(where, f"{name} is not a {', '.join(TEXT_SUFFIXES)} or {TOKEN_SUFFIX} file.", "rename it.")
+                )
+            elif name.endswith(TOKEN_SUFFIX) != tokens or (tokens and i > 0):
+                problems.append(
+                    Problem(
+                        where,
+                        f"{name}: a pre-tokenized .bin file is the only file of its split.",
+                        "list one .bin in paths (and one in val_paths), or text files only.",
+                    )
+                )
+            elif data.format != "text" and name.endswith(".txt"):
+                problems.append(
+                    Problem(
+                        where, f"format {data.format} reads fields of records; {name} is plain text.", "use .jsonl."
+                    )
+                )
+            elif not resolve_config_path(name, base_dir).is_file():
+                problems.append(
+                    Problem(
+                        where,
+                        f"file {name} does not exist.",
+                        "correct the path (a relative one is read from the working directory, else next to the "
+                        "config).",
+                    )
+                )
+    if tokens and data.val_fraction:
+        problems.append(
+            Problem("data.val_fraction", "a pre-tokenized .bin is not split.", "name a validation .bin in val_paths.")
+        )
+    if data.format == "chat" and not model.tokenizer:
+        problems.append(
+            Problem("data.format", "format chat needs a chat template.", "set model.tokenizer to a tokenizer folder.")
         )
     return problems
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
 from distsetup.training import memory, universal_folder
 from distsetup.training.checkpoint import atomic_save, copied_to_cpu
+from distsetup.training.data import IGNORE
 from distsetup.training.named_state import checkpoint_layout, described, layout, named_state, refuse_unreadable
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
@@ -48,14 +50,26 @@ class Backend:
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
-    def backward(self, x, y, last_micro: bool) -> torch.Tensor:
-        """Forward and backward one micro-batch, returning its loss (left on the device: reading it would make
-        the host wait for the device); gradients are synchronised on the last micro-batch only."""
+    def backward(self, x, y, last_micro: bool, weight: float = 1.0) -> torch.Tensor:
+        """Forward and backward one micro-batch, returning its loss times `weight` (left on the device: reading
+        it would make the host wait for the device); gradients are synchronised on the last micro-batch only."""
         with self._sync(last_micro), self._autocast():
-            loss = self._forward(x, y)
+            loss = self._forward(x, y) * weight
         scaled = loss / self.accumulation
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return loss.detach()
+
+    def evaluate(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed loss of a validation micro-batch over its counted targets, and their number; no gradients,
+        dropout off."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                logits = self.model(x)
+        finally:
+            self.model.train()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
+        return loss, (y != IGNORE).sum()
 
     def step(self) -> None:
         """Clip, update, advance the schedule, drop the gradients."""

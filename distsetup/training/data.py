@@ -1,11 +1,18 @@
-"""Training data and the order ranks read it in: a synthetic task or byte-level text files."""
+"""Training and validation data, and the order ranks read it in: a synthetic task, or the user's files as
+memory-mapped token files (token_files.py)."""
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 from distsetup.errors import DistsetupError
+from distsetup.training.model import embedding_rows
+from distsetup.training.token_files import cached_tokens, check_ids, open_token_file
+from distsetup.training.tokenizer import check_vocabulary, load_tokenizer
+from distsetup.training.world import decided_by_rank0
 
 
 def synthetic_dataset(num_samples: int, block_size: int, vocab_size: int, seed: int) -> torch.Tensor:
@@ -20,52 +27,125 @@ def synthetic_dataset(num_samples: int, block_size: int, vocab_size: int, seed: 
     return (start + stride * torch.arange(block_size + 1)) % vocab_size
 
 
-def file_dataset(paths: list[str], block_size: int, vocab_size: int) -> torch.Tensor:
-    """Text files (or JSONL with a "text" field) as bytes, cut into windows of block_size + 1 tokens."""
-    if vocab_size < 256:
-        raise DistsetupError(
-            f"byte-level text needs model.vocab_size >= 256, not {vocab_size}.", "set model.vocab_size: 256."
-        )
-    chunks = []
-    for name in paths:
-        path = Path(name)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise DistsetupError(f"cannot read data file {path}: {e}.", "check data.paths.")
-        if path.suffix == ".jsonl":
-            text = "\n".join(_jsonl_texts(path, text))
-        if not text:
-            raise DistsetupError(f"data file {path} is empty.", "add text to it or remove it from data.paths.")
-        chunks.append(text.encode("utf-8"))
-    corpus = b"\n".join(chunks)
-    n = len(corpus) // (block_size + 1)
-    if n == 0:
-        raise DistsetupError(
-            f"data.paths hold {len(corpus)} bytes, fewer than one sample of {block_size + 1}.",
-            "add text or lower model.block_size.",
-        )
-    tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()
-    return tokens[: n * (block_size + 1)].view(n, block_size + 1)
+IGNORE = -100  # the target of an id that carries no loss (F.cross_entropy's ignore_index)
 
 
-def _jsonl_texts(path: Path, text: str):
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)["text"]
-            except (ValueError, KeyError, TypeError):
-                raise DistsetupError(
-                    f"{path}:{number} is not a JSON object with a 'text' field.",
-                    'write one {"text": ...} object per line.',
-                )
+class TokenBlocks:
+    """Samples of block_size + 1 token ids (in memory, or memory-mapped token files) and, for instruction data,
+    which ids count in the loss. A batch is each block's first block_size ids as the input and its last block_size
+    as the targets, IGNORE where an id does not count."""
+
+    def __init__(self, tokens: np.ndarray, loss: np.ndarray | None = None):
+        self.tokens, self.loss = tokens, loss
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def masked(self) -> bool:
+        """Whether some targets carry no loss (so micro-batches hold different numbers of counted targets)."""
+        return self.loss is not None
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = idx.numpy()
+        blocks = torch.from_numpy(self.tokens[rows].astype(np.int64))
+        x, y = blocks[:, :-1], blocks[:, 1:].clone()
+        if self.loss is not None:
+            y[torch.from_numpy(self.loss[rows][:, 1:] == 0)] = IGNORE
+        return x, y
 
 
-def build_dataset(cfg) -> torch.Tensor:
-    m, d = cfg.model, cfg.data
+def loss_weights(targets: list[torch.Tensor], world_size: int, device: torch.device) -> list[float]:
+    """Each micro-batch's loss weight for a step whose micro-batches count different numbers of targets
+    (instruction data): the backends average the micro-batches' mean losses over micro-batches and ranks, which
+    would weigh a micro-batch of 3 counted targets as much as one of 300; weighted, the step's loss (and gradient)
+    is the mean over every counted target of the step, on every rank. One all-reduce of a number per step."""
+    counted = torch.stack([(y != IGNORE).sum() for y in targets]).double().to(device)
+    total = counted.sum()
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return (counted * (len(targets) * world_size) / total).tolist()
+
+
+@dataclass(frozen=True)
+class Datasets:
+    train: TokenBlocks
+    val: TokenBlocks | None
+    notes: list[str]  # what rank 0 says about them (a cache built or rebuilt)
+
+
+def build_datasets(cfg, eval_batch: int) -> Datasets:
+    """The training and validation blocks of the run config `cfg`: the synthetic task in memory, or token files
+    memory-mapped (the user's, or the cache rank 0 tokenizes text into while the other ranks wait).
+    `eval_batch`: the blocks one evaluation step takes over all ranks (the fewest a validation set may hold)."""
+    m, d, t = cfg.model, cfg.data, cfg.training
     if d.type == "synthetic":
-        return synthetic_dataset(d.num_samples, m.block_size, m.vocab_size, cfg.training.seed)
-    return file_dataset(d.paths, m.block_size, m.vocab_size)
+        train = synthetic_dataset(d.num_samples, m.block_size, m.vocab_size, t.seed)
+        held_out = round(d.num_samples * d.val_fraction)
+        val = synthetic_dataset(held_out, m.block_size, m.vocab_size, t.seed + 1) if held_out else None
+        datasets = Datasets(TokenBlocks(train.numpy()), None if val is None else TokenBlocks(val.numpy()), [])
+    else:
+        files = decided_by_rank0(lambda: prepared_token_files(cfg))
+        opened = {
+            split: open_token_file(Path(path), m.block_size + 1, files["tokenizer"], setting)
+            for split, (path, setting) in files["splits"].items()
+        }
+        blocks = {split: TokenBlocks(f.tokens, f.loss) for split, f in opened.items()}
+        datasets = Datasets(blocks["train"], blocks.get("val"), files["notes"])
+    _check_sizes(datasets, cfg, eval_batch)
+    return datasets
+
+
+def prepared_token_files(cfg) -> dict:
+    """Rank 0: the token files of each split, checked against the run's tokenizer and model, text tokenized into
+    the cache first; {"splits": {split: (path, setting)}, "tokenizer": fingerprint, "notes": [...]}."""
+    m, d, t = cfg.model, cfg.data, cfg.training
+    tokenizer = load_tokenizer(m.tokenizer)
+    rows, where = embedding_rows(m)
+    check_vocabulary(tokenizer, rows, where)
+    width = m.block_size + 1
+    if is_token_file(d.paths[0]):
+        splits = {"train": (d.paths[0], "data.paths[0]")}
+        if d.val_paths:
+            splits["val"] = (d.val_paths[0], "data.val_paths[0]")
+        for path, setting in splits.values():
+            check_ids(open_token_file(Path(path), width, tokenizer.fingerprint, setting), Path(path), rows, where)
+        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": []}
+    cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
+    folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)
+    if counts["train"]["blocks"] == 0:
+        raise DistsetupError(f"data.paths hold no whole block of {width} ids.", "add data or lower model.block_size.")
+    if counts.get("val", {"blocks": 1})["blocks"] == 0:
+        raise DistsetupError(
+            "the validation split is empty"
+            + (f": data.val_fraction {d.val_fraction} drew no sample." if not d.val_paths else "."),
+            "raise data.val_fraction, or name validation files in data.val_paths.",
+        )
+    splits = {split: (str(folder / f"{split}.bin"), f"the token cache's {split}.bin") for split in counts}
+    cut = sum(c["truncated"] for c in counts.values())
+    left_out = sum(c["dropped"] for c in counts.values())
+    notes = [rebuilt] if rebuilt else []
+    sizes = ", ".join(f"{c['blocks']} {split} blocks" for split, c in counts.items())
+    notes.append(f"data: {sizes} of {width} ids in {folder}")
+    if cut or left_out:
+        notes.append(f"data: {cut} samples cut to a block's length, {left_out} left out (no target left to learn)")
+    return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
+
+
+def is_token_file(path: str) -> bool:
+    return path.endswith(".bin")
+
+
+def _check_sizes(datasets: Datasets, cfg, eval_batch: int) -> None:
+    """A validation set fills at least one evaluation batch (the training set, one global batch: ShardedSampler)."""
+    d = cfg.data
+    if datasets.val is not None and len(datasets.val) < eval_batch:
+        source = "data.val_paths" if d.val_paths else f"data.val_fraction {d.val_fraction}"
+        raise DistsetupError(
+            f"the validation set ({source}) has {len(datasets.val)} blocks, fewer than one evaluation batch of "
+            f"{eval_batch} (micro-batch x world size).",
+            "add validation data or raise data.val_fraction.",
+        )
 
 
 class ShardedSampler:

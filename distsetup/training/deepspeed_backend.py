@@ -6,6 +6,7 @@ ds_to_universal, any other written from its named state. ZeRO-0 keeps the whole 
 one file, which any world size loads as it is, and takes other backends' state as the torch backends do.
 """
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -113,8 +114,11 @@ class DeepSpeedBackend(Backend):
     def _plain_model(self):
         return self.engine.module
 
-    def backward(self, x, y, last_micro):
-        loss = self._forward(x, y)
+    def _autocast(self):
+        return contextlib.nullcontext()  # the engine casts as its file says
+
+    def backward(self, x, y, last_micro, weight=1.0):
+        loss = self._forward(x, y) * weight
         self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter

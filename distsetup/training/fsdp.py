@@ -1,5 +1,6 @@
 """FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
 
+import contextlib
 import copy
 
 import torch
@@ -93,6 +94,9 @@ class FSDPBackend(Backend):
             return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("replicate", "shard"))
         return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("shard",))
 
+    def _autocast(self):
+        return contextlib.nullcontext()  # the mixed-precision policy casts
+
     def _mixed_precision(self):
         if self.precision == "fp32":
             return MixedPrecisionPolicy()
@@ -107,9 +111,9 @@ class FSDPBackend(Backend):
             return OffloadPolicy()
         return CPUOffloadPolicy(pin_memory=True)
 
-    def backward(self, x, y, last_micro):
+    def backward(self, x, y, last_micro, weight=1.0):
         self.model.set_requires_gradient_sync(last_micro)
-        loss = self._forward(x, y)
+        loss = self._forward(x, y) * weight
         (loss / self.accumulation).backward()
         return loss.detach()
 

@@ -16,14 +16,15 @@ class MetricsLog:
         self.jsonl = open(out_dir / "metrics.jsonl", "a") if enabled else None
         self.tensorboard = tensorboard_writer(out_dir / "tensorboard") if enabled else None
 
-    def write(self, step: int, **values: float) -> None:
+    def write(self, step: int, section: str = "train", **values: float) -> None:
+        """One line of `values` at `step`; TensorBoard files them under `section` (train, eval)."""
         if self.jsonl is None:
             return
         self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
             for key, value in values.items():
-                self.tensorboard.add_scalar(f"train/{key}", value, step)
+                self.tensorboard.add_scalar(f"{section}/{key}", value, step)
             self.tensorboard.flush()
 
     def close(self) -> None:
@@ -43,11 +44,12 @@ def tensorboard_writer(folder: Path):
 
 
 class StepTimer:
-    """Seconds spent in training steps, checkpoint writes left out: in all (what throughput divides by) and for
-    each of the latest steps (their median is the steady pace, without the first step's one-off costs)."""
+    """Seconds spent in training steps, checkpoint writes and evaluations left out: in all (what throughput divides
+    by) and for each of the latest steps (their median is the steady pace, without the first step's one-off
+    costs)."""
 
     def __init__(self, window: int = 1000):
-        self.train_seconds = self.checkpoint_seconds = 0.0
+        self.train_seconds = self.checkpoint_seconds = self.eval_seconds = 0.0
         self.checkpoint_stalls: list[float] = []  # seconds the loop waited, per checkpoint (and the final wait)
         self.recent_steps: deque[float] = deque(maxlen=window)
         self._step_began, self._paused = time.perf_counter(), 0.0
@@ -65,11 +67,23 @@ class StepTimer:
 
     @contextlib.contextmanager
     def checkpointing(self):
-        began = time.perf_counter()
-        try:
+        with self._pause() as seconds:
             yield
+        self.checkpoint_seconds += seconds[0]
+        self.checkpoint_stalls.append(seconds[0])
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        with self._pause() as seconds:
+            yield
+        self.eval_seconds += seconds[0]
+
+    @contextlib.contextmanager
+    def _pause(self):
+        """Time left out of the current step; yields a list that holds the seconds once the block is over."""
+        began, seconds = time.perf_counter(), [0.0]
+        try:
+            yield seconds
         finally:
-            seconds = time.perf_counter() - began
-            self.checkpoint_seconds += seconds
-            self.checkpoint_stalls.append(seconds)
-            self._paused += seconds
+            seconds[0] = time.perf_counter() - began
+            self._paused += seconds[0]

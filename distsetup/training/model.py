@@ -154,6 +154,19 @@ def build_model(cfg) -> tuple[nn.Module, list[str]]:
     return HFCausalLM(hf), layers
 
 
+def embedding_rows(m) -> tuple[int, str]:
+    """The rows of the embedding of the model section `m`'s model (the ids it can read) and where that is set."""
+    if m.type == "gpt":
+        return m.vocab_size, "model.vocab_size"
+    require_transformers()
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(m.hf_path, local_files_only=True).vocab_size, f"{m.hf_path}'s vocab_size"
+    except (OSError, ValueError) as e:
+        raise DistsetupError(f"model.hf_path {m.hf_path}: {e}.", "point it at a folder with a config.json.") from None
+
+
 def check_model_fits(cfg, processes_per_node: int) -> None:
     """Every process of a node builds the whole model in CPU memory first (4 bytes a parameter): refuse, before
     any process group, a built-in GPT that cannot be built, rather than a traceback from the allocator or a

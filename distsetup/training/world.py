@@ -89,12 +89,21 @@ LOST_PEER = (
 
 
 def decided_by_rank0(decide: Callable[[], T]) -> T:
-    """Rank 0's answer of `decide()` on every rank (one broadcast); without a process group, the answer here."""
+    """Rank 0's answer of `decide()` on every rank (one broadcast), or rank 0's DistsetupError raised on every rank;
+    without a process group, the answer here."""
     if not dist.is_initialized():
         return decide()
-    answer = [decide() if dist.get_rank() == 0 else None]
+    answer: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            answer = [("answer", decide())]
+        except DistsetupError as e:
+            answer = [("error", (e.problem, e.hint))]
     dist.broadcast_object_list(answer, src=0)
-    return answer[0]  # type: ignore[return-value]  # rank 0's T, unpickled
+    kind, value = answer[0]
+    if kind == "error":
+        raise DistsetupError(*value)
+    return value
 
 
 def last_line(error: BaseException) -> str:
