@@ -20,20 +20,10 @@ from pathlib import Path
 
 from common import BIN, add_run_arguments, alternate, launch, machine, record, reference_argv, table, train_py_argv
 
+from distsetup.training import throughput
+from distsetup.training.throughput import peak_tflops
+
 GOAL = 0.40
-# Dense bf16 peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
-PEAK_BF16_TFLOPS = {
-    "H200 NVL": 835,
-    "H200": 989,
-    "H100 PCIe": 756,
-    "H100 NVL": 835,
-    "H100": 989,
-    "A100": 312,
-    "L40S": 362,
-    "L40": 181,
-    "A10G": 70,
-    "L4": 121,
-}
 RUNS = ["train.py single", "train.py fsdp", "train.py zero3", "reference loop"]
 PLANNED_AS = {
     "train.py single": "ddp",
@@ -43,26 +33,21 @@ PLANNED_AS = {
 }  # `distsetup plan` strategy for each run (one GPU: DDP is plain)
 
 
-def peak_tflops(device_name: str) -> float | None:
-    return next((peak for name, peak in PEAK_BF16_TFLOPS.items() if name in device_name), None)
+def parameters(a) -> int:
+    return sum(p.numel() for p in gpt_on_meta(a).parameters())
 
 
-def parameters(a, matmul_only: bool = False) -> int:
-    """The built-in GPT's parameters, counted on the meta device; `matmul_only` leaves out the embedding
-    tables, which are looked up, not multiplied (as the FLOPs count wants)."""
+def flops_per_token(a) -> float:
+    return throughput.flops_per_token(gpt_on_meta(a), a.block_size)
+
+
+def gpt_on_meta(a):
     import torch
 
     from distsetup.training.model import GPT
 
     with torch.device("meta"):
-        model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)
-    return sum(
-        p.numel() for name, p in model.named_parameters() if not (matmul_only and name.startswith(("wte.", "wpe.")))
-    )
-
-
-def flops_per_token(a) -> float:
-    return 6 * parameters(a, matmul_only=True) + 12 * a.n_layer * a.n_embd * a.block_size
+        return GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)
 
 
 def measure_train_py(run: str, work: Path, a):

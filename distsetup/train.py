@@ -124,9 +124,10 @@ def train(cfg, args) -> int:
     from distsetup.training.data import ShardedSampler, build_datasets, loss_weights
     from distsetup.training.evaluation import evaluate
     from distsetup.training.export import load_weights
-    from distsetup.training.metrics import MetricsLog, StepTimer
+    from distsetup.training.metrics import MetricsLog, StepTimer, reporters
     from distsetup.training.model import build_model, check_model_fits, layer_modules
     from distsetup.training.run_lock import OutputDirLock
+    from distsetup.training.throughput import device_peak_tflops, flops_per_token, mfu
     from distsetup.training.world import (
         StepAgreement,
         barrier,
@@ -152,6 +153,7 @@ def train(cfg, args) -> int:
     if lr_scaled:
         backend.lr = scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr)
     check_model_fits(cfg, world.local_size)
+    report_to = reporters(t.report_to)
     out_dir, ckpt_root = Path(t.output_dir), Path(t.output_dir) / "checkpoints"
     lock = OutputDirLock(out_dir)
     if world.is_main:
@@ -209,6 +211,8 @@ def train(cfg, args) -> int:
         torch.manual_seed(t.seed)
         model, layer_classes = build_model(cfg)
         blocks = layer_modules(model, layer_classes)
+        flops = flops_per_token(model, cfg.model.block_size)  # counted before sharding: the whole model
+        peak = t.peak_tflops or device_peak_tflops(device, backend.precision)
         if args.init_from:
             load_weights(model, args.init_from)
         backend.wrap(model, blocks)
@@ -236,7 +240,15 @@ def train(cfg, args) -> int:
 
         # loop (the timer leaves checkpoint writes out of the throughput)
         out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = MetricsLog(out_dir, world.is_main)
+        wandb_settings = {
+            "project": t.wandb_project,
+            "name": t.run_name,
+            "tags": t.wandb_tags,
+            "config": dataclasses.asdict(cfg),
+        }
+        metrics = MetricsLog(out_dir, world.is_main, report_to, wandb_settings)
+        tokens_per_step = global_batch * cfg.model.block_size
+        logged = (step, 0.0)  # the step and training seconds of the last log line: tokens/s since then
         bar = tqdm(total=max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
         timer, first_step = StepTimer(), step
         agreement = StepAgreement(world.size, device)
@@ -268,7 +280,12 @@ def train(cfg, args) -> int:
                     pending.finish(world, backend)
                     pending = None
             if log_now or stop:
-                metrics.write(step, loss=loss, lr=lr)
+                steps, seconds = step - logged[0], timer.train_seconds - logged[1]
+                tokens_per_s = steps * tokens_per_step / max(seconds, 1e-9)
+                logged = (step, timer.train_seconds)
+                metrics.write(
+                    step, loss=loss, lr=lr, tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, flops, world.size, peak)
+                )
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
             eval_now = step == max_steps or (t.eval_interval is not None and step % t.eval_interval == 0)
             if data.val is not None and eval_now and not stop:
@@ -306,7 +323,6 @@ def train(cfg, args) -> int:
             with timer.checkpointing():
                 pending.finish(world, backend)
         bar.close()
-        metrics.close()
 
         # teardown: rank 0's summary; the process group goes in `finally`
         if world.is_main:
@@ -320,7 +336,10 @@ def train(cfg, args) -> int:
                 "evals": evals,
                 "world_size": world.size,
                 "backend": backend.name,
-                "tokens_per_s": steps_per_s * global_batch * cfg.model.block_size,
+                "tokens_per_s": steps_per_s * tokens_per_step,
+                "mfu": mfu(steps_per_s * tokens_per_step, flops, world.size, peak),
+                "peak_tflops": peak,
+                "flops_per_token": flops,
                 "steps_per_s": steps_per_s,
                 "train_seconds": seconds,
                 "checkpoint_seconds": timer.checkpoint_seconds,
@@ -334,6 +353,7 @@ def train(cfg, args) -> int:
                 "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             }
             (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            metrics.summarize(summary)
             say(
                 f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}"

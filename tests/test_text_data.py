@@ -13,7 +13,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import DataConfig, ModelConfig, RunConfig, TrainingConfig, load_run_config
 from distsetup.training.data import IGNORE, build_datasets, loss_weights
 from distsetup.training.samples import SampleEncoder
-from distsetup.training.token_files import BlockWriter, open_token_file
+from distsetup.training.token_files import BlockWriter
 from distsetup.training.tokenizer import ByteTokenizer, load_tokenizer
 
 pytest.importorskip("transformers")

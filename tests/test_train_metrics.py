@@ -9,13 +9,20 @@ import types
 import pytest
 import torch
 
-from distsetup.training.metrics import MetricsLog, StepTimer
+from distsetup.errors import DistsetupError
+from distsetup.training.metrics import MetricsLog, StepTimer, reporters
 from distsetup.training.world import StepAgreement
 
 
 def test_jsonl_always_and_no_tensorboard_folder_without_tensorboard(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    log = MetricsLog(tmp_path, enabled=True)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "tensorboard" else real_find_spec(name)
+    )
+    assert reporters(None) == []  # unset: TensorBoard only where it is installed
+    with pytest.raises(DistsetupError, match="training.report_to names tensorboard, which is not installed"):
+        reporters(["tensorboard"])
+    log = MetricsLog(tmp_path, enabled=True, report_to=reporters(None))
     log.write(1, loss=2.5, lr=1e-3)
     log.write(2, loss=2.0, lr=2e-3)
     log.close()
@@ -41,8 +48,8 @@ def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):
             calls.append(("closed",))
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
-    log = MetricsLog(tmp_path, enabled=True)
-    log.write(3, loss=1.5, lr=4e-4)
+    log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
+    log.write(3, loss=1.5, lr=4e-4, mfu=None)  # an unknown figure is left out
     log.close()
     assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3), ("closed",)]
 
@@ -56,7 +63,7 @@ def test_other_ranks_write_nothing(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed")
 def test_real_tensorboard_writes_event_files(tmp_path):
-    log = MetricsLog(tmp_path, enabled=True)
+    log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
     log.write(1, loss=1.0)
     log.close()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
@@ -87,3 +94,77 @@ def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
     assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
     assert agreement.settle(21, [torch.tensor(1.0)], True, 3.0, True) == (1.0, True, False)  # a write goes on
     assert agreement.due(22)  # steps longer than the period: every step
+
+
+def wandb_history(run_folder) -> tuple[object, list[dict]]:
+    """The run record and the history rows of a W&B offline run folder, read from its .wandb file: W&B's
+    header, then LevelDB's log format (32 KiB blocks of records with a 7-byte header: crc, length, type)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_folder.glob("run-*.wandb")
+    data, position, pending, run, rows = path.read_bytes(), 7, b"", None, []
+    assert data[:4] == b":W&B"
+    while position + 7 <= len(data):
+        if (left := 32768 - position % 32768) < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "run":
+                run = record.run
+            elif record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
+    return run, rows
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_path, monkeypatch):
+    from train_runs import train, write_config
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    training = {"max_steps": 6, "log_interval": 2, "checkpoint_interval": 6, "eval_interval": 3, "micro_batch_size": 4}
+    training |= {"report_to": ["wandb"], "run_name": "tiny", "wandb_project": "distsetup-tests", "wandb_tags": ["ci"]}
+    config = write_config(tmp_path, "single", "single", None, training, data={"num_samples": 256, "val_fraction": 0.1})
+    assert train(config, 1).returncode == 0
+    assert train(config, 1, "training.max_steps=10").returncode == 0  # resumes at step 6
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    first, resumed = sorted((tmp_path / "out" / "wandb").glob("offline-run-*"))
+    run_id = (tmp_path / "out" / "wandb_run_id").read_text()
+    logged = {}
+    for folder in (first, resumed):
+        run, rows = wandb_history(folder)
+        assert (run.run_id, run.display_name, run.project, list(run.tags)) == (
+            run_id,
+            "tiny",
+            "distsetup-tests",
+            ["ci"],
+        )
+        logged.update({row["_step"]: row for row in rows})
+    for line in metrics:
+        section = "train" if "loss" in line else "eval"
+        for key, value in line.items():
+            if key != "step":
+                assert logged[line["step"]][f"{section}/{key}"] == pytest.approx(value, rel=1e-12), (line, key)
+    assert sorted(logged) == [2, 3, 4, 6, 8, 9, 10] and "train/tokens_per_s" in logged[10]
+
+
+def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_lookups(tmp_path):
+    pytest.importorskip("transformers")
+    from text_data import write_llama
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.model import HFCausalLM
+    from distsetup.training.throughput import flops_per_token, mfu
+
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path, vocab_size=300)))
+    model = HFCausalLM(hf)
+    multiplied = sum(p.numel() for p in hf.parameters()) - hf.model.embed_tokens.weight.numel()  # lm_head counts
+    assert flops_per_token(model, 64) == 6 * multiplied + 12 * 2 * 32 * 64
+    assert mfu(1000.0, 2e9, 2, 1.0) == pytest.approx(1.0) and mfu(1000.0, 2e9, 2, None) is None

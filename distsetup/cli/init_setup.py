@@ -246,7 +246,7 @@ def run_config(answers: Answers, model: Model, choice: Choice) -> dict:
             "gradient_accumulation_steps": choice.accumulation,
             "max_steps": answers.max_steps,
             "precision": answers.precision,
-            "activation_checkpointing": choice.activation_checkpointing,
+            "activation_checkpointing": "full" if choice.activation_checkpointing else "none",
             "checkpoint_interval": min(answers.max_steps, 200),
             "output_dir": f"runs/{model.name}",
         },

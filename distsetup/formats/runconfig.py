@@ -21,6 +21,8 @@ from distsetup.formats.reading import parse_yaml, read_yaml
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 FORMATS = ("text", "prompt_completion", "chat")
+REPORTERS = ("tensorboard", "wandb")
+CHECKPOINTING = ("none", "full", "selective")  # besides metrics.jsonl, which is always written
 TEXT_LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # datasets' builders
 TEXT_SUFFIXES = tuple(TEXT_LOADERS)
 TOKEN_SUFFIX = ".bin"  # a pre-tokenized token file
@@ -105,7 +107,13 @@ class TrainingConfig:
     precision: str = setting("fp32", "fp32, bf16 or fp16", enum=list(PRECISIONS))
     scale_lr: str = setting("none", "scale lr with the global batch: none, linear or sqrt", enum=list(RULES))
     base_batch_size: int | None = setting(None, "global batch size that lr was tuned for", minimum=1)
-    activation_checkpointing: bool = setting(False, "recompute block activations in backward")
+    activation_checkpointing: str = setting(
+        "none",
+        "recompute each block's activations in backward: none, full, or selective (all but its matmul and "
+        "attention outputs); true and false read as full and none",
+        enum=list(CHECKPOINTING),
+    )
+    compile: bool = setting(False, "torch.compile each block (with its activation checkpointing)")
     checkpoint_interval: int = setting(50, "save every N steps (and at the end)", minimum=1)
     keep_checkpoints: int | None = setting(
         None,
@@ -117,6 +125,19 @@ class TrainingConfig:
     )
     output_dir: str = setting("runs/demo", "checkpoints, metrics and the run summary")
     log_interval: int = setting(10, "print and log metrics every N steps", minimum=1)
+    report_to: list[str] | None = setting(
+        None,
+        "where metrics go besides metrics.jsonl: tensorboard, wandb; default: tensorboard where it is installed",
+        items={"type": "string", "enum": list(REPORTERS)},
+    )
+    run_name: str | None = setting(None, "the run's name in W&B; default: W&B's own")
+    wandb_project: str | None = setting(None, "the W&B project; default: WANDB_PROJECT, else W&B's own")
+    wandb_tags: list[str] = setting([], "the W&B run's tags")
+    peak_tflops: float | None = setting(
+        None,
+        "one device's dense peak TFLOP/s in the training precision, for MFU; default: the GPU's bf16/fp16 figure",
+        exclusiveMinimum=0,
+    )
 
 
 @dataclass
@@ -171,7 +192,10 @@ def _json_type(hint) -> dict:
     if typing.get_origin(hint) is list:
         return {"type": "array", "items": {"type": names[args[0]]}}
     if type(None) in args:
-        return {"type": [names[a] for a in args if a is not type(None)] + ["null"]}
+        (inner,) = [a for a in args if a is not type(None)]
+        if typing.get_origin(inner) is list:
+            return {"type": ["array", "null"], "items": {"type": names[typing.get_args(inner)[0]]}}
+        return {"type": [names[inner], "null"]}
     return {"type": names[hint]}
 
 
@@ -205,6 +229,7 @@ def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
     problems = _key_problems(raw)
     if problems:
         return problems
+    _read_old_spellings(raw)
     problems = schema_problems(raw, "run_config")
     reported = {p.path for p in problems}
     problems += [p for p in _value_problems(raw) if p.path not in reported]
@@ -218,6 +243,13 @@ def _step_count_problems(raw: dict) -> list[Problem]:
     if "epochs" in training and "max_steps" in training:
         return [Problem("training.epochs", "epochs and max_steps are both set.", "keep one of them.")]
     return []
+
+
+def _read_old_spellings(raw: dict) -> None:
+    """training.activation_checkpointing was a boolean before it had modes: true is full, false none."""
+    training = raw.get("training")
+    if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
+        training["activation_checkpointing"] = "full" if training["activation_checkpointing"] else "none"
 
 
 def _key_problems(data, path=()) -> list[Problem]:

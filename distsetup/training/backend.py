@@ -20,6 +20,7 @@ from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices
 
 
 class Backend:
@@ -162,9 +163,13 @@ class Backend:
         options = StateDictOptions(full_state_dict=True)
         model = self._plain_model()
         set_model_state_dict(model, state["model"], options=options)
-        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them
+        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them;
+        # which kernel runs (fused on a GPU) stays this run's choice
         groups = [
-            {**{k: v for k, v in own.items() if k != "params"}, **{k: v for k, v in saved.items() if k in own}}
+            {
+                **{k: v for k, v in own.items() if k != "params"},
+                **{k: v for k, v in saved.items() if k in own and k not in IMPLEMENTATION},
+            }
             | {"params": saved["params"]}
             for own, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True)
         ]
@@ -213,14 +218,17 @@ class Backend:
 
     def _build_optimizer(self, model: nn.Module) -> None:
         t = self.cfg.training
-        self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay)
+        self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         self.scheduler = lambda_scheduler(self.optimizer, t)
 
     def _checkpoint_activations(self, model, blocks) -> None:
-        if self.cfg.training.activation_checkpointing:
-            from distsetup.training.model import apply_activation_checkpointing
+        """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
+        from distsetup.training.model import apply_activation_checkpointing, compile_blocks
 
-            apply_activation_checkpointing(model, blocks)
+        if self.cfg.training.activation_checkpointing != "none":
+            apply_activation_checkpointing(model, blocks, self.cfg.training.activation_checkpointing)
+        if self.cfg.training.compile:
+            compile_blocks(model, blocks)
 
     def _place(self, model: nn.Module) -> nn.Module:
         """The model as this backend trains it, once on its device."""

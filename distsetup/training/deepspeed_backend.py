@@ -96,7 +96,7 @@ class DeepSpeedBackend(Backend):
 
                 optimizer = DeepSpeedCPUAdam(groups, lr=self.lr, betas=tuple(t.betas), adamw_mode=True)
             else:
-                optimizer = adamw(model, self.lr, t.betas, t.weight_decay)
+                optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         schedule = None
         if "scheduler" in self.ds_config:
             self.notes.append(f"LR scheduler {self.ds_config['scheduler'].get('type')} from the DeepSpeed file")

@@ -20,7 +20,7 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, Fsd
 from distsetup.formats.validate import read_valid
 from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
-from distsetup.training.model import apply_activation_checkpointing, layer_modules
+from distsetup.training.model import apply_activation_checkpointing, compile_blocks, in_place_of, layer_modules
 
 
 def read_fsdp_file(path: str | None) -> FsdpSpec:
@@ -59,10 +59,12 @@ class FSDPBackend(Backend):
     def wrap(self, model, blocks):
         model = model.to(self.device)
         units = self._units(model, blocks)
-        if self.fsdp.activation_checkpointing or self.cfg.training.activation_checkpointing:
-            apply_activation_checkpointing(model, blocks)  # the blocks, whatever the wrapping policy
-            wrapped = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
-            units = [wrapped.get(id(u), u) for u in units]
+        mode = self.cfg.training.activation_checkpointing
+        if self.fsdp.activation_checkpointing or mode != "none":  # the blocks, whatever the wrapping policy
+            apply_activation_checkpointing(model, blocks, "full" if mode == "none" else mode)
+            units = in_place_of(model, units)
+        if self.cfg.training.compile:
+            compile_blocks(model, blocks)
         kwargs = {
             "mesh": self._mesh(),
             "reshard_after_forward": self.fsdp.reshards_after_forward,

@@ -1,46 +1,101 @@
-"""Rank 0's record of the run: metrics.jsonl always, TensorBoard scalars too when it is installed."""
+"""Rank 0's record of the run (metrics.jsonl always; TensorBoard and Weights & Biases as training.report_to says)
+and the timer behind tokens/s."""
 
 import contextlib
+import importlib.util
 import json
 import statistics
 import time
+import uuid
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
+
+from distsetup.errors import DistsetupError
+
+LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+WANDB_RUN_ID = "wandb_run_id"  # in output_dir: a resumed run continues the same W&B run
+
+
+def reporters(report_to: list[str] | None) -> list[str]:
+    """The reporters a run writes to: `training.report_to`, or (unset) TensorBoard where it is installed. A
+    reporter asked for by name whose library is missing is one line, before any process group."""
+    if report_to is None:
+        return ["tensorboard"] if importlib.util.find_spec("tensorboard") else []
+    for name in report_to:
+        if importlib.util.find_spec(LIBRARIES[name]) is None:
+            raise DistsetupError(
+                f"training.report_to names {name}, which is not installed.",
+                f"pip install {LIBRARIES[name]}, or remove {name} from training.report_to.",
+            )
+    return list(report_to)
 
 
 class MetricsLog:
-    """Appends one JSON line per logged step; mirrors each value to output_dir/tensorboard when
-    `torch.utils.tensorboard` imports (tensorboard installed). Other ranks get a log that writes nothing."""
+    """Rank 0's record of the run: one JSON line per logged step in metrics.jsonl, and the same values in
+    TensorBoard (output_dir/tensorboard) and W&B (output_dir/wandb; offline with WANDB_MODE=offline) as
+    `report_to` says. Other ranks get a log that writes nothing."""
 
-    def __init__(self, out_dir: Path, enabled: bool):
+    def __init__(self, out_dir: Path, enabled: bool, report_to: Sequence[str] = (), wandb_settings: dict | None = None):
         self.jsonl = open(out_dir / "metrics.jsonl", "a") if enabled else None
-        self.tensorboard = tensorboard_writer(out_dir / "tensorboard") if enabled else None
+        self.tensorboard = (
+            tensorboard_writer(out_dir / "tensorboard") if enabled and "tensorboard" in report_to else None
+        )
+        self.wandb = wandb_run(out_dir, wandb_settings or {}) if enabled and "wandb" in report_to else None
 
-    def write(self, step: int, section: str = "train", **values: float) -> None:
-        """One line of `values` at `step`; TensorBoard files them under `section` (train, eval)."""
+    def write(self, step: int, section: str = "train", **values: float | None) -> None:
+        """One line of `values` at `step` (None: not known, left out); the reporters file them under `section`
+        (train, eval)."""
         if self.jsonl is None:
             return
-        self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
+        known = {key: value for key, value in values.items() if value is not None}
+        self.jsonl.write(json.dumps({"step": step, **known}) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
-            for key, value in values.items():
+            for key, value in known.items():
                 self.tensorboard.add_scalar(f"{section}/{key}", value, step)
             self.tensorboard.flush()
+        if self.wandb is not None:
+            self.wandb.log({f"{section}/{key}": value for key, value in known.items()}, step=step)
+
+    def summarize(self, summary: dict) -> None:
+        """The run's summary.json figures in W&B's run summary too."""
+        if self.wandb is not None:
+            self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
 
     def close(self) -> None:
         for sink in (self.jsonl, self.tensorboard):
             if sink is not None:
                 sink.close()
-        self.jsonl = self.tensorboard = None
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.jsonl = self.tensorboard = self.wandb = None
 
 
 def tensorboard_writer(folder: Path):
-    """A SummaryWriter, or None where tensorboard is not installed (imported only here, only when asked)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter(log_dir=str(folder))
+
+
+def wandb_run(out_dir: Path, settings: dict):
+    """The W&B run of output folder `out_dir`: a new one whose id is kept in out_dir, or, when a run resumes
+    there, the same one continued."""
+    import wandb
+
+    id_file = out_dir / WANDB_RUN_ID
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    run = wandb.init(
+        project=settings.get("project"),
+        name=settings.get("name"),
+        tags=settings.get("tags") or None,
+        config=settings.get("config"),
+        dir=str(out_dir),
+        id=run_id,
+        resume="allow",
+    )
+    id_file.write_text(run_id)
+    return run
 
 
 class StepTimer:

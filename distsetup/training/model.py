@@ -1,5 +1,6 @@
 """The models: a nanoGPT-style decoder (its block class is `Block`) and Hugging Face causal LMs."""
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -121,7 +122,7 @@ def require_transformers() -> None:
         raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.") from None
 
 
-def build_model(cfg) -> tuple[nn.Module, list[str]]:
+def build_model(cfg) -> tuple["GPT | HFCausalLM", list[str]]:
     """The model from `cfg.model` and the names of its block classes (what to shard and checkpoint)."""
     m = cfg.model
     if m.type == "gpt":
@@ -207,10 +208,54 @@ def layer_modules(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
     return found
 
 
-def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module]) -> None:
-    """Recompute each block's activations in backward instead of storing them."""
+def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module], mode: str = "full") -> None:
+    """Recompute each block's activations in backward instead of storing them: all of them (`full`), or all but
+    the outputs of its matmuls and attention (`selective`: PyTorch's selective activation checkpointing; what
+    is recomputed is cheap elementwise work, and backward runs no matmul twice)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    wrapper = checkpoint_wrapper
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        wrapper = functools.partial(
+            checkpoint_wrapper, context_fn=lambda: create_selective_checkpoint_contexts(_keep_expensive_outputs)
+        )
     ids = {id(b) for b in blocks}
-    apply(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda mod: id(mod) in ids)
+    apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in ids)
+
+
+def in_place_of(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The modules standing where `blocks` were: their activation-checkpointing wrappers, or the blocks."""
+    wrappers = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
+    return [wrappers.get(id(b), b) for b in blocks]
+
+
+def compile_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
+    """torch.compile each block (with its activation checkpointing) in place, as torchtitan does before sharding:
+    parameter names and the state dict stay as they were, and FSDP2 and ZeRO-3 keep their hooks between blocks."""
+    for unit in in_place_of(model, blocks):
+        unit.compile()
+
+
+def _keep_expensive_outputs(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _expensive_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@functools.cache
+def _expensive_ops() -> frozenset:
+    """Matmuls and attention kernels (those this build of torch has)."""
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ]
+    return frozenset(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))

@@ -322,9 +322,8 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
         precision = fsdp_precision_of(fsdp)
         if precision != t.precision:
             out.append((WARN, f"the FSDP file's mixed_precision means {precision}, the run config says {t.precision}."))
-        if (
-            fsdp.get("fsdp_activation_checkpointing") is not None
-            and fsdp["fsdp_activation_checkpointing"] != t.activation_checkpointing
+        if fsdp.get("fsdp_activation_checkpointing") is not None and fsdp["fsdp_activation_checkpointing"] != (
+            t.activation_checkpointing != "none"
         ):
             out.append(
                 (

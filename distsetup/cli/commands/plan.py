@@ -323,7 +323,7 @@ def render_table(result: Plan, command: str | None) -> str:
     )
     lines += [f"Note: {a}" for a in result.advice]
     if choice.activation_checkpointing:
-        lines.append("Set training.activation_checkpointing: true in the run config.")
+        lines.append("Set training.activation_checkpointing: full in the run config.")
     lines.append(
         f"Next: {command}"
         if command

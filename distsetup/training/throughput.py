@@ -1,0 +1,50 @@
+"""Model FLOPs utilization: tokens/s x training FLOPs per token / the devices' peak. FLOPs per token = 6N + 12 L d T
+(N parameters outside the embedding tables, which are looked up rather than multiplied; L layers, width d,
+sequence T: the PaLM paper's appendix B, as nanoGPT counts)."""
+
+import torch
+
+from distsetup.training.model import GPT, HFCausalLM
+
+# Dense bf16 (and fp16) peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
+PEAK_BF16_TFLOPS = {
+    "H200 NVL": 835,
+    "H200": 989,
+    "H100 PCIe": 756,
+    "H100 NVL": 835,
+    "H100": 989,
+    "A100": 312,
+    "L40S": 362,
+    "L40": 181,
+    "A10G": 70,
+    "L4": 121,
+}
+
+
+def peak_tflops(device_name: str) -> float | None:
+    return next((peak for name, peak in PEAK_BF16_TFLOPS.items() if name in device_name), None)
+
+
+def device_peak_tflops(device: torch.device, precision: str) -> float | None:
+    """The data-sheet peak of this GPU for bf16/fp16 training; None on a CPU, in fp32 or for an unknown GPU."""
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    return peak_tflops(torch.cuda.get_device_name(device))
+
+
+def flops_per_token(model: "GPT | HFCausalLM", block_size: int) -> float:
+    """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM."""
+    if isinstance(model, HFCausalLM):
+        layers, width = model.hf.config.num_hidden_layers, model.hf.config.hidden_size
+        lookups = [model.hf.get_input_embeddings()]
+    else:
+        layers, width = len(model.blocks), model.wte.embedding_dim
+        lookups = [model.wte, model.wpe]
+    looked_up = {id(p) for table in lookups for p in table.parameters()}
+    multiplied = sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
+    return 6 * multiplied + 12 * layers * width * block_size
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, devices: int, peak: float | None) -> float | None:
+    """The fraction of `devices` x `peak` TFLOP/s that training at `tokens_per_s` (all devices) uses."""
+    return None if not peak else tokens_per_s * flops_per_token / (devices * peak * 1e12)
