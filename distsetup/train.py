@@ -160,7 +160,7 @@ def train(cfg, args) -> int:
         lock.acquire()
     preemption = Preemption()
 
-    step, metrics, bar = 0, None, None
+    step, metrics, bar, outcome = 0, None, None, "failed"
     init_process_group(world, backend_name, device, cfg.distributed.timeout_minutes)
     try:
         # Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
@@ -202,10 +202,10 @@ def train(cfg, args) -> int:
         sampler = ShardedSampler(
             len(data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
         )
+        if t.epochs is not None:  # before wrap(): the learning-rate schedule spans the whole run
+            t.max_steps = t.epochs * (len(data.train) // global_batch)
+            say(f"{t.epochs} epochs of {len(data.train) // global_batch} steps: {t.max_steps} steps")
         max_steps = t.max_steps
-        if t.epochs is not None:
-            max_steps = t.epochs * (len(data.train) // global_batch)
-            say(f"{t.epochs} epochs of {len(data.train) // global_batch} steps: {max_steps} steps")
 
         # model (same seed on every rank: identical initial weights), then wrap
         torch.manual_seed(t.seed)
@@ -245,6 +245,7 @@ def train(cfg, args) -> int:
             "name": t.run_name,
             "tags": t.wandb_tags,
             "config": dataclasses.asdict(cfg),
+            "resumed": resume is not None,  # continues the W&B run of the checkpoint's run; else a new one
         }
         metrics = MetricsLog(out_dir, world.is_main, report_to, wandb_settings)
         tokens_per_step = global_batch * cfg.model.block_size
@@ -318,6 +319,7 @@ def train(cfg, args) -> int:
                         pending = None
             if stop:
                 say(f"preempted: checkpoint at step {step}")
+                outcome = "preempted"
                 return PREEMPTED
         if pending is not None:
             with timer.checkpointing():
@@ -358,15 +360,17 @@ def train(cfg, args) -> int:
                 f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}"
             )
+        outcome = "finished"
         return 0
     except BaseException as e:  # DCP's CheckpointException is no Exception
         if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
             raise lost_contact(e, world, step, cfg.distributed.timeout_minutes) from None
         raise
     finally:
-        for sink in (bar, metrics):  # also when training raised: the last metrics line reaches the disk
-            if sink is not None:
-                sink.close()
+        if bar is not None:
+            bar.close()
+        if metrics is not None:  # also when training raised: the last metrics line reaches the disk
+            metrics.close(outcome)
         destroy_process_group()
         lock.release()
 

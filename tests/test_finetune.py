@@ -79,17 +79,23 @@ def write_run(folder, inputs_folder, name, data=None):
     return folder / "config.yaml", processes
 
 
-def finetune(tmp_path, inputs, name, data=None):
-    (tmp_path / name).mkdir()
-    config, processes = write_run(tmp_path / name, inputs[0], name, data)
+def finetune(folder, inputs, name, data=None):
+    (folder / name).mkdir()
+    config, processes = write_run(folder / name, inputs[0], name, data)
     result = train(config, processes)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((tmp_path / name / "out" / "summary.json").read_text()), losses(tmp_path / name / "out")
+    return json.loads((folder / name / "out" / "summary.json").read_text()), losses(folder / name / "out")
+
+
+@pytest.fixture(scope="module")
+def single(inputs, tmp_path_factory):
+    """The single-process run both tests compare with (it also builds the token cache)."""
+    return finetune(tmp_path_factory.mktemp("single"), inputs, "single")
 
 
 @pytest.mark.slow
-def test_chat_finetuning_under_every_backend(tmp_path, inputs):
-    summary, reference = finetune(tmp_path, inputs, "single")
+def test_chat_finetuning_under_every_backend(tmp_path, inputs, single):
+    summary, reference = single
     evals = [e["val_loss"] for e in summary["evals"]]
     assert [e["step"] for e in summary["evals"]] == [10, 20] and evals[-1] < evals[0] - 0.2, summary["evals"]
     assert summary["val_loss"] == evals[-1] and summary["val_perplexity"] == pytest.approx(2.718281828 ** evals[-1])
@@ -102,9 +108,9 @@ def test_chat_finetuning_under_every_backend(tmp_path, inputs):
 
 
 @pytest.mark.slow
-def test_the_cache_token_files_train_as_the_text_they_came_from(tmp_path, inputs):
+def test_the_cache_token_files_train_as_the_text_they_came_from(tmp_path, inputs, single):
     folder, _ = inputs
-    _, text_curve = finetune(tmp_path, inputs, "single")
+    _, text_curve = single
     (cache,) = [p for p in (folder / "cache").iterdir() if not p.name.startswith(".")]
     data = {"type": "files", "paths": [str(cache / "train.bin")], "val_paths": [str(cache / "val.bin")]}
     (tmp_path / "tokens").mkdir()

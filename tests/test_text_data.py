@@ -32,6 +32,10 @@ def run_config(tmp_path, tokenizer=None, vocab_size=320, block_size=32, **data) 
     )
 
 
+def cache_folders(tmp_path):
+    return [p for p in (tmp_path / "out" / "token_cache").iterdir() if not p.name.startswith(".")]
+
+
 def samples(tokenizer, path, **data):
     return list(SampleEncoder(tokenizer, DataConfig(**data)).samples(path))
 
@@ -122,7 +126,7 @@ def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tm
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)], val_fraction=0.2)
     first = build_datasets(cfg, eval_batch=2)
     first_train, first_val_loss = np.array(first.train.tokens), np.array(first.val.loss)  # copies: it is damaged below
-    folder = (tmp_path / "out" / "token_cache").iterdir().__next__()
+    (folder,) = cache_folders(tmp_path)
     assert first.notes[0].startswith(f"data: {len(first.train)} train blocks, {len(first.val)} val blocks")
     built = (folder / "train.bin").stat().st_mtime_ns
     again = build_datasets(cfg, eval_batch=2)
@@ -137,13 +141,23 @@ def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tm
     (folder / "cache.json").write_text("{garbage")
     assert "rebuilt" in build_datasets(cfg, eval_batch=2).notes[0]
 
+    retemplated = write_tokenizer(tmp_path / "retemplated")  # the same vocabulary, another chat template
+    (retemplated / "chat_template.jinja").write_text(
+        (retemplated / "chat_template.jinja").read_text().replace("<|eos|>", "<|eos|>\n")
+    )
+    assert load_tokenizer(str(retemplated)).fingerprint == load_tokenizer(str(tokenizer_folder)).fingerprint
+    cfg.model.tokenizer = str(retemplated)
+    build_datasets(cfg, eval_batch=2)  # tokenized again: the template decides the ids too
+    assert len(cache_folders(tmp_path)) == 2
+    cfg.model.tokenizer = str(tokenizer_folder)
+
     cfg.model.block_size = 16  # another block size: another folder beside the first
     build_datasets(cfg, eval_batch=2)
-    assert len([p for p in (tmp_path / "out" / "token_cache").iterdir() if not p.name.startswith(".")]) == 2
+    assert len(cache_folders(tmp_path)) == 3
     os.utime(path, ns=(built, built + 10**9))  # the file changed: tokenized again
     cfg.model.block_size = 32
     build_datasets(cfg, eval_batch=2)
-    assert len(list((tmp_path / "out" / "token_cache").iterdir())) == 3
+    assert len(cache_folders(tmp_path)) == 4
 
 
 def test_the_val_fraction_holds_out_whole_records_and_the_split_follows_the_seed(tmp_path, tokenizer_folder):
@@ -168,7 +182,7 @@ def test_a_token_file_reads_as_the_text_it_came_from(tmp_path, tokenizer_folder)
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(30))
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)])
     text = build_datasets(cfg, eval_batch=2)
-    folder = next((tmp_path / "out" / "token_cache").iterdir())
+    (folder,) = cache_folders(tmp_path)
     tokens = build_datasets(run_config(tmp_path, tokenizer_folder, paths=[str(folder / "train.bin")]), eval_batch=2)
     assert np.array_equal(tokens.train.tokens, text.train.tokens) and tokens.train.masked
     x, y = tokens.train.batch(torch.tensor([0, 3]))
@@ -239,13 +253,24 @@ def test_bad_text_inputs_are_refused_in_one_line(tmp_path, tokenizer_folder):
         r"byte-level text need an embedding of at least 256 rows; model.vocab_size is 128",
         run_config(tmp_path, vocab_size=128, paths=[str(good)]),
     )
+    strict = write_tokenizer(tmp_path / "strict")
+    (strict / "chat_template.jinja").write_text("{{ raise_exception('Conversation roles must alternate') }}")
+    chat = write_jsonl(tmp_path / "chat.jsonl", chat_records(3))
+    expect_error(
+        r"chat.jsonl: record 1: the tokenizer's chat template refused it: Conversation roles must alternate",
+        run_config(tmp_path, strict, paths=[str(chat)], format="chat"),
+    )
+    (strict / "chat_template.jinja").unlink()
+    expect_error(
+        r"data.format chat needs a chat template; model.tokenizer .*strict has none",
+        run_config(tmp_path, strict, paths=[str(chat)], format="chat"),
+    )
     llama = write_llama(tmp_path / "llama", vocab_size=100)
     cfg = run_config(tmp_path, tokenizer_folder, paths=[str(good)])
     cfg.model.type, cfg.model.hf_path = "hf", str(llama)
     expect_error(r"need an embedding of at least \d+ rows; .*llama's vocab_size is 100", cfg)
-    assert not (tmp_path / "out" / "token_cache").exists() or not any(
-        (tmp_path / "out" / "token_cache").glob(".*")
-    )  # nothing half-written
+    staging = [p for p in (tmp_path / "out" / "token_cache").glob(".*") if p.is_dir()]
+    assert staging == []  # nothing half-written
 
 
 @pytest.mark.parametrize(

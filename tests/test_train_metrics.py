@@ -153,9 +153,12 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_
             if key != "step":
                 assert logged[line["step"]][f"{section}/{key}"] == pytest.approx(value, rel=1e-12), (line, key)
     assert sorted(logged) == [2, 3, 4, 6, 8, 9, 10] and "train/tokens_per_s" in logged[10]
+    assert train(config, 1, "--no_resume", "training.max_steps=2").returncode == 0  # a new run: a new W&B run
+    assert (tmp_path / "out" / "wandb_run_id").read_text() != run_id
 
 
-def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_lookups(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_lookups(tmp_path, tied):
     pytest.importorskip("transformers")
     from text_data import write_llama
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -163,8 +166,12 @@ def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_looku
     from distsetup.training.model import HFCausalLM
     from distsetup.training.throughput import flops_per_token, mfu
 
-    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path, vocab_size=300)))
+    config = AutoConfig.from_pretrained(write_llama(tmp_path, vocab_size=300))
+    config.tie_word_embeddings = tied
+    hf = AutoModelForCausalLM.from_config(config)
     model = HFCausalLM(hf)
-    multiplied = sum(p.numel() for p in hf.parameters()) - hf.model.embed_tokens.weight.numel()  # lm_head counts
+    head = 300 * 32  # the output head multiplies, tied to the embedding lookup or not
+    multiplied = sum(p.numel() for p in hf.model.parameters()) - hf.model.embed_tokens.weight.numel() + head
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == tied
     assert flops_per_token(model, 64) == 6 * multiplied + 12 * 2 * 32 * 64
     assert mfu(1000.0, 2e9, 2, 1.0) == pytest.approx(1.0) and mfu(1000.0, 2e9, 2, None) is None

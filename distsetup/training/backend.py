@@ -46,7 +46,7 @@ class Backend:
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
-        self._checkpoint_activations(model, blocks)
+        self._prepare_blocks(model, blocks)
         self.model = self._place(model.to(self.device))
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
@@ -163,21 +163,24 @@ class Backend:
         options = StateDictOptions(full_state_dict=True)
         model = self._plain_model()
         set_model_state_dict(model, state["model"], options=options)
-        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them;
-        # which kernel runs (fused on a GPU) stays this run's choice
+        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them
         groups = [
-            {
-                **{k: v for k, v in own.items() if k != "params"},
-                **{k: v for k, v in saved.items() if k in own and k not in IMPLEMENTATION},
-            }
+            {**{k: v for k, v in own.items() if k != "params"}, **{k: v for k, v in saved.items() if k in own}}
             | {"params": saved["params"]}
             for own, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True)
         ]
-        optimizer = {"state": state["optimizer"]["state"], "param_groups": groups}
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": self._with_own_kernels(groups)}
         set_optimizer_state_dict(model, self.optimizer, optimizer, options=options)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
+
+    def _with_own_kernels(self, groups: list[dict]) -> list[dict]:
+        """A checkpoint's param groups with this run's kernel choices (fused on a GPU), not the writer's."""
+        return [
+            {**saved, **{k: own[k] for k in IMPLEMENTATION if k in own}}
+            for own, saved in zip(self.optimizer.param_groups, groups, strict=True)
+        ]
 
     def _groups(self) -> list[list[str]]:
         """The parameter names in each of the optimizer's param groups."""
@@ -186,7 +189,8 @@ class Backend:
     def _load_own(self, path: Path) -> None:
         state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
         self._plain_model().load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        groups = self._with_own_kernels(state["optimizer"]["param_groups"])
+        self.optimizer.load_state_dict({**state["optimizer"], "param_groups": groups})
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
@@ -221,7 +225,7 @@ class Backend:
         self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         self.scheduler = lambda_scheduler(self.optimizer, t)
 
-    def _checkpoint_activations(self, model, blocks) -> None:
+    def _prepare_blocks(self, model, blocks) -> None:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
         from distsetup.training.model import apply_activation_checkpointing, compile_blocks
 

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.runconfig import TOKEN_SUFFIX
 from distsetup.training.model import embedding_rows
 from distsetup.training.token_files import cached_tokens, check_ids, open_token_file
 from distsetup.training.tokenizer import check_vocabulary, load_tokenizer
@@ -85,7 +86,7 @@ def build_datasets(cfg, eval_batch: int) -> Datasets:
         val = synthetic_dataset(held_out, m.block_size, m.vocab_size, t.seed + 1) if held_out else None
         datasets = Datasets(TokenBlocks(train.numpy()), None if val is None else TokenBlocks(val.numpy()), [])
     else:
-        files = decided_by_rank0(lambda: prepared_token_files(cfg))
+        files = decided_by_rank0(lambda: prepared_token_files(cfg), patient=True)
         opened = {
             split: open_token_file(Path(path), m.block_size + 1, files["tokenizer"], setting)
             for split, (path, setting) in files["splits"].items()
@@ -101,10 +102,15 @@ def prepared_token_files(cfg) -> dict:
     the cache first; {"splits": {split: (path, setting)}, "tokenizer": fingerprint, "notes": [...]}."""
     m, d, t = cfg.model, cfg.data, cfg.training
     tokenizer = load_tokenizer(m.tokenizer)
+    if d.format == "chat" and not tokenizer.has_chat_template:
+        raise DistsetupError(
+            f"data.format chat needs a chat template; model.tokenizer {m.tokenizer} has none.",
+            "use a tokenizer folder whose tokenizer_config.json (or chat_template.jinja) holds one.",
+        )
     rows, where = embedding_rows(m)
     check_vocabulary(tokenizer, rows, where)
     width = m.block_size + 1
-    if is_token_file(d.paths[0]):
+    if d.paths[0].endswith(TOKEN_SUFFIX):
         splits = {"train": (d.paths[0], "data.paths[0]")}
         if d.val_paths:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
@@ -130,10 +136,6 @@ def prepared_token_files(cfg) -> dict:
     if cut or left_out:
         notes.append(f"data: {cut} samples cut to a block's length, {left_out} left out (no target left to learn)")
     return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
-
-
-def is_token_file(path: str) -> bool:
-    return path.endswith(".bin")
 
 
 def _check_sizes(datasets: Datasets, cfg, eval_batch: int) -> None:
@@ -195,8 +197,10 @@ class ShardedSampler:
             self.set_epoch(self.epoch + 1)
             self.position = 0
         if self._order is None:
-            self._order = torch.randperm(
-                self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+            self._order = torch.randperm(  # int32 where it fits: the same order in half the memory
+                self.num_samples,
+                generator=torch.Generator().manual_seed(self.seed + self.epoch),
+                dtype=torch.int32 if self.num_samples < 2**31 else torch.int64,
             )
         chunk = self._order[self.position : self.position + self.global_batch]
         self.position += self.global_batch

@@ -84,7 +84,7 @@ class DeepSpeedBackend(Backend):
     def wrap(self, model, blocks):
         import deepspeed
 
-        self._checkpoint_activations(model, blocks)
+        self._prepare_blocks(model, blocks)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
         self.groups = names_by_group(model, groups)  # the optimizer's parameters by name (ZeRO flattens them)

@@ -63,12 +63,15 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
 
-    def close(self) -> None:
+    def close(self, outcome: str = "finished") -> None:
+        """`outcome`: finished, preempted (W&B waits for the run to come back) or failed."""
         for sink in (self.jsonl, self.tensorboard):
             if sink is not None:
                 sink.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            if outcome == "preempted":
+                self.wandb.mark_preempting()
+            self.wandb.finish(exit_code=1 if outcome == "failed" else 0)
         self.jsonl = self.tensorboard = self.wandb = None
 
 
@@ -79,12 +82,13 @@ def tensorboard_writer(folder: Path):
 
 
 def wandb_run(out_dir: Path, settings: dict):
-    """The W&B run of output folder `out_dir`: a new one whose id is kept in out_dir, or, when a run resumes
-    there, the same one continued."""
+    """The W&B run of output folder `out_dir`: when the run resumes a checkpoint there, the run that wrote it,
+    continued (W&B keeps the steps it already has); else a new one, whose id is kept in out_dir."""
     import wandb
 
     id_file = out_dir / WANDB_RUN_ID
-    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+    resumed = settings.get("resumed") and id_file.exists()
+    run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
     run = wandb.init(
         project=settings.get("project"),
         name=settings.get("name"),

@@ -31,7 +31,7 @@ class Sample:
 
 
 def records(path: Path) -> Iterator[dict]:
-    """The records of data file `path`, one at a time."""
+    """The records of data file `path`, one at a time (of a .txt file: its lines, each with its line break)."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from datasets import load_dataset
     from datasets.utils.logging import disable_progress_bar
@@ -40,7 +40,7 @@ def records(path: Path) -> Iterator[dict]:
     empty = DistsetupError(f"data file {path} is empty.", "add records to it or remove it from the data paths.")
     if path.stat().st_size == 0:
         raise empty
-    options = {"sample_by": "document"} if TEXT_LOADERS[path.suffix] == "text" else {}
+    options = {"sample_by": "line", "keep_linebreaks": True} if TEXT_LOADERS[path.suffix] == "text" else {}
     read_any = False
     try:
         dataset = load_dataset(
@@ -74,6 +74,9 @@ class SampleEncoder:
         )
 
     def samples(self, path: Path) -> Iterator[Sample]:
+        if path.suffix == ".txt":  # one document, tokenized a batch of lines at a time: memory stays bounded
+            yield from self._text_file(path)
+            return
         batch: list[tuple[int, dict]] = []
         for number, record in enumerate(records(path), 1):
             batch.append((number, record))
@@ -81,6 +84,17 @@ class SampleEncoder:
                 yield from self._encode(path, batch)
                 batch = []
         yield from self._encode(path, batch)
+
+    def _text_file(self, path: Path) -> Iterator[Sample]:
+        yield Sample(np.array(self.bos, dtype=np.int64), None)
+        lines: list[str] = []
+        for record in records(path):
+            lines.append(record["text"])
+            if len(lines) == BATCH:
+                yield from (Sample(np.asarray(ids, dtype=np.int64), None) for ids in self.tokenizer.encode(lines))
+                lines = []
+        yield from (Sample(np.asarray(ids, dtype=np.int64), None) for ids in self.tokenizer.encode(lines))
+        yield Sample(np.array(self.eos, dtype=np.int64), None)
 
     def _encode(self, path: Path, batch: list[tuple[int, dict]]) -> Iterator[Sample]:
         if self.format == "chat":
@@ -111,33 +125,33 @@ class SampleEncoder:
 
     def _chat(self, path: Path, number: int, messages: list) -> Sample:
         """Renders the conversation up to each assistant message, with and without it: the text between those
-        two renderings is the message as the template writes it, and carries loss. Each piece is tokenized on
-        its own, so no token straddles a boundary between loss and no loss."""
+        two renderings is the message as the template writes it (content and end of turn). The whole rendering
+        is tokenized once, as inference will tokenize it, and a token carries loss when its text begins inside
+        such a span."""
         if not all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
             raise DistsetupError(
                 f"{path}: record {number}: {self.fields['messages_field']} is not a list of {{role, content}} "
                 "messages.",
                 'write e.g. [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}].',
             )
-        pieces: list[tuple[str, bool]] = []
+        spans: list[tuple[int, int]] = []  # character spans that carry loss
         written = ""
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            prompt = self._render(path, number, messages[:i], True, written)
-            answered = self._render(path, number, messages[: i + 1], False, prompt)
-            pieces += [(prompt[len(written) :], False), (answered[len(prompt) :], True)]
-            written = answered
-        pieces.append((self._render(path, number, messages, False, written)[len(written) :], False))
-        if not any(loss and text for text, loss in pieces):
+            if message["role"] == "assistant":
+                prompt = self._render(path, number, messages[:i], True, written)
+                written = self._render(path, number, messages[: i + 1], False, prompt)
+                spans.append((len(prompt), len(written)))
+        text = self._render(path, number, messages, False, written)
+        if not any(start < end for start, end in spans):
             raise DistsetupError(
                 f"{path}: record {number} has no assistant message: nothing in it would carry loss.",
                 "add the assistant's reply, or drop the record.",
             )
-        encoded = self.tokenizer.encode([text for text, _ in pieces])
-        ids = [token for piece in encoded for token in piece]
-        loss = [counts for piece, (_, counts) in zip(encoded, pieces, strict=True) for _ in piece]
-        return Sample(np.array(ids, dtype=np.int64), np.array(loss, dtype=bool))
+        ids, starts = self.tokenizer.encode_with_starts(text)
+        loss = np.zeros(len(ids), dtype=bool)
+        for start, end in spans:
+            loss |= (starts >= start) & (starts < end)
+        return Sample(np.asarray(ids, dtype=np.int64), loss)
 
     def _field(self, path: Path, number: int, record: dict, setting: str, kind: type):
         """The value of the field data.`setting` names in `record`, of type `kind`."""
@@ -157,7 +171,13 @@ class SampleEncoder:
         )
 
     def _render(self, path: Path, number: int, messages: list, add_generation_prompt: bool, prefix: str) -> str:
-        text = self.tokenizer.chat_text(messages, add_generation_prompt) if messages else ""
+        try:
+            text = self.tokenizer.chat_text(messages, add_generation_prompt) if messages else ""
+        except Exception as e:  # the template's own raise_exception ("roles must alternate"), a Jinja error
+            raise DistsetupError(
+                f"{path}: record {number}: the tokenizer's chat template refused it: {last_line(e)}.",
+                "fix the record, or use a tokenizer whose template takes it.",
+            ) from None
         if not text.startswith(prefix):
             raise DistsetupError(
                 f"{path}: record {number}: the tokenizer's chat template does not render a conversation as the "

@@ -36,12 +36,14 @@ def flops_per_token(model: "GPT | HFCausalLM", block_size: int) -> float:
     """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM."""
     if isinstance(model, HFCausalLM):
         layers, width = model.hf.config.num_hidden_layers, model.hf.config.hidden_size
-        lookups = [model.hf.get_input_embeddings()]
+        lookups, head = [model.hf.get_input_embeddings()], model.hf.get_output_embeddings()
     else:
         layers, width = len(model.blocks), model.wte.embedding_dim
-        lookups = [model.wte, model.wpe]
+        lookups, head = [model.wte, model.wpe], model.lm_head
     looked_up = {id(p) for table in lookups for p in table.parameters()}
     multiplied = sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
+    if head is not None:  # an output head tied to the embedding multiplies too (model.parameters() lists it once)
+        multiplied += sum(p.numel() for p in head.parameters() if id(p) in looked_up)
     return 6 * multiplied + 12 * layers * width * block_size
 
 

@@ -12,13 +12,14 @@ How samples become blocks (the README's "Truncation, packing and padding"):
 - prompt_completion and chat: each sample stays whole in one block. A sample longer than a block is cut to the
   block's length (its end goes); one with nothing left that carries loss is left out. Samples are packed in
   order: one that does not fit in the rest of the block starts the next, and the rest is padded with EOS
-  (or 0) ids that carry no loss.
+  ids (0 for a tokenizer without EOS) that carry no loss.
 
 The cache (`data.cache_dir`, one folder per key: the files' paths, sizes and times, the tokenizer, the format and
 its fields, the block size and the validation split) is written by rank 0 in a hidden folder renamed when whole;
 the other ranks wait, then map it. A folder whose files are missing, truncated or unreadable is rebuilt.
 """
 
+import fcntl
 import hashlib
 import json
 import random
@@ -32,7 +33,7 @@ import numpy as np
 from distsetup.errors import DistsetupError
 from distsetup.training.samples import Sample, SampleEncoder
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MARKER = "cache.json"  # written last: a folder without it is unfinished
 FLUSH_IDS = 1 << 20  # text: ids gathered before whole blocks are written out
 
@@ -165,7 +166,7 @@ def cache_key(data, tokenizer, width: int, seed: int) -> dict:
         "val_files": described(data.val_paths),
         "val_fraction": data.val_fraction,
         "seed": seed if data.val_fraction else None,
-        "tokenizer": tokenizer.fingerprint,
+        "tokenizer": tokenizer.tokenization,
         "format": data.format,
         "fields": {key: getattr(data, key) for key in SampleEncoder.field_settings(data.format)},
         "width": width,
@@ -177,11 +178,17 @@ def cached_tokens(data, tokenizer, width: int, seed: int, cache_dir: Path) -> tu
     when it was rebuilt."""
     key = cache_key(data, tokenizer, width, seed)
     folder = cache_dir / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{folder.name}.lock", "w") as lock:  # two runs sharing a cache: one builds it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _found_or_built(data, tokenizer, width, seed, folder, key)
+
+
+def _found_or_built(data, tokenizer, width: int, seed: int, folder: Path, key: dict) -> tuple[Path, dict, str | None]:
     problem = _damage(folder, key, width) if folder.exists() else None
     if folder.exists() and problem is None:
         return folder, json.loads((folder / MARKER).read_text())["counts"], None
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{folder.name}-"))
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:
         counts = tokenize(data, tokenizer, width, staging, seed)
         (staging / MARKER).write_text(json.dumps({"key": key, "counts": counts}, indent=2))
@@ -251,8 +258,8 @@ def open_token_file(path: Path, width: int, tokenizer_fingerprint: str, setting:
 def check_ids(file: TokenFile, path: Path, vocab_size: int, where: str) -> None:
     """Every id of a token file has a row in the model's embedding (`where`: the setting that sizes it); read in
     pieces, as a corpus may be larger than memory."""
-    flat = file.tokens.reshape(-1)
-    largest = max(int(flat[i : i + FLUSH_IDS].max()) for i in range(0, len(flat), FLUSH_IDS))
+    flat, piece = file.tokens.reshape(-1), 1 << 24
+    largest = max(int(flat[i : i + piece].max()) for i in range(0, len(flat), piece))
     if largest >= vocab_size:
         raise DistsetupError(
             f"{path} holds token id {largest}, beyond {where} {vocab_size}.",

@@ -10,6 +10,8 @@ import numpy as np
 from distsetup.errors import DistsetupError
 
 BYTES = "bytes"  # the byte-level tokenizer's fingerprint
+# A tokenizer's `fingerprint` names its vocabulary (what an id means: a token file's sidecar names it); its
+# `tokenization` also covers what else decides the ids of a text (a token cache is keyed by it).
 
 
 class ByteTokenizer:
@@ -18,7 +20,7 @@ class ByteTokenizer:
     vocab_size = 256
     bos_token_id = None
     eos_token_id = ord("\n")  # a document ends with a newline, as text files join them
-    fingerprint = BYTES
+    fingerprint = tokenization = BYTES
     has_chat_template = False
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
@@ -49,9 +51,22 @@ class HFTokenizer:
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
         vocabulary = json.dumps(sorted(self.hf.get_vocab().items()))
         self.fingerprint = "sha256:" + hashlib.sha256(vocabulary.encode()).hexdigest()[:16]
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        rules = [  # what else shapes the ids of a text: normalizer, pre-tokenizer, merges, template, BOS/EOS
+            backend.to_str() if backend is not None else vocabulary,
+            str(getattr(self.hf, "chat_template", None)),
+            str(self.bos_token_id),
+            str(self.eos_token_id),
+        ]
+        self.tokenization = "sha256:" + hashlib.sha256("\n".join(rules).encode()).hexdigest()[:16]
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self.hf(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    def encode_with_starts(self, text: str) -> tuple[list[int], np.ndarray]:
+        """The ids of `text` and where in it each id's text begins."""
+        encoded = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        return encoded["input_ids"], np.array([start for start, _ in encoded["offset_mapping"]], dtype=np.int64)
 
     def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)

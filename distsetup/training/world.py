@@ -1,6 +1,7 @@
 """Who this process is (rank, world) and the process group it joins."""
 
 import datetime
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,22 +89,37 @@ LOST_PEER = (
 )
 
 
-def decided_by_rank0(decide: Callable[[], T]) -> T:
-    """Rank 0's answer of `decide()` on every rank (one broadcast), or rank 0's DistsetupError raised on every rank;
-    without a process group, the answer here."""
+def decided_by_rank0(decide: Callable[[], T], patient: bool = False) -> T:
+    """Rank 0's answer of `decide()` on every rank (one broadcast); without a process group, the answer here.
+    When `decide` fails, rank 0's DistsetupError is raised on every rank; another exception is raised on rank 0
+    (with its traceback) and said in one line on the others, which would otherwise wait for it until the
+    collective timeout. `patient`: the others wait as long as rank 0 takes (tokenizing a corpus may take hours),
+    on a gloo group without the run's collective timeout; torchrun ends them if rank 0 dies."""
     if not dist.is_initialized():
         return decide()
     answer: list = [None]
+    failure = None
     if dist.get_rank() == 0:
         try:
             answer = [("answer", decide())]
         except DistsetupError as e:
             answer = [("error", (e.problem, e.hint))]
-    dist.broadcast_object_list(answer, src=0)
+        except Exception as e:
+            failure = e
+            answer = [("error", (f"rank 0 stopped: {type(e).__name__}: {last_line(e)}.", "see rank 0's output."))]
+    dist.broadcast_object_list(answer, src=0, group=_patient_group() if patient else None)
+    if failure is not None:
+        raise failure
     kind, value = answer[0]
     if kind == "error":
         raise DistsetupError(*value)
     return value
+
+
+@functools.cache
+def _patient_group():
+    """A gloo group of every rank whose collectives wait a week (created by every rank at its first use)."""
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
 
 
 def last_line(error: BaseException) -> str:
@@ -130,6 +146,7 @@ def lost_contact(error: BaseException, world: World, step: int, timeout_minutes:
 def destroy_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _patient_group.cache_clear()
 
 
 def ranks(count: int) -> str:
