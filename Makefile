@@ -63,7 +63,7 @@ demo: venv
 
 # Benchmarks 1-3 (about 10 minutes on 2 cores); each appends its table to benchmarks/RESULTS.md.
 bench: venv
-	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py
+	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py && ../$(PY) data_memory.py
 
 # Benchmark 4, on a machine with a CUDA GPU and a CUDA build of torch: tokens/s and MFU of a 1B model.
 bench-gpu: venv

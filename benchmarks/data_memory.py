@@ -11,6 +11,7 @@ larger peak of the two ranks of a 2-rank world. Goal: the token cache's peak fla
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,8 +53,6 @@ def run_config(corpus: Path, cache: Path):
 
 def measure(mode: str, corpus: Path, cache: Path, rank: int, steps: int) -> None:
     """One rank: read the data as `mode` does, take `steps` batches; print the peak RSS in bytes."""
-    import resource
-
     import torch
 
     from distsetup.training.data import ShardedSampler, TokenBlocks, build_datasets
@@ -71,7 +70,9 @@ def measure(mode: str, corpus: Path, cache: Path, rank: int, steps: int) -> None
         for idx in sampler.next_step():
             x, y = blocks.batch(idx)
             assert x.shape == (MICRO, BLOCK)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    # VmHWM: this process's own peak (getrusage's ru_maxrss would carry the launching process's peak over exec)
+    status = Path("/proc/self/status").read_text()
+    print(next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")))
 
 
 def peak_of_ranks(mode: str, corpus: Path, cache: Path, steps: int) -> int:
@@ -104,10 +105,11 @@ def main():
         corpus, cache = work / f"corpus-{SIZES[name]}.jsonl", work / f"cache-{SIZES[name]}"
         if not corpus.exists():
             write_corpus(corpus, SIZES[name])
+        shutil.rmtree(cache, ignore_errors=True)
         began = time.perf_counter()
         from distsetup.training.data import build_datasets
 
-        build_datasets(run_config(corpus, cache), eval_batch=MICRO * WORLD)  # tokenized once, or found
+        build_datasets(run_config(corpus, cache), eval_batch=MICRO * WORLD)  # rank 0 tokenizes it once
         tokenize_s = time.perf_counter() - began
         cached = peak_of_ranks("token cache", corpus, cache, a.steps)
         cached_peaks.append(cached)
@@ -134,7 +136,8 @@ def main():
         f"{MICRO} x {BLOCK} tokens read in the sampler's order; byte-level tokens, so a corpus of N bytes is N "
         f"tokens (the cache holds them as uint16, the in-memory reading as int64). The token cache's peak grows "
         f"{growth:.1%} from the smallest corpus to the largest (goal: within 10%: "
-        f"{'met' if growth <= 0.10 else 'NOT met'}). 'tokenize s': rank 0 building the cache once (0 when found)."
+        f"{'met' if growth <= 0.10 else 'NOT met'}). 'tokenize s': rank 0 building the cache (byte-level; the "
+        "first row includes importing datasets)."
     )
     record("Data memory per rank", text)
 

@@ -169,7 +169,7 @@ def test_the_val_fraction_holds_out_whole_records_and_the_split_follows_the_seed
     tokenizer = load_tokenizer(str(tokenizer_folder))
 
     def numbers(blocks):
-        texts = tokenizer.hf.batch_decode(blocks.tokens.astype(np.int64), skip_special_tokens=False)
+        texts = tokenizer.hf.batch_decode(np.asarray(blocks.tokens).astype(np.int64), skip_special_tokens=False)
         return {t.split("<|bos|>")[1].split("<|eos|>")[0][: len(t)] for t in texts if "<|bos|>" in t}
 
     train, val = numbers(data.train), numbers(data.val)

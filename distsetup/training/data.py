@@ -11,7 +11,7 @@ import torch.distributed as dist
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import TOKEN_SUFFIX
 from distsetup.training.model import embedding_rows
-from distsetup.training.token_files import cached_tokens, check_ids, open_token_file
+from distsetup.training.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
 from distsetup.training.tokenizer import check_vocabulary, load_tokenizer
 from distsetup.training.world import decided_by_rank0
 
@@ -36,7 +36,7 @@ class TokenBlocks:
     which ids count in the loss. A batch is each block's first block_size ids as the input and its last block_size
     as the targets, IGNORE where an id does not count."""
 
-    def __init__(self, tokens: np.ndarray, loss: np.ndarray | None = None):
+    def __init__(self, tokens: "np.ndarray | MappedBlocks", loss: "np.ndarray | MappedBlocks | None" = None):
         self.tokens, self.loss = tokens, loss
 
     def __len__(self) -> int:

@@ -51,12 +51,35 @@ def mask_file(path: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class TokenFile:
-    """A token file as blocks, memory-mapped: `tokens` (blocks x width ids), `loss` (the same shape, 1 where an id
-    counts in the loss; None: every id counts)."""
+class MappedBlocks:
+    """A file of blocks, memory-mapped only while rows are read: the pages a batch touched leave this process with
+    it. (A mapping kept open holds every page the run has read, up to the whole corpus: nanoGPT maps its .bin
+    anew for each batch for this reason.)"""
 
-    tokens: np.ndarray
-    loss: np.ndarray | None
+    path: Path
+    dtype: np.dtype
+    shape: tuple[int, int]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return np.array(self._mapped()[rows])  # a copy; the mapping goes with this call
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.array(self._mapped(), dtype=dtype)
+
+    def _mapped(self) -> np.memmap:
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=self.shape)
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """A token file as blocks: `tokens` (blocks x width ids), `loss` (the same shape, 1 where an id counts in the
+    loss; None: every id counts)."""
+
+    tokens: MappedBlocks
+    loss: MappedBlocks | None
 
 
 class BlockWriter:
@@ -248,18 +271,15 @@ def open_token_file(path: Path, width: int, tokenizer_fingerprint: str, setting:
         raise DistsetupError(
             f"{setting}: {path} holds fewer ids than one block of {width}.", "add data or lower model.block_size."
         )
-    tokens = np.memmap(path, dtype=dtype, mode="r", shape=(blocks, width))
-    loss = None
-    if mask_file(path).exists():
-        loss = np.memmap(mask_file(path), dtype=np.uint8, mode="r", shape=(blocks, width))
-    return TokenFile(tokens, loss)
+    loss = MappedBlocks(mask_file(path), np.dtype(np.uint8), (blocks, width)) if mask_file(path).exists() else None
+    return TokenFile(MappedBlocks(path, dtype, (blocks, width)), loss)
 
 
 def check_ids(file: TokenFile, path: Path, vocab_size: int, where: str) -> None:
     """Every id of a token file has a row in the model's embedding (`where`: the setting that sizes it); read in
     pieces, as a corpus may be larger than memory."""
-    flat, piece = file.tokens.reshape(-1), 1 << 24
-    largest = max(int(flat[i : i + piece].max()) for i in range(0, len(flat), piece))
+    rows = max(1, (1 << 24) // file.tokens.shape[1])
+    largest = max(int(file.tokens[i : i + rows].max()) for i in range(0, len(file.tokens), rows))
     if largest >= vocab_size:
         raise DistsetupError(
             f"{path} holds token id {largest}, beyond {where} {vocab_size}.",
