@@ -278,6 +278,10 @@ def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
     config = setup.files["config/config.yaml"][0]
     assert f"hf_path: {folder}\n" in config and "block_size: 2048\n" in config  # the context, at most 2048
     assert "6,738.4M parameters" in setup.summary[0]  # Llama-2-7B's count
+    assert "tokenizer:" not in config  # a folder without tokenizer files: byte-level text
+    (folder / "tokenizer.json").write_text("{}")
+    config = build_setup(answers, str(tmp_path)).files["config/config.yaml"][0]
+    assert f"tokenizer: {folder}\n" in config  # the model's own tokenizer
     fsdp = [text for path, (text, _) in setup.files.items() if path.endswith("fsdp_config.json")]
     if fsdp:  # the planner's call; where it is FSDP, the model's own decoder layer is wrapped
         assert json.loads(fsdp[0])["fsdp_transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]

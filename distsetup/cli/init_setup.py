@@ -105,6 +105,9 @@ class Setup:
     next_command: str
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # what save_pretrained writes
+
+
 def model_of(answers: Answers) -> Model:
     """The run config's model section and the shape the planner counts, for a built-in size or an HF folder."""
     if answers.model in BUILTIN_SIZES:
@@ -123,6 +126,8 @@ def model_of(answers: Answers) -> Model:
         )
     seq_len = answers.seq_len or min(context or LONGEST_DEFAULT_SEQUENCE, LONGEST_DEFAULT_SEQUENCE)
     section = {"type": "hf", "hf_path": answers.model, "block_size": seq_len}
+    if any((Path(answers.model) / name).is_file() for name in TOKENIZER_FILES):  # the model's own tokenizer
+        section["tokenizer"] = answers.model
     return Model(section, hf_shape_from_json(config, None), seq_len, Path(answers.model).name)
 
 
