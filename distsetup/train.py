@@ -160,7 +160,7 @@ def train(cfg, args) -> int:
         lock.acquire()
     preemption = Preemption()
 
-    step, metrics, bar, outcome = 0, None, None, "failed"
+    step, metrics, bar, status = 0, None, None, 1  # status: what the run exits with
     init_process_group(world, backend_name, device, cfg.distributed.timeout_minutes)
     try:
         # Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
@@ -319,7 +319,7 @@ def train(cfg, args) -> int:
                         pending = None
             if stop:
                 say(f"preempted: checkpoint at step {step}")
-                outcome = "preempted"
+                status = PREEMPTED
                 return PREEMPTED
         if pending is not None:
             with timer.checkpointing():
@@ -360,19 +360,21 @@ def train(cfg, args) -> int:
                 f"done: {step} steps, final loss {loss:.4f}, {summary['tokens_per_s']:.0f} tokens/s; "
                 f"summary in {out_dir / 'summary.json'}"
             )
-        outcome = "finished"
+        status = 0
         return 0
     except BaseException as e:  # DCP's CheckpointException is no Exception
         if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
             raise lost_contact(e, world, step, cfg.distributed.timeout_minutes) from None
         raise
     finally:
-        if bar is not None:
-            bar.close()
-        if metrics is not None:  # also when training raised: the last metrics line reaches the disk
-            metrics.close(outcome)
-        destroy_process_group()
-        lock.release()
+        try:
+            if bar is not None:
+                bar.close()
+            if metrics is not None:  # also when training raised: the last metrics line reaches the disk
+                metrics.close(status, preempted=status == PREEMPTED)
+        finally:
+            destroy_process_group()
+            lock.release()
 
 
 def run(argv=None) -> None:

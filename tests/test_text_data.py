@@ -327,3 +327,36 @@ def test_prompt_targets_get_no_gradient_and_completion_targets_do(tmp_path, toke
     assert model(x, y).item() == pytest.approx(
         torch.nn.functional.cross_entropy(logits[counted], y[counted]).item(), rel=1e-6
     )
+
+
+def test_a_text_file_goes_whole_into_one_split(tmp_path, monkeypatch):
+    import distsetup.training.samples as samples_module
+
+    monkeypatch.setattr(samples_module, "TEXT_CHUNK", 20)  # a piece for about every line
+    paths = []
+    for i in range(30):
+        paths.append(tmp_path / f"doc{i}.txt")
+        paths[-1].write_text("".join(f"f{i:02d}-line{j}\n" for j in range(8)))
+    cfg = run_config(tmp_path, block_size=8, paths=[str(p) for p in paths], val_fraction=0.3)
+    data = build_datasets(cfg, eval_batch=2)
+    streams = {
+        split: bytes(np.asarray(blocks.tokens).reshape(-1).tolist()).decode()
+        for split, blocks in (("train", data.train), ("val", data.val))
+    }
+    where = {i: {split for split, text in streams.items() if f"f{i:02d}-" in text} for i in range(30)}
+    assert all(len(splits) <= 1 for splits in where.values()), where  # never a file's lines in both
+    assert sum(splits == {"val"} for splits in where.values()) >= 4  # and the draw did send some to val
+
+
+def test_the_first_answer_token_counts_when_the_prompt_ends_in_a_space(tmp_path):
+    folder = write_tokenizer(tmp_path / "spaced")
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tokenizer = load_tokenizer(str(folder))
+    records = [{"messages": [{"role": "user", "content": "red fox"}, {"role": "assistant", "content": "fox red"}]}]
+    (sample,) = samples(tokenizer, write_jsonl(tmp_path / "c.jsonl", records), format="chat")
+    first_answer_token = tokenizer.hf.convert_ids_to_tokens(sample.ids[sample.loss].tolist())[0]
+    assert first_answer_token == "Ġfox"  # its text starts on the prompt's space, and it counts
+    assert tokenizer.hf.decode(sample.ids[sample.loss]) == " fox red<|eos|>"

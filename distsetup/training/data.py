@@ -107,6 +107,12 @@ def prepared_token_files(cfg) -> dict:
             f"data.format chat needs a chat template; model.tokenizer {m.tokenizer} has none.",
             "use a tokenizer folder whose tokenizer_config.json (or chat_template.jinja) holds one.",
         )
+    if d.format == "chat" and not tokenizer.has_offsets:
+        raise DistsetupError(
+            f"data.format chat marks the assistant's tokens by their place in the text, which only a fast "
+            f"tokenizer says; model.tokenizer {m.tokenizer} is a slow one.",
+            "save the tokenizer with its tokenizer.json (a fast tokenizer).",
+        )
     rows, where = embedding_rows(m)
     check_vocabulary(tokenizer, rows, where)
     width = m.block_size + 1

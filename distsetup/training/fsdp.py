@@ -163,13 +163,18 @@ class FSDPBackend(Backend):
             state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)
             options = StateDictOptions(full_state_dict=True)
             set_model_state_dict(self.model, state["model"], options=options)
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+            optimizer = {
+                **state["optimizer"],
+                "param_groups": self._with_own_kernels(state["optimizer"]["param_groups"]),
+            }
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
         else:
             model = get_model_state_dict(self.model)
             dcp.load(model, checkpoint_id=path / "model")
             set_model_state_dict(self.model, model)
             optim = get_optimizer_state_dict(self.model, self.optimizer)
             dcp.load(optim, checkpoint_id=path / "optim")
+            optim["param_groups"] = self._with_own_kernels(optim["param_groups"])
             set_optimizer_state_dict(self.model, self.optimizer, optim)
             state = torch.load(path / "scheduler.pt", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])

@@ -63,15 +63,15 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float)})
 
-    def close(self, outcome: str = "finished") -> None:
-        """`outcome`: finished, preempted (W&B waits for the run to come back) or failed."""
+    def close(self, exit_code: int = 0, preempted: bool = False) -> None:
+        """`exit_code`: the trainer's exit status; a preempted run (non-zero) shows in W&B as preempted, not failed."""
         for sink in (self.jsonl, self.tensorboard):
             if sink is not None:
                 sink.close()
         if self.wandb is not None:
-            if outcome == "preempted":
+            if preempted:
                 self.wandb.mark_preempting()
-            self.wandb.finish(exit_code=1 if outcome == "failed" else 0)
+            self.wandb.finish(exit_code=exit_code)
         self.jsonl = self.tensorboard = self.wandb = None
 
 

@@ -22,6 +22,7 @@ from distsetup.training.world import last_line
 
 FIELD_SETTINGS = ("text_field", "prompt_field", "completion_field", "messages_field")
 BATCH = 1000  # records tokenized together (HF tokenizers encode a batch in parallel)
+TEXT_CHUNK = 1 << 20  # characters of a .txt file tokenized together
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,21 @@ class SampleEncoder:
         yield from self._encode(path, batch)
 
     def _text_file(self, path: Path) -> Iterator[Sample]:
+        """A .txt file's pieces of about TEXT_CHUNK characters (whole lines), tokenized one at a time: BOS before
+        the first, EOS after the last. Tokens never span two pieces, so a piece is cut only where a line break
+        is followed by a line that does not start with a space (where tokenizers start a token anyway)."""
         yield Sample(np.array(self.bos, dtype=np.int64), None)
-        lines: list[str] = []
+        piece: list[str] = []
+        size = 0
         for record in records(path):
-            lines.append(record["text"])
-            if len(lines) == BATCH:
-                yield from (Sample(np.asarray(ids, dtype=np.int64), None) for ids in self.tokenizer.encode(lines))
-                lines = []
-        yield from (Sample(np.asarray(ids, dtype=np.int64), None) for ids in self.tokenizer.encode(lines))
+            line = record["text"]
+            if size >= TEXT_CHUNK and line[:1].strip():
+                yield Sample(np.asarray(self.tokenizer.encode(["".join(piece)])[0], dtype=np.int64), None)
+                piece, size = [], 0
+            piece.append(line)
+            size += len(line)
+        if piece:
+            yield Sample(np.asarray(self.tokenizer.encode(["".join(piece)])[0], dtype=np.int64), None)
         yield Sample(np.array(self.eos, dtype=np.int64), None)
 
     def _encode(self, path: Path, batch: list[tuple[int, dict]]) -> Iterator[Sample]:
@@ -126,7 +134,7 @@ class SampleEncoder:
     def _chat(self, path: Path, number: int, messages: list) -> Sample:
         """Renders the conversation up to each assistant message, with and without it: the text between those
         two renderings is the message as the template writes it (content and end of turn). The whole rendering
-        is tokenized once, as inference will tokenize it, and a token carries loss when its text begins inside
+        is tokenized once, as inference will tokenize it, and a token carries loss when any of its text lies in
         such a span."""
         if not all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
             raise DistsetupError(
@@ -147,10 +155,10 @@ class SampleEncoder:
                 f"{path}: record {number} has no assistant message: nothing in it would carry loss.",
                 "add the assistant's reply, or drop the record.",
             )
-        ids, starts = self.tokenizer.encode_with_starts(text)
+        ids, offsets = self.tokenizer.encode_with_offsets(text)
         loss = np.zeros(len(ids), dtype=bool)
-        for start, end in spans:
-            loss |= (starts >= start) & (starts < end)
+        for start, end in spans:  # a token with any of its text in the span (ĠHello after a prompt's space)
+            loss |= (offsets[:, 1] > start) & (offsets[:, 0] < end)
         return Sample(np.asarray(ids, dtype=np.int64), loss)
 
     def _field(self, path: Path, number: int, record: dict, setting: str, kind: type):

@@ -164,8 +164,11 @@ def tokenize(data, tokenizer, width: int, folder: Path, seed: int) -> dict:
     }
     draw = random.Random(seed)
     for path in map(Path, data.paths):
-        for sample in encoder.samples(path):
-            to_val = data.val_fraction and draw.random() < data.val_fraction
+        whole_file = path.suffix == ".txt"  # one document: one draw for all its pieces
+        to_val = False
+        for number, sample in enumerate(encoder.samples(path)):
+            if number == 0 or not whole_file:
+                to_val = bool(data.val_fraction) and draw.random() < data.val_fraction
             writers["val" if to_val else "train"].add(sample)
     for path in map(Path, data.val_paths):
         for sample in encoder.samples(path):
@@ -203,7 +206,12 @@ def cached_tokens(data, tokenizer, width: int, seed: int, cache_dir: Path) -> tu
     folder = cache_dir / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / f".{folder.name}.lock", "w") as lock:  # two runs sharing a cache: one builds it
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock (Lustre without -o flock): the rename still keeps it whole
+            pass
+        for stale in cache_dir.glob(f".{folder.name}-*"):  # staging left by a builder that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         return _found_or_built(data, tokenizer, width, seed, folder, key)
 
 

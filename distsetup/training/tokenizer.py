@@ -21,7 +21,7 @@ class ByteTokenizer:
     bos_token_id = None
     eos_token_id = ord("\n")  # a document ends with a newline, as text files join them
     fingerprint = tokenization = BYTES
-    has_chat_template = False
+    has_chat_template = has_offsets = False
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
@@ -49,6 +49,7 @@ class HFTokenizer:
         self.eos_token_id = self.hf.eos_token_id
         self.bos_token_id = self.hf.bos_token_id
         self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        self.has_offsets = bool(getattr(self.hf, "is_fast", False))  # where each token's text lies
         vocabulary = json.dumps(sorted(self.hf.get_vocab().items()))
         self.fingerprint = "sha256:" + hashlib.sha256(vocabulary.encode()).hexdigest()[:16]
         backend = getattr(self.hf, "backend_tokenizer", None)
@@ -63,10 +64,10 @@ class HFTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self.hf(texts, add_special_tokens=False)["input_ids"] if texts else []
 
-    def encode_with_starts(self, text: str) -> tuple[list[int], np.ndarray]:
-        """The ids of `text` and where in it each id's text begins."""
+    def encode_with_offsets(self, text: str) -> tuple[list[int], np.ndarray]:
+        """The ids of `text` and each id's (start, end) characters in it (fast tokenizers alone say them)."""
         encoded = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        return encoded["input_ids"], np.array([start for start, _ in encoded["offset_mapping"]], dtype=np.int64)
+        return encoded["input_ids"], np.array(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
 
     def chat_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
         text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)

@@ -104,7 +104,7 @@ def decided_by_rank0(decide: Callable[[], T], patient: bool = False) -> T:
             answer = [("answer", decide())]
         except DistsetupError as e:
             answer = [("error", (e.problem, e.hint))]
-        except Exception as e:
+        except BaseException as e:  # also an interrupt: the others must not wait for an answer that never comes
             failure = e
             answer = [("error", (f"rank 0 stopped: {type(e).__name__}: {last_line(e)}.", "see rank 0's output."))]
     dist.broadcast_object_list(answer, src=0, group=_patient_group() if patient else None)
