@@ -4,28 +4,14 @@ import json
 
 import pytest
 import yaml
+from text_data import write_llama
 from train_runs import FSDP_FILES, losses, train
 
 pytest.importorskip("transformers")
 
 
-def write_llama(folder, tie_word_embeddings=False):
-    from transformers import LlamaConfig
-
-    LlamaConfig(
-        tie_word_embeddings=tie_word_embeddings,
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    ).save_pretrained(folder)
-
-
 def write_config(tmp_path, layer_cls: str, tie_word_embeddings=False):
-    write_llama(tmp_path / "llama", tie_word_embeddings)
+    write_llama(tmp_path / "llama", tie_word_embeddings=tie_word_embeddings)
     fsdp = {**FSDP_FILES["fsdp_full"], "fsdp_transformer_layer_cls_to_wrap": layer_cls}
     (tmp_path / "fsdp.json").write_text(json.dumps(fsdp))
     config = {

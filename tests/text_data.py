@@ -60,10 +60,12 @@ def write_tokenizer(folder: Path, vocab_size: int = 320) -> Path:
     return folder
 
 
-def write_llama(folder: Path, vocab_size: int) -> Path:
+def write_llama(folder: Path, vocab_size: int = 256, tie_word_embeddings: bool = False) -> Path:
+    """A tiny Llama's config.json (random weights when built)."""
     from transformers import LlamaConfig
 
     LlamaConfig(
+        tie_word_embeddings=tie_word_embeddings,
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
