@@ -205,7 +205,6 @@ def train(cfg, args) -> int:
         if t.epochs is not None:  # before wrap(): the learning-rate schedule spans the whole run
             t.max_steps = t.epochs * (len(data.train) // global_batch)
             say(f"{t.epochs} epochs of {len(data.train) // global_batch} steps: {t.max_steps} steps")
-        max_steps = t.max_steps
 
         # model (same seed on every rank: identical initial weights), then wrap
         torch.manual_seed(t.seed)
@@ -250,12 +249,12 @@ def train(cfg, args) -> int:
         metrics = MetricsLog(out_dir, world.is_main, report_to, wandb_settings)
         tokens_per_step = global_batch * cfg.model.block_size
         logged = (step, 0.0)  # the step and training seconds of the last log line: tokens/s since then
-        bar = tqdm(total=max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
+        bar = tqdm(total=t.max_steps, initial=step, disable=not world.is_main, dynamic_ncols=True)
         timer, first_step = StepTimer(), step
         agreement = StepAgreement(world.size, device)
         pending = None  # training.async_checkpoint: the checkpoint whose ranks are still writing in the background
         evals: list[dict] = []
-        while step < max_steps:
+        while step < t.max_steps:
             lr = backend.current_lr()
             batches = [data.train.batch(idx) for idx in sampler.next_step()]
             weights = [1.0] * len(batches)
@@ -269,8 +268,8 @@ def train(cfg, args) -> int:
             step += 1
             timer.step_done()
             bar.update(1)
-            log_now = step % t.log_interval == 0 or step == max_steps
-            checkpoint_now = step % t.checkpoint_interval == 0 or step == max_steps
+            log_now = step % t.log_interval == 0 or step == t.max_steps
+            checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
             stop = False
             if log_now or checkpoint_now or agreement.due(step):
                 step_seconds = timer.median_step_seconds
@@ -288,7 +287,7 @@ def train(cfg, args) -> int:
                     step, loss=loss, lr=lr, tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, flops, world.size, peak)
                 )
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-            eval_now = step == max_steps or (t.eval_interval is not None and step % t.eval_interval == 0)
+            eval_now = step == t.max_steps or (t.eval_interval is not None and step % t.eval_interval == 0)
             if data.val is not None and eval_now and not stop:
                 with timer.evaluating():
                     result = evaluate(backend, data.val, world.rank, world.size, device)

@@ -229,10 +229,14 @@ class Backend:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
         from distsetup.training.model import apply_activation_checkpointing, compile_blocks
 
-        if self.cfg.training.activation_checkpointing != "none":
-            apply_activation_checkpointing(model, blocks, self.cfg.training.activation_checkpointing)
+        if self._checkpointing() != "none":
+            apply_activation_checkpointing(model, blocks, self._checkpointing())
         if self.cfg.training.compile:
             compile_blocks(model, blocks)
+
+    def _checkpointing(self) -> str:
+        """none, full or selective: activation checkpointing as this run asks for it."""
+        return self.cfg.training.activation_checkpointing
 
     def _place(self, model: nn.Module) -> nn.Module:
         """The model as this backend trains it, once on its device."""

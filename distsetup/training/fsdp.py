@@ -20,7 +20,7 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, Fsd
 from distsetup.formats.validate import read_valid
 from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_save
-from distsetup.training.model import apply_activation_checkpointing, compile_blocks, in_place_of, layer_modules
+from distsetup.training.model import in_place_of, layer_modules
 
 
 def read_fsdp_file(path: str | None) -> FsdpSpec:
@@ -59,12 +59,8 @@ class FSDPBackend(Backend):
     def wrap(self, model, blocks):
         model = model.to(self.device)
         units = self._units(model, blocks)
-        mode = self.cfg.training.activation_checkpointing
-        if self.fsdp.activation_checkpointing or mode != "none":  # the blocks, whatever the wrapping policy
-            apply_activation_checkpointing(model, blocks, "full" if mode == "none" else mode)
-            units = in_place_of(model, units)
-        if self.cfg.training.compile:
-            compile_blocks(model, blocks)
+        self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
+        units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
         kwargs = {
             "mesh": self._mesh(),
             "reshard_after_forward": self.fsdp.reshards_after_forward,
@@ -98,6 +94,10 @@ class FSDPBackend(Backend):
 
     def _autocast(self):
         return contextlib.nullcontext()  # the mixed-precision policy casts
+
+    def _checkpointing(self) -> str:
+        mode = self.cfg.training.activation_checkpointing
+        return "full" if mode == "none" and self.fsdp.activation_checkpointing else mode  # the FSDP file's flag
 
     def _mixed_precision(self):
         if self.precision == "fp32":
