@@ -123,6 +123,24 @@ def test_a_zero2_offload_checkpoint_converts_to_the_weights_deepspeed_consolidat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["zero2", "zero3"])
+def test_zero_files_read_one_tensor_at_a_time_give_deepspeeds_own_universal_conversion(tmp_path, name):
+    """The whole training state, read from each rank's partitions by training/zero_files.py, equals what
+    DeepSpeed's ds_to_universal gathers from them."""
+    from distsetup.formats.checkpoint_folder import read_meta
+    from distsetup.training import universal_folder
+    from distsetup.training.convert import parameter_groups
+    from distsetup.training.named_state import named_state
+
+    path = step_dir(shared_run(name) / "checkpoints", INTERVAL)
+    groups = parameter_groups(read_meta(path)["model"])
+    universal_folder.from_deepspeed(path, tmp_path / path.name)
+    ours, theirs = named_state(path, "zero", groups), named_state(tmp_path / path.name, "universal", groups)
+    assert same(ours, theirs)
+    assert len(ours["optimizer"]["state"]) == sum(map(len, groups)) and ours["scheduler"]["last_epoch"] == INTERVAL
+
+
+@pytest.mark.slow
 def test_convert_refuses_in_one_line_and_writes_nothing(tmp_path):
     run = killed_at_interval(tmp_path, "ddp")
     same = convert(run, "--to", "single", "-o", tmp_path / "new")

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+import torch
 from train_runs import (
     GLOBAL_BATCH,
     INTERVAL,
@@ -81,6 +82,9 @@ def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
     drift = {k: float((weights[k] - v).norm() / v.norm()) for k, v in reference.items() if "qkv.bias" not in k}
     assert max(drift.values()) < 1e-4, sorted(drift.items(), key=lambda kv: -kv[1])[:3]
     assert step_dir(out / "checkpoints", INTERVAL).joinpath(MARKER).is_file()  # the source is left as it was
+    if backend == "deepspeed":  # the engine counts on from the checkpoint's step (its logs, its files)
+        model_states = next(step_dir(out / "checkpoints", STEPS).glob("*model_states.pt"))
+        assert torch.load(model_states, weights_only=False)["global_steps"] == STEPS
 
 
 def test_keep_checkpoints_removes_only_older_complete_intact_folders(tmp_path):

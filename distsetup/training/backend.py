@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
-from distsetup.training import memory, universal_folder
+from distsetup.training import memory
 from distsetup.training.checkpoint import atomic_save, copied_to_cpu
 from distsetup.training.data import IGNORE
 from distsetup.training.named_state import checkpoint_layout, described, layout, named_state, refuse_unreadable
@@ -122,10 +122,9 @@ class Backend:
             return None
         refuse_unreadable(path, meta)
         self.converted_from = checkpoint_layout(meta)
-        how = " by DeepSpeed's ds_to_universal" if self.converted_from == "zero" else ""
         return (
             f"checkpoint {path.name} ({described(meta['backend'], meta.get('zero_stage'))}, "
-            f"{ranks(meta['world_size'])}) converted{how} for this run ({described(self.name, self.zero_stage)}, "
+            f"{ranks(meta['world_size'])}) converted for this run ({described(self.name, self.zero_stage)}, "
             f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler"
         )
 
@@ -137,14 +136,8 @@ class Backend:
         """Restore model, optimizer and scheduler from checkpoint `path`."""
         if self.converted_from is None:
             self._load_own(path)
-        elif self.converted_from != "zero":
+        else:
             self._load_named(named_state(path, self.converted_from, self._groups()))
-        else:  # ZeRO 1-3's files per rank: rank 0 gathers them with DeepSpeed's own converter, every rank reads
-            universal = universal_folder.converted_on_rank0(
-                path, lambda out: universal_folder.from_deepspeed(path, out)
-            )
-            with universal_folder.removed_after_loading(universal, self.world.is_main):
-                self._load_named(universal_folder.read(universal, self._groups()))
 
     def _load_named(self, state: dict) -> None:
         """A named state (named_state.py) into model, optimizer, scheduler and fp16 loss scaler."""

@@ -4,12 +4,12 @@ data position, each rank's RNG): single/DDP's state.pt, FSDP's DCP folders, or D
 every ZeRO 1-3 run loads. The source is only read; the new output folder is written whole or not at all.
 
 A run resumes another backend's checkpoint by itself (train.py converts in memory); convert does it once, offline,
-so the new run starts without waiting for a conversion and the result can be copied where the run will be.
+so the new run starts without waiting for a conversion and the result can be copied where the run will be. It
+reads and writes one tensor at a time (streamed_io.py): its memory does not grow with the model.
 """
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
@@ -23,10 +23,11 @@ from distsetup.training.named_state import (
     checkpoint_layout,
     described,
     layout,
-    named_state,
+    lazy_state,
     numbered,
     refuse_unreadable,
 )
+from distsetup.training.streamed_io import save_dcp_streamed, save_streamed
 from distsetup.training.world import ranks
 
 
@@ -47,10 +48,7 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
 
     def write(folder: Path) -> None:
         checkpoint = step_dir(folder / "checkpoints", meta["step"])
-        if source == "zero" and target == "universal":  # DeepSpeed's own converter writes the result
-            universal_folder.from_deepspeed(path, checkpoint)
-        else:
-            _write(_state(path, source, model, folder), target, checkpoint, meta)
+        _write(lazy_state(path, source, parameter_groups(model)), target, checkpoint, meta)
         for rng in path.glob("rng_rank*.pt"):
             shutil.copyfile(rng, checkpoint / rng.name)
         marker = {k: v for k, v in meta.items() if k not in ("layout", "files")}
@@ -69,21 +67,9 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
     return path, written
 
 
-def _state(path: Path, source: str, model: dict, scratch: Path) -> dict:
-    """The named state of checkpoint `path`; ZeRO 1-3's per-rank files go through a universal folder in
-    `scratch`, removed once read."""
-    groups = parameter_groups(model)
-    if source != "zero":
-        return named_state(path, source, groups)
-    universal = scratch / ".universal" / path.name
-    universal_folder.from_deepspeed(path, universal)
-    state = universal_folder.read(universal, groups)
-    shutil.rmtree(universal.parent)
-    return state
-
-
 def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
-    """Named state `state` as the files of layout `target` in the new folder `checkpoint`."""
+    """Named state `state` (its tensors Lazy) as the files of layout `target` in the new folder `checkpoint`, one
+    tensor in memory at a time."""
     if target == "universal":
         universal_folder.write(state, checkpoint, meta)
         return
@@ -92,14 +78,10 @@ def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
         whole = {"model": state["model"], "optimizer": numbered(state["optimizer"]), "scheduler": state["scheduler"]}
         if state["scaler"]:
             whole["scaler"] = state["scaler"]
-        torch.save(whole, checkpoint / "state.pt")
+        save_streamed(whole, checkpoint / "state.pt")
         return
-    import torch.distributed.checkpoint as dcp  # FSDP's own layout; it reshards for any world size
-
-    with warnings.catch_warnings():  # that no process group means one process: as meant
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.save(state["model"], checkpoint_id=checkpoint / "model", no_dist=True)
-        dcp.save(state["optimizer"], checkpoint_id=checkpoint / "optim", no_dist=True)
+    save_dcp_streamed(state["model"], checkpoint / "model")  # FSDP's own layout; it reshards for any world size
+    save_dcp_streamed(state["optimizer"], checkpoint / "optim")
     torch.save({"scheduler": state["scheduler"]}, checkpoint / "scheduler.pt")
 
 

@@ -17,7 +17,7 @@ from distsetup.formats.validate import read_valid
 from distsetup.training import memory, universal_folder
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
-from distsetup.training.named_state import checkpoint_layout, layout, named_state
+from distsetup.training.named_state import checkpoint_layout, layout, lazy_state
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import ranks
 
@@ -183,6 +183,8 @@ class DeepSpeedBackend(Backend):
             self._load_engine(path)
         elif self.zero_stage == 0:  # a torch optimizer over the plain module, as the torch backends load
             super().load(path)
+            for counter, value in universal_folder.engine_counters(self.meta).items():
+                setattr(self.engine, counter, value)
         elif self.converted_from == "universal":
             self._load_universal(path)
         else:
@@ -190,7 +192,7 @@ class DeepSpeedBackend(Backend):
                 write = lambda out: universal_folder.from_deepspeed(path, out)  # noqa: E731
             else:  # single, DDP, FSDP or ZeRO-0: their named state written as a universal folder
                 write = lambda out: universal_folder.write(  # noqa: E731
-                    named_state(path, self.converted_from, self.groups), out, self.meta
+                    lazy_state(path, self.converted_from, self.groups), out, self.meta
                 )
             universal = universal_folder.converted_on_rank0(path, write)
             with universal_folder.removed_after_loading(universal, self.world.is_main):

@@ -15,8 +15,9 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, latest_complete, read_meta
 from distsetup.training.checkpoint import atomic_save
 from distsetup.training.model import require_transformers
+from distsetup.training.named_state import weight_stream
 from distsetup.training.safetensors_file import write_safetensors
-from distsetup.training.weight_stream import WeightStream, weight_stream
+from distsetup.training.weight_stream import WeightStream
 from distsetup.training.world import last_line
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

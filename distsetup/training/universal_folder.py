@@ -14,6 +14,7 @@ the torch backends read the buffers too.
 
 import argparse
 import contextlib
+import functools
 import io
 import shutil
 import tempfile
@@ -22,12 +23,12 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.training.weight_stream import WeightStream
+from distsetup.training.streamed_io import Lazy, shape_and_dtype
 from distsetup.training.world import barrier, decided_by_rank0, last_line
+from distsetup.training.zero_files import MOMENTS
 
 PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
 MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")  # ZeRO 1-2's, ZeRO-3's
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def converted_on_rank0(path: Path, write) -> Path:
@@ -56,13 +57,12 @@ def converted_on_rank0(path: Path, write) -> Path:
 
 @contextlib.contextmanager
 def removed_after_loading(converted: Path, is_main: bool):
-    """Every rank loads `converted` inside; rank 0 then removes its hidden folder, whatever happened."""
-    try:
-        yield
-        barrier()  # every rank has read it
-    finally:
-        if is_main:
-            shutil.rmtree(converted.parent, ignore_errors=True)
+    """Every rank loads `converted` inside; once all have, rank 0 removes its hidden folder. After a failure it stays
+    for the ranks still reading it, and the next conversion removes it."""
+    yield
+    barrier()  # every rank has read it
+    if is_main:
+        shutil.rmtree(converted.parent, ignore_errors=True)
 
 
 def from_deepspeed(path: Path, converted: Path) -> None:
@@ -86,48 +86,39 @@ def from_deepspeed(path: Path, converted: Path) -> None:
     _with_plain_names(converted)
 
 
-def weights(folder: Path) -> WeightStream:
-    """The model's weights in universal folder `folder`, each read when asked for (fp32; buffers as saved)."""
-    model_states = _model_states(folder)
-    shape_of = _shapes(model_states)
-    file_of = {name: name for name in shape_of}
-    for alias, source in (model_states.get("shared_params") or {}).items():  # tied weights: one file, two names
-        file_of[alias] = source
-    shapes = {name: (shape_of[file], torch.float32) for name, file in file_of.items()}
-    module = model_states.get("module") or {}
-    buffers = {name: module[name] for name in model_states.get("buffer_names") or () if name in module}
-
-    def read(name: str) -> torch.Tensor:
-        return buffers[name] if name in buffers else _param(folder / "zero" / file_of[name], "fp32", shapes[name][0])
-
-    return WeightStream({**shapes, **{name: (tuple(b.shape), b.dtype) for name, b in buffers.items()}}, read)
-
-
-def read(folder: Path, groups: list[list[str]]) -> dict:
-    """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, the optimizer keyed
-    by parameter names with AdamW's tensor step, in param `groups` (each a list of names) of the run that loads it."""
+def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
+    """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, weights and moments
+    Lazy (each file read when asked for), the optimizer keyed by parameter names with AdamW's tensor step, in param
+    `groups` (each a list of names) of the run that loads it (None: the weights alone)."""
     model_states = _model_states(folder)
     shape_of, zero = _shapes(model_states), folder / "zero"
-    moments = {}
-    for name in (name for names in groups for name in names):
-        step = torch.load(zero / name / "step.pt", weights_only=False)
-        moments[name] = {
-            "step": torch.tensor(float(step)),
-            **{key: _param(zero / name, key, shape_of[name]) for key in MOMENTS},
-        }
+
+    def lazy(name: str, key: str) -> Lazy:
+        return Lazy(shape_of[name], torch.float32, functools.partial(_param, zero / name, key, shape_of[name]), name)
+
+    module = model_states.get("module") or {}
+    model = {name: lazy(name, "fp32") for name in shape_of}
+    model |= {alias: lazy(source, "fp32") for alias, source in (model_states.get("shared_params") or {}).items()}
+    model |= {name: module[name] for name in model_states.get("buffer_names") or () if name in module}
+    state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
+    if groups is None:
+        return state
     settings = torch.load(zero / "optimizer_state.pt", weights_only=False)["param_groups"]
     if len(settings) != len(groups):
         raise ValueError(f"{len(settings)} optimizer param groups, where this run has {len(groups)}")
+    moments = {
+        name: {
+            "step": torch.tensor(float(torch.load(zero / name / "step.pt", weights_only=False))),
+            **{key: lazy(name, key) for key in MOMENTS},
+        }
+        for name in (name for names in groups for name in names)
+    }
     param_groups = [
         {**{k: v for k, v in group.items() if k != "params"}, "params": names}
         for group, names in zip(settings, groups, strict=True)
     ]
-    return {
-        "model": dict(weights(folder).tensors()),
-        "optimizer": {"state": moments, "param_groups": param_groups},
-        "scheduler": model_states["lr_scheduler"],
-        "scaler": None,
-    }
+    state["optimizer"] = {"state": moments, "param_groups": param_groups}
+    return state
 
 
 def write(state: dict, folder: Path, meta: dict) -> None:
@@ -140,9 +131,9 @@ def write(state: dict, folder: Path, meta: dict) -> None:
     names = [name for group in groups for name in group["params"]]
     for name in names:
         (zero / name).mkdir(parents=True)
-        torch.save({"param": model[name].float()}, zero / name / "fp32.pt")
+        torch.save({"param": _read(model[name]).float()}, zero / name / "fp32.pt")
         for key in MOMENTS:
-            torch.save({"param": moments[name][key].float()}, zero / name / f"{key}.pt")
+            torch.save({"param": _read(moments[name][key]).float()}, zero / name / f"{key}.pt")
         torch.save(moments[name]["step"], zero / name / "step.pt")
     settings = [{**{k: v for k, v in group.items() if k != "params"}, "params": [i]} for i, group in enumerate(groups)]
     step = moments[names[0]]["step"]
@@ -152,25 +143,31 @@ def write(state: dict, folder: Path, meta: dict) -> None:
         "ds_version": deepspeed.__version__,
     }
     torch.save(optimizer_state, zero / "optimizer_state.pt")
-    storage = {model[name].data_ptr(): name for name in names}
+    first_name = {_identity(model[name]): name for name in names}
     others = {k: v for k, v in model.items() if k not in names}
-    shared = {k: storage[v.data_ptr()] for k, v in others.items() if v.data_ptr() in storage}
-    buffers = {k: v for k, v in others.items() if k not in shared}
+    shared = {k: first_name[_identity(v)] for k, v in others.items() if _identity(v) in first_name}
+    buffers = {k: _read(v) for k, v in others.items() if k not in shared}
     model_states = {
         "module": buffers,
         "buffer_names": list(buffers),
-        "param_shapes": [{name: model[name].shape for name in group["params"]} for group in groups],
+        "param_shapes": [
+            {name: torch.Size(shape_and_dtype(model[name])[0]) for name in group["params"]} for group in groups
+        ],
         "shared_params": shared,
         "lr_scheduler": state["scheduler"],
         "skipped_steps": 0,
         "mp_world_size": 1,
         "ds_version": deepspeed.__version__,
-        "global_steps": meta["step"],  # the engine's counters, which its loader reads
-        "global_samples": meta["step"] * meta["sampler"]["global_batch"],
+        **engine_counters(meta),  # which its loader reads
         "dp_world_size": meta["world_size"],
     }
     for file in MODEL_STATES:
         torch.save(model_states, folder / file)
+
+
+def engine_counters(meta: dict) -> dict:
+    """A DeepSpeed engine's step counters at the checkpoint whose COMPLETE marker is `meta`."""
+    return {"global_steps": meta["step"], "global_samples": meta["step"] * meta["sampler"]["global_batch"]}
 
 
 @contextlib.contextmanager
@@ -186,6 +183,17 @@ def plain_names_in(engine):
         yield
     finally:
         names.update(own)
+
+
+def _read(tensor) -> torch.Tensor:
+    return tensor.read() if isinstance(tensor, Lazy) else tensor
+
+
+def _identity(tensor) -> object:
+    """The same for two names of one tensor (tied weights)."""
+    if isinstance(tensor, Lazy):
+        return id(tensor) if tensor.identity is None else tensor.identity
+    return tensor.untyped_storage().data_ptr()
 
 
 def _shapes(model_states: dict) -> dict[str, tuple[int, ...]]:

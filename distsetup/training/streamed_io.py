@@ -1,0 +1,120 @@
+"""Checkpoint tensors read and written one at a time, so that reading or rewriting a checkpoint holds about one
+tensor in memory, never the whole state (DeepSpeed PR 4025: converting an 80B ZeRO-3 checkpoint took over 1 TB).
+
+A state whose large tensors are `Lazy` leaves (shape, dtype, and how to read it) is written as a torch.save file
+(`save_streamed`) or a torch.distributed.checkpoint folder (`save_dcp_streamed`) without materializing it, and
+`materialized` makes it an ordinary state. torch.save files are read through memory maps (`MappedTorchFile`)
+dropped and made anew every MAPPED_BYTES read: the pages a mapping has read stay resident until it goes.
+"""
+
+import mmap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+MAPPED_BYTES = 64 * 2**20  # read (or written) through one memory map before it is dropped
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A tensor of a checkpoint not read yet. `identity` is the same for two names of one tensor (tied weights)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    read: Callable[[], torch.Tensor]
+    identity: object = None
+
+
+def materialized(state):
+    """`state` with each Lazy leaf read."""
+    return tree_map(lambda leaf: leaf.read() if isinstance(leaf, Lazy) else leaf, state)
+
+
+def shape_and_dtype(leaf) -> tuple[tuple[int, ...], torch.dtype]:
+    return (leaf.shape, leaf.dtype) if isinstance(leaf, Lazy) else (tuple(leaf.shape), leaf.dtype)
+
+
+class MappedTorchFile:
+    """A torch.save file whose tensors are read (copied out) through a memory map, remapped every MAPPED_BYTES."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        self._loaded = None
+        self._read_bytes = 0
+
+    def load(self) -> Any:
+        """The file's object, its tensors memory-mapped (read when touched); for listing, not to be kept."""
+        return torch.load(self.file, map_location="cpu", weights_only=False, mmap=True)
+
+    def read(self, keys: tuple, part: slice = slice(None)) -> torch.Tensor:
+        """A copy of the tensor (its `part`) at `keys`, the path to it in the file's object."""
+        if self._loaded is None or self._read_bytes > MAPPED_BYTES:
+            self._loaded, self._read_bytes = None, 0  # the old map goes before the new one comes
+            self._loaded = self.load()
+        found: Any = self._loaded
+        for key in keys:
+            found = found[key]
+        tensor = found[part].clone()
+        self._read_bytes += tensor.nbytes
+        return tensor
+
+
+def save_streamed(state, file: Path) -> None:
+    """torch.save(materialized(state), file), one tensor in memory at a time: torch writes the file with shapes
+    alone (`skip_data`), then each tensor is copied into its place through a shared memory map of the file."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    leaves = [leaf for leaf in tree_flatten(state)[0] if isinstance(leaf, (Lazy, torch.Tensor))]
+    with FakeTensorMode() as fake:
+
+        def shapes_only(leaf):
+            if not isinstance(leaf, (Lazy, torch.Tensor)):
+                return leaf
+            shape, dtype = shape_and_dtype(leaf)
+            return torch.empty(shape, dtype=dtype) if isinstance(leaf, Lazy) else fake.from_tensor(leaf)
+
+        skeleton = tree_map(shapes_only, state)
+    with torch.serialization.skip_data(materialize_fake_tensors=True):
+        torch.save(skeleton, file)
+    records = [name for name in torch._C.PyTorchFileReader(str(file)).get_all_records() if "/data/" in f"/{name}"]
+    if len(records) != len(leaves):  # a tensor inside an object the tree walk does not open would stay empty
+        raise ValueError(f"{file}: {len(records)} tensors written where {len(leaves)} were given")
+    written, place = 0, None
+    with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
+        for i, leaf in enumerate(leaves):
+            if place is None or written > MAPPED_BYTES:
+                place, written = None, 0
+                place = [t for t in tree_flatten(torch.load(file, mmap=True, weights_only=False))[0]]
+                place = [t for t in place if isinstance(t, torch.Tensor)]
+            tensor = leaf.read() if isinstance(leaf, Lazy) else leaf
+            place[i].copy_(tensor)
+            written += tensor.nbytes
+
+
+def save_dcp_streamed(state: dict, folder: Path) -> None:
+    """A torch.distributed.checkpoint folder of `state` (any world size loads it, resharded), written by this one
+    process with each Lazy leaf read only when its bytes are written."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    class ReadWhenWritten(DefaultSavePlanner):
+        def lookup_object(self, index):
+            leaf = state
+            for key in self.mappings[index.fqn]:  # the path to it in the nested state (DCP flattens it)
+                leaf = leaf[key]
+            return leaf.read() if isinstance(leaf, Lazy) else leaf
+
+    def planned(leaf):  # DCP plans from shapes and dtypes; meta tensors carry them
+        return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta") if isinstance(leaf, Lazy) else leaf
+
+    with warnings.catch_warnings():  # that no process group means one process: as meant
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        # a file per tensor: DCP's writer keeps each tensor of a file until the file is done
+        writer = dcp.FileSystemWriter(folder, single_file_per_rank=False)
+        dcp.save(tree_map(planned, state), storage_writer=writer, no_dist=True, planner=ReadWhenWritten())
