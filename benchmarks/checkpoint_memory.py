@@ -5,9 +5,10 @@ model's fp32 bytes.
 convert` (the whole training state: weights and both AdamW moments, 3x the model's fp32 bytes, into single/DDP's
 state.pt, FSDP's DCP folders and DeepSpeed's universal folder) read one tensor at a time from the ranks'
 memory-mapped partitions. DeepSpeed's own `zero_to_fp32` (safetensors) and `ds_to_universal` run on the same
-checkpoint, side by side. Goal for distsetup: peak RSS at most 1.5x the model's fp32 bytes. A GPT of about 300M
+checkpoint, side by side. The conversions run in a chain (ZeRO-3 -> state.pt -> DCP -> universal -> state.pt),
+so each layout is read once. Goal for distsetup: peak RSS at most 1.5x the model's fp32 bytes. A GPT of about 300M
 parameters trains 1 step under ZeRO-3 on 2 CPU processes to write the checkpoint (a few minutes on 2 cores; about
-12 GB of memory and 16 GB of disk)."""
+12 GB of memory and 12 GB of disk)."""
 
 import argparse
 import math
@@ -67,7 +68,7 @@ def main():
     (step,) = [p for p in checkpoints.glob("step_*") if (p / "COMPLETE").exists()]
 
     distsetup = [BIN / "distsetup", "checkpoint"]
-    stages = [  # (reader, what it writes, its command line writing into folder `out`)
+    deepspeed_tools = [  # (tool, what it writes, its command line writing into folder `out`)
         ("distsetup checkpoint export", "safetensors", lambda out: [*distsetup, "export", run, "-o", out]),
         (
             "DeepSpeed zero_to_fp32",
@@ -77,14 +78,6 @@ def main():
                 + ["--safe_serialization"]
             ),
         ),
-        *[
-            (
-                f"distsetup checkpoint convert --to {to}",
-                writes,
-                lambda out, to=to: [*distsetup, "convert", run, "--to", to, "-o", out],
-            )
-            for to, writes in (("ddp", "state.pt"), ("fsdp", "DCP folders"), ("deepspeed", "universal folder"))
-        ],
         (
             "DeepSpeed ds_to_universal",
             "universal folder",
@@ -94,19 +87,38 @@ def main():
             ),
         ),
     ]
-    measured = []
-    for name, writes, argv in stages:
+    measured = []  # (tool, what it reads, what it writes, peak RSS bytes, seconds)
+    for name, writes, argv in deepspeed_tools:
         out = work / "out"
         subprocess.run(["rm", "-rf", out], check=True)
-        measured.append((name, writes, *peak_rss(argv(out))))
+        measured.append((name, "ZeRO-3", writes, *peak_rss(argv(out))))
         subprocess.run(["rm", "-rf", out], check=True)  # up to 4 GB each: one at a time on the disk
+    # conversions in a chain, each reading the one before: every layout is read once and written once
+    source, reads = run, "ZeRO-3"
+    for i, (to, writes) in enumerate(
+        (("ddp", "state.pt"), ("fsdp", "DCP folders"), ("deepspeed", "universal folder"), ("ddp", "state.pt"))
+    ):
+        out = work / f"converted-{i}"
+        subprocess.run(["rm", "-rf", out], check=True)
+        measured.append(
+            (
+                f"distsetup checkpoint convert --to {to}",
+                reads,
+                writes,
+                *peak_rss([*distsetup, "convert", source, "--to", to, "-o", out]),
+            )
+        )
+        if source != run:
+            subprocess.run(["rm", "-rf", source], check=True)
+        source, reads = out, writes
+    subprocess.run(["rm", "-rf", source], check=True)
 
     from distsetup.training.named_state import weight_stream  # after the runs: this process's size is theirs too
 
     fp32_bytes = sum(4 * math.prod(shape) for shape, _ in weight_stream(step).shapes.values())
-    rows = [[name, writes, rss / 2**30, rss / fp32_bytes, seconds] for name, writes, rss, seconds in measured]
-    text = table(["reader", "writes", "peak RSS GiB", "x model fp32 bytes", "seconds"], rows)
-    ours = [rss for name, _, rss, _ in measured if name.startswith("distsetup")]
+    rows = [[name, *layouts, rss / 2**30, rss / fp32_bytes, seconds] for name, *layouts, rss, seconds in measured]
+    text = table(["tool", "reads", "writes", "peak RSS GiB", "x model fp32 bytes", "seconds"], rows)
+    ours = [rss for name, _, _, rss, _ in measured if name.startswith("distsetup")]
     verdict = "met" if max(ours) <= 1.5 * fp32_bytes else "NOT met"
     text += (
         f"\n\nGPT {a.n_layer} layers x {a.n_embd} ({fp32_bytes / 4e6:.0f}M parameters, {fp32_bytes / 2**30:.2f} GiB "

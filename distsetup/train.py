@@ -120,6 +120,7 @@ def train(cfg, args) -> int:
 
     from distsetup.formats.checkpoint_folder import find_resume, read_meta
     from distsetup.training import checkpoint as ckpt
+    from distsetup.training import universal_folder
     from distsetup.training.backends import make_backend
     from distsetup.training.data import ShardedSampler, build_datasets, loss_weights
     from distsetup.training.evaluation import evaluate
@@ -158,6 +159,7 @@ def train(cfg, args) -> int:
     lock = OutputDirLock(out_dir)
     if world.is_main:
         lock.acquire()
+        universal_folder.remove_stale(out_dir)
     preemption = Preemption()
 
     step, metrics, bar, status = 0, None, None, 1  # status: what the run exits with

@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from train_runs import (
+    DS_FILES,
     INTERVAL,
     RUNS,
     STEPS,
@@ -123,21 +124,40 @@ def test_a_zero2_offload_checkpoint_converts_to_the_weights_deepspeed_consolidat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["zero2", "zero3"])
+@pytest.mark.parametrize("name", ["zero2", "zero3 in sub-groups, activation checkpointing"])
 def test_zero_files_read_one_tensor_at_a_time_give_deepspeeds_own_universal_conversion(tmp_path, name):
     """The whole training state, read from each rank's partitions by training/zero_files.py, equals what
-    DeepSpeed's ds_to_universal gathers from them."""
+    DeepSpeed's ds_to_universal gathers from them. ZeRO-3 splits each param group into sub-groups of
+    sub_group_size elements (partitioned, and numbered, apart), and checkpointing wraps the parameters' names."""
     from distsetup.formats.checkpoint_folder import read_meta
     from distsetup.training import universal_folder
     from distsetup.training.convert import parameter_groups
     from distsetup.training.named_state import named_state
 
-    path = step_dir(shared_run(name) / "checkpoints", INTERVAL)
+    if name == "zero2":
+        path = step_dir(shared_run(name) / "checkpoints", INTERVAL)
+    else:
+        zero3 = {**DS_FILES["zero3"]["zero_optimization"], "sub_group_size": 4000}
+        training = {**TRAINING, "micro_batch_size": 12, "max_steps": 4, "checkpoint_interval": 4}
+        config = write_config(
+            tmp_path / "run",
+            "zero3",
+            "deepspeed",
+            {**DS_FILES["zero3"], "zero_optimization": zero3},
+            {**training, "activation_checkpointing": "full"},
+        )
+        result = train(config, 2)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        path = step_dir(tmp_path / "run" / "out" / "checkpoints", 4)
+        shapes = torch.load(path / "zero_pp_rank_0_mp_rank_00_model_states.pt", weights_only=False)["param_shapes"]
+        assert len(shapes) > 4 and "_checkpoint_wrapped_module" in str(shapes)  # what this case is about
     groups = parameter_groups(read_meta(path)["model"])
     universal_folder.from_deepspeed(path, tmp_path / path.name)
     ours, theirs = named_state(path, "zero", groups), named_state(tmp_path / path.name, "universal", groups)
     assert same(ours, theirs)
-    assert len(ours["optimizer"]["state"]) == sum(map(len, groups)) and ours["scheduler"]["last_epoch"] == INTERVAL
+    assert len(ours["optimizer"]["state"]) == sum(map(len, groups)) == len(groups[0]) + len(groups[1])
+    decay, no_decay = (group["weight_decay"] for group in ours["optimizer"]["param_groups"])
+    assert decay > 0 == no_decay  # each group's own settings, not its first sub-group's
 
 
 @pytest.mark.slow

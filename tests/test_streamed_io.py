@@ -112,11 +112,49 @@ def test_a_streamed_dcp_folder_loads_as_dcp_save_of_the_whole_state(tmp_path):
     assert_same(target, expected)
 
 
-def test_a_mapped_file_reads_each_tensor_again_after_dropping_its_map(tmp_path, small_maps):
+def test_a_mapped_file_reads_each_tensor_again_after_dropping_its_map(tmp_path, small_maps, monkeypatch):
     tensors = {f"t{i}": torch.arange(100, dtype=torch.float32) * i for i in range(10)}
-    torch.save({"model": tensors}, tmp_path / "state.pt")
+    torch.save({"model": tensors, "scalar": torch.tensor(3.0)}, tmp_path / "state.pt")
     mapped = MappedTorchFile(tmp_path / "state.pt")
+    maps = collections.Counter()
+    load = mapped.load
+    monkeypatch.setattr(mapped, "load", lambda: maps.update(["made"]) or load())
     for _ in range(2):
         for name, tensor in tensors.items():
             assert torch.equal(mapped.read(("model", name)), tensor)
             assert torch.equal(mapped.read(("model", name), slice(10, 20)), tensor[10:20])
+    assert mapped.read(("scalar",)).item() == 3.0  # a 0-dim tensor reads whole
+    assert maps["made"] >= 2 * 10  # each whole tensor (400 bytes) passes the 256: the next read maps anew
+
+
+def test_tensors_sharing_a_storage_are_written_each_whole(tmp_path):
+    weight = torch.randn(6, 4)
+    state = {"model": {"wte.weight": weight, "lm_head.weight": weight, "row": weight[2]}}  # tied, and a view
+    save_streamed(state, tmp_path / "state.pt")
+    back = torch.load(tmp_path / "state.pt", weights_only=True)["model"]
+    assert all(torch.equal(back[name], tensor) for name, tensor in state["model"].items())
+
+
+def test_a_zero0_file_with_an_int_adam_step_is_read_by_name(tmp_path):
+    """DeepSpeed's FusedAdam (a ZeRO-0 run's optimizer on a GPU) counts its step in an int."""
+    from distsetup.training.named_state import named_state
+
+    weight, bias = torch.randn(4, 3), torch.randn(3)
+    moments = {"step": 5, "exp_avg": torch.ones(4, 3), "exp_avg_sq": torch.ones(4, 3) * 2}
+    torch.save(
+        {
+            "module": {"fc.weight": weight, "fc.bias": bias, "mask": torch.tensor(1.0)},
+            "optimizer": {
+                "state": {0: moments, 1: {"step": 5, "exp_avg": bias * 0, "exp_avg_sq": bias * 0}},
+                "param_groups": [{"lr": 1e-3, "params": [0]}, {"lr": 1e-3, "params": [1]}],
+            },
+            "lr_scheduler": {"last_epoch": 5},
+        },
+        tmp_path / "mp_rank_00_model_states.pt",
+    )
+    state = named_state(tmp_path, "zero0", [["fc.weight"], ["fc.bias"]])
+    assert torch.equal(state["model"]["fc.weight"], weight) and state["model"]["mask"].item() == 1.0
+    assert state["optimizer"]["state"]["fc.weight"]["step"] == 5
+    assert torch.equal(state["optimizer"]["state"]["fc.weight"]["exp_avg_sq"], moments["exp_avg_sq"])
+    assert [group["params"] for group in state["optimizer"]["param_groups"]] == [["fc.weight"], ["fc.bias"]]
+    assert state["scheduler"] == {"last_epoch": 5}

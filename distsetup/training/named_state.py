@@ -112,7 +112,9 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
         optimizer = saved[keys[1]]
         order = [name for names in groups for name in names]
         moments = {
-            key: {k: lazy((keys[1], "state", key, k), v) if k in MOMENTS else v.clone() for k, v in value.items()}
+            key: {
+                k: lazy((keys[1], "state", key, k), v) if k in MOMENTS else copy.deepcopy(v) for k, v in value.items()
+            }
             for key, value in optimizer["state"].items()
         }
         optimizer = {"state": moments, "param_groups": copy.deepcopy(optimizer["param_groups"])}

@@ -29,9 +29,14 @@ class Lazy:
     identity: object = None
 
 
+def read(leaf):
+    """A Lazy leaf read; anything else as it is."""
+    return leaf.read() if isinstance(leaf, Lazy) else leaf
+
+
 def materialized(state):
     """`state` with each Lazy leaf read."""
-    return tree_map(lambda leaf: leaf.read() if isinstance(leaf, Lazy) else leaf, state)
+    return tree_map(read, state)
 
 
 def shape_and_dtype(leaf) -> tuple[tuple[int, ...], torch.dtype]:
@@ -39,10 +44,12 @@ def shape_and_dtype(leaf) -> tuple[tuple[int, ...], torch.dtype]:
 
 
 class MappedTorchFile:
-    """A torch.save file whose tensors are read (copied out) through a memory map, remapped every MAPPED_BYTES."""
+    """A torch.save file whose tensors are read (copied out) through a memory map, remapped every MAPPED_BYTES read
+    (a share of it where `shared_by` files are read at once)."""
 
-    def __init__(self, file: Path):
+    def __init__(self, file: Path, shared_by: int = 1):
         self.file = file
+        self.budget = MAPPED_BYTES // shared_by
         self._loaded = None
         self._read_bytes = 0
 
@@ -50,15 +57,15 @@ class MappedTorchFile:
         """The file's object, its tensors memory-mapped (read when touched); for listing, not to be kept."""
         return torch.load(self.file, map_location="cpu", weights_only=False, mmap=True)
 
-    def read(self, keys: tuple, part: slice = slice(None)) -> torch.Tensor:
+    def read(self, keys: tuple, part: slice | None = None) -> torch.Tensor:
         """A copy of the tensor (its `part`) at `keys`, the path to it in the file's object."""
-        if self._loaded is None or self._read_bytes > MAPPED_BYTES:
+        if self._loaded is None or self._read_bytes > self.budget:
             self._loaded, self._read_bytes = None, 0  # the old map goes before the new one comes
             self._loaded = self.load()
         found: Any = self._loaded
         for key in keys:
             found = found[key]
-        tensor = found[part].clone()
+        tensor = (found if part is None else found[part]).clone()
         self._read_bytes += tensor.nbytes
         return tensor
 
@@ -69,13 +76,13 @@ def save_streamed(state, file: Path) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     leaves = [leaf for leaf in tree_flatten(state)[0] if isinstance(leaf, (Lazy, torch.Tensor))]
-    with FakeTensorMode() as fake:
+    with FakeTensorMode():  # a storage of its own for every tensor, never allocated
 
         def shapes_only(leaf):
             if not isinstance(leaf, (Lazy, torch.Tensor)):
                 return leaf
             shape, dtype = shape_and_dtype(leaf)
-            return torch.empty(shape, dtype=dtype) if isinstance(leaf, Lazy) else fake.from_tensor(leaf)
+            return torch.empty(shape, dtype=dtype)
 
         skeleton = tree_map(shapes_only, state)
     with torch.serialization.skip_data(materialize_fake_tensors=True):
@@ -90,7 +97,7 @@ def save_streamed(state, file: Path) -> None:
                 place, written = None, 0
                 place = [t for t in tree_flatten(torch.load(file, mmap=True, weights_only=False))[0]]
                 place = [t for t in place if isinstance(t, torch.Tensor)]
-            tensor = leaf.read() if isinstance(leaf, Lazy) else leaf
+            tensor = read(leaf)
             place[i].copy_(tensor)
             written += tensor.nbytes
 
@@ -108,7 +115,7 @@ def save_dcp_streamed(state: dict, folder: Path) -> None:
             leaf = state
             for key in self.mappings[index.fqn]:  # the path to it in the nested state (DCP flattens it)
                 leaf = leaf[key]
-            return leaf.read() if isinstance(leaf, Lazy) else leaf
+            return read(leaf)
 
     def planned(leaf):  # DCP plans from shapes and dtypes; meta tensors carry them
         return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta") if isinstance(leaf, Lazy) else leaf

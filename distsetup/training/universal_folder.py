@@ -1,7 +1,7 @@
 """DeepSpeed's universal checkpoint folder: what its ds_to_universal writes and ZeRO 1-3 engines load at any world
-size and stage (`checkpoint.load_universal`). It is also where DeepSpeed and the torch backends meet: a DeepSpeed
-checkpoint is read into a named state (named_state.py) through one, and a named state is written as one for a
-DeepSpeed run to load.
+size and stage (`checkpoint.load_universal`). A DeepSpeed run resumes another world size or ZeRO stage through one
+(`from_deepspeed`: DeepSpeed's own ds_to_universal), and any other backend's checkpoint as a named state
+(named_state.py) written as one (`write`); `distsetup checkpoint convert --to deepspeed` writes one too.
 
 The layout (DeepSpeed 0.19): zero/<parameter name>/ holds fp32.pt, exp_avg.pt and exp_avg_sq.pt, each
 {"param": the whole tensor}, and step.pt; zero/optimizer_state.pt the param groups' settings and the loss scaler;
@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.training.streamed_io import Lazy, shape_and_dtype
+from distsetup.training.streamed_io import Lazy, read, shape_and_dtype
+from distsetup.training.weight_stream import plain_name
 from distsetup.training.world import barrier, decided_by_rank0, last_line
-from distsetup.training.zero_files import MOMENTS
+from distsetup.training.zero_files import MODEL_STATES, MOMENTS
 
 PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
-MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")  # ZeRO 1-2's, ZeRO-3's
 
 
 def converted_on_rank0(path: Path, write) -> Path:
@@ -37,8 +37,7 @@ def converted_on_rank0(path: Path, write) -> Path:
 
     def convert() -> Path | str:
         output_dir = path.parent.parent
-        for stale in output_dir.glob(f"{PREFIX}*"):  # left by a run killed while converting or loading
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_stale(output_dir)
         root = None
         try:
             root = Path(tempfile.mkdtemp(dir=output_dir, prefix=PREFIX))
@@ -55,10 +54,17 @@ def converted_on_rank0(path: Path, write) -> Path:
     return converted
 
 
+def remove_stale(output_dir: Path) -> None:
+    """Rank 0 of the run that holds `output_dir`: the hidden folders a conversion left there (a run killed while
+    converting, or whose load failed)."""
+    for stale in output_dir.glob(f"{PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def removed_after_loading(converted: Path, is_main: bool):
     """Every rank loads `converted` inside; once all have, rank 0 removes its hidden folder. After a failure it stays
-    for the ranks still reading it, and the next conversion removes it."""
+    for the ranks still reading it, and the next run in this output_dir removes it (remove_stale)."""
     yield
     barrier()  # every rank has read it
     if is_main:
@@ -94,12 +100,14 @@ def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
     shape_of, zero = _shapes(model_states), folder / "zero"
 
     def lazy(name: str, key: str) -> Lazy:
-        return Lazy(shape_of[name], torch.float32, functools.partial(_param, zero / name, key, shape_of[name]), name)
+        return Lazy(
+            shape_of[name], torch.float32, functools.partial(_param, zero / name, key, shape_of[name]), (name, key)
+        )
 
     module = model_states.get("module") or {}
     model = {name: lazy(name, "fp32") for name in shape_of}
     model |= {alias: lazy(source, "fp32") for alias, source in (model_states.get("shared_params") or {}).items()}
-    model |= {name: module[name] for name in model_states.get("buffer_names") or () if name in module}
+    model |= {name: module[name].clone() for name in model_states.get("buffer_names") or () if name in module}
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
     if groups is None:
         return state
@@ -131,9 +139,9 @@ def write(state: dict, folder: Path, meta: dict) -> None:
     names = [name for group in groups for name in group["params"]]
     for name in names:
         (zero / name).mkdir(parents=True)
-        torch.save({"param": _read(model[name]).float()}, zero / name / "fp32.pt")
+        torch.save({"param": read(model[name]).float()}, zero / name / "fp32.pt")
         for key in MOMENTS:
-            torch.save({"param": _read(moments[name][key]).float()}, zero / name / f"{key}.pt")
+            torch.save({"param": read(moments[name][key]).float()}, zero / name / f"{key}.pt")
         torch.save(moments[name]["step"], zero / name / "step.pt")
     settings = [{**{k: v for k, v in group.items() if k != "params"}, "params": [i]} for i, group in enumerate(groups)]
     step = moments[names[0]]["step"]
@@ -146,7 +154,7 @@ def write(state: dict, folder: Path, meta: dict) -> None:
     first_name = {_identity(model[name]): name for name in names}
     others = {k: v for k, v in model.items() if k not in names}
     shared = {k: first_name[_identity(v)] for k, v in others.items() if _identity(v) in first_name}
-    buffers = {k: _read(v) for k, v in others.items() if k not in shared}
+    buffers = {k: read(v) for k, v in others.items() if k not in shared}
     model_states = {
         "module": buffers,
         "buffer_names": list(buffers),
@@ -174,8 +182,6 @@ def engine_counters(meta: dict) -> dict:
 def plain_names_in(engine):
     """While a DeepSpeed `engine` loads a universal folder: its optimizer finds each parameter's files under the
     name without wrappers (the engine's own names keep activation checkpointing's)."""
-    from distsetup.training.weight_stream import plain_name
-
     names = engine.param_names  # the dict its ZeRO optimizer holds too
     own = dict(names)
     names.update({param: plain_name(name) for param, name in own.items()})
@@ -183,10 +189,6 @@ def plain_names_in(engine):
         yield
     finally:
         names.update(own)
-
-
-def _read(tensor) -> torch.Tensor:
-    return tensor.read() if isinstance(tensor, Lazy) else tensor
 
 
 def _identity(tensor) -> object:
@@ -201,7 +203,8 @@ def _shapes(model_states: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _model_states(folder: Path) -> dict:
-    return torch.load(folder / MODEL_STATES[0], map_location="cpu", weights_only=False)
+    """The model-states file, its tensors mapped (ds_to_universal's keeps a ZeRO 1-2 source's whole module there)."""
+    return torch.load(folder / MODEL_STATES[0], map_location="cpu", weights_only=False, mmap=True)
 
 
 def _param(folder: Path, key: str, shape) -> torch.Tensor:
@@ -213,8 +216,6 @@ def _param(folder: Path, key: str, shape) -> torch.Tensor:
 def _with_plain_names(converted: Path) -> None:
     """A folder ds_to_universal wrote with the engine's names (activation checkpointing's wrapper in them) renamed
     to the plain names."""
-    from distsetup.training.weight_stream import plain_name
-
     for folder in (converted / "zero").iterdir():
         if folder.is_dir() and plain_name(folder.name) != folder.name:
             folder.rename(folder.with_name(plain_name(folder.name)))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from distsetup.training.streamed_io import Lazy, shape_and_dtype
+from distsetup.training.streamed_io import read, shape_and_dtype
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,9 @@ class WeightStream:
     def of(tensors: dict) -> "WeightStream":
         """The tensors of a named state's model (real, or streamed_io.Lazy) as a stream."""
 
-        def read(name: str) -> torch.Tensor:
-            tensor = tensors[name]
-            return tensor.read() if isinstance(tensor, Lazy) else tensor
-
-        return WeightStream({name: shape_and_dtype(tensor) for name, tensor in tensors.items()}, read)
+        return WeightStream(
+            {name: shape_and_dtype(tensor) for name, tensor in tensors.items()}, lambda name: read(tensors[name])
+        )
 
     def renamed(self, rename: Callable[[str], str]) -> "WeightStream":
         """The same tensors under the names `rename` gives them."""

@@ -9,6 +9,7 @@ the names that share a parameter (tied weights), the buffers and the scheduler.
   one after the other in the order `param_shapes` lists them (what zero_to_fp32 reads).
 """
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -36,13 +37,19 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
     model_states = MappedTorchFile(model_file).load()  # ZeRO 1-2 keep the whole module in it: read no more
     if model_states.get("frozen_param_shapes"):
         raise ValueError("frozen parameters, which distsetup runs do not have")
-    ranks = [MappedTorchFile(files[rank]) for rank in range(world)]
+    ranks = [MappedTorchFile(files[rank], shared_by=world) for rank in range(world)]
     first = ranks[0].load()["optimizer_state_dict"]
     stage3 = "fp32_flat_groups" in first
     shapes = {
         plain_name(n): (g, tuple(s)) for g, group in enumerate(model_states["param_shapes"]) for n, s in group.items()
     }
-    pieces = _zero3_pieces(model_states, world) if stage3 else _zero12_pieces(ranks)
+    if stage3:
+        pieces = _zero3_pieces(model_states, world, [flat.numel() for flat in first["fp32_flat_groups"]])
+    else:
+        pieces = _zero12_pieces(ranks, shapes)
+    missing = [name for names in groups or () for name in names if name not in shapes]
+    if missing:
+        raise ValueError(f"parameter {missing[0]} of this run's model is not in the checkpoint")
 
     def read(name: str, kind: str) -> torch.Tensor:
         group, shape = shapes[name]
@@ -51,7 +58,7 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
         return torch.cat(parts)[: math.prod(shape)].view(shape)
 
     def lazy(name: str, kind: str) -> Lazy:
-        return Lazy(shapes[name][1], torch.float32, lambda: read(name, kind), identity=name)
+        return Lazy(shapes[name][1], torch.float32, functools.partial(read, name, kind), identity=(name, kind))
 
     tied = {plain_name(k): plain_name(v) for k, v in (model_states.get("shared_params") or {}).items()}
     buffer_names = set(model_states.get("buffer_names") or ())
@@ -67,7 +74,7 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
                 for names in groups
                 for name in names
             },
-            "param_groups": [_settings(inner, shapes, names) for names in groups],
+            "param_groups": [_settings(inner, shapes[names[0]][0], names) for names in groups],
         }
     return state
 
@@ -80,25 +87,31 @@ def _flat_keys(stage3: bool, group: int, kind: str) -> tuple:
     return ("optimizer_state_dict", "optimizer_state_dict" if stage3 else "base_optimizer_state", "state", group, kind)
 
 
-def _zero12_pieces(ranks: list[MappedTorchFile]) -> dict[str, list[tuple[int, int, int]]]:
+def _zero12_pieces(ranks: list[MappedTorchFile], shapes: dict) -> dict[str, list[tuple[int, int, int]]]:
     """Each parameter's fragments (rank, start, numel) in rank order."""
     pieces: dict[str, list[tuple[int, int, int]]] = {}
     for rank, file in enumerate(ranks):
         for mapping in file.load()["optimizer_state_dict"]["param_slice_mappings"]:
             for name, fragment in mapping.items():
                 pieces.setdefault(plain_name(name), []).append((rank, fragment.start, fragment.numel))
+    for name, (_, shape) in shapes.items():
+        if sum(numel for _, _, numel in pieces.get(name, ())) != math.prod(shape):
+            raise ValueError(f"the ranks' fragments of {name} do not make its {math.prod(shape)} elements")
     return pieces
 
 
-def _zero3_pieces(model_states: dict, world: int) -> dict[str, list[tuple[int, int, int]]]:
-    """Each parameter's (rank, start, numel) in every rank's partition of its sub-group."""
+def _zero3_pieces(model_states: dict, world: int, partition: list[int]) -> dict[str, list[tuple[int, int, int]]]:
+    """Each parameter's (rank, start, numel) in every rank's partition of its sub-group (`partition`: each
+    sub-group's partition size)."""
     pieces = {}
-    for shapes in model_states["param_shapes"]:
+    for group, shapes in enumerate(model_states["param_shapes"]):
         offset = 0
         for name, shape in shapes.items():
             part = math.ceil(math.prod(shape) / world)
             pieces[plain_name(name)] = [(rank, offset, part) for rank in range(world)]
             offset += part
+        if offset > partition[group]:  # partitions over part of the world (hpZ, MiCS)
+            raise ValueError(f"sub-group {group} is not spread over the {world} ranks evenly, as distsetup reads it")
     return pieces
 
 
@@ -107,10 +120,8 @@ def _step(inner: dict, group: int) -> torch.Tensor:
     return torch.tensor(float(inner["state"][group]["step"]))
 
 
-def _settings(inner: dict, shapes: dict, names: list[str]) -> dict:
-    """A param group of the loading run: the settings of the checkpoint's (sub-)group holding its parameters."""
-    missing = [name for name in names if name not in shapes]
-    if missing:
-        raise ValueError(f"parameter {missing[0]} of this run's model is not in the checkpoint")
-    saved = inner["param_groups"][shapes[names[0]][0]]
+def _settings(inner: dict, group: int, names: list[str]) -> dict:
+    """A param group of the loading run: the settings of the checkpoint's param group that holds (sub-)group
+    `group` (ZeRO-3 splits a param group into sub-groups: the inner optimizer's groups list their numbers)."""
+    saved = next(saved for saved in inner["param_groups"] if group in saved["params"])
     return {**{k: v for k, v in saved.items() if k != "params"}, "params": list(names)}
