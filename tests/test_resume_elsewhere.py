@@ -8,6 +8,7 @@ job killed after step 10 leaves behind (test_train_resume kills real ranks), and
 import json
 import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -85,6 +86,42 @@ def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
     if backend == "deepspeed":  # the engine counts on from the checkpoint's step (its logs, its files)
         model_states = next(step_dir(out / "checkpoints", STEPS).glob("*model_states.pt"))
         assert torch.load(model_states, weights_only=False)["global_steps"] == STEPS
+
+
+# case -> (source run, file damaged in its step-10 folder, backend resuming it, backend file)
+DAMAGED = {
+    "zero2 -> ddp: every rank reads the partitions": (
+        "zero2",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "ddp",
+        None,
+    ),
+    "ddp -> zero2: rank 0 converts": ("ddp", "state.pt", "deepspeed", ds_split("zero2", 2, 12)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_checkpoint_of_another_backend_ends_every_rank_in_one_line(tmp_path, case):
+    """Damage that keeps the file's size shows only when it is read: every rank stops at once with one line, long
+    before the collective timeout, and no converted copy is left behind."""
+    source, damaged, backend, backend_file = DAMAGED[case]
+    out = tmp_path / "out"
+    checkpoint = step_dir(out / "checkpoints", INTERVAL)
+    shutil.copytree(step_dir(shared_run(source) / "checkpoints", INTERVAL), checkpoint)
+    (checkpoint / damaged).write_bytes(b"\xff" * (checkpoint / damaged).stat().st_size)
+    training = {**TRAINING, "micro_batch_size": 12, "gradient_accumulation_steps": 1}
+    config = write_config(tmp_path, source, backend, backend_file, training)
+    began = time.monotonic()
+    result = train(config, 2)
+    took = time.monotonic() - began
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and errors, result.stdout[-2000:] + result.stderr[-3000:]
+    assert all(f"checkpoint {checkpoint}" in line and damaged in line and "--no_resume" in line for line in errors)
+    ours = 'train.py", line' in result.stderr or "distsetup/training/" in result.stderr  # torchrun's may follow
+    assert not ours and "No such file" not in result.stderr, result.stderr[-3000:]
+    assert took < 60, f"{took:.0f} s: a rank waited for the others (timeout 2 minutes)"
+    assert not list(out.glob(".universal-*")) and not (out / "metrics.jsonl").exists()
 
 
 def test_keep_checkpoints_removes_only_older_complete_intact_folders(tmp_path):

@@ -55,7 +55,13 @@ class MappedTorchFile:
 
     def load(self) -> Any:
         """The file's object, its tensors memory-mapped (read when touched); for listing, not to be kept."""
-        return torch.load(self.file, map_location="cpu", weights_only=False, mmap=True)
+        try:
+            return torch.load(self.file, map_location="cpu", weights_only=False, mmap=True)
+        except OSError:  # names the file itself
+            raise
+        except Exception as e:  # damaged content: torch's message does not say which file
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{self.file.name}: {detail}") from e
 
     def read(self, keys: tuple, part: slice | None = None) -> torch.Tensor:
         """A copy of the tensor (its `part`) at `keys`, the path to it in the file's object."""
