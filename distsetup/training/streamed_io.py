@@ -71,7 +71,8 @@ class MappedTorchFile:
         found: Any = self._loaded
         for key in keys:
             found = found[key]
-        tensor = (found if part is None else found[part]).clone()
+        # detached: DeepSpeed saves its fp32 partitions requiring grad, and a slice of one would carry a graph
+        tensor = (found if part is None else found[part]).detach().clone()
         self._read_bytes += tensor.nbytes
         return tensor
 
