@@ -101,11 +101,18 @@ def test_the_rules_catch_a_crossing():
 
 
 # Each module imported in a child forked from one interpreter that has imported torch (the slow part) and
-# nothing of distsetup: every child starts with no module of ours loaded, as a fresh interpreter would.
+# nothing of distsetup: every child starts with no module of ours loaded, as a fresh interpreter would. Two
+# children at a time, one per core.
 IMPORT_EACH_ALONE = """
 import os, sys, traceback
 import torch  # noqa: F401
+importing = {}
+def reap():
+    pid, status = os.wait()
+    print(importing.pop(pid), os.waitstatus_to_exitcode(status), flush=True)
 for name in sys.argv[1:]:
+    if len(importing) == 2:
+        reap()
     pid = os.fork()
     if pid == 0:
         try:
@@ -114,7 +121,9 @@ for name in sys.argv[1:]:
             traceback.print_exc()
             os._exit(1)
         os._exit(0)
-    print(name, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    importing[pid] = name
+while importing:
+    reap()
 """
 MODULES = [n for n in module_names() if n != "distsetup.__main__"]
 
