@@ -159,7 +159,8 @@ def train(cfg, args) -> int:
     lock = OutputDirLock(out_dir)
     if world.is_main:
         lock.acquire()
-        universal_folder.remove_stale(out_dir)
+        if not lock.unsupported:  # without a lock another run could be loading one
+            universal_folder.remove_stale(out_dir)
     preemption = Preemption()
 
     step, metrics, bar, status = 0, None, None, 1  # status: what the run exits with

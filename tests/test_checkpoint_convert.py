@@ -161,6 +161,29 @@ def test_zero_files_read_one_tensor_at_a_time_give_deepspeeds_own_universal_conv
 
 
 @pytest.mark.slow
+def test_zero_files_that_do_not_make_this_runs_parameters_are_refused(tmp_path):
+    from distsetup.formats.checkpoint_folder import read_meta
+    from distsetup.training.convert import parameter_groups
+    from distsetup.training.named_state import named_state
+
+    path = tmp_path / "step"
+    shutil.copytree(step_dir(shared_run("zero2") / "checkpoints", INTERVAL), path)
+    groups = parameter_groups(read_meta(path)["model"])
+    with pytest.raises(
+        ValueError, match="parameter blocks.9.mlp.fc.weight of this run's model is not in the checkpoint"
+    ):
+        named_state(path, "zero", [groups[0] + ["blocks.9.mlp.fc.weight"], groups[1]])
+    rank1 = path / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    saved = torch.load(rank1, weights_only=False)
+    mapping = saved["optimizer_state_dict"]["param_slice_mappings"][0]
+    lost = next(name for name in mapping if name != next(iter(mapping)))  # a parameter rank 1 holds
+    del mapping[lost]
+    torch.save(saved, rank1)
+    with pytest.raises(ValueError, match=f"the ranks' fragments of {lost} do not make its"):
+        named_state(path, "zero", groups)
+
+
+@pytest.mark.slow
 def test_convert_refuses_in_one_line_and_writes_nothing(tmp_path):
     run = killed_at_interval(tmp_path, "ddp")
     same = convert(run, "--to", "single", "-o", tmp_path / "new")

@@ -120,7 +120,7 @@ def test_a_damaged_checkpoint_of_another_backend_ends_every_rank_in_one_line(tmp
     assert all(f"checkpoint {checkpoint}" in line and damaged in line and "--no_resume" in line for line in errors)
     ours = 'train.py", line' in result.stderr or "distsetup/training/" in result.stderr  # torchrun's may follow
     assert not ours and "No such file" not in result.stderr, result.stderr[-3000:]
-    assert took < 60, f"{took:.0f} s: a rank waited for the others (timeout 2 minutes)"
+    assert took < 90, f"{took:.0f} s: a rank waited for the others (timeout 2 minutes)"
     assert not list(out.glob(".universal-*")) and not (out / "metrics.jsonl").exists()
 
 

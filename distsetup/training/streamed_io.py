@@ -8,6 +8,7 @@ dropped and made anew every MAPPED_BYTES read: the pages a mapping has read stay
 """
 
 import mmap
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ class MappedTorchFile:
 
     def load(self) -> Any:
         """The file's object, its tensors memory-mapped (read when touched); for listing, not to be kept."""
+        if not zipfile.is_zipfile(self.file):  # torch's own message would ask for another way of saving it
+            raise ValueError(f"{self.file.name} is not a torch.save archive (damaged or cut short)")
         try:
             return torch.load(self.file, map_location="cpu", weights_only=False, mmap=True)
         except OSError:  # names the file itself
@@ -71,8 +74,8 @@ class MappedTorchFile:
         found: Any = self._loaded
         for key in keys:
             found = found[key]
-        # detached: DeepSpeed saves its fp32 partitions requiring grad, and a slice of one would carry a graph
-        tensor = (found if part is None else found[part]).detach().clone()
+        found = found.detach()  # DeepSpeed saves its fp32 partitions requiring grad: a slice would carry a graph
+        tensor = (found if part is None else found[part]).clone()
         self._read_bytes += tensor.nbytes
         return tensor
 

@@ -210,7 +210,7 @@ def _model_states(folder: Path) -> dict:
 def _param(folder: Path, key: str, shape) -> torch.Tensor:
     """One parameter's `key` (fp32, exp_avg, exp_avg_sq) in its shape (from ZeRO-3, ds_to_universal writes it flat)."""
     loaded = torch.load(folder / f"{key}.pt", map_location="cpu", weights_only=False)
-    return (loaded["param"] if isinstance(loaded, dict) else loaded).view(shape)
+    return (loaded["param"] if isinstance(loaded, dict) else loaded).detach().view(shape)  # ZeRO 1-2's require grad
 
 
 def _with_plain_names(converted: Path) -> None:

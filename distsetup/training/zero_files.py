@@ -110,7 +110,7 @@ def _zero3_pieces(model_states: dict, world: int, partition: list[int]) -> dict[
             part = math.ceil(math.prod(shape) / world)
             pieces[plain_name(name)] = [(rank, offset, part) for rank in range(world)]
             offset += part
-        if offset > partition[group]:  # partitions over part of the world (hpZ, MiCS)
+        if offset != partition[group]:  # each rank's partition is its shares, unpadded; not so over part (MiCS)
             raise ValueError(f"sub-group {group} is not spread over the {world} ranks evenly, as distsetup reads it")
     return pieces
 
