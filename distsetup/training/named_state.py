@@ -13,7 +13,6 @@ checkpoints as they are, at any world size (except ZeRO 1-3's, whose files are p
 
 import copy
 import functools
-import warnings
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import read_meta
 from distsetup.training import universal_folder
-from distsetup.training.streamed_io import Lazy, MappedTorchFile, materialized
+from distsetup.training.streamed_io import Lazy, MappedTorchFile, dcp_in_one_process, materialized
 from distsetup.training.weight_stream import WeightStream, plain_name
 from distsetup.training.zero_files import MOMENTS, zero_state
 
@@ -154,8 +153,7 @@ def _from_dcp(path: Path, groups: list[list[str]] | None) -> dict:
                 else None
             )
             _put(optimizer, metadata.planner_data[key], placeholder)
-    with warnings.catch_warnings():  # that no process group means one process: as meant
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+    with dcp_in_one_process():
         dcp.load(optimizer, checkpoint_id=path / "optim", no_dist=True)
     lazy = lazy_tensors({key: metadata.state_dict_metadata[key] for key in moments}, path / "optim")
     for key in moments:
@@ -180,8 +178,7 @@ def _dcp_tensor(folder: Path, key: str, shape: tuple, dtype: torch.dtype) -> tor
     import torch.distributed.checkpoint as dcp
 
     one = {key: torch.empty(shape, dtype=dtype)}  # a flat key DCP's flattening leaves as it is
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+    with dcp_in_one_process():
         dcp.load(one, checkpoint_id=folder, no_dist=True)
     return one[key]
 

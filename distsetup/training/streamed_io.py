@@ -7,7 +7,9 @@ A state whose large tensors are `Lazy` leaves (shape, dtype, and how to read it)
 dropped and made anew every MAPPED_BYTES read: the pages a mapping has read stay resident until it goes.
 """
 
+import contextlib
 import mmap
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +40,15 @@ def read(leaf):
 def materialized(state):
     """`state` with each Lazy leaf read."""
     return tree_map(read, state)
+
+
+@contextlib.contextmanager
+def dcp_in_one_process():
+    """torch.distributed.checkpoint run by this process alone, with no process group: it warns that it assumes so,
+    which is as meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        yield
 
 
 def shape_and_dtype(leaf) -> tuple[tuple[int, ...], torch.dtype]:
@@ -104,9 +115,9 @@ def save_streamed(state, file: Path) -> None:
     with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
         for i, leaf in enumerate(leaves):
             if place is None or written > MAPPED_BYTES:
-                place, written = None, 0
-                place = [t for t in tree_flatten(torch.load(file, mmap=True, weights_only=False))[0]]
-                place = [t for t in place if isinstance(t, torch.Tensor)]
+                place, written = None, 0  # the old map goes before the new one comes
+                mapped = tree_flatten(torch.load(file, mmap=True, weights_only=False))[0]
+                place = [t for t in mapped if isinstance(t, torch.Tensor)]
             tensor = read(leaf)
             place[i].copy_(tensor)
             written += tensor.nbytes
@@ -115,8 +126,6 @@ def save_streamed(state, file: Path) -> None:
 def save_dcp_streamed(state: dict, folder: Path) -> None:
     """A torch.distributed.checkpoint folder of `state` (any world size loads it, resharded), written by this one
     process with each Lazy leaf read only when its bytes are written."""
-    import warnings
-
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -130,8 +139,7 @@ def save_dcp_streamed(state: dict, folder: Path) -> None:
     def planned(leaf):  # DCP plans from shapes and dtypes; meta tensors carry them
         return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta") if isinstance(leaf, Lazy) else leaf
 
-    with warnings.catch_warnings():  # that no process group means one process: as meant
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+    with dcp_in_one_process():
         # a file per tensor: DCP's writer keeps each tensor of a file until the file is done
         writer = dcp.FileSystemWriter(folder, single_file_per_rank=False)
         dcp.save(tree_map(planned, state), storage_writer=writer, no_dist=True, planner=ReadWhenWritten())

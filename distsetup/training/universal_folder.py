@@ -36,11 +36,9 @@ def converted_on_rank0(path: Path, write) -> Path:
     form (the source untouched); every rank gets that folder, or the same one-line error."""
 
     def convert() -> Path | str:
-        output_dir = path.parent.parent
-        remove_stale(output_dir)
         root = None
         try:
-            root = Path(tempfile.mkdtemp(dir=output_dir, prefix=PREFIX))
+            root = Path(tempfile.mkdtemp(dir=path.parent.parent, prefix=PREFIX))  # in output_dir
             write(root / path.name)
         except Exception as e:  # a damaged checkpoint, a full or read-only disk: one line on every rank
             if root is not None:
