@@ -267,6 +267,7 @@ def train(cfg, args) -> int:
                 backend.backward(x.to(device), y.to(device), m == backend.accumulation - 1, weight)
                 for m, ((x, y), weight) in enumerate(zip(batches, weights, strict=True))
             ]
+            scale = backend.current_loss_scale()  # what this step's backward multiplied the loss by
             backend.step()
             step += 1
             timer.step_done()
@@ -287,7 +288,12 @@ def train(cfg, args) -> int:
                 tokens_per_s = steps * tokens_per_step / max(seconds, 1e-9)
                 logged = (step, timer.train_seconds)
                 metrics.write(
-                    step, loss=loss, lr=lr, tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, flops, world.size, peak)
+                    step,
+                    loss=loss,
+                    lr=lr,
+                    tokens_per_s=tokens_per_s,
+                    mfu=mfu(tokens_per_s, flops, world.size, peak),
+                    loss_scale=scale,
                 )
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
             eval_now = step == t.max_steps or (t.eval_interval is not None and step % t.eval_interval == 0)

@@ -148,9 +148,17 @@ def environment() -> dict:
     return env
 
 
-def train(config: Path, nproc: int = 1, *args, timeout: int = 300) -> subprocess.CompletedProcess:
+def train(
+    config: Path, nproc: int = 1, *args, timeout: int = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run it to the end; `env` adds to the environment the tests give every run."""
     return subprocess.run(
-        command(config, nproc, *args), capture_output=True, text=True, timeout=timeout, env=environment(), cwd=REPO
+        command(config, nproc, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**environment(), **(env or {})},
+        cwd=REPO,
     )
 
 

@@ -122,10 +122,11 @@ class Backend:
             return None
         refuse_unreadable(path, meta)
         self.converted_from = checkpoint_layout(meta)
+        scale = ", fp16 loss scale" if meta.get("precision") == self.precision == "fp16" else ""
         return (
             f"checkpoint {path.name} ({described(meta['backend'], meta.get('zero_stage'))}, "
             f"{ranks(meta['world_size'])}) converted for this run ({described(self.name, self.zero_stage)}, "
-            f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler"
+            f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler{scale}"
         )
 
     def _loads_as_is(self, meta: dict) -> bool:
@@ -193,6 +194,10 @@ class Backend:
 
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    def current_loss_scale(self) -> float | None:
+        """The fp16 loss scale the next backward multiplies the loss by; None out of fp16."""
+        return self.scaler.get_scale() if self.scaler else None
 
     def check_device_support(self) -> None:
         """Refuse, before any process group, a precision this device cannot train in."""

@@ -1,7 +1,8 @@
 """`distsetup checkpoint convert`: the newest complete checkpoint of a run rewritten as one that another backend
 resumes as its own, at any world size, with the whole training state (weights, AdamW moments and steps, scheduler,
-data position, each rank's RNG): single/DDP's state.pt, FSDP's DCP folders, or DeepSpeed's universal folder, which
-every ZeRO 1-3 run loads. The source is only read; the new output folder is written whole or not at all.
+fp16 loss scale, data position, each rank's RNG): single/DDP's state.pt, FSDP's DCP folders, or DeepSpeed's
+universal folder, which every ZeRO 1-3 run loads. The source is only read; the new output folder is written
+whole or not at all.
 
 A run resumes another backend's checkpoint by itself (train.py converts in memory); convert does it once, offline,
 so the new run starts without waiting for a conversion and the result can be copied where the run will be. It

@@ -14,7 +14,7 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
 from distsetup.formats.validate import read_valid
-from distsetup.training import memory, universal_folder
+from distsetup.training import loss_scale, memory, universal_folder
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.named_state import checkpoint_layout, layout, lazy_state
@@ -200,9 +200,16 @@ class DeepSpeedBackend(Backend):
 
     def _load_universal(self, folder: Path) -> None:
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
+        scaler = getattr(self.engine.optimizer, "loss_scaler", None)  # ZeRO-1's bf16 optimizer has none
         with universal_folder.plain_names_in(self.engine):
             self._load_engine(folder)
         self._mend_universal_load(groups)
+        if scaler is not None:
+            # ZeRO 1-2 leave the folder's loss scaler unread, and ZeRO-3 takes it whole, settings included (into a
+            # bf16 run too): this run keeps its own, at the checkpoint's scale
+            self.engine.optimizer.loss_scaler = scaler
+            saved = torch.load(folder / "zero" / "optimizer_state.pt", weights_only=False).get("loss_scaler")
+            loss_scale.restore(scaler, saved)
 
     def _load_engine(self, folder: Path) -> None:
         loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
@@ -227,6 +234,9 @@ class DeepSpeedBackend(Backend):
 
     def current_lr(self):
         return self.engine.get_lr()[0]
+
+    def current_loss_scale(self):
+        return float(self.engine.optimizer.loss_scale) if self.precision == "fp16" else None
 
     # -- the bytes each ZeRO stage really holds ---------------------------------------------------
     def _held_grads(self) -> int:

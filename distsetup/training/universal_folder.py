@@ -8,8 +8,8 @@ The layout (DeepSpeed 0.19): zero/<parameter name>/ holds fp32.pt, exp_avg.pt an
 the model-states file the scheduler, the step counters, the parameters' shapes (param_shapes) and the names that
 share a parameter (tied weights), and the module's buffers. distsetup's universal folders name parameters
 without what wrappers add (activation checkpointing), and the engine loads them under those names. A universal
-load restores parameters and optimizer state only (a DeepSpeed run keeps the buffers its model was built with);
-the torch backends read the buffers too.
+load restores parameters and optimizer state only (a DeepSpeed run keeps the buffers its model was built with;
+deepspeed_backend.py sets the fp16 loss scale after it); the torch backends read the buffers too.
 """
 
 import argparse
@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
+from distsetup.training import loss_scale
 from distsetup.training.streamed_io import Lazy, read, shape_and_dtype
 from distsetup.training.weight_stream import plain_name
 from distsetup.training.world import barrier, decided_by_rank0, last_line
@@ -93,7 +94,8 @@ def from_deepspeed(path: Path, converted: Path) -> None:
 def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
     """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, weights and moments
     Lazy (each file read when asked for), the optimizer keyed by parameter names with AdamW's tensor step, in param
-    `groups` (each a list of names) of the run that loads it (None: the weights alone)."""
+    `groups` (each a list of names) of the run that loads it (None: the weights alone), the fp16 loss scale as
+    GradScaler state."""
     model_states = _model_states(folder)
     shape_of, zero = _shapes(model_states), folder / "zero"
 
@@ -109,7 +111,8 @@ def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
     if groups is None:
         return state
-    settings = torch.load(zero / "optimizer_state.pt", weights_only=False)["param_groups"]
+    optimizer_state = torch.load(zero / "optimizer_state.pt", weights_only=False)
+    settings = optimizer_state["param_groups"]
     if len(settings) != len(groups):
         raise ValueError(f"{len(settings)} optimizer param groups, where this run has {len(groups)}")
     moments = {
@@ -124,6 +127,7 @@ def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
         for group, names in zip(settings, groups, strict=True)
     ]
     state["optimizer"] = {"state": moments, "param_groups": param_groups}
+    state["scaler"] = loss_scale.from_deepspeed(optimizer_state.get("loss_scaler"))
     return state
 
 
@@ -148,6 +152,8 @@ def write(state: dict, folder: Path, meta: dict) -> None:
         "optimizer_state_dict": {"state": {0: {"step": step}}, "param_groups": settings},
         "ds_version": deepspeed.__version__,
     }
+    if state["scaler"]:
+        optimizer_state |= {"loss_scaler": loss_scale.to_deepspeed(state["scaler"]), "dynamic_loss_scale": True}
     torch.save(optimizer_state, zero / "optimizer_state.pt")
     first_name = {_identity(model[name]): name for name in names}
     others = {k: v for k, v in model.items() if k not in names}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from distsetup.training import loss_scale
 from distsetup.training.streamed_io import Lazy, MappedTorchFile
 from distsetup.training.weight_stream import plain_name
 
@@ -27,7 +28,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
     """{"model", "optimizer", "scheduler", "scaler"} of ZeRO 1-3 checkpoint folder `path` written by `world`
     ranks, weights and moments as Lazy tensors, the optimizer's parameters in the loading run's `groups` (names
-    per param group; None: the weights alone, "optimizer" None)."""
+    per param group; None: the weights alone, "optimizer" None), the fp16 loss scale as GradScaler state."""
     files = {int(m.group(1)): file for file in path.glob("*_optim_states.pt") if (m := RANK_FILE.search(file.name))}
     if sorted(files) != list(range(world)):
         raise ValueError(f"optimizer files of ranks {sorted(files)} where {world} ranks wrote it")
@@ -76,6 +77,7 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
             },
             "param_groups": [_settings(inner, shapes[names[0]][0], names) for names in groups],
         }
+        state["scaler"] = loss_scale.from_deepspeed(first.get("loss_scaler"))
     return state
 
 

@@ -102,7 +102,8 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new run folder to write.")
 def convert(run: Path, backend: str, output: Path):
     """Rewrite the newest complete checkpoint of RUN (any backend, any world size) as one that BACKEND resumes
-    at any world size, with the whole training state: weights, AdamW moments and steps, scheduler, data position.
+    at any world size, with the whole training state: weights, AdamW moments and steps, scheduler, fp16 loss
+    scale, data position.
     OUTPUT becomes a run folder (OUTPUT/checkpoints/step_N): set training.output_dir to it. RUN is only read.
     Imports torch (and DeepSpeed for its checkpoints)."""
     from distsetup.training.convert import convert as convert_checkpoint  # torch: only this subcommand needs it
