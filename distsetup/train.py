@@ -257,6 +257,10 @@ def train(cfg, args) -> int:
         agreement = StepAgreement(world.size, device)
         pending = None  # training.async_checkpoint: the checkpoint whose ranks are still writing in the background
         evals: list[dict] = []
+
+        def logs_at(step: int) -> bool:
+            return step % t.log_interval == 0 or step == t.max_steps
+
         while step < t.max_steps:
             lr = backend.current_lr()
             batches = [data.train.batch(idx) for idx in sampler.next_step()]
@@ -267,12 +271,13 @@ def train(cfg, args) -> int:
                 backend.backward(x.to(device), y.to(device), m == backend.accumulation - 1, weight)
                 for m, ((x, y), weight) in enumerate(zip(batches, weights, strict=True))
             ]
-            scale = backend.current_loss_scale()  # what this step's backward multiplied the loss by
+            # the fp16 loss scale this step's backward used, read only for a step that logs (on a GPU, a sync)
+            scale = backend.current_loss_scale() if logs_at(step + 1) else None
             backend.step()
             step += 1
             timer.step_done()
             bar.update(1)
-            log_now = step % t.log_interval == 0 or step == t.max_steps
+            log_now = logs_at(step)
             checkpoint_now = step % t.checkpoint_interval == 0 or step == t.max_steps
             stop = False
             if log_now or checkpoint_now or agreement.due(step):

@@ -118,7 +118,7 @@ def test_a_deepspeed_run_resuming_a_deepspeed_checkpoint_keeps_its_settings_at_t
 
 def test_a_run_with_other_settings_takes_the_scale_and_no_more_than_its_own_hysteresis_and_window():
     saved = deepspeed_scaler(hysteresis=3, window=100)
-    deepspeed_steps(saved, (False, True, False))  # scale kept (hysteresis 3 -> 2), 99 good steps to growth
+    deepspeed_steps(saved, (False, True, False))  # scale kept (hysteresis 3 -> 2), 100 good steps to growth
     own = deepspeed_scaler(hysteresis=1, window=2)
     own.cur_scale = 8.0
 
@@ -139,3 +139,11 @@ def test_a_static_scale_on_either_side_is_neither_read_nor_changed(static_side):
     loss_scale.restore(own, saved)
     assert vars(own) == before
     assert loss_scale.from_deepspeed(static) is None
+
+
+def test_a_saved_scale_below_the_runs_minimum_comes_up_to_it():
+    saved = deepspeed_scaler()
+    saved.cur_scale = 0.25  # a run whose fp16.min_loss_scale allowed it
+    own = deepspeed_scaler()  # min_loss_scale 1: DeepSpeed would raise the next halving to it
+    loss_scale.restore(own, saved)
+    assert own.cur_scale == own.min_scale == 1

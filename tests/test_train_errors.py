@@ -127,6 +127,15 @@ def test_mistyped_deepspeed_key_is_refused_not_ignored(tmp_path):
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
+def test_zero0_in_fp16_which_deepspeed_does_not_loss_scale_is_refused(tmp_path):
+    fp16 = {**ds_file(0), "train_micro_batch_size_per_gpu": GLOBAL_BATCH, "fp16": {"enabled": True}}
+    (tmp_path / "ds.json").write_text(json.dumps(fp16))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "ZeRO-0 in fp16", "zero_optimization.stage to 1")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
 def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
     (tmp_path / "fsdp.json").write_text(
         json.dumps(

@@ -15,7 +15,7 @@ from distsetup.errors import DistsetupError
 from distsetup.training import memory
 from distsetup.training.checkpoint import atomic_save, copied_to_cpu
 from distsetup.training.data import IGNORE
-from distsetup.training.named_state import checkpoint_layout, described, layout, named_state, refuse_unreadable
+from distsetup.training.named_state import checkpoint_layout, described, layout, named_state
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
 
@@ -120,7 +120,6 @@ class Backend:
         at any world size; returns a line for the user when that takes a conversion."""
         if self._loads_as_is(meta):
             return None
-        refuse_unreadable(path, meta)
         self.converted_from = checkpoint_layout(meta)
         scale = ", fp16 loss scale" if meta.get("precision") == self.precision == "fp16" else ""
         return (
@@ -142,11 +141,7 @@ class Backend:
 
     def _load_named(self, state: dict) -> None:
         """A named state (named_state.py) into model, optimizer, scheduler and fp16 loss scaler."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         if "lr_lambdas" not in state["scheduler"]:  # a DeepSpeed file's own scheduler wrote it
             raise DistsetupError(
@@ -154,20 +149,27 @@ class Backend:
                 "warmup + cosine schedule cannot continue.",
                 "resume it with that DeepSpeed file.",
             )
-        options = StateDictOptions(full_state_dict=True)
         model = self._plain_model()
-        set_model_state_dict(model, state["model"], options=options)
+        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True))
         # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them
         groups = [
             {**{k: v for k, v in own.items() if k != "params"}, **{k: v for k, v in saved.items() if k in own}}
             | {"params": saved["params"]}
             for own, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True)
         ]
-        optimizer = {"state": state["optimizer"]["state"], "param_groups": self._with_own_kernels(groups)}
-        set_optimizer_state_dict(model, self.optimizer, optimizer, options=options)
+        self._load_named_optimizer(state, self._with_own_kernels(groups))
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
+
+    def _load_named_optimizer(self, state: dict, groups: list[dict]) -> None:
+        """A named state's optimizer state, in param `groups` (named; this optimizer's settings), into this one."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": groups}
+        set_optimizer_state_dict(
+            self._plain_model(), self.optimizer, optimizer, options=StateDictOptions(full_state_dict=True)
+        )
 
     def _with_own_kernels(self, groups: list[dict]) -> list[dict]:
         """A checkpoint's param groups with this run's kernel choices (fused on a GPU), not the writer's."""

@@ -26,7 +26,6 @@ from distsetup.training.named_state import (
     layout,
     lazy_state,
     numbered,
-    refuse_unreadable,
 )
 from distsetup.training.streamed_io import save_dcp_streamed, save_streamed
 from distsetup.training.world import ranks
@@ -44,7 +43,6 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
             "at any world size.",
             f"point the {to} run's training.output_dir at {run}.",
         )
-    refuse_unreadable(path, meta)
     written = step_dir(out / "checkpoints", meta["step"])
 
     def write(folder: Path) -> None:

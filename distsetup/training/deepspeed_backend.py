@@ -14,12 +14,16 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
 from distsetup.formats.validate import read_valid
-from distsetup.training import loss_scale, memory, universal_folder
+from distsetup.training import loss_scale, memory, universal_folder, zero0_wrapper
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.named_state import checkpoint_layout, layout, lazy_state
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import ranks
+
+# What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
+# loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
+FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
 
 
 class DeepSpeedBackend(Backend):
@@ -47,6 +51,13 @@ class DeepSpeedBackend(Backend):
         if precision != self.precision:
             self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
         self.precision = precision
+        if self.zero_stage == 0 and precision == "fp16":
+            raise DistsetupError(
+                f"DeepSpeed file {cfg.distributed.deepspeed_config} trains ZeRO-0 in fp16, which DeepSpeed 0.19 "
+                "does not loss-scale: its engine.backward leaves the loss unscaled and its optimizer still divides "
+                "the gradients by the scale, so the run would not learn (deepspeedai/DeepSpeed#8393).",
+                "set zero_optimization.stage to 1 (on one GPU the same memory), or train in bf16.",
+            )
         clip = self.ds_config.get("gradient_clipping", 0.0)
         if clip != t.grad_clip:
             self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
@@ -144,21 +155,16 @@ class DeepSpeedBackend(Backend):
 
     def _loads_as_is(self, meta):
         source, stage, size = checkpoint_layout(meta), meta.get("zero_stage"), meta["world_size"]
-        return source == "zero0" == layout(self.name, self.zero_stage) or (
-            source == "zero" and (stage, size) == (self.zero_stage, self.world.size)
-        )
+        # ZeRO-0's optimizer is a torch optimizer in fp32 and DeepSpeed's wrapper around one in bf16 and fp16
+        return (
+            source == "zero0" == layout(self.name, self.zero_stage) and meta.get("precision") == self.precision
+        ) or (source == "zero" and (stage, size) == (self.zero_stage, self.world.size))
 
     def adopt(self, path, meta):
         if self._loads_as_is(meta):
             return None
         self.meta = meta
         converting = f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])})"
-        if self.zero_stage == 0 and self.precision != "fp32":
-            raise DistsetupError(
-                f"{converting}; a ZeRO-0 run takes converted state in fp32 only, and this one trains in "
-                f"{self.precision}.",
-                "resume with ZeRO 1-3 or in fp32, or with the checkpoint's own backend and world size.",
-            )
         if self.zero_stage and offload_device(self.ds_config, "offload_optimizer") == "nvme":
             raise DistsetupError(
                 f"{converting}; a run that offloads its optimizer to NVMe cannot load DeepSpeed's universal format, "
@@ -181,7 +187,7 @@ class DeepSpeedBackend(Backend):
     def load(self, path):
         if self.converted_from is None:
             self._load_engine(path)
-        elif self.zero_stage == 0:  # a torch optimizer over the plain module, as the torch backends load
+        elif self.zero_stage == 0:  # the plain module and a torch optimizer (in bf16/fp16 wrapped), by name
             super().load(path)
             for counter, value in universal_folder.engine_counters(self.meta).items():
                 setattr(self.engine, counter, value)
@@ -200,16 +206,17 @@ class DeepSpeedBackend(Backend):
 
     def _load_universal(self, folder: Path) -> None:
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
-        scaler = getattr(self.engine.optimizer, "loss_scaler", None)  # ZeRO-1's bf16 optimizer has none
+        optimizer = self.engine.optimizer
+        own = {key: getattr(optimizer, key) for key in FILE_SETTINGS if hasattr(optimizer, key)}
         with universal_folder.plain_names_in(self.engine):
             self._load_engine(folder)
         self._mend_universal_load(groups)
-        if scaler is not None:
-            # ZeRO 1-2 leave the folder's loss scaler unread, and ZeRO-3 takes it whole, settings included (into a
-            # bf16 run too): this run keeps its own, at the checkpoint's scale
-            self.engine.optimizer.loss_scaler = scaler
+        self._count_steps_as_the_optimizer_does()
+        for key, value in own.items():
+            setattr(optimizer, key, value)
+        if "loss_scaler" in own:  # ZeRO-1's bf16 optimizer has none
             saved = torch.load(folder / "zero" / "optimizer_state.pt", weights_only=False).get("loss_scaler")
-            loss_scale.restore(scaler, saved)
+            loss_scale.restore(own["loss_scaler"], saved)
 
     def _load_engine(self, folder: Path) -> None:
         loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
@@ -217,14 +224,28 @@ class DeepSpeedBackend(Backend):
             raise DistsetupError(f"DeepSpeed could not load checkpoint {folder}.", "start with --no_resume.")
 
     def _mend_universal_load(self, groups: list[dict]) -> None:
-        """Undo what DeepSpeed 0.19's universal load gets wrong. ZeRO-3's gives every parameter group the first
+        """Undo what DeepSpeed 0.19's ZeRO-3 universal load gets wrong: it gives every parameter group the first
         group's settings (the parameters without weight decay would take it) and one `step` tensor to every
-        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps. And
-        each stage keeps the step as the checkpoint stored it, where torch's optimizers count in a tensor and
-        DeepSpeed's own (CPU Adam, FusedAdam, Lamb, Lion) in an int their kernels take."""
+        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps."""
         if self.zero_stage == 3:
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
                 group.update(settings)
+
+    def _load_named_optimizer(self, state, groups):
+        if self.zero_stage == 0 and self.precision != "fp32":
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in groups]
+            zero0_wrapper.load(self.engine.optimizer, state, self.groups, settings)
+            self._count_steps_as_the_optimizer_does()
+        else:
+            super()._load_named_optimizer(state, groups)
+
+    def _groups(self):
+        return self.groups  # DeepSpeed's optimizer holds flat or fp32 copies of the parameters, not themselves
+
+    def _count_steps_as_the_optimizer_does(self) -> None:
+        """A loaded step as this run's inner optimizer counts it: torch's in a tensor, DeepSpeed's own (CPU Adam,
+        FusedAdam, Lamb, Lion) in an int their kernels take; loads keep it as the checkpoint stored it, and an
+        optimizer offloaded or not, or another backend's, stores it the other way."""
         inner = self.engine.optimizer.optimizer
         counts_in_tensor = type(inner).__module__.startswith("torch.optim")
         for state in inner.state.values():

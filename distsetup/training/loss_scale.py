@@ -2,11 +2,12 @@
 
 A named state (named_state.py) holds it as torch's GradScaler state: the scale, the good steps counted toward
 the next growth (`_growth_tracker`) and the growth settings. DeepSpeed's ZeRO 1-3 pickle their DynamicLossScaler
-in rank 0's optimizer file and in a universal folder's zero/optimizer_state.pt ("loss_scaler"). A conversion
+in every rank's optimizer file and in a universal folder's zero/optimizer_state.pt ("loss_scaler"). A conversion
 carries the scale and how many good steps remain before it next grows. The two scalers count differently:
 GradScaler grows at the `growth_interval`-th good step after an overflow, DeepSpeed at the (`scale_window` + 1)-th,
 and only DeepSpeed has hysteresis (overflows it tolerates before it halves). So a scale carried from DeepSpeed to a
-torch backend, just after an overflow, grows one step earlier, and tolerates no overflow.
+torch backend, just after an overflow, grows one step earlier, and tolerates no overflow; one carried from torch to
+DeepSpeed has no hysteresis left until its first growth refills it.
 """
 
 from typing import Any
@@ -47,7 +48,7 @@ def restore(scaler: Any, saved: Any) -> None:
     hysteresis left of `saved`, a checkpoint's DeepSpeed loss scaler; nothing where either is static."""
     if not (getattr(scaler, "dynamic", False) and getattr(saved, "dynamic", False)):
         return
-    scaler.cur_scale = saved.cur_scale
+    scaler.cur_scale = max(saved.cur_scale, scaler.min_scale)
     _grow_after(scaler, min(_steps_to_growth(saved), scaler.scale_window + 1))
     scaler.cur_hysteresis = min(saved.cur_hysteresis, scaler.delayed_shift)
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
-from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import read_meta
-from distsetup.training import universal_folder
+from distsetup.training import universal_folder, zero0_wrapper
 from distsetup.training.streamed_io import Lazy, MappedTorchFile, dcp_in_one_process, materialized
 from distsetup.training.weight_stream import WeightStream, plain_name
 from distsetup.training.zero_files import MOMENTS, zero_state
@@ -42,16 +41,6 @@ def checkpoint_layout(meta: dict) -> str:
 
 def described(backend: str, zero_stage: int | None) -> str:
     return backend if zero_stage is None else f"{backend} ZeRO-{zero_stage}"
-
-
-def refuse_unreadable(path: Path, meta: dict) -> None:
-    """ZeRO-0 in bf16 or fp16 keeps its optimizer in DeepSpeed's own wrapper, which only DeepSpeed reads back."""
-    if checkpoint_layout(meta) == "zero0" and meta.get("precision") != "fp32":
-        raise DistsetupError(
-            f"checkpoint {path} is DeepSpeed ZeRO-0 in {meta.get('precision')}, whose optimizer state distsetup "
-            "converts from fp32 only.",
-            "resume it under ZeRO-0 with its DeepSpeed file, or --export its weights and start with --init_from.",
-        )
 
 
 def named_state(path: Path, source: str, groups: list[list[str]]) -> dict:
@@ -107,6 +96,8 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
         "scheduler": copy.deepcopy(saved[keys[2]]),
         "scaler": copy.deepcopy(saved.get("scaler")),
     }
+    if not ours and zero0_wrapper.wraps(saved[keys[1]]):  # ZeRO-0 in bf16/fp16
+        return state | zero0_wrapper.lazy_state(mapped, saved, groups)
     if groups is not None:
         optimizer = saved[keys[1]]
         order = [name for names in groups for name in names]

@@ -6,12 +6,17 @@ import torch
 import torch.nn as nn
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def decays(shape) -> bool:
     """Decay matrices only (nanoGPT): biases and norm weights keep their scale."""
+    return len(shape) >= 2
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The decayed parameters, then the others: every backend's optimizer, so checkpoints number them alike."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if decays(p.shape)], "weight_decay": weight_decay},
+        {"params": [p for p in params if not decays(p.shape)], "weight_decay": 0.0},
     ]
 
 
