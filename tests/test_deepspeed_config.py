@@ -120,6 +120,12 @@ def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run
     assert ds.float16_config.enabled == ("--fp16" in flags)
 
 
+def test_fp16_at_zero_stage_0_which_deepspeed_does_not_loss_scale_is_refused(run_cli):
+    result, config = invoke(run_cli, "--fp16")  # stage 0 is the default
+    assert result.exit_code == 1 and config is None
+    assert "fp16.enabled" in result.stderr and "zero_optimization.stage to 1" in result.stderr
+
+
 def test_zero2_offload_bf16_from_the_quick_start(run_cli):
     _, config = invoke(run_cli, "--zero_stage", "2", "--offload_optimizer", "--bf16")
     ds = deepspeed_accepts(config)
@@ -128,7 +134,7 @@ def test_zero2_offload_bf16_from_the_quick_start(run_cli):
 
 
 def test_fp16_gets_dynamic_loss_scaling(run_cli):
-    _, config = invoke(run_cli, "--fp16")
+    _, config = invoke(run_cli, "--fp16", "--zero_stage", "1")
     ds = deepspeed_accepts(config)
     assert ds.float16_config.enabled and ds.float16_config.loss_scale == 0  # 0 = dynamic loss scaling
     assert ds.float16_config.initial_scale_power == config["fp16"]["initial_scale_power"]

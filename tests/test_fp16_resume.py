@@ -85,7 +85,7 @@ def test_zero2_resumed_under_ddp_takes_the_scale_and_its_growth_steps(tmp_path):
     resumed = loss_scales(out)
     assert resumed == {step: uninterrupted[step] for step in range(INTERVAL + 1, INTERVAL + 4)}
     assert resumed[INTERVAL + 1] != FRESH_TORCH_SCALE
-    assert len(set(resumed.values())) > 1  # it grew: the growth position came along too
+    assert max(resumed.values()) > resumed[INTERVAL + 1]  # it grew: the growth position came along too
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Bad input ends with one clear line and a non-zero status before any training starts."""
 
 import json
+import socket
 
 import pytest
 from train_runs import GLOBAL_BATCH, ds_file, train, write_run_config
@@ -132,7 +133,7 @@ def test_zero0_in_fp16_which_deepspeed_does_not_loss_scale_is_refused(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(fp16))
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
-    assert_clean_error(result, "ZeRO-0 in fp16", "zero_optimization.stage to 1")
+    assert_clean_error(result, "ZeRO stage 0", "does not loss-scale fp16", "zero_optimization.stage to 1")
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
@@ -163,3 +164,21 @@ def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp
     assert_clean_error(result, "cannot write checkpoint", "step_0000002")
     logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_plain_one_process_deepspeed_run_takes_a_free_port_not_29500(tmp_path):
+    """DeepSpeed needs a process group for one process too; another job holding torch's default port 29500 on
+    this machine does not stop a plain `python -m distsetup.train` run."""
+    one_process = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}
+    (tmp_path / "ds.json").write_text(json.dumps(one_process))
+    config = write_run_config(tmp_path, "single", max_steps=2, checkpoint_interval=2, warmup_steps=0)
+    with socket.socket() as other_job:
+        try:
+            other_job.bind(("127.0.0.1", 29500))
+            other_job.listen()
+        except OSError:  # something on this machine holds it already: as good
+            pass
+        result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (tmp_path / "out" / "metrics.jsonl").exists()

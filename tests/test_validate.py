@@ -75,6 +75,11 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
         ({**GOOD_DS, "gradient_accumulation_steps": "two"}, "gradient_accumulation_steps", "wrong type"),
         ({**GOOD_DS, "gradient_clipping": -1}, "gradient_clipping", "out of range"),
         ({"zero_optimization": {"stage": 2}}, "train_micro_batch_size_per_gpu", "refuses to start"),
+        (
+            {**GOOD_DS, "zero_optimization": {"stage": 0}, "bf16": {"enabled": False}, "fp16": {"enabled": True}},
+            "fp16.enabled",
+            "does not loss-scale",
+        ),
     ],
 )
 def test_cross_field_and_schema_rules(tmp_path, config, path, words):

@@ -270,6 +270,16 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
+    if stage == 0 and enabled_precisions(config) == {"fp16"}:
+        problems.append(
+            Problem(
+                "fp16.enabled",
+                "at ZeRO stage 0 DeepSpeed 0.19 does not loss-scale fp16: engine.backward (the HF Trainer's and "
+                "Accelerate's too) leaves the loss unscaled and the optimizer divides the gradients by the scale, "
+                "so the run does not learn (deepspeedai/DeepSpeed#8393).",
+                "set zero_optimization.stage to 1 (on one GPU the same memory), or use bf16.",
+            )
+        )
     offloads = ("offload_optimizer", "offload_param")
     set_keys = [k for k in zero if k != "stage" and (k not in offloads or offload_device(config, k) != "none")]
     for key in sorted(unused_at_stage(set_keys, stage)):

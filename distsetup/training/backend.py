@@ -162,11 +162,11 @@ class Backend:
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
 
-    def _load_named_optimizer(self, state: dict, groups: list[dict]) -> None:
-        """A named state's optimizer state, in param `groups` (named; this optimizer's settings), into this one."""
+    def _load_named_optimizer(self, state: dict, param_groups: list[dict]) -> None:
+        """A named state's optimizer state, in `param_groups` (by name; this optimizer's settings), into this one."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        optimizer = {"state": state["optimizer"]["state"], "param_groups": groups}
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": param_groups}
         set_optimizer_state_dict(
             self._plain_model(), self.optimizer, optimizer, options=StateDictOptions(full_state_dict=True)
         )

@@ -2,8 +2,10 @@
 
 A ZeRO 1-3 run resumes any other checkpoint as DeepSpeed's universal folder (universal_folder.py), loaded with
 `checkpoint.load_universal`: one of ZeRO 1-3 at another world size or stage converted by DeepSpeed's own
-ds_to_universal, any other written from its named state. ZeRO-0 keeps the whole module and a torch optimizer in
-one file, which any world size loads as it is, and takes other backends' state as the torch backends do.
+ds_to_universal, any other written from its named state. ZeRO-0 keeps the whole module and its optimizer in one
+file, which any world size of the same precision loads as it is: a torch optimizer in fp32, DeepSpeed's wrapper
+around one, with fp32 masters, in bf16 (zero0_wrapper.py). It takes other backends' state by parameter name, as the
+torch backends do.
 """
 
 import contextlib
@@ -17,8 +19,9 @@ from distsetup.formats.validate import read_valid
 from distsetup.training import loss_scale, memory, universal_folder, zero0_wrapper
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
-from distsetup.training.named_state import checkpoint_layout, layout, lazy_state
-from distsetup.training.optim import adamw, lambda_scheduler, names_by_group, param_groups
+from distsetup.training.named_state import ZERO0_FILE, checkpoint_layout, layout, lazy_state
+from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
+from distsetup.training.streamed_io import MappedTorchFile
 from distsetup.training.world import ranks
 
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
@@ -33,6 +36,7 @@ class DeepSpeedBackend(Backend):
         super().__init__(cfg, world, device)
         # refused where `distsetup validate --world_size N` finds a problem, so the batch identity holds
         self.ds_config = read_valid(cfg.distributed.deepspeed_config, "deepspeed", world.size)
+        self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
         batch = batch_of(self.ds_config, world.size)
         micro, accumulation, total = batch.micro, batch.accumulation, batch.train_batch
         t = cfg.training
@@ -51,13 +55,6 @@ class DeepSpeedBackend(Backend):
         if precision != self.precision:
             self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
         self.precision = precision
-        if self.zero_stage == 0 and precision == "fp16":
-            raise DistsetupError(
-                f"DeepSpeed file {cfg.distributed.deepspeed_config} trains ZeRO-0 in fp16, which DeepSpeed 0.19 "
-                "does not loss-scale: its engine.backward leaves the loss unscaled and its optimizer still divides "
-                "the gradients by the scale, so the run would not learn (deepspeedai/DeepSpeed#8393).",
-                "set zero_optimization.stage to 1 (on one GPU the same memory), or train in bf16.",
-            )
         clip = self.ds_config.get("gradient_clipping", 0.0)
         if clip != t.grad_clip:
             self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
@@ -121,6 +118,20 @@ class DeepSpeedBackend(Backend):
             config=self.ds_config,
         )
         self.model = self.engine
+        if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
+            self._read_wrapper_of_the_other_form(self.own_checkpoint)
+
+    def _read_wrapper_of_the_other_form(self, path: Path) -> None:
+        """A ZeRO-0 bf16 checkpoint whose optimizer wrapper has the other form (the DeepSpeed file's optimizer block
+        added or removed since) loads by parameter name: DeepSpeed's own load would fail on it."""
+        saved_flat = zero0_wrapper.FLAT in MappedTorchFile(path / ZERO0_FILE).load()["optimizer"]
+        flat = hasattr(self.engine.optimizer, zero0_wrapper.FLAT)
+        if saved_flat != flat:
+            self.converted_from = "zero0"
+            self.notes.append(
+                f"checkpoint {path.name} holds {zero0_wrapper.FORMS[saved_flat]}, this run "
+                f"{zero0_wrapper.FORMS[flat]}: converted by parameter name"
+            )
 
     def _plain_model(self):
         return self.engine.module
@@ -161,9 +172,10 @@ class DeepSpeedBackend(Backend):
         ) or (source == "zero" and (stage, size) == (self.zero_stage, self.world.size))
 
     def adopt(self, path, meta):
-        if self._loads_as_is(meta):
-            return None
         self.meta = meta
+        if self._loads_as_is(meta):
+            self.own_checkpoint = path
+            return None
         converting = f"checkpoint {path} needs converting ({meta['backend']}, {ranks(meta['world_size'])})"
         if self.zero_stage and offload_device(self.ds_config, "offload_optimizer") == "nvme":
             raise DistsetupError(
@@ -211,10 +223,10 @@ class DeepSpeedBackend(Backend):
         with universal_folder.plain_names_in(self.engine):
             self._load_engine(folder)
         self._mend_universal_load(groups)
-        self._count_steps_as_the_optimizer_does()
+        count_steps_as_it_does(self.engine.optimizer.optimizer)
         for key, value in own.items():
             setattr(optimizer, key, value)
-        if "loss_scaler" in own:  # ZeRO-1's bf16 optimizer has none
+        if "loss_scaler" in own:  # ZeRO-1's BF16_Optimizer (bf16 with fp32 gradient accumulation) has none
             saved = torch.load(folder / "zero" / "optimizer_state.pt", weights_only=False).get("loss_scaler")
             loss_scale.restore(own["loss_scaler"], saved)
 
@@ -226,32 +238,22 @@ class DeepSpeedBackend(Backend):
     def _mend_universal_load(self, groups: list[dict]) -> None:
         """Undo what DeepSpeed 0.19's ZeRO-3 universal load gets wrong: it gives every parameter group the first
         group's settings (the parameters without weight decay would take it) and one `step` tensor to every
-        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps."""
+        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps
+        (optim.count_steps_as_it_does, called next, gives each sub-group its own)."""
         if self.zero_stage == 3:
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
                 group.update(settings)
 
-    def _load_named_optimizer(self, state, groups):
-        if self.zero_stage == 0 and self.precision != "fp32":
-            settings = [{k: v for k, v in group.items() if k != "params"} for group in groups]
+    def _load_named_optimizer(self, state, param_groups):
+        if self.zero_stage == 0 and self.precision != "fp32":  # DeepSpeed's wrapper, with fp32 masters
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in param_groups]
             zero0_wrapper.load(self.engine.optimizer, state, self.groups, settings)
-            self._count_steps_as_the_optimizer_does()
+            count_steps_as_it_does(self.engine.optimizer.optimizer)
         else:
-            super()._load_named_optimizer(state, groups)
+            super()._load_named_optimizer(state, param_groups)
 
     def _groups(self):
         return self.groups  # DeepSpeed's optimizer holds flat or fp32 copies of the parameters, not themselves
-
-    def _count_steps_as_the_optimizer_does(self) -> None:
-        """A loaded step as this run's inner optimizer counts it: torch's in a tensor, DeepSpeed's own (CPU Adam,
-        FusedAdam, Lamb, Lion) in an int their kernels take; loads keep it as the checkpoint stored it, and an
-        optimizer offloaded or not, or another backend's, stores it the other way."""
-        inner = self.engine.optimizer.optimizer
-        counts_in_tensor = type(inner).__module__.startswith("torch.optim")
-        for state in inner.state.values():
-            if "step" in state:
-                step = float(state["step"])
-                state["step"] = torch.tensor(step) if counts_in_tensor else int(step)
 
     def current_lr(self):
         return self.engine.get_lr()[0]

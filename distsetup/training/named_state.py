@@ -19,7 +19,7 @@ import torch
 
 from distsetup.formats.checkpoint_folder import read_meta
 from distsetup.training import universal_folder, zero0_wrapper
-from distsetup.training.streamed_io import Lazy, MappedTorchFile, dcp_in_one_process, materialized
+from distsetup.training.streamed_io import Lazy, MappedTorchFile, dcp_in_one_process, materialized, storage_identity
 from distsetup.training.weight_stream import WeightStream, plain_name
 from distsetup.training.zero_files import MOMENTS, zero_state
 
@@ -87,7 +87,7 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
             tuple(tensor.shape),
             tensor.dtype,
             functools.partial(mapped.read, where),
-            identity=(tensor.untyped_storage().data_ptr(), tensor.storage_offset()),
+            identity=storage_identity(tensor),
         )
 
     state = {
@@ -96,7 +96,7 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
         "scheduler": copy.deepcopy(saved[keys[2]]),
         "scaler": copy.deepcopy(saved.get("scaler")),
     }
-    if not ours and zero0_wrapper.wraps(saved[keys[1]]):  # ZeRO-0 in bf16/fp16
+    if not ours and zero0_wrapper.holds_wrapper(saved[keys[1]]):  # ZeRO-0 in bf16/fp16
         return state | zero0_wrapper.lazy_state(mapped, saved, groups)
     if groups is not None:
         optimizer = saved[keys[1]]

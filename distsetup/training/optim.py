@@ -37,6 +37,19 @@ def adamw(model: nn.Module, lr: float, betas, weight_decay: float, device: torch
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
 
+def count_steps_as_it_does(optimizer: torch.optim.Optimizer) -> None:
+    """Each loaded Adam step of `optimizer` as the optimizer counts it: torch's in a float32 tensor (on the CPU, or on
+    the parameter's device where its group is fused or capturable, as torch's own load_state_dict places it),
+    DeepSpeed's own (CPU Adam, FusedAdam, Lamb, Lion) in an int their kernels take. A load keeps the step as the
+    checkpoint stored it, and another optimizer (offloaded or not, another backend's) stores it the other way."""
+    in_tensor = type(optimizer).__module__.startswith("torch.optim")
+    on_device = {id(p) for g in optimizer.param_groups if g.get("fused") or g.get("capturable") for p in g["params"]}
+    for param, state in optimizer.state.items():  # each its own step (ZeRO-3's universal load shares one tensor)
+        if "step" in state:
+            step, device = float(state["step"]), param.device if id(param) in on_device else "cpu"
+            state["step"] = torch.tensor(step, dtype=torch.float32, device=device) if in_tensor else int(step)
+
+
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
     """Multiplier of the peak lr at optimizer step s: linear warmup, then cosine decay to min_lr_ratio."""
 

@@ -32,6 +32,11 @@ class Lazy:
     identity: object = None
 
 
+def storage_identity(tensor: torch.Tensor) -> tuple:
+    """The same for two names of one saved tensor (tied weights), as torch.load gives them back."""
+    return tensor.untyped_storage().data_ptr(), tensor.storage_offset()
+
+
 def read(leaf):
     """A Lazy leaf read; anything else as it is."""
     return leaf.read() if isinstance(leaf, Lazy) else leaf

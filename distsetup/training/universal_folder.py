@@ -24,7 +24,7 @@ import torch
 
 from distsetup.errors import DistsetupError
 from distsetup.training import loss_scale
-from distsetup.training.streamed_io import Lazy, read, shape_and_dtype
+from distsetup.training.streamed_io import Lazy, read, shape_and_dtype, storage_identity
 from distsetup.training.weight_stream import plain_name
 from distsetup.training.world import barrier, decided_by_rank0, last_line
 from distsetup.training.zero_files import MODEL_STATES, MOMENTS
@@ -199,7 +199,7 @@ def _identity(tensor) -> object:
     """The same for two names of one tensor (tied weights)."""
     if isinstance(tensor, Lazy):
         return id(tensor) if tensor.identity is None else tensor.identity
-    return tensor.untyped_storage().data_ptr()
+    return storage_identity(tensor)
 
 
 def _shapes(model_states: dict) -> dict[str, tuple[int, ...]]:

@@ -3,6 +3,7 @@
 import datetime
 import functools
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,6 +51,12 @@ def pick_device(world: World) -> torch.device:
     return torch.device("cpu")
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def init_process_group(world: World, backend: str, device: torch.device, timeout_minutes: float) -> None:
     """Join the job's process group (NCCL on GPUs, gloo on CPU); `single` runs without one."""
     if backend == "single":
@@ -59,9 +66,10 @@ def init_process_group(world: World, backend: str, device: torch.device, timeout
                 "set distributed.backend to ddp, fsdp or deepspeed, or launch one process.",
             )
         return
-    # DeepSpeed needs a process group even for one process; a plain `python train.py` has no rendezvous.
+    # DeepSpeed needs a process group even for one process; a plain `python train.py` has no rendezvous. When
+    # nobody else joins, any free port: two such runs on one machine must not both take 29500.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()) if world.size == 1 else "29500")
     # ...and DeepSpeed asserts LOCAL_RANK is set, which only a launcher does: describe the plain run to it.
     for key, value in (
         ("RANK", world.rank),
