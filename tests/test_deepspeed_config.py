@@ -123,7 +123,7 @@ def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run
 def test_fp16_at_zero_stage_0_which_deepspeed_does_not_loss_scale_is_refused(run_cli):
     result, config = invoke(run_cli, "--fp16")  # stage 0 is the default
     assert result.exit_code == 1 and config is None
-    assert "fp16.enabled" in result.stderr and "zero_optimization.stage to 1" in result.stderr
+    assert "--fp16 at --zero_stage 0" in result.stderr and "HINT: add --zero_stage 1" in result.stderr
 
 
 def test_zero2_offload_bf16_from_the_quick_start(run_cli):

@@ -122,8 +122,25 @@ def needs_nvme_path(device: str | None, nvme_path: str | None) -> bool:
     return device == "nvme" and not nvme_path
 
 
+UNSCALED_FP16 = (
+    "at ZeRO stage 0 DeepSpeed 0.19 does not loss-scale fp16: engine.backward (the HF Trainer's and Accelerate's "
+    "too) leaves the loss unscaled and the optimizer divides the gradients by the scale, so the run does not learn "
+    "(deepspeedai/DeepSpeed#8393)."
+)
+
+
+def unscaled_fp16(stage: int, precision: str | None) -> bool:
+    """Whether DeepSpeed would train at ZeRO `stage` in `precision` without scaling the loss (UNSCALED_FP16)."""
+    return stage == 0 and precision == "fp16"
+
+
 def check_spec(spec: DeepSpeedSpec) -> list[str]:
     """Reject combinations DeepSpeed would ignore silently; return warnings for ones it bends."""
+    if unscaled_fp16(spec.zero_stage, spec.precision):
+        raise DistsetupError(
+            f"--fp16 at --zero_stage 0: {UNSCALED_FP16}",
+            "add --zero_stage 1 (on one GPU the same memory), or use --bf16.",
+        )
     for option in unused_at_stage([o for o in STAGES if getattr(spec, o) is not None], spec.zero_stage):
         raise DistsetupError(
             f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
@@ -270,13 +287,11 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
-    if stage == 0 and enabled_precisions(config) == {"fp16"}:
+    if unscaled_fp16(stage, precision_of(config)):
         problems.append(
             Problem(
                 "fp16.enabled",
-                "at ZeRO stage 0 DeepSpeed 0.19 does not loss-scale fp16: engine.backward (the HF Trainer's and "
-                "Accelerate's too) leaves the loss unscaled and the optimizer divides the gradients by the scale, "
-                "so the run does not learn (deepspeedai/DeepSpeed#8393).",
+                UNSCALED_FP16,
                 "set zero_optimization.stage to 1 (on one GPU the same memory), or use bf16.",
             )
         )
