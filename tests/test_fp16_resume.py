@@ -59,6 +59,11 @@ def resume(tmp_path, source: str, backend: str, backend_file: dict | None, max_s
     return result, out
 
 
+def saved_scaler(run: Path) -> dict:
+    """The GradScaler state in the step-INTERVAL state.pt of single/DDP run folder `run`."""
+    return torch.load(step_dir(run / "checkpoints", INTERVAL) / "state.pt", weights_only=False)["scaler"]
+
+
 def loss_scales(output_dir: Path) -> dict[int, float]:
     """Step -> the loss scale its backward used (the last logged, where a resumed run logs a step twice)."""
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
@@ -94,17 +99,13 @@ def test_ddp_resumed_under_deepspeed_goes_on_at_the_gradscaler_scale_with_the_fi
     """DeepSpeed 0.19's universal load takes the folder's loss scaler whole, settings included: distsetup gives the
     run its own file's (a window of 4 steps, where GradScaler's is 2000) at the checkpoint's scale."""
     _, out = resume(tmp_path, "ddp", "deepspeed", fp16_deepspeed_file(stage), INTERVAL + 6)
-    saved = torch.load(step_dir(source_run("ddp") / "checkpoints", INTERVAL) / "state.pt", weights_only=False)
-    scale = saved["scaler"]["scale"]
+    scale = saved_scaler(source_run("ddp"))["scale"]
     # grown after the file's window (+1, DeepSpeed's count): far below the scale where ZeRO-2 overflowed
     assert loss_scales(out) == {**dict.fromkeys(range(INTERVAL + 1, INTERVAL + 6), scale), INTERVAL + 6: 2 * scale}
 
 
 @pytest.mark.slow
 def test_converting_ddp_to_deepspeed_and_back_keeps_the_gradscaler_state(run_cli, tmp_path):
-    def saved_scaler(run: Path) -> dict:
-        return torch.load(step_dir(run / "checkpoints", INTERVAL) / "state.pt", weights_only=False)["scaler"]
-
     source = source_run("ddp")
     assert run_cli("checkpoint", "convert", source, "--to", "deepspeed", "-o", tmp_path / "ds").exit_code == 0
     assert run_cli("checkpoint", "convert", tmp_path / "ds", "--to", "ddp", "-o", tmp_path / "ddp").exit_code == 0

@@ -25,8 +25,8 @@ from distsetup.training.named_state import (
     described,
     layout,
     lazy_state,
-    numbered,
 )
+from distsetup.training.optim import numbered
 from distsetup.training.streamed_io import save_dcp_streamed, save_streamed
 from distsetup.training.world import ranks
 

@@ -223,7 +223,7 @@ class DeepSpeedBackend(Backend):
         with universal_folder.plain_names_in(self.engine):
             self._load_engine(folder)
         self._mend_universal_load(groups)
-        count_steps_as_it_does(self.engine.optimizer.optimizer)
+        count_steps_as_it_does(optimizer.optimizer)
         for key, value in own.items():
             setattr(optimizer, key, value)
         if "loss_scaler" in own:  # ZeRO-1's BF16_Optimizer (bf16 with fp32 gradient accumulation) has none

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from distsetup.formats.checkpoint_folder import read_meta
-from distsetup.training import universal_folder, zero0_wrapper
+from distsetup.training import optim, universal_folder, zero0_wrapper
 from distsetup.training.streamed_io import Lazy, MappedTorchFile, dcp_in_one_process, materialized, storage_identity
 from distsetup.training.weight_stream import WeightStream, plain_name
 from distsetup.training.zero_files import MOMENTS, zero_state
@@ -108,7 +108,7 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
             for key, value in optimizer["state"].items()
         }
         optimizer = {"state": moments, "param_groups": copy.deepcopy(optimizer["param_groups"])}
-        state["optimizer"] = optimizer if named else _named(optimizer, order)
+        state["optimizer"] = optimizer if named else optim.named(optimizer, order)
     return state
 
 
@@ -172,16 +172,3 @@ def _dcp_tensor(folder: Path, key: str, shape: tuple, dtype: torch.dtype) -> tor
     with dcp_in_one_process():
         dcp.load(one, checkpoint_id=folder, no_dist=True)
     return one[key]
-
-
-def numbered(named: dict) -> dict:
-    """A named optimizer state dict as torch's own optimizer numbers it: its parameters in group order."""
-    number = {name: i for i, name in enumerate(name for group in named["param_groups"] for name in group["params"])}
-    groups = [{**group, "params": [number[name] for name in group["params"]]} for group in named["param_groups"]]
-    return {"state": {number[name]: moments for name, moments in named["state"].items()}, "param_groups": groups}
-
-
-def _named(numbered: dict, order: list[str]) -> dict:
-    """A torch optimizer's state dict with its numbered parameters named after `order`."""
-    groups = [{**group, "params": [order[i] for i in group["params"]]} for group in numbered["param_groups"]]
-    return {"state": {order[i]: moments for i, moments in numbered["state"].items()}, "param_groups": groups}

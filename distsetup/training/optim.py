@@ -1,4 +1,5 @@
-"""AdamW parameter groups and the warmup + cosine learning-rate schedule."""
+"""AdamW parameter groups, optimizer state dicts by name or by number, and the warmup + cosine learning-rate
+schedule."""
 
 import math
 
@@ -48,6 +49,19 @@ def count_steps_as_it_does(optimizer: torch.optim.Optimizer) -> None:
         if "step" in state:
             step, device = float(state["step"]), param.device if id(param) in on_device else "cpu"
             state["step"] = torch.tensor(step, dtype=torch.float32, device=device) if in_tensor else int(step)
+
+
+def numbered(named: dict) -> dict:
+    """A named optimizer state dict as torch's own optimizer numbers it: its parameters in group order."""
+    number = {name: i for i, name in enumerate(name for group in named["param_groups"] for name in group["params"])}
+    groups = [{**group, "params": [number[name] for name in group["params"]]} for group in named["param_groups"]]
+    return {"state": {number[name]: moments for name, moments in named["state"].items()}, "param_groups": groups}
+
+
+def named(numbered: dict, order: list[str]) -> dict:
+    """A torch optimizer's state dict with its numbered parameters named after `order`."""
+    groups = [{**group, "params": [order[i] for i in group["params"]]} for group in numbered["param_groups"]]
+    return {"state": {order[i]: moments for i, moments in numbered["state"].items()}, "param_groups": groups}
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):

@@ -37,6 +37,13 @@ def storage_identity(tensor: torch.Tensor) -> tuple:
     return tensor.untyped_storage().data_ptr(), tensor.storage_offset()
 
 
+def item_at(tree: Any, keys: tuple) -> Any:
+    """tree[keys[0]][keys[1]]..."""
+    for key in keys:
+        tree = tree[key]
+    return tree
+
+
 def read(leaf):
     """A Lazy leaf read; anything else as it is."""
     return leaf.read() if isinstance(leaf, Lazy) else leaf
@@ -87,10 +94,9 @@ class MappedTorchFile:
         if self._loaded is None or self._read_bytes > self.budget:
             self._loaded, self._read_bytes = None, 0  # the old map goes before the new one comes
             self._loaded = self.load()
-        found: Any = self._loaded
-        for key in keys:
-            found = found[key]
-        found = found.detach()  # DeepSpeed saves its fp32 partitions requiring grad: a slice would carry a graph
+        found = item_at(
+            self._loaded, keys
+        ).detach()  # DeepSpeed saves its fp32 partitions requiring grad: a slice would carry a graph
         tensor = (found if part is None else found[part]).clone()
         self._read_bytes += tensor.nbytes
         return tensor

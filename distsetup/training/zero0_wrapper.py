@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from distsetup.training import loss_scale
-from distsetup.training.optim import decays
-from distsetup.training.streamed_io import Lazy, MappedTorchFile, storage_identity
+from distsetup.training.optim import decays, numbered
+from distsetup.training.streamed_io import Lazy, MappedTorchFile, item_at, storage_identity
 from distsetup.training.weight_stream import plain_name
 from distsetup.training.zero_files import MOMENTS
 
@@ -51,7 +51,7 @@ def lazy_state(mapped: MappedTorchFile, saved: dict, groups: list[list[str]] | N
 
     def values_of(name: str, where: tuple) -> Lazy:
         """Parameter `name`'s values in the tensor at `where`: all of it, or its piece of a flat group tensor."""
-        shape, dtype = tuple(module[name].shape), _at(saved, where).dtype
+        shape, dtype = tuple(module[name].shape), item_at(saved, where).dtype
         if not flat:
             return Lazy(shape, dtype, functools.partial(mapped.read, where), identity=where)
         read = functools.partial(mapped.read, where, slice(offset[name], offset[name] + module[name].numel()))
@@ -72,7 +72,7 @@ def lazy_state(mapped: MappedTorchFile, saved: dict, groups: list[list[str]] | N
             where = ("optimizer", "optimizer_state_dict", "state", g if flat else number[name])
             moments[name] = {
                 key: values_of(name, (*where, key)) if key in MOMENTS else copy.deepcopy(value)
-                for key, value in _at(saved, where).items()
+                for key, value in item_at(saved, where).items()
             }
     param_groups = [
         {**{k: copy.deepcopy(v) for k, v in settings.items() if k != "params"}, "params": group}
@@ -91,23 +91,23 @@ def load(wrapper, state: dict, groups: list[list[str]], settings: list[dict]) ->
     if hasattr(wrapper, FLAT):
         for master, group in zip(wrapper.fp32_groups_flat, names, strict=True):
             master.data.copy_(torch.cat([model[name].reshape(-1) for name in group]))
-        inner_state = {
-            g: {
-                **{k: v for k, v in optimizer[group[0]].items() if k not in MOMENTS},
-                **{key: torch.cat([optimizer[name][key].reshape(-1) for name in group]) for key in MOMENTS},
-            }
-            for g, group in enumerate(names)
+        inner = {
+            "state": {
+                g: {
+                    **{k: v for k, v in optimizer[group[0]].items() if k not in MOMENTS},
+                    **{key: torch.cat([optimizer[name][key].reshape(-1) for name in group]) for key in MOMENTS},
+                }
+                for g, group in enumerate(names)
+            },
+            "param_groups": [{**own, "params": [g]} for g, own in enumerate(settings)],
         }
-        numbers = [[g] for g in range(len(names))]
     else:
         for masters, group in zip(wrapper.fp32_groups, names, strict=True):
             for master, name in zip(masters, group, strict=True):
                 master.data.copy_(model[name])
-        number = {name: i for i, name in enumerate(name for group in names for name in group)}
-        inner_state = {i: optimizer[name] for name, i in number.items()}
-        numbers = [[number[name] for name in group] for group in names]
-    param_groups = [{**own, "params": params} for own, params in zip(settings, numbers, strict=True)]
-    wrapper.optimizer.load_state_dict({"state": inner_state, "param_groups": param_groups})
+        by_name = [{**own, "params": group} for own, group in zip(settings, names, strict=True)]
+        inner = numbered({"state": optimizer, "param_groups": by_name})
+    wrapper.optimizer.load_state_dict(inner)
 
 
 def _check_masters(wrapper: dict, names: list[list[str]], module: dict) -> None:
@@ -155,9 +155,3 @@ def _scaler(wrapper: dict) -> dict | None:
     if not wrapper.get("dynamic_loss_scale"):
         return None
     return loss_scale.from_deepspeed(types.SimpleNamespace(dynamic=True, **{k: wrapper[k] for k in SCALER_FIELDS}))
-
-
-def _at(tree: Any, where: tuple) -> Any:
-    for key in where:
-        tree = tree[key]
-    return tree
