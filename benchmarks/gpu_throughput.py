@@ -44,7 +44,7 @@ def flops_per_token(a) -> float:
 def gpt_on_meta(a):
     import torch
 
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     with torch.device("meta"):
         return GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from common import add_run_arguments
 
 from distsetup.training.data import synthetic_dataset
-from distsetup.training.model import GPT
+from distsetup.training.gpt import GPT
 from distsetup.training.optim import param_groups
 
 

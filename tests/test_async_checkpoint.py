@@ -12,10 +12,11 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import latest_complete, read_meta, step_dir
 from distsetup.formats.runconfig import load_run_config
+from distsetup.training import model as models
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import save_checkpoint, start_checkpoint
 from distsetup.training.export import consolidated_state_dict
-from distsetup.training.model import build_model, layer_modules
+from distsetup.training.objective import TokenObjective
 from distsetup.training.world import World
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
@@ -23,7 +24,8 @@ TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
 
 def train_one_step(backend: Backend, cfg) -> None:
     x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.block_size))
-    backend.backward(x, x, last_micro=True)
+    objective = TokenObjective(backend.model, "gpt", cfg.model.vocab_size, False, "model.type gpt")
+    backend.backward(lambda model: objective.micro_loss(model, (x, x)), last_micro=True)
     backend.step()
 
 
@@ -34,8 +36,8 @@ def test_a_checkpoint_counts_only_once_its_background_write_is_done_and_holds_it
     world = World(rank=0, local_rank=0, size=1, local_size=1)
     backend = Backend(cfg, world, torch.device("cpu"))
     torch.manual_seed(0)
-    model, layers = build_model(cfg)
-    backend.wrap(model, layer_modules(model, layers))
+    model = models.build(cfg.model)
+    backend.wrap(models.parts(model, cfg.model, ["Block"]))
     root, meta = tmp_path / "checkpoints", {"backend": "single", "zero_stage": None}
     train_one_step(backend, cfg)
     save_checkpoint(backend, root, 1, world, meta)
@@ -61,8 +63,8 @@ def test_a_failed_background_write_is_one_line_and_leaves_the_checkpoint_incompl
     cfg = load_run_config(None, TINY)
     world = World(rank=0, local_rank=0, size=1, local_size=1)
     backend = Backend(cfg, world, torch.device("cpu"))
-    model, layers = build_model(cfg)
-    backend.wrap(model, layer_modules(model, layers))
+    model = models.build(cfg.model)
+    backend.wrap(models.parts(model, cfg.model, ["Block"]))
     root = tmp_path / "checkpoints"
     gate = threading.Event()
     backend._in_background(gate.wait)

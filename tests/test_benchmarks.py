@@ -18,7 +18,7 @@ SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 32, "micro_batch
 def test_parameter_count_is_the_models():
     from types import SimpleNamespace
 
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     a = SimpleNamespace(**SMALL)
     model = GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)

@@ -54,7 +54,7 @@ def test_export_writes_safetensors_any_model_loads(run_cli, tmp_path, name):
     from safetensors.torch import load_file
     from train_runs import final_weights
 
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     run = shared_run(name)
     result = run_cli("checkpoint", "export", run, "-o", tmp_path / "exported", "--dtype", "bf16")

@@ -119,7 +119,8 @@ def _saved_activation_bytes(model, x, y) -> int:
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_activation_formula_matches_built_in_model(shape, checkpointing):
     torch = pytest.importorskip("torch")
-    from distsetup.training.model import GPT, apply_activation_checkpointing
+    from distsetup.training.blocks import apply_activation_checkpointing
+    from distsetup.training.gpt import GPT
 
     vocab, seq, layers, heads, hidden, batch = shape
     torch.manual_seed(0)
@@ -246,7 +247,7 @@ def test_table_output_and_fsdp_command(run_cli):
 
 def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
     pytest.importorskip("torch")
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text(

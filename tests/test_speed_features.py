@@ -8,7 +8,8 @@ import torch
 from train_runs import losses, shared_run, train, write_run_config
 
 from distsetup.formats.runconfig import load_run_config
-from distsetup.training.model import GPT, apply_activation_checkpointing
+from distsetup.training.blocks import apply_activation_checkpointing
+from distsetup.training.gpt import GPT
 
 
 def gradients_and_backward_flops(mode: str) -> tuple[list[torch.Tensor], int]:

@@ -313,7 +313,7 @@ def test_loss_weights_make_the_step_loss_the_mean_over_every_counted_target():
 def test_prompt_targets_get_no_gradient_and_completion_targets_do(tmp_path, tokenizer_folder):
     """Through the trainer's own batch and model: the gradient reaching the logits is exactly zero wherever the
     target is a prompt token, so changing prompt targets changes no gradient."""
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(20))
     data = build_datasets(run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)]), eval_batch=2)

@@ -102,7 +102,7 @@ def test_full_state_dict_checkpoint_survives_kill_9(tmp_path):
 
 def test_size_based_wrap_takes_modules_with_enough_parameters_and_skips_containers():
     from distsetup.training.fsdp import _size_based_units
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     model = GPT(256, MODEL["block_size"], MODEL["n_layer"], MODEL["n_head"], MODEL["n_embd"], 0.0)
     units = _size_based_units(model, 5000)  # h = 32: an MLP has 8352, attention 4224, wte/lm_head 8192

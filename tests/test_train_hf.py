@@ -55,8 +55,8 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_
 
     from distsetup.formats.checkpoint_folder import latest_complete
     from distsetup.formats.runconfig import load_run_config
+    from distsetup.training import model as models
     from distsetup.training.export import consolidated_state_dict
-    from distsetup.training.model import build_model
 
     config = write_config(tmp_path, "LlamaDecoderLayer", tie_word_embeddings=True)  # one weight, two names
     run = yaml.safe_load(config.read_text())
@@ -76,11 +76,11 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_
     loaded, info = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched key
 
-    trained, _ = build_model(load_run_config(config))
+    trained = models.build(load_run_config(config).model)
     trained.load_state_dict(consolidated_state_dict(latest_complete(tmp_path / "out" / "checkpoints")), strict=True)
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        assert torch.allclose(loaded(input_ids=tokens).logits, trained(tokens), rtol=0, atol=1e-5)
+        assert torch.allclose(loaded(input_ids=tokens).logits, trained(tokens).logits, rtol=0, atol=1e-5)
 
     # sharded as save_pretrained shards the same weights: the same files, and each tensor in the same one
     loaded.save_pretrained(tmp_path / "by_transformers", max_shard_size="60KB")

@@ -24,7 +24,7 @@ MODEL_BYTES = {
 
 
 def parameter_count() -> int:
-    from distsetup.training.model import GPT
+    from distsetup.training.gpt import GPT
 
     return sum(
         p.numel()

@@ -89,10 +89,11 @@ def test_timer_leaves_checkpoint_time_out():
 def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
     agreement = StepAgreement(world_size=1, device=torch.device("cpu"), every_seconds=1.0)
     assert agreement.due(1)
-    settled = agreement.settle(1, [torch.tensor(2.0), torch.tensor(4.0, dtype=torch.bfloat16)], False, 0.05, False)
-    assert settled == (3.0, False, True)
+    terms = {"loss": torch.tensor(3.0), "aux_loss": torch.tensor(0.5, dtype=torch.bfloat16)}
+    settled = agreement.settle(1, terms, False, 0.05, False)
+    assert settled == ({"loss": 3.0, "aux_loss": 0.5}, False, True)
     assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
-    assert agreement.settle(21, [torch.tensor(1.0)], True, 3.0, True) == (1.0, True, False)  # a write goes on
+    assert agreement.settle(21, {"loss": torch.tensor(1.0)}, True, 3.0, True) == ({"loss": 1.0}, True, False)
     assert agreement.due(22)  # steps longer than the period: every step
 
 
@@ -163,15 +164,13 @@ def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_looku
     from text_data import write_llama
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from distsetup.training.model import HFCausalLM
     from distsetup.training.throughput import flops_per_token, mfu
 
     config = AutoConfig.from_pretrained(write_llama(tmp_path, vocab_size=300))
     config.tie_word_embeddings = tied
     hf = AutoModelForCausalLM.from_config(config)
-    model = HFCausalLM(hf)
     head = 300 * 32  # the output head multiplies, tied to the embedding lookup or not
     multiplied = sum(p.numel() for p in hf.model.parameters()) - hf.model.embed_tokens.weight.numel() + head
     assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == tied
-    assert flops_per_token(model, 64) == 6 * multiplied + 12 * 2 * 32 * 64
+    assert flops_per_token(hf, 64) == 6 * multiplied + 12 * 2 * 32 * 64
     assert mfu(1000.0, 2e9, 2, 1.0) == pytest.approx(1.0) and mfu(1000.0, 2e9, 2, None) is None

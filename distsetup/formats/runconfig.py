@@ -14,12 +14,15 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.formats import python_refs
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.lr_scaling import RULES
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
+MODEL_TYPES = ("gpt", "hf", "python")
+DATA_TYPES = ("synthetic", "files", "python")
 FORMATS = ("text", "prompt_completion", "chat")
 REPORTERS = ("tensorboard", "wandb")
 CHECKPOINTING = ("none", "full", "selective")  # besides metrics.jsonl, which is always written
@@ -35,15 +38,25 @@ MODEL_MAXIMA = {"vocab_size": 2**20, "block_size": 2**24, "n_layer": 4096, "n_he
 
 def setting(default, doc: str, **schema):
     """A config field with its documentation and extra JSON Schema constraints (enum, minimum, ...)."""
-    kwargs = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    mutable = isinstance(default, (list, dict))
+    kwargs = {"default_factory": lambda: type(default)(default)} if mutable else {"default": default}
     return field(metadata={"doc": doc, **schema}, **kwargs)
 
 
 @dataclass
 class ModelConfig:
-    """The model: the built-in GPT or a Hugging Face causal LM from a local folder."""
+    """The model: the built-in GPT, a Hugging Face causal LM from a local folder, or the user's own module."""
 
-    type: str = setting("gpt", "gpt (built in) or hf (a transformers causal LM from hf_path)", enum=["gpt", "hf"])
+    type: str = setting(
+        "gpt",
+        "gpt (built in), hf (a transformers causal LM from hf_path) or python (model.builder builds it)",
+        enum=list(MODEL_TYPES),
+    )
+    builder: str | None = setting(
+        None,
+        "module:function returning the nn.Module (type python), imported from the run config's folder or PYTHONPATH",
+    )
+    args: dict = setting({}, "keyword arguments for model.builder")
     vocab_size: int = setting(
         256, "vocabulary size; 256 = bytes; at most 2^20", minimum=1, maximum=MODEL_MAXIMA["vocab_size"]
     )
@@ -57,7 +70,17 @@ class ModelConfig:
     )
     dropout: float = setting(0.0, "dropout probability", minimum=0, maximum=1)
     hf_path: str | None = setting(None, "local folder with a config.json (and weights, if a checkpoint)")
-    layer_cls: str | None = setting(None, "block class to shard and checkpoint; default: the model's own")
+    layer_classes: list[str] = setting(
+        [],
+        "the repeated blocks' classes: what FSDP2 shards, activation checkpointing recomputes and compile compiles; "
+        "default: the model's own (gpt: Block; hf: its _no_split_modules; python: the class of the children of its "
+        "largest nn.ModuleList); layer_cls: X is read as [X]",
+    )
+    zero3_leaf_classes: list[str] = setting(
+        [],
+        "classes ZeRO-3 gathers whole and every backend treats as run conditionally (an MoE layer whose experts "
+        "differ between ranks); those holding an nn.ModuleList/ModuleDict of like experts are found by themselves",
+    )
     tokenizer: str | None = setting(
         None, "local Hugging Face tokenizer folder (AutoTokenizer; nothing is downloaded); default: bytes (UTF-8)"
     )
@@ -67,7 +90,19 @@ class ModelConfig:
 class DataConfig:
     """Training data: a synthetic task, or the user's files, tokenized once into a cache that every rank maps."""
 
-    type: str = setting("synthetic", "synthetic or files", enum=["synthetic", "files"])
+    type: str = setting(
+        "synthetic", "synthetic, files, or python (data.builder returns a map-style dataset)", enum=list(DATA_TYPES)
+    )
+    builder: str | None = setting(
+        None, 'module:function(split, **args) returning a map-style Dataset for "train" and "val" (None: no validation)'
+    )
+    args: dict = setting({}, "keyword arguments for data.builder")
+    collate: str | None = setting(
+        None, "module:function that makes a batch of samples; default: torch's default_collate"
+    )
+    num_workers: int = setting(
+        0, "DataLoader worker processes that load samples ahead of the step (per rank; 0: in the trainer)", minimum=0
+    )
     paths: list[str] = setting(
         [], ".txt, .jsonl, .json or .parquet files, or one pre-tokenized .bin (with its .bin.json sidecar)"
     )
@@ -91,6 +126,11 @@ class TrainingConfig:
     """The optimisation loop."""
 
     seed: int = setting(1234, "seed for weights, data order and dropout")
+    loss: str | None = setting(
+        None,
+        "module:function(model, batch) returning the micro-batch's mean loss; default: token cross-entropy (token "
+        "data), else model(**batch) or model(*batch), its .loss where it has one",
+    )
     micro_batch_size: int = setting(8, "samples per process per forward pass", minimum=1)
     gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step", minimum=1)
     max_steps: int = setting(200, "optimizer steps in the whole run", minimum=1)
@@ -187,7 +227,7 @@ def _section_schema(cls) -> dict:
 
 
 def _json_type(hint) -> dict:
-    names = {int: "integer", float: "number", bool: "boolean", str: "string"}
+    names = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object"}
     args = typing.get_args(hint)
     if typing.get_origin(hint) is list:
         return {"type": "array", "items": {"type": names[args[0]]}}
@@ -229,7 +269,9 @@ def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
     problems = _key_problems(raw)
     if problems:
         return problems
-    _read_old_spellings(raw)
+    problems = _read_old_spellings(raw)
+    if problems:
+        return problems
     problems = schema_problems(raw, "run_config")
     reported = {p.path for p in problems}
     problems += [p for p in _value_problems(raw) if p.path not in reported]
@@ -245,11 +287,24 @@ def _step_count_problems(raw: dict) -> list[Problem]:
     return []
 
 
-def _read_old_spellings(raw: dict) -> None:
-    """training.activation_checkpointing was a boolean before it had modes: true is full, false none."""
-    training = raw.get("training")
+def _read_old_spellings(raw: dict) -> list[Problem]:
+    """training.activation_checkpointing was a boolean before it had modes: true is full, false none; model.layer_cls
+    named one class before model.layer_classes named several."""
+    training, model = raw.get("training"), raw.get("model")
     if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
         training["activation_checkpointing"] = "full" if training["activation_checkpointing"] else "none"
+    if isinstance(model, dict) and "layer_cls" in model:
+        single = model.pop("layer_cls")
+        if "layer_classes" in model and model["layer_classes"] != [single]:
+            return [
+                Problem(
+                    "model.layer_cls",
+                    f"layer_cls {single!r} and layer_classes {model['layer_classes']!r} name different classes.",
+                    "keep layer_classes alone.",
+                )
+            ]
+        model["layer_classes"] = [single] if single is not None else []
+    return []
 
 
 def _key_problems(data, path=()) -> list[Problem]:
@@ -319,6 +374,13 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
         )
     return _build(raw)
+
+
+def model_config(section: dict) -> ModelConfig:
+    """A model section as stored in a checkpoint's marker (older ones spell layer_cls) as a ModelConfig."""
+    raw = {"model": dict(section)}
+    _read_old_spellings(raw)
+    return ModelConfig(**raw["model"])
 
 
 def backend_of(distributed: dict) -> str:
@@ -392,6 +454,7 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                 "model.hf_path", "model type hf needs hf_path.", "point hf_path at a local folder with a config.json."
             )
         )
+    problems += _python_problems(config, base_dir)
     problems += _data_problems(config, base_dir)
     if training.scale_lr != "none" and training.base_batch_size is None:
         problems.append(
@@ -404,6 +467,57 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
     return problems
 
 
+# (section, key, what the function it names does, the type that needs it or None)
+PYTHON_REFERENCES = (
+    ("model", "builder", "builds the model", "python"),
+    ("data", "builder", "builds a dataset for a split", "python"),
+    ("data", "collate", "makes a batch of samples", None),
+    ("training", "loss", "computes a micro-batch's loss", None),
+)
+
+
+def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """The user's code named by the run config (model.builder, data.builder, data.collate, training.loss): written
+    module:function, its module found (not imported: checking a file runs none of its code), and present exactly
+    where its section's type needs it."""
+    problems = []
+    for section_name, key, role, needed_by in PYTHON_REFERENCES:
+        section = getattr(config, section_name)
+        where, value = f"{section_name}.{key}", getattr(section, key)
+        if value is not None:
+            problems += python_refs.problems(value, where, role, base_dir)
+        if needed_by is None:
+            continue
+        if section.type == needed_by and value is None:
+            problems.append(
+                Problem(
+                    where,
+                    f"{section_name}.type python needs {key}.",
+                    f"name the function that {role}: module:function.",
+                )
+            )
+        elif section.type != needed_by and (value is not None or section.args):
+            stray = key if value is not None else "args"
+            problems.append(
+                Problem(
+                    f"{section_name}.{stray}",
+                    f"{stray} is read only with {section_name}.type python (this is {section.type}).",
+                    f"set {section_name}.type: python, or remove {stray}.",
+                )
+            )
+    if config.data.type == "python":
+        for key in ("paths", "val_paths", "val_fraction"):
+            if getattr(config.data, key):
+                problems.append(
+                    Problem(
+                        f"data.{key}",
+                        f"data.type python reads its samples from data.builder, not data.{key}.",
+                        f'remove {key}; data.builder is called with "val" for the validation set.',
+                    )
+                )
+    return problems
+
+
 def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     data, model, training = config.data, config.model, config.training
     problems = []
@@ -411,7 +525,7 @@ def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
         problems.append(
             Problem("model.tokenizer", f"folder {model.tokenizer} does not exist.", "point it at a tokenizer folder.")
         )
-    if training.eval_interval and not (data.val_paths or data.val_fraction):
+    if training.eval_interval and not (data.val_paths or data.val_fraction or data.type == "python"):
         problems.append(
             Problem(
                 "training.eval_interval",

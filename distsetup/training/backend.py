@@ -4,21 +4,24 @@ the `single` backend itself: one process holding the whole model. The others sub
 """
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
 from distsetup.training import memory
 from distsetup.training.checkpoint import atomic_save, copied_to_cpu
-from distsetup.training.data import IGNORE
+from distsetup.training.model import ModelParts
 from distsetup.training.named_state import checkpoint_layout, described, layout, named_state
+from distsetup.training.objective import MicroLoss
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
 
+T = TypeVar("T")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices
 
@@ -44,33 +47,32 @@ class Backend:
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
 
     # -- the interface -------------------------------------------------------------------------------
-    def wrap(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+    def wrap(self, parts: ModelParts) -> None:
         """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
-        self._prepare_blocks(model, blocks)
-        self.model = self._place(model.to(self.device))
+        self._prepare_blocks(parts.module, parts.blocks)
+        self._handle_conditional(parts.conditional)
+        self.model = self._place(parts.module.to(self.device), parts)
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
-    def backward(self, x, y, last_micro: bool, weight: float = 1.0) -> torch.Tensor:
-        """Forward and backward one micro-batch, returning its loss times `weight` (left on the device: reading
-        it would make the host wait for the device); gradients are synchronised on the last micro-batch only."""
+    def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
+        """Forward and backward one micro-batch: `loss_of(model)` (objective.py) computes its loss. Returns it
+        detached, left on the device (reading it would make the host wait for the device); gradients are
+        synchronised on the last micro-batch only."""
         with self._sync(last_micro), self._autocast():
-            loss = self._forward(x, y) * weight
-        scaled = loss / self.accumulation
+            micro = self._forward(loss_of)
+        scaled = micro.loss / self.accumulation
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        return loss.detach()
+        return micro.detached()
 
-    def evaluate(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """The summed loss of a validation micro-batch over its counted targets, and their number; no gradients,
-        dropout off."""
+    def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
+        """`compute(model)` of a validation micro-batch: no gradients, dropout off."""
         self.model.eval()
         try:
             with torch.no_grad(), self._autocast():
-                logits = self.model(x)
+                return compute(self.model)
         finally:
             self.model.train()
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
-        return loss, (y != IGNORE).sum()
 
     def step(self) -> None:
         """Clip, update, advance the schedule, drop the gradients."""
@@ -211,14 +213,14 @@ class Backend:
             )
 
     # -- helpers --------------------------------------------------------------------------------------
-    def _forward(self, x, y) -> torch.Tensor:
-        """The model's loss; the first call also counts the bytes its forward saves for backward."""
+    def _forward(self, loss_of: Callable[[nn.Module], MicroLoss]) -> MicroLoss:
+        """The micro-batch's loss; the first call also counts the bytes its forward saves for backward."""
         if self.activation_bytes is not None:
-            return self.model(x, y)
+            return loss_of(self.model)
         with memory.SavedActivations(self.model) as saved:
-            loss = self.model(x, y)
+            micro = loss_of(self.model)
         self.activation_bytes = saved.bytes
-        return loss
+        return micro
 
     def _build_optimizer(self, model: nn.Module) -> None:
         t = self.cfg.training
@@ -227,8 +229,14 @@ class Backend:
 
     def _prepare_blocks(self, model, blocks) -> None:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
-        from distsetup.training.model import apply_activation_checkpointing, compile_blocks
+        from distsetup.training.blocks import apply_activation_checkpointing, compile_blocks
 
+        if (self._checkpointing() != "none" or self.cfg.training.compile) and not blocks:
+            wanted = "activation checkpointing" if self._checkpointing() != "none" else "training.compile"
+            raise DistsetupError(
+                f"{wanted} works block by block, and the model has no blocks found.",
+                "name its repeated block classes in model.layer_classes.",
+            )
         if self._checkpointing() != "none":
             apply_activation_checkpointing(model, blocks, self._checkpointing())
         if self.cfg.training.compile:
@@ -238,7 +246,10 @@ class Backend:
         """none, full or selective: activation checkpointing as this run asks for it."""
         return self.cfg.training.activation_checkpointing
 
-    def _place(self, model: nn.Module) -> nn.Module:
+    def _handle_conditional(self, layers: list[nn.Module]) -> None:
+        """What this backend needs for layers that run differently per rank (moe.py): one process needs nothing."""
+
+    def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         """The model as this backend trains it, once on its device."""
         return model
 

@@ -43,7 +43,8 @@ def copied_to_cpu(state):
     return copy.deepcopy(state)
 
 
-SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"), "hf": ()}  # what sizes weights
+# what sizes the weights, beside the type (a python model's sizes are its builder's: a mismatch shows when loading)
+SHAPE_KEYS = {"gpt": ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"), "hf": (), "python": ("builder",)}
 
 
 def check_compatible(meta: dict, path: Path, model: dict) -> None:
@@ -52,6 +53,15 @@ def check_compatible(meta: dict, path: Path, model: dict) -> None:
     stored = meta.get("model")  # checkpoints before distsetup stored it: the load itself finds out
     if not isinstance(stored, dict):
         return
+    from distsetup.training.named_state import legacy_hf_names
+
+    if legacy_hf_names(meta):
+        raise DistsetupError(
+            f"checkpoint {path} keeps the Hugging Face model under the names of the wrapper an older distsetup "
+            "trained it in (hf.*); this one trains it under its own names.",
+            f"export it (`distsetup checkpoint export {path.parent.parent} -o DIR --format hf`), set model.hf_path "
+            "to DIR and start afresh with --no_resume.",
+        )
     keys = ("type", *SHAPE_KEYS.get(model["type"], ()))
     for key in keys:
         if stored.get(key) != model[key]:

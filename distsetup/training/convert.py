@@ -87,9 +87,13 @@ def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
 def parameter_groups(model: dict) -> list[list[str]]:
     """The parameter names in each optimizer param group (training.optim.param_groups) of the model a run
     config's `model` section describes, built on the meta device."""
-    from distsetup.formats.runconfig import ModelConfig
+    from distsetup.formats.runconfig import model_config
     from distsetup.training.model import architecture_on_meta
     from distsetup.training.optim import names_by_group, param_groups
+    from distsetup.training.user_code import make_importable
 
-    built = architecture_on_meta(ModelConfig(**model))
+    section = model_config(model)
+    if section.builder:  # the user's model: its module from this folder or PYTHONPATH
+        make_importable(None)
+    built = architecture_on_meta(section)
     return names_by_group(built, param_groups(built, 0.0))

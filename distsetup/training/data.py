@@ -1,8 +1,10 @@
-"""Training and validation data, and the order ranks read it in: a synthetic task, or the user's files as
-memory-mapped token files (token_files.py)."""
+"""Training and validation data, and the order ranks read it in: a synthetic task, the user's files as
+memory-mapped token files (token_files.py), or the user's own map-style datasets (data.type python)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,6 +12,7 @@ import torch.distributed as dist
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import TOKEN_SUFFIX
+from distsetup.training import user_code
 from distsetup.training.model import embedding_rows
 from distsetup.training.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
 from distsetup.training.tokenizer import check_vocabulary, load_tokenizer
@@ -47,8 +50,16 @@ class TokenBlocks:
         """Whether some targets carry no loss (so micro-batches hold different numbers of counted targets)."""
         return self.loss is not None
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = idx.numpy()
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.batch([index])
+        return x[0], y[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of `indices`, read at once (what a DataLoader asks a dataset that has this for)."""
+        return self.batch(indices)
+
+    def batch(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.asarray(idx)
         blocks = torch.from_numpy(self.tokens[rows].astype(np.int64))
         x, y = blocks[:, :-1], blocks[:, 1:].clone()
         if self.loss is not None:
@@ -68,19 +79,32 @@ def loss_weights(targets: list[torch.Tensor], world_size: int, device: torch.dev
     return (counted * (len(targets) * world_size) / total).tolist()
 
 
+def as_fetched(batch):
+    """The collate function of TokenBlocks: its __getitems__ returns the batch whole."""
+    return batch
+
+
 @dataclass(frozen=True)
 class Datasets:
-    train: TokenBlocks
-    val: TokenBlocks | None
+    train: Any  # a map-style dataset: TokenBlocks, or the user's
+    val: Any | None
     notes: list[str]  # what rank 0 says about them (a cache built or rebuilt)
+    collate: Callable = as_fetched  # samples -> a batch
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the samples are token blocks (the token objective's (input ids, targets) batches)."""
+        return isinstance(self.train, TokenBlocks)
 
 
 def build_datasets(cfg, eval_batch: int) -> Datasets:
-    """The training and validation blocks of the run config `cfg`: the synthetic task in memory, or token files
-    memory-mapped (the user's, or the cache rank 0 tokenizes text into while the other ranks wait).
-    `eval_batch`: the blocks one evaluation step takes over all ranks (the fewest a validation set may hold)."""
+    """The training and validation datasets of the run config `cfg`: the synthetic task in memory, token files
+    memory-mapped (the user's, or the cache rank 0 tokenizes text into while the other ranks wait), or the user's.
+    `eval_batch`: the samples one evaluation step takes over all ranks (the fewest a validation set may hold)."""
     m, d, t = cfg.model, cfg.data, cfg.training
-    if d.type == "synthetic":
+    if d.type == "python":
+        datasets = python_datasets(d)
+    elif d.type == "synthetic":
         train = synthetic_dataset(d.num_samples, m.block_size, m.vocab_size, t.seed)
         held_out = round(d.num_samples * d.val_fraction)
         val = synthetic_dataset(held_out, m.block_size, m.vocab_size, t.seed + 1) if held_out else None
@@ -95,6 +119,37 @@ def build_datasets(cfg, eval_batch: int) -> Datasets:
         datasets = Datasets(blocks["train"], blocks.get("val"), files["notes"])
     _check_sizes(datasets, cfg, eval_batch)
     return datasets
+
+
+def python_datasets(d) -> Datasets:
+    """data.builder("train", **data.args) and ("val", ...), each a map-style dataset (None for "val": none), collated
+    by data.collate or torch's default_collate."""
+    from torch.utils.data import IterableDataset, default_collate
+
+    builder = user_code.load(d.builder, "data.builder")
+    user_code.check_takes(builder, "data.builder", "train", **d.args)
+    collate = user_code.load(d.collate, "data.collate") if d.collate else default_collate
+    splits = {}
+    for split in ("train", "val"):
+        try:
+            dataset = builder(split, **d.args)
+        except DistsetupError:
+            raise
+        except Exception as e:
+            raise DistsetupError(
+                f"data.builder {d.builder} raised {type(e).__name__} for split {split!r}: {user_code.first_line(e)}.",
+                f"fix {d.builder} or data.args.",
+            ) from None
+        map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+        if (dataset is None and split == "val") or (map_style and not isinstance(dataset, IterableDataset)):
+            splits[split] = dataset
+            continue
+        raise DistsetupError(
+            f"data.builder {d.builder} returned {type(dataset).__name__} for split {split!r}, not a map-style "
+            "dataset (one with __len__ and __getitem__: the sampler picks samples by index).",
+            "return a torch.utils.data.Dataset with __len__ (or a list); None for 'val' means no validation.",
+        )
+    return Datasets(splits["train"], splits["val"], [], collate)
 
 
 def prepared_token_files(cfg) -> dict:
@@ -146,13 +201,22 @@ def prepared_token_files(cfg) -> dict:
 
 def _check_sizes(datasets: Datasets, cfg, eval_batch: int) -> None:
     """A validation set fills at least one evaluation batch (the training set, one global batch: ShardedSampler)."""
-    d = cfg.data
-    if datasets.val is not None and len(datasets.val) < eval_batch:
+    d, t = cfg.data, cfg.training
+    if d.type == "python":
+        source, items, fix = 'data.builder("val")', "samples", "add validation samples"
+    else:
         source = "data.val_paths" if d.val_paths else f"data.val_fraction {d.val_fraction}"
+        items, fix = "blocks", "add validation data or raise data.val_fraction"
+    if datasets.val is not None and len(datasets.val) < eval_batch:
         raise DistsetupError(
-            f"the validation set ({source}) has {len(datasets.val)} blocks, fewer than one evaluation batch of "
+            f"the validation set ({source}) has {len(datasets.val)} {items}, fewer than one evaluation batch of "
             f"{eval_batch} (micro-batch x world size).",
-            "add validation data or raise data.val_fraction.",
+            f"{fix}.",
+        )
+    if datasets.val is None and t.eval_interval:
+        raise DistsetupError(
+            f"training.eval_interval is set, but data.builder {d.builder} returned None for 'val'.",
+            "return a validation dataset for 'val', or drop training.eval_interval.",
         )
 
 

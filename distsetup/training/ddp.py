@@ -2,6 +2,7 @@
 
 import contextlib
 
+from distsetup.training import moe
 from distsetup.training.backend import Backend
 
 
@@ -10,12 +11,19 @@ class DDPBackend(Backend):
 
     name = "ddp"
 
-    def _place(self, model):
+    def _handle_conditional(self, layers):
+        if layers:
+            self.notes.append(
+                f"{moe.described(layers)} may run other experts on each rank: DDP looks for unused parameters "
+                "(find_unused_parameters)"
+            )
+
+    def _place(self, model, parts):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
-        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, find_unused_parameters=bool(parts.conditional))
 
     def _plain_model(self):
         return self.model.module

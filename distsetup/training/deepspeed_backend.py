@@ -16,7 +16,7 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
 from distsetup.formats.validate import read_valid
-from distsetup.training import loss_scale, memory, universal_folder, zero0_wrapper
+from distsetup.training import loss_scale, memory, moe, universal_folder, zero0_wrapper
 from distsetup.training.backend import Backend
 from distsetup.training.checkpoint import atomic_write_text
 from distsetup.training.named_state import ZERO0_FILE, checkpoint_layout, layout, lazy_state
@@ -89,10 +89,12 @@ class DeepSpeedBackend(Backend):
                 f"{other}.",
             )
 
-    def wrap(self, model, blocks):
+    def wrap(self, parts):
         import deepspeed
 
-        self._prepare_blocks(model, blocks)
+        model = parts.module
+        self._prepare_blocks(model, parts.blocks)
+        self._handle_conditional(parts.conditional)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
         self.groups = names_by_group(model, groups)  # the optimizer's parameters by name (ZeRO flattens them)
@@ -133,18 +135,38 @@ class DeepSpeedBackend(Backend):
                 f"{zero0_wrapper.FORMS[flat]}: converted by parameter name"
             )
 
+    def _handle_conditional(self, layers):
+        """ZeRO-3 gathers each module's parameters in its forward: ranks running different experts would wait for
+        each other's gathers, so each such layer is a leaf, gathered whole. ZeRO 1-2 reduce gradients in the order
+        they become ready, which differs between ranks that ran different experts (silently mixing them): every
+        expert takes part with weight 0. ZeRO-0 reduces every parameter's gradient, zeros for the unused."""
+        if not layers:
+            return
+        if self.zero_stage == 3:
+            from deepspeed.utils import set_z3_leaf_module
+
+            for layer in layers:
+                set_z3_leaf_module(layer, True)
+            how = "ZeRO-3 gathers each whole (a leaf module)"
+        elif self.zero_stage in (1, 2):
+            moe.give_every_expert_a_gradient(layers)
+            how = "every expert gets a zero gradient on every rank (ZeRO 1-2 reduce gradients as they become ready)"
+        else:
+            return
+        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
+
     def _plain_model(self):
         return self.engine.module
 
     def _autocast(self):
         return contextlib.nullcontext()  # the engine casts as its file says
 
-    def backward(self, x, y, last_micro, weight=1.0):
-        loss = self._forward(x, y) * weight
-        self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
+    def backward(self, loss_of, last_micro):
+        micro = self._forward(loss_of)
+        self.engine.backward(micro.loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter
-        return loss.detach()
+        return micro.detached()
 
     def step(self):
         if self.memory is None:

@@ -1,31 +1,31 @@
-"""The validation loss: every rank evaluates its share of the validation blocks, and one all-reduce sums the
-losses and the counted targets of all ranks, so the mean is over every target of the set however it was split."""
+"""The validation loss: every rank evaluates its share of the validation set, and one all-reduce sums the losses and
+the counted items (targets of token data, samples of the user's) of all ranks, so the mean is over every item of the
+set however it was split."""
 
 import math
 
 import torch
 import torch.distributed as dist
 
-from distsetup.training.data import TokenBlocks
+from distsetup.training.loader import validation_batches
 
 
-def evaluate(backend, val: TokenBlocks, rank: int, world_size: int, device: torch.device) -> dict[str, float]:
-    """{"val_loss", "val_perplexity"} of the validation set `val`; every rank calls it at the same step."""
-    mine = torch.arange(rank, len(val), world_size)  # blocks rank, rank + world, ...
-    micro = backend.micro_batch
-    most = math.ceil(len(val) / world_size)  # what the rank with the most blocks holds
+def evaluate(backend, objective, data, world, num_workers: int, device: torch.device) -> dict[str, float]:
+    """{"val_loss"} of `data.val` (and "val_perplexity" for tokens); every rank calls it at the same step."""
     totals = torch.zeros(2, dtype=torch.float64, device=device)
-    for start in range(0, most, micro):
-        idx = mine[start : start + micro]
-        counted = len(idx) > 0
-        if not counted:  # this rank is out of blocks; FSDP and ZeRO-3 still gather parameters with the others
-            idx = mine[:1]
-        x, y = val.batch(idx)
-        loss, targets = backend.evaluate(x.to(device), y.to(device))
-        if counted:
-            totals += torch.stack([loss.double(), targets.double()])
+    batches = validation_batches(
+        data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, device
+    )
+    for batch, samples in batches:
+        loss, counted = backend.evaluate(
+            lambda model, batch=batch, samples=samples: objective.eval_sums(model, batch, samples)
+        )
+        if samples:  # a rank out of samples ran its first one again, for the others' gathers
+            totals += torch.stack([loss.double(), counted.double()])
     if dist.is_initialized():
         dist.all_reduce(totals)
-    loss_sum, targets = totals.tolist()
-    mean = loss_sum / targets
+    loss_sum, counted = totals.tolist()
+    mean = loss_sum / counted
+    if objective.unit != "tokens":
+        return {"val_loss": mean}
     return {"val_loss": mean, "val_perplexity": math.exp(min(mean, 700.0))}

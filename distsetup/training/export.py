@@ -21,7 +21,6 @@ from distsetup.training.weight_stream import WeightStream
 from distsetup.training.world import last_line
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-HF_WRAPPER_PREFIX = "hf."  # training.model.HFCausalLM keeps the transformers model as .hf
 
 
 def consolidated_state_dict(path: Path) -> dict:
@@ -111,9 +110,10 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
         raise DistsetupError(f"--max_shard_size {max_shard_size} is not a size.", "write e.g. 5GB or 500MB.") from None
     path, model = checkpoint_and_model(run, out)
     if model.get("type") != "hf":
+        held = "the built-in GPT" if model.get("type") == "gpt" else f"model.builder {model.get('builder')}'s model"
         raise DistsetupError(
-            f"{path} holds the built-in GPT, which has no Hugging Face class.",
-            "export it without --format hf (model.safetensors and model.json).",
+            f"{path} holds {held}; --format hf is for Hugging Face models (model.type hf).",
+            "export it without --format hf (model.safetensors with its own parameter names, and model.json).",
         )
     source = Path(model["hf_path"])
     if not (source / "config.json").is_file():
@@ -123,7 +123,7 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
         )
     with read_errors(path, "export"):
         config = json.loads((source / "config.json").read_text())
-        stream = weight_stream(path).renamed(lambda name: name.removeprefix(HF_WRAPPER_PREFIX))
+        stream = weight_stream(path)
         order, tied = _saved_names(source)
     config["dtype"] = str(EXPORT_DTYPES[dtype]).removeprefix("torch.")  # transformers 5's key; 4.x read torch_dtype
     config.pop("torch_dtype", None)

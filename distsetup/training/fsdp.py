@@ -18,9 +18,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
 from distsetup.formats.validate import read_valid
+from distsetup.training import moe
 from distsetup.training.backend import DTYPES, Backend
+from distsetup.training.blocks import in_place_of, layer_modules
 from distsetup.training.checkpoint import atomic_save
-from distsetup.training.model import in_place_of, layer_modules
 
 
 def read_fsdp_file(path: str | None) -> FsdpSpec:
@@ -56,9 +57,9 @@ class FSDPBackend(Backend):
                 f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard {self.mesh_shape[1]}"
             )
 
-    def wrap(self, model, blocks):
-        model = model.to(self.device)
-        units = self._units(model, blocks)
+    def wrap(self, parts):
+        model, blocks = parts.module.to(self.device), parts.blocks
+        units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
         kwargs = {
@@ -71,6 +72,7 @@ class FSDPBackend(Backend):
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
         self.model = model
+        self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
             # one gloo group per async_save: each writes on a thread of its own, and two threads' collectives on
             # one group could pair up differently on each rank
@@ -78,14 +80,38 @@ class FSDPBackend(Backend):
         self.scaler = None
         self._build_optimizer(model)
 
-    def _units(self, model, blocks):
+    def _units(self, model, blocks, conditional):
+        """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one
+        inside a layer that runs differently per rank (an expert), which one rank would gather and another not."""
         policy = self.fsdp.auto_wrap_policy
         if policy == "NO_WRAP":
             return []
         if policy == "SIZE_BASED_WRAP":
-            return _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
-        names = self.fsdp.transformer_layer_cls_to_wrap
-        return layer_modules(model, list(names)) if names else blocks
+            units = _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
+        elif names := self.fsdp.transformer_layer_cls_to_wrap:
+            units = layer_modules(model, list(names), "the FSDP file's fsdp_transformer_layer_cls_to_wrap")
+        else:
+            units = blocks
+        kept = [unit for unit in units if not moe.inside(unit, conditional)]
+        if len(kept) < len(units):
+            self.notes.append(
+                f"{len(units) - len(kept)} FSDP units inside {moe.described(conditional)} left to the unit around "
+                "them: a rank gathers only the experts it runs"
+            )
+        return kept
+
+    def _handle_conditional(self, layers):
+        """FSDP2 reduce-scatters the gradients each rank has: a rank that ran other experts would hand in others.
+        Where torch has it, FSDP2 gives the unused ones zeros itself; else every expert takes part with weight 0."""
+        if not layers:
+            return
+        if hasattr(self.model, "set_reduce_scatter_unused_params"):
+            self.model.set_reduce_scatter_unused_params(True)
+            how = "FSDP2 reduce-scatters zeros for the experts a rank did not run"
+        else:
+            moe.give_every_expert_a_gradient(layers)
+            how = "every expert gets a zero gradient on every rank"
+        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
 
     def _mesh(self):
         if len(self.mesh_shape) == 2:
@@ -113,11 +139,11 @@ class FSDPBackend(Backend):
             return OffloadPolicy()
         return CPUOffloadPolicy(pin_memory=True)
 
-    def backward(self, x, y, last_micro, weight=1.0):
+    def backward(self, loss_of, last_micro):
         self.model.set_requires_gradient_sync(last_micro)
-        loss = self._forward(x, y) * weight
-        (loss / self.accumulation).backward()
-        return loss.detach()
+        micro = self._forward(loss_of)
+        (micro.loss / self.accumulation).backward()
+        return micro.detached()
 
     def save(self, path):
         if self.full_state_dict:

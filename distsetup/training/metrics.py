@@ -43,7 +43,7 @@ class MetricsLog:
         )
         self.wandb = wandb_run(out_dir, wandb_settings or {}) if enabled and "wandb" in report_to else None
 
-    def write(self, step: int, section: str = "train", **values: float | None) -> None:
+    def write(self, step: int, section: str = "train", /, **values: float | None) -> None:
         """One line of `values` at `step` (None: not known, left out); the reporters file them under `section`
         (train, eval)."""
         if self.jsonl is None:

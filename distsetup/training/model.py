@@ -1,117 +1,151 @@
-"""The models: a nanoGPT-style decoder (its block class is `Block`) and Hugging Face causal LMs."""
+"""The model a run config's model section describes: the built-in GPT (gpt.py), a Hugging Face causal LM from a
+local folder, or the user's own module (model.type python: model.builder called with model.args). Each is trained
+as the module it is, so its parameters keep their own names in checkpoints and exports.
 
-import functools
-import math
+`describe` builds it on the meta device first (no memory, no weights, nothing downloaded): before any process group
+the builder is checked, the block classes found and the parameters counted."""
+
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
-from distsetup.planning.planner import gpt_params
+from distsetup.training import moe, user_code
+from distsetup.training.blocks import layer_modules
+from distsetup.training.gpt import BLOCK, GPT
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
-        super().__init__()
-        self.n_head, self.dropout = n_head, dropout
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.proj = nn.Linear(n_embd, n_embd)
-        self.resid_dropout = nn.Dropout(dropout)
+@dataclass(frozen=True)
+class Description:
+    """What the model section's model is, learnt from a copy built on the meta device."""
 
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+    layer_classes: list[str]  # its repeated blocks' classes (model.layer_classes, or found)
+    parameters: int
+    conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
+    notes: list[str] = field(default_factory=list)  # what rank 0 says about it
 
 
-class MLP(nn.Module):
-    def __init__(self, n_embd: int, dropout: float):
-        super().__init__()
-        self.fc, self.proj = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
-        self.dropout = nn.Dropout(dropout)
+@dataclass
+class ModelParts:
+    """A built model and what the backends need to know of it."""
 
-    def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
-
-
-class Block(nn.Module):
-    """One transformer block: the unit that FSDP shards and activation checkpointing recomputes."""
-
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
-        super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(n_embd), CausalSelfAttention(n_embd, n_head, dropout)
-        self.ln_2, self.mlp = nn.LayerNorm(n_embd), MLP(n_embd, dropout)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+    module: nn.Module
+    blocks: list[nn.Module]  # the modules of the layer classes: FSDP2's units, what is checkpointed and compiled
+    conditional: list[nn.Module]  # the layers that run differently per rank (moe.py)
 
 
-class GPT(nn.Module):
-    """Decoder-only transformer; forward(idx, targets) returns the mean next-token loss."""
-
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, dropout: float):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab_size, n_embd), nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd)
-        # Untied from wte: a weight shared between the root and a block would be sharded twice.
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def forward(self, idx, targets=None):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+def build(m) -> nn.Module:
+    """The model of model section `m`, on the current default device, in fp32 (the same seed on every rank gives
+    the same weights)."""
+    if m.type == "gpt":
+        return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
+    if m.type == "hf":
+        return _hf_model(m, with_weights=True)
+    try:
+        model = _call_builder(m)
+    except DistsetupError:
+        raise
+    except Exception as e:
+        raise DistsetupError(
+            f"model.builder {m.builder} raised {type(e).__name__}: {user_code.first_line(e)}.",
+            f"fix {m.builder} or model.args.",
+        ) from None
+    return model.float()
 
 
-class HFCausalLM(nn.Module):
-    """A transformers causal LM behind the GPT interface (the data already shifts targets by one)."""
-
-    hf: Any  # the transformers PreTrainedModel (its config, _no_split_modules)
-
-    def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        self.hf = hf_model
-
-    def forward(self, idx, targets=None):
-        logits = self.hf(input_ids=idx).logits
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+def _call_builder(m) -> nn.Module:
+    """model.builder(**model.args), which must return an nn.Module; what the builder itself raises goes through."""
+    builder = user_code.load(m.builder, "model.builder")
+    user_code.check_takes(builder, "model.builder", **m.args)
+    model = builder(**m.args)
+    if not isinstance(model, nn.Module):
+        raise DistsetupError(
+            f"model.builder {m.builder} returned a {type(model).__name__}, not a torch.nn.Module.",
+            "return the model (an nn.Module) from it.",
+        )
+    return model
 
 
-def architecture_on_meta(m) -> "GPT | HFCausalLM":
-    """The model a run config's model section `m` describes, built on the meta device: its parameters' names and
-    shapes without memory or weights (an hf model from its config.json alone; nothing is read or downloaded)."""
+def architecture_on_meta(m) -> nn.Module:
+    """The model of model section `m` built on the meta device: its parameters' names and shapes, no memory. A
+    builder's own exception goes through (some builders cannot build there: they read a weight's value)."""
     with torch.device("meta"):
-        if m.type == "gpt":
-            return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
-        from transformers import AutoConfig, AutoModelForCausalLM
+        if m.type == "hf":
+            return _hf_model(m, with_weights=False)
+        if m.type == "python":
+            return _call_builder(m)
+        return build(m)
 
-        config = AutoConfig.from_pretrained(m.hf_path, local_files_only=True)
-        return HFCausalLM(AutoModelForCausalLM.from_config(config))
+
+def describe(m) -> Description:
+    """The model section `m`'s model, checked on a copy built on the meta device (on the CPU where its builder
+    cannot build there): the builder and its args, the block classes (model.layer_classes, or the model's own),
+    model.zero3_leaf_classes."""
+    notes = []
+    try:
+        model = architecture_on_meta(m)
+    except DistsetupError:
+        raise
+    except Exception as e:
+        model = build(m)
+        notes.append(
+            f"model: checked on the CPU (model.builder cannot build on the meta device: {user_code.first_line(e)})"
+        )
+    classes, found = layer_classes(model, m)
+    notes += found
+    layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    return Description(classes, sum(unique.values()), moe.described(layers), notes)
+
+
+def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
+    """The built `model` with its blocks (of `classes`) and its conditional layers, found."""
+    blocks = layer_modules(model, classes) if classes else []
+    return ModelParts(model, blocks, moe.conditional_layers(model, set(classes), m.zero3_leaf_classes))
+
+
+def layer_classes(model: nn.Module, m) -> tuple[list[str], list[str]]:
+    """(the classes of the model's repeated blocks, notes): model.layer_classes, each found in the model; else the
+    model's own (the built-in GPT's Block, a Hugging Face model's _no_split_modules, or the class of the children of
+    a python model's largest nn.ModuleList or nn.Sequential of one class). [] where a python model has none."""
+    if m.layer_classes:
+        layer_modules(model, m.layer_classes)  # each must name a class of the model
+        return list(m.layer_classes), []
+    if m.type == "gpt":
+        return [BLOCK], []
+    present = {type(module).__name__ for module in model.modules()}
+    if m.type == "hf":
+        own = [name for name in getattr(model, "_no_split_modules", None) or [] if name in present]
+        if not own:
+            raise DistsetupError(f"{type(model).__name__} names no layer class.", "set model.layer_classes.")
+        return own, []
+    found = _largest_repeated(model)
+    if found is None:
+        note = (
+            f"model: {type(model).__name__} has no nn.ModuleList or nn.Sequential of one block class, so nothing is "
+            "sharded per block, checkpointed or compiled (name its blocks in model.layer_classes for that)"
+        )
+        return [], [note]
+    name, container = found
+    note = f"model: blocks of class {name} (the children of {container}, its largest list of one class)"
+    return [name], [note]
+
+
+def _largest_repeated(model: nn.Module) -> tuple[str, str] | None:
+    """(the class of the children, the container's name) of the model's nn.ModuleList or nn.Sequential of two or
+    more children of one class that holds the most parameters."""
+    best, most = None, -1
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
+            continue
+        classes = {type(child).__name__ for child in module}
+        size = sum(p.numel() for p in module.parameters())
+        if len(classes) == 1 and size > most:
+            best, most = (classes.pop(), name or type(model).__name__), size
+    return best
 
 
 def require_transformers() -> None:
@@ -122,12 +156,9 @@ def require_transformers() -> None:
         raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.") from None
 
 
-def build_model(cfg) -> tuple["GPT | HFCausalLM", list[str]]:
-    """The model from `cfg.model` and the names of its block classes (what to shard and checkpoint)."""
-    m = cfg.model
-    if m.type == "gpt":
-        layers = [m.layer_cls] if m.layer_cls else ["Block"]
-        return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout), layers
+def _hf_model(m, with_weights: bool) -> nn.Module:
+    """A transformers causal LM from folder model.hf_path: its weights where it has some (and `with_weights`), else
+    fresh ones from its config.json; nothing is downloaded."""
     require_transformers()
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -138,26 +169,30 @@ def build_model(cfg) -> tuple["GPT | HFCausalLM", list[str]]:
             "save one with e.g. LlamaConfig(...).save_pretrained(path); nothing is downloaded.",
         )
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
-    if has_weights:
-        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=torch.float32)
+    fp32 = {_dtype_keyword(): torch.float32}
+    if with_weights and has_weights:
+        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **fp32)
     else:
-        hf = AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(path, local_files_only=True), torch_dtype=torch.float32
-        )
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True), **fp32)
     if hf.config.vocab_size < m.vocab_size:
         raise DistsetupError(
             f"the hf model's vocab_size {hf.config.vocab_size} is below model.vocab_size {m.vocab_size}.",
             "raise it in config.json or lower model.vocab_size.",
         )
-    layers = [m.layer_cls] if m.layer_cls else list(getattr(hf, "_no_split_modules", None) or [])
-    if not layers:
-        raise DistsetupError(f"{type(hf).__name__} names no layer class.", "set model.layer_cls.")
-    return HFCausalLM(hf), layers
+    return hf
+
+
+def _dtype_keyword() -> str:
+    """transformers' name for the dtype to build in: `dtype` from 4.56 on (`torch_dtype`, before, is deprecated)."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
 def embedding_rows(m) -> tuple[int, str]:
     """The rows of the embedding of the model section `m`'s model (the ids it can read) and where that is set."""
-    if m.type == "gpt":
+    if m.type != "hf":
         return m.vocab_size, "model.vocab_size"
     require_transformers()
     from transformers import AutoConfig
@@ -168,21 +203,25 @@ def embedding_rows(m) -> tuple[int, str]:
         raise DistsetupError(f"model.hf_path {m.hf_path}: {e}.", "point it at a folder with a config.json.") from None
 
 
-def check_model_fits(cfg, processes_per_node: int) -> None:
+def check_model_fits(parameters: int, processes_per_node: int, setting: str) -> None:
     """Every process of a node builds the whole model in CPU memory first (4 bytes a parameter): refuse, before
-    any process group, a built-in GPT that cannot be built, rather than a traceback from the allocator or a
-    visit from the OOM killer. (A Hugging Face model's size is known only once its config is read.)"""
-    m = cfg.model
-    if m.type != "gpt":
-        return
-    parameters = gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd)
+    any process group, a model that cannot be built, rather than a traceback from the allocator or a visit from
+    the OOM killer. `setting`: what the user changes to make it smaller."""
     needed, available = 4 * parameters * processes_per_node, available_memory()
     if needed > available:
         raise DistsetupError(
             f"the model has {parameters:,} parameters: {processes_per_node} process(es) building it need "
             f"{needed / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB of free memory.",
-            "lower model.n_embd, model.n_layer or model.vocab_size.",
+            f"lower {setting}.",
         )
+
+
+def size_settings(m) -> str:
+    """The settings that make the model section `m`'s model smaller."""
+    return {
+        "gpt": "model.n_embd, model.n_layer or model.vocab_size",
+        "hf": f"the sizes in {m.hf_path}/config.json",
+    }.get(m.type, "model.args")
 
 
 def available_memory() -> int:
@@ -194,68 +233,3 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def layer_modules(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
-    """The model's blocks, found by class name; an unknown name is an error, not silent no-sharding."""
-    names = {n.strip() for n in class_names if n.strip()}
-    found = [mod for mod in model.modules() if type(mod).__name__ in names]
-    if not found:
-        raise DistsetupError(
-            f"no module of class {', '.join(sorted(names))} in {type(model).__name__}.",
-            "fix fsdp_transformer_layer_cls_to_wrap or model.layer_cls.",
-        )
-    return found
-
-
-def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module], mode: str = "full") -> None:
-    """Recompute each block's activations in backward instead of storing them: all of them (`full`), or all but
-    the outputs of its matmuls and attention (`selective`: PyTorch's selective activation checkpointing; what
-    is recomputed is cheap elementwise work, and backward runs no matmul twice)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    wrapper = checkpoint_wrapper
-    if mode == "selective":
-        from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-        wrapper = functools.partial(
-            checkpoint_wrapper, context_fn=lambda: create_selective_checkpoint_contexts(_keep_expensive_outputs)
-        )
-    ids = {id(b) for b in blocks}
-    apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in ids)
-
-
-def in_place_of(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-    """The modules standing where `blocks` were: their activation-checkpointing wrappers, or the blocks."""
-    wrappers = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
-    return [wrappers.get(id(b), b) for b in blocks]
-
-
-def compile_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
-    """torch.compile each block (with its activation checkpointing) in place, as torchtitan does before sharding:
-    parameter names and the state dict stay as they were, and FSDP2 and ZeRO-3 keep their hooks between blocks."""
-    for unit in in_place_of(model, blocks):
-        unit.compile()
-
-
-def _keep_expensive_outputs(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_SAVE if op in _expensive_ops() else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-@functools.cache
-def _expensive_ops() -> frozenset:
-    """Matmuls and attention kernels (those this build of torch has)."""
-    names = [
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    ]
-    return frozenset(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))

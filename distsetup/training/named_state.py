@@ -49,10 +49,25 @@ def named_state(path: Path, source: str, groups: list[list[str]]) -> dict:
     return materialized(lazy_state(path, source, groups))
 
 
+LEGACY_HF_PREFIX = "hf."  # a Hugging Face model's names in checkpoints of distsetup's wrapper around it (before 0.x)
+
+
 def weight_stream(path: Path) -> WeightStream:
     """The consolidated model weights of checkpoint folder `path`, whatever backend and world size wrote it, named
-    as in the plain model, each read when asked for."""
-    return WeightStream.of(lazy_state(path, checkpoint_layout(read_meta(path)), None)["model"])
+    as in the plain model, each read when asked for (a Hugging Face model's by its own names, also where an older
+    distsetup wrapped it)."""
+    meta = read_meta(path)
+    stream = WeightStream.of(lazy_state(path, checkpoint_layout(meta), None)["model"])
+    if legacy_hf_names(meta):
+        return stream.renamed(lambda name: name.removeprefix(LEGACY_HF_PREFIX))
+    return stream
+
+
+def legacy_hf_names(meta: dict) -> bool:
+    """Whether the checkpoint with marker `meta` keeps a Hugging Face model under the names of the wrapper distsetup
+    trained it in before it trained every model as itself (its stored model section still says layer_cls)."""
+    model = meta.get("model")
+    return isinstance(model, dict) and model.get("type") == "hf" and "layer_classes" not in model
 
 
 def lazy_state(path: Path, source: str, groups: list[list[str]] | None) -> dict:

@@ -1,10 +1,16 @@
-"""Model FLOPs utilization: tokens/s x training FLOPs per token / the devices' peak. FLOPs per token = 6N + 12 L d T
-(N parameters outside the embedding tables, which are looked up rather than multiplied; L layers, width d,
-sequence T: the PaLM paper's appendix B, as nanoGPT counts)."""
+"""Model FLOPs utilization: items/s x training FLOPs per item / the devices' peak. For the built-in GPT and Hugging
+Face causal LMs, FLOPs per token = 6N + 12 L d T (N parameters outside the embedding tables, which are looked up
+rather than multiplied; L layers, width d, sequence T: the PaLM paper's appendix B, as nanoGPT counts); for the
+user's own model, what PyTorch's FLOP counter counts in the forward and backward of one micro-batch, on the meta
+device (no memory, no time)."""
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.nn as nn
 
-from distsetup.training.model import GPT, HFCausalLM
+from distsetup.training.gpt import GPT
 
 # Dense bf16 (and fp16) peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
 PEAK_BF16_TFLOPS = {
@@ -32,14 +38,15 @@ def device_peak_tflops(device: torch.device, precision: str) -> float | None:
     return peak_tflops(torch.cuda.get_device_name(device))
 
 
-def flops_per_token(model: "GPT | HFCausalLM", block_size: int) -> float:
-    """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM."""
-    if isinstance(model, HFCausalLM):
-        layers, width = model.hf.config.num_hidden_layers, model.hf.config.hidden_size
-        lookups, head = [model.hf.get_input_embeddings()], model.hf.get_output_embeddings()
-    else:
+def flops_per_token(model: nn.Module, block_size: int) -> float:
+    """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM (a transformers PreTrainedModel)."""
+    if isinstance(model, GPT):
         layers, width = len(model.blocks), model.wte.embedding_dim
         lookups, head = [model.wte, model.wpe], model.lm_head
+    else:
+        hf: Any = model  # a transformers PreTrainedModel
+        layers, width = hf.config.num_hidden_layers, hf.config.hidden_size
+        lookups, head = [hf.get_input_embeddings()], hf.get_output_embeddings()
     looked_up = {id(p) for table in lookups for p in table.parameters()}
     multiplied = sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
     if head is not None:  # an output head tied to the embedding multiplies too (model.parameters() lists it once)
@@ -50,3 +57,13 @@ def flops_per_token(model: "GPT | HFCausalLM", block_size: int) -> float:
 def mfu(tokens_per_s: float, flops_per_token: float, devices: int, peak: float | None) -> float | None:
     """The fraction of `devices` x `peak` TFLOP/s that training at `tokens_per_s` (all devices) uses."""
     return None if not peak else tokens_per_s * flops_per_token / (devices * peak * 1e12)
+
+
+def counted_flops(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> float:
+    """The FLOPs PyTorch's FlopCounterMode counts in the forward and backward of `loss_of(model)`: matrix products,
+    convolutions and attention, what dominates training (elementwise work is left out, as in 6N)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss_of(model).backward()
+    return float(counter.get_total_flops())

@@ -141,13 +141,18 @@ def is_lost_contact(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or any(text in str(error) for text in LOST_PEER)
 
 
-def lost_contact(error: BaseException, world: World, step: int, timeout_minutes: float) -> DistsetupError:
-    """The one line a rank prints when a collective failed: another rank stopped, hung or died."""
+def lost_contact(
+    error: BaseException, world: World, step: int, timeout_minutes: float, hang: str | None = None
+) -> DistsetupError:
+    """The one line a rank prints when a collective failed: another rank stopped, hung or died. `hang`: what makes
+    this run's ranks wait for each other, where something can."""
     return DistsetupError(
         f"rank {world.rank} of {world.size} lost contact with the other ranks at step {step} ({last_line(error)}): "
         "another rank stopped, hung or died.",
-        "look at the other ranks' first error; if a step or a checkpoint legitimately takes longer than "
-        f"{timeout_minutes} min, raise distributed.timeout_minutes.",
+        "look at the other ranks' first error; "
+        + (f"{hang}; " if hang else "")
+        + f"if a step or a checkpoint legitimately takes longer than {timeout_minutes} min, raise "
+        "distributed.timeout_minutes.",
     )
 
 
@@ -182,17 +187,17 @@ class StepAgreement:
         return step >= self.next_step
 
     def settle(
-        self, step: int, micro_losses: list[torch.Tensor], stop_requested: bool, step_seconds: float, writing: bool
-    ) -> tuple[float, bool, bool]:
-        """(the step's mean loss over micro-batches and ranks, stop?, no rank writing?); every rank calls it at the
+        self, step: int, terms: dict[str, torch.Tensor], stop_requested: bool, step_seconds: float, writing: bool
+    ) -> tuple[dict[str, float], bool, bool]:
+        """(the step's loss `terms`, each its mean over ranks; stop?; no rank writing?); every rank calls it at the
         same step."""
-        loss = torch.stack(micro_losses).double().mean().reshape(1)
-        flags = [float(stop_requested), step_seconds, float(writing)]
-        values = torch.cat([loss, torch.tensor(flags, dtype=torch.float64, device=self.device)])
+        names = list(terms)
+        flags = torch.tensor([float(stop_requested), step_seconds, float(writing)], dtype=torch.float64)
+        values = torch.cat([torch.stack([terms[name].double() for name in names]), flags.to(self.device)])
         if dist.is_initialized():
             dist.all_reduce(values)
-        loss_sum, stops, seconds_sum, writers = values.tolist()
+        *sums, stops, seconds_sum, writers = values.tolist()
         # The summed step time is the same on every rank, so they all pick the same next step.
         steps_per_period = self.every_seconds / max(seconds_sum / self.world_size, 1e-6)
         self.next_step = step + int(min(max(steps_per_period, 1), 1000))
-        return loss_sum / self.world_size, stops > 0, writers == 0
+        return {name: total / self.world_size for name, total in zip(names, sums, strict=True)}, stops > 0, writers == 0

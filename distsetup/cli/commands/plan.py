@@ -3,6 +3,7 @@
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -182,6 +183,15 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     from distsetup.formats.runconfig import load_run_config
 
     cfg = load_run_config(o["config"])
+    notes = []
+    if cfg.model.type == "python":
+        from distsetup.training.user_code import make_importable
+
+        make_importable(Path(o["config"]).parent)  # model.builder's module, next to the run config
+        notes.append(
+            "activations are not counted for model.type python (its shapes are its builder's); a run's summary.json "
+            "has them measured (peak_activation_bytes)."
+        )
     shape = shape_from_run_config(cfg)
     defaults = {
         "precision": cfg.training.precision,
@@ -189,7 +199,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     }
     if cfg.model.type == "gpt":
         defaults["seq_len"] = cfg.model.block_size
-    return shape, defaults, []
+    return shape, defaults, notes
 
 
 def shape_from_run_config(cfg) -> ModelShape:
@@ -198,7 +208,11 @@ def shape_from_run_config(cfg) -> ModelShape:
     try:
         return count_on_meta(cfg)
     except ImportError:
-        pass
+        if m.type == "python":
+            raise DistsetupError(
+                "distsetup plan counts model.type python models on the meta device, which needs torch.",
+                "pip install torch, or give --params.",
+            ) from None
     if m.type == "gpt":
         return ModelShape(
             params=gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd),
@@ -206,40 +220,41 @@ def shape_from_run_config(cfg) -> ModelShape:
             num_layers=m.n_layer,
             num_heads=m.n_head,
             vocab_size=m.vocab_size,
-            layer_cls=m.layer_cls or "Block",
+            layer_cls=(m.layer_classes or ["Block"])[0],
         )
-    return hf_shape_from_json(Path(m.hf_path) / "config.json", m.layer_cls)
+    return hf_shape_from_json(Path(m.hf_path) / "config.json", (m.layer_classes or [None])[0])
 
 
 def count_on_meta(cfg) -> ModelShape:
     """Build the model on the meta device (no memory, no weights read) and count its parameters."""
     import torch  # noqa: F401  (ImportError here means: use the analytic count)
 
-    from distsetup.training.model import HFCausalLM, architecture_on_meta
+    from distsetup.training.model import architecture_on_meta, layer_classes
 
     m = cfg.model
     model = architecture_on_meta(m)
-    if m.type == "gpt":
-        layers, hidden, n_layer, heads, vocab = [m.layer_cls or "Block"], m.n_embd, m.n_layer, m.n_head, m.vocab_size
-    else:
-        assert isinstance(model, HFCausalLM)  # model.type hf
-        hf_cfg = model.hf.config
-        layers = [m.layer_cls] if m.layer_cls else list(getattr(model.hf, "_no_split_modules", None) or ["?"])
-        hidden, n_layer = hf_cfg.hidden_size, hf_cfg.num_hidden_layers
-        heads, vocab = hf_cfg.num_attention_heads, hf_cfg.vocab_size
+    classes = layer_classes(model, m)[0] or ["?"]
+    config: Any = getattr(model, "config", None)  # a Hugging Face model's
+    if m.type == "hf":
+        hidden, n_layer = config.hidden_size, config.num_hidden_layers
+        heads, vocab = config.num_attention_heads, config.vocab_size
+    elif m.type == "gpt":
+        hidden, n_layer, heads, vocab = m.n_embd, m.n_layer, m.n_head, m.vocab_size
+    else:  # the user's own: its sizes are its builder's
+        hidden = n_layer = heads = vocab = None
     unique = {id(p): p.numel() for p in model.parameters()}
-    blocks = [mod for mod in model.modules() if type(mod).__name__ in layers]
+    blocks = [mod for mod in model.modules() if type(mod).__name__ in classes]
     block = sum({id(p): p.numel() for p in blocks[0].parameters()}.values()) if blocks else None
     largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules())
     return ModelShape(
         params=sum(unique.values()),
         hidden_size=hidden,
-        num_layers=n_layer,
+        num_layers=n_layer if m.type != "python" else len(blocks) or None,
         num_heads=heads,
         vocab_size=vocab,
         block_params=block,
         largest_module_params=largest,
-        layer_cls=layers[0],
+        layer_cls=classes[0],
     )
 
 

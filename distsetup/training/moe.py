@@ -1,0 +1,83 @@
+"""Layers that run differently on each rank: a mixture of experts whose experts (an nn.ModuleList or nn.ModuleDict of
+modules alike) run only when tokens are routed to them, so that in one step two ranks may run different experts.
+
+Each backend must then be told, or its collectives go wrong: DDP waits for gradients that never come unless it
+looks for unused parameters; FSDP2 and DeepSpeed ZeRO 1-2 reduce whatever gradients each rank has, which no longer
+line up between ranks (silently mixing them: measured here, ZeRO-2 and FSDP2 trained other numbers than DDP);
+ZeRO-3 gathers a module's parameters in its forward, so ranks gathering different experts wait for each other
+forever (deepspeedai/DeepSpeed#4808) unless the layer is one "leaf" gathered whole.
+"""
+
+import torch
+import torch.nn as nn
+
+from distsetup.errors import DistsetupError
+
+
+def expert_container(module: nn.Module) -> nn.ModuleList | nn.ModuleDict | None:
+    """The child of `module` holding its experts: an nn.ModuleList or nn.ModuleDict of two or more modules of one
+    class with parameters of the same shapes."""
+    for child in module.children():
+        if not isinstance(child, (nn.ModuleList, nn.ModuleDict)) or len(child) < 2:
+            continue
+        members = list(child.values()) if isinstance(child, nn.ModuleDict) else list(child)
+        shapes = {(type(m), tuple(tuple(p.shape) for p in m.parameters())) for m in members}
+        if len(shapes) == 1 and any(True for _ in members[0].parameters()):
+            return child
+    return None
+
+
+def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: list[str]) -> list[nn.Module]:
+    """The layers of `model` that may run differently on each rank: those holding experts (expert_container; a list
+    of the model's blocks is no experts) and those of model.zero3_leaf_classes, outermost first, none inside
+    another."""
+    named = set(leaf_classes)
+    found = []
+    for module in model.modules():
+        container = expert_container(module)
+        holds_experts = container is not None and type(next(iter(container.children()))).__name__ not in block_classes
+        if holds_experts or type(module).__name__ in named:
+            found.append(module)
+    missing = named - {type(m).__name__ for m in found}
+    if missing:
+        raise DistsetupError(
+            f"model.zero3_leaf_classes: no module of class {', '.join(sorted(missing))} in {type(model).__name__}.",
+            "name the class of the model's MoE layer (the module that routes tokens to its experts).",
+        )
+    inner = {id(sub) for layer in found for sub in layer.modules() if sub is not layer}
+    return [layer for layer in found if id(layer) not in inner]
+
+
+def described(layers: list[nn.Module]) -> str:
+    """'SwitchFFN (x4)': the classes of `layers`, counted."""
+    counts: dict[str, int] = {}
+    for layer in layers:
+        counts[type(layer).__name__] = counts.get(type(layer).__name__, 0) + 1
+    return ", ".join(f"{name} (x{count})" for name, count in counts.items())
+
+
+def inside(module: nn.Module, layers: list[nn.Module]) -> bool:
+    """Whether `module` is part of one of `layers` (but not the layer itself)."""
+    return any(module is not layer and any(module is sub for sub in layer.modules()) for layer in layers)
+
+
+def give_every_expert_a_gradient(layers: list[nn.Module]) -> None:
+    """Make every expert parameter of `layers` take part in every forward, with weight 0: a pre-forward hook adds
+    0 x one element of each to the layer's input. Every rank then gets a gradient (zeros for an expert it did not
+    run) for every parameter, at one place in backward (the input's, reached after all the layer's experts), so
+    that backends reducing gradients as they become ready (DeepSpeed ZeRO 1-2) reduce the same ones in the same
+    order on every rank. It reads one element per parameter: no weight is read whole."""
+    for layer in layers:
+        layer.register_forward_pre_hook(_touch_parameters)
+
+
+def _touch_parameters(layer: nn.Module, args: tuple):
+    first = args[0] if args else None
+    if not isinstance(first, torch.Tensor) or not first.is_floating_point():
+        raise DistsetupError(
+            f"{type(layer).__name__}'s first input is no floating-point tensor, so distsetup cannot give its unused "
+            "experts a zero gradient (DeepSpeed ZeRO 1-2 and FSDP2 need one on every rank).",
+            "use DDP, FSDP2 or ZeRO-3 for this model.",
+        )
+    touch = sum(p.view(-1)[0] for p in layer.parameters() if p.requires_grad and p.numel())
+    return (first + touch * 0.0, *args[1:])

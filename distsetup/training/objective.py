@@ -1,0 +1,214 @@
+"""What a micro-batch's loss is: the one interface between the trainer and every model and data kind.
+
+- Token data (synthetic, files, chat, ...): the batch is (input ids, target ids), the model's forward(input_ids)
+  returns the logits [B, T, vocab] (or an object or dict holding `logits`, and an `aux_loss` to add), and the loss is
+  the mean cross-entropy over the counted targets. A Hugging Face model is called as transformers trains it (no KV
+  cache) and an MoE one with its router logits: its load-balancing loss is added as transformers adds it,
+  `router_aux_loss_coef` x `aux_loss`; a python model's `aux_loss` is added as it is (weighted inside the model).
+- The user's own data (data.type python): training.loss(model, batch), or else model(**batch) (a dict) or
+  model(*batch) (a list or tuple), whose result is the loss or holds it as `.loss` (the Hugging Face convention).
+
+The first call checks what the user's code returned, in one line naming the setting to fix.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from distsetup.errors import DistsetupError
+from distsetup.training.data import IGNORE, loss_weights
+from distsetup.training.world import is_lost_contact, last_line
+
+
+@dataclass(frozen=True)
+class MicroLoss:
+    """One micro-batch's loss: `loss`, what backward takes; `parts`, the terms logged beside it (ce_loss, aux_loss)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+    def detached(self) -> "MicroLoss":
+        return MicroLoss(self.loss.detach(), {k: v.detach() for k, v in self.parts.items()})
+
+
+class TokenObjective:
+    """Next-token cross-entropy of a model that returns logits (see the module's docstring)."""
+
+    unit = "tokens"
+
+    def __init__(self, model: nn.Module, model_type: str, vocab_size: int, masked: bool, source: str):
+        self.vocab_size, self.masked, self.source, self._checked = vocab_size, masked, source, False
+        self.forward_kwargs: dict = {}
+        self.aux_weight = 1.0
+        config: Any = getattr(model, "config", None)
+        if model_type == "hf":
+            self.forward_kwargs["use_cache"] = False  # training never reads a KV cache: building one costs memory
+            if hasattr(config, "router_aux_loss_coef"):  # an MoE: its router logits give the load-balancing loss
+                self.forward_kwargs["output_router_logits"] = True
+                self.aux_weight = float(config.router_aux_loss_coef)
+
+    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+        """The micro-batch's mean cross-entropy x `weight` (step_weights), plus its auxiliary loss if any."""
+        x, y = batch
+        logits, aux = self._forward(model, x)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        if aux is None:
+            return MicroLoss(ce * weight, {})
+        parts = {"ce_loss": (ce * weight).detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux
+        return MicroLoss(ce * weight + self.aux_weight * aux, parts)
+
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed cross-entropy of a validation micro-batch over its counted targets, and their number."""
+        x, y = batch
+        logits, _ = self._forward(model, x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
+        return loss, (y != IGNORE).sum()
+
+    def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
+        x, y = batch
+        logits, aux = self._forward(model, x, check=False)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        return ce if aux is None else ce + self.aux_weight * aux
+
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+        """Each micro-batch's loss weight: 1, or where some targets carry no loss (instruction data), its share of the
+        step's counted targets (data.loss_weights)."""
+        if not self.masked:
+            return [1.0] * len(batches)
+        return loss_weights([y for _, y in batches], world_size, device)
+
+    def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        outputs = model(x, **self.forward_kwargs)
+        logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
+        if check and not self._checked:
+            self._check(logits, x)
+        return logits, aux
+
+    def _check(self, logits, x: torch.Tensor) -> None:
+        expected = f"[{x.shape[0]}, {x.shape[1]}, {self.vocab_size} or more]"
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != x.shape:
+            raise DistsetupError(
+                f"{self.source}'s model returned {shape} for input ids of shape {list(x.shape)}; with token data its "
+                f"forward(input_ids) returns the logits {expected}.",
+                "return the logits (or an object or dict with `logits`), or give data.type python and training.loss.",
+            )
+        if logits.shape[-1] < self.vocab_size:
+            raise DistsetupError(
+                f"{self.source}'s model returned logits over {logits.shape[-1]} ids, fewer than model.vocab_size "
+                f"{self.vocab_size} (the ids the data holds).",
+                "make its output layer model.vocab_size wide, or lower model.vocab_size.",
+            )
+        self._checked = True
+
+
+class PythonObjective:
+    """The loss of the user's own data: training.loss, or the model's own (see the module's docstring)."""
+
+    unit = "samples"
+
+    def __init__(self, loss: Callable | None, loss_source: str | None, model_source: str):
+        self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
+
+    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+        loss, aux = self._loss(model, batch)
+        return MicroLoss(loss * weight, {} if aux is None else {"aux_loss": aux.detach()})
+
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A validation micro-batch's mean loss x its samples, and its samples: summed over ranks and batches, the
+        mean over the whole validation set."""
+        loss, _ = self._loss(model, batch)
+        return loss.detach() * samples, torch.tensor(samples, device=loss.device)
+
+    def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
+        return self._compute(model, batch)[0]
+
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+        return [1.0] * len(batches)  # micro-batches of as many samples: their mean is the step's
+
+    def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._checked:
+            return self._compute(model, batch)
+        try:
+            loss, aux = self._compute(model, batch)
+        except DistsetupError:
+            raise
+        except Exception as e:
+            if is_lost_contact(e):
+                raise
+            raise DistsetupError(*self._rejected(batch, e)) from None
+        self._check(loss)
+        return loss, aux
+
+    def _compute(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.loss is not None:
+            return self.loss(model, batch), None
+        outputs = (
+            model(**batch)
+            if isinstance(batch, dict)
+            else model(*batch)
+            if isinstance(batch, list | tuple)
+            else model(batch)
+        )
+        return field_of(outputs, "loss", outputs), field_of(outputs, "aux_loss", None)
+
+    def _rejected(self, batch, error: Exception) -> tuple[str, str]:
+        what = f"{type(error).__name__}: {last_line(error)}"
+        if self.loss is not None:
+            return (
+                f"{self.loss_source} raised {what} on the first batch ({described(batch)}).",
+                f"fix {self.loss_source}.",
+            )
+        call = (
+            "model(**batch)"
+            if isinstance(batch, dict)
+            else "model(*batch)"
+            if isinstance(batch, list | tuple)
+            else "model(batch)"
+        )
+        return (
+            f"{self.model_source}'s model rejected the first batch, {described(batch)}, called as {call}: {what}.",
+            "make data.builder's samples what its forward takes, or name a function computing the loss in "
+            "training.loss.",
+        )
+
+    def _check(self, loss) -> None:
+        source = self.loss_source or f"{self.model_source}'s model"
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise DistsetupError(
+                f"{source} returned {shape} as the loss, not a scalar tensor.",
+                "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or an object "
+                "with it as .loss.",
+            )
+        if not torch.isfinite(loss).item():
+            raise DistsetupError(
+                f"{source} returned a loss of {loss.item()} at the first step.",
+                "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
+            )
+        self._checked = True
+
+
+def field_of(outputs, name: str, default):
+    """outputs.name, or outputs[name] of a dict, or `default`."""
+    if isinstance(outputs, dict):
+        return outputs.get(name, default)
+    return getattr(outputs, name, default)
+
+
+def described(batch) -> str:
+    """The batch's structure with its tensors' shapes: {'image': [8, 3, 32, 32], 'label': [8]}."""
+    if isinstance(batch, torch.Tensor):
+        return str(list(batch.shape))
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{k!r}: {described(v)}" for k, v in batch.items()) + "}"
+    if isinstance(batch, list | tuple):
+        inner = ", ".join(described(v) for v in batch)
+        return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
+    return type(batch).__name__

@@ -1,0 +1,433 @@
+"""One training run, for every backend and every model and data kind (objective.py is what differs).
+
+`Trainer(cfg, args)` does every check that can fail before any process group; `run()` joins the process group,
+sets up (resume decision, data, model, wrap, checkpoint load), trains, and always tears down. `train()` is the loop:
+it asks `train_step` for a step and the others when to log, evaluate and checkpoint, as torchtitan's trainer does.
+"""
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import find_resume, read_meta
+from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.formats.runconfig import RunConfig
+from distsetup.training import checkpoint as ckpt
+from distsetup.training import model as models
+from distsetup.training import universal_folder, user_code
+from distsetup.training.backends import make_backend
+from distsetup.training.data import ShardedSampler, build_datasets
+from distsetup.training.evaluation import evaluate
+from distsetup.training.export import load_weights
+from distsetup.training.loader import StepLoader, to_device
+from distsetup.training.metrics import MetricsLog, StepTimer, reporters
+from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective
+from distsetup.training.preemption import PREEMPTED, Preemption
+from distsetup.training.run_lock import OutputDirLock
+from distsetup.training.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
+from distsetup.training.world import (
+    StepAgreement,
+    barrier,
+    decided_by_rank0,
+    destroy_process_group,
+    init_process_group,
+    is_lost_contact,
+    lost_contact,
+    pick_device,
+    read_world,
+)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, args):
+        """Every check that can fail before a process group: the backend and its file, the device's precision, the
+        model (built on the meta device: its builder, blocks and size), the user's loss and data functions, the
+        reporters; then this run takes its output folder's lock."""
+        self.cfg, self.args, self.t = cfg, args, cfg.training
+        self.world = world = read_world()
+        self.say = print if world.is_main else (lambda *a, **k: None)
+        self.device = pick_device(world)
+        self.backend = backend = make_backend(cfg.distributed.backend, cfg, world, self.device)
+        backend.check_device_support()
+        self.global_batch = backend.micro_batch * backend.accumulation * world.size
+        self.lr_scaled = self.t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
+        if self.lr_scaled:
+            backend.lr = scaled_lr(self.t.lr, self.global_batch, self.t.base_batch_size, self.t.scale_lr)
+        self.model_description = models.describe(cfg.model)
+        models.check_model_fits(self.model_description.parameters, world.local_size, models.size_settings(cfg.model))
+        self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
+        if cfg.data.type == "python":  # its builder and collate function are found before the process group
+            assert cfg.data.builder is not None  # the run config's rules
+            user_code.check_takes(
+                user_code.load(cfg.data.builder, "data.builder"), "data.builder", "train", **cfg.data.args
+            )
+            if cfg.data.collate:
+                user_code.load(cfg.data.collate, "data.collate")
+        self.report_to = reporters(self.t.report_to)
+        self.out_dir = Path(self.t.output_dir)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.lock = OutputDirLock(self.out_dir)
+        if world.is_main:
+            self.lock.acquire()
+            if not self.lock.unsupported:  # without a lock another run could be loading one
+                universal_folder.remove_stale(self.out_dir)
+        self.preemption = Preemption()
+        self.step, self.loss = 0, float("nan")
+        self.metrics: MetricsLog | None = None
+        self.bar: tqdm | None = None
+        self.pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
+        self.evals: list[dict] = []
+
+    # -- the run ----------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Join the process group, set up, train; the process group and the lock go whatever happens."""
+        status = 1  # what the run exits with
+        init_process_group(self.world, self.backend.name, self.device, self.cfg.distributed.timeout_minutes)
+        try:
+            self._set_up()
+            status = self.train()
+            return status
+        except BaseException as e:  # DCP's CheckpointException is no Exception
+            if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
+                raise lost_contact(e, self.world, self.step, self.cfg.distributed.timeout_minutes, self._hangs_when())
+            raise
+        finally:
+            try:
+                if self.bar is not None:
+                    self.bar.close()
+                if self.metrics is not None:  # also when training raised: the last metrics line reaches the disk
+                    self.metrics.close(status, preempted=status == PREEMPTED)
+            finally:
+                destroy_process_group()
+                self.lock.release()
+
+    def train(self) -> int:
+        """The loop: steps until training.max_steps, logging, evaluating and checkpointing when due; PREEMPTED
+        once the ranks have agreed to stop (a signal) and checkpointed."""
+        t = self.t
+        while self.step < t.max_steps:
+            lr = self.backend.current_lr()
+            micro_losses, loss_scale = self.train_step()
+            log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
+            terms, stop = self._settle(micro_losses, log_now or checkpoint_now)
+            if log_now or stop:
+                self._log(terms, lr, loss_scale)
+            if self.data.val is not None and self._evaluates_at(self.step) and not stop:
+                self._evaluate()
+            if stop or checkpoint_now:
+                self._checkpoint(background=t.async_checkpoint and not stop)  # a preempted run leaves a whole one
+            if stop:
+                self.say(f"preempted: checkpoint at step {self.step}")
+                return PREEMPTED
+        if self.pending is not None:
+            with self.timer.checkpointing():
+                self.pending.finish(self.world, self.backend)
+        assert self.bar is not None
+        self.bar.close()
+        self._summarize()
+        return 0
+
+    def train_step(self) -> tuple[list[MicroLoss], float | None]:
+        """One optimizer step: its micro-batches' losses (on the device) and the fp16 loss scale its backward used
+        (read only for a step that logs: on a GPU, reading it waits for the device)."""
+        batches = self.loader.next_step()
+        weights = self.objective.step_weights(batches, self.world.size, self.device)
+        micro_losses = self.forward_backward(batches, weights)
+        loss_scale = self.backend.current_loss_scale() if self._logs_at(self.step + 1) else None
+        self.backend.step()
+        self.step += 1
+        self.timer.step_done()
+        assert self.bar is not None
+        self.bar.update(1)
+        return micro_losses, loss_scale
+
+    def forward_backward(self, batches: list, weights: list[float]) -> list[MicroLoss]:
+        """Forward and backward each micro-batch; the backend synchronises gradients on the last one."""
+        last = len(batches) - 1
+        return [
+            self.backend.backward(functools.partial(self.objective.micro_loss, batch=batch, weight=weight), m == last)
+            for m, (batch, weight) in enumerate(zip(batches, weights, strict=True))
+        ]
+
+    # -- set-up, after the process group ----------------------------------------------------------------------
+    def _set_up(self) -> None:
+        """The checkpoint to resume (decided by rank 0), the data, the model wrapped by the backend, the state
+        loaded, and what the loop keeps (metrics, progress bar, timer)."""
+        resume = self._resume_decision()
+        self._say_backend()
+        self._set_aside_old_checkpoints()
+        self._build_data()
+        self._build_model()
+        if resume:
+            self._load(resume)
+        self.loader = StepLoader(
+            self.data.train, self.sampler, self.data.collate, self.cfg.data.num_workers, self.device
+        )
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, self._wandb_settings(resume))
+        self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
+        self.timer, self.first_step = StepTimer(), self.step  # the timer leaves checkpoints and evaluations out
+        self.logged = (self.step, 0.0)  # the step and training seconds of the last log line: throughput since then
+        self.agreement = StepAgreement(self.world.size, self.device)
+
+    def _resume_decision(self) -> Path | None:
+        """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
+        another node may see the newest marker late, and ranks resuming different steps would diverge."""
+        resume, damaged = decided_by_rank0(lambda: (None, []) if self.args.no_resume else find_resume(self.ckpt_root))
+        self.model_section = dataclasses.asdict(self.cfg.model)  # checked against a checkpoint's, stored in each
+        if resume:
+            resume_meta = read_meta(resume)
+            ckpt.check_compatible(resume_meta, resume, self.model_section)
+            if conversion := self.backend.adopt(resume, resume_meta):
+                self.say(conversion)
+        elif damaged:
+            raise DistsetupError(
+                f"no intact checkpoint to resume from: {damaged[0]}.",
+                "move the damaged folder aside, or start afresh with --no_resume.",
+            )
+        for problem in damaged:
+            self.say(f"passed over damaged checkpoint {problem}")
+        if self.lock.unsupported:
+            self.say(f"note: {self.lock.unsupported}")
+        return resume
+
+    def _say_backend(self) -> None:
+        backend, world = self.backend, self.world
+        stage = "" if backend.zero_stage is None else f" (ZeRO-{backend.zero_stage})"
+        self.say(
+            f"backend {backend.name}{stage} on {world.size} x {self.device.type}; global batch {self.global_batch} = "
+            f"micro {backend.micro_batch} x accumulation {backend.accumulation} x world {world.size}"
+        )
+        if self.lr_scaled:
+            self.say(f"lr scaled ({self.t.scale_lr}) to {backend.lr:.6g} for global batch {self.global_batch}")
+        for note in self.model_description.notes:
+            self.say(f"note: {note}")
+
+    def _set_aside_old_checkpoints(self) -> None:
+        """--no_resume: the old checkpoints move aside, else a later resume would pick a stale step."""
+        if self.args.no_resume and self.world.is_main and self.ckpt_root.exists():
+            aside = self.ckpt_root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+            self.ckpt_root.rename(aside)
+            self.say(f"--no_resume: moved the old checkpoints to {aside}")
+        barrier()
+
+    def _build_data(self) -> None:
+        """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read."""
+        backend, world, t = self.backend, self.world, self.t
+        self.data = build_datasets(self.cfg, eval_batch=backend.micro_batch * world.size)
+        for note in self.data.notes:
+            self.say(note)
+        self.sampler = ShardedSampler(
+            len(self.data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
+        )
+        if t.epochs is not None:  # before wrap(): the learning-rate schedule spans the whole run
+            per_epoch = len(self.data.train) // self.global_batch
+            t.max_steps = t.epochs * per_epoch
+            self.say(f"{t.epochs} epochs of {per_epoch} steps: {t.max_steps} steps")
+
+    def _build_model(self) -> None:
+        """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
+        m, t = self.cfg.model, self.t
+        torch.manual_seed(t.seed)
+        module = models.build(m)
+        parts = models.parts(module, m, self.model_description.layer_classes)
+        self.objective = self._objective(module)
+        self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)
+        self.flops = self._flops_per_item(module)  # before sharding: the whole model
+        if self.args.init_from:
+            load_weights(module, self.args.init_from)
+        self.backend.wrap(parts)
+        for note in self.backend.notes:  # after wrap(): it adds notes of its own
+            self.say(f"note: {note}")
+        torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
+
+    def _objective(self, module) -> TokenObjective | PythonObjective:
+        m = self.cfg.model
+        source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
+        if self.data.tokens and self.loss_function is None:
+            return TokenObjective(module, m.type, m.vocab_size, self.data.train.masked, source)
+        return PythonObjective(self.loss_function, self.t.loss and f"training.loss {self.t.loss}", source)
+
+    def _flops_per_item(self, module) -> float | None:
+        """Training FLOPs per token (or sample) for MFU: the transformer formula for the built-in GPT and Hugging
+        Face models; else counted on a copy on the meta device, only where MFU can be computed (a peak is known)."""
+        m = self.cfg.model
+        if m.type != "python" and self.data.tokens:
+            return flops_per_token(module, m.block_size)
+        if not self.peak:
+            return None
+        micro = self.backend.micro_batch
+        batch = self.data.collate([self.data.train[i] for i in range(micro)])
+        try:
+            meta_batch = _on_meta(batch)
+            flops = counted_flops(
+                models.architecture_on_meta(m), lambda model: self.objective.unchecked_loss(model, meta_batch)
+            )
+        except Exception as e:
+            reason = f"{type(e).__name__}: {user_code.first_line(e)}"
+            self.say(f"note: MFU left out: the FLOPs of the model cannot be counted ({reason})")
+            return None
+        return flops / (micro * (m.block_size if self.data.tokens else 1))
+
+    def _load(self, resume: Path) -> None:
+        meta = ckpt.load_checkpoint(self.backend, resume, self.world)
+        self.sampler.load_state_dict(meta["sampler"])
+        self.step, self.loss = meta["step"], meta.get("loss", self.loss)
+        self.say(f"resumed from {resume} (step {self.step})")
+        saved_batch = meta["sampler"]["global_batch"]
+        if saved_batch != self.global_batch:
+            self.say(
+                f"note: the checkpoint's global batch was {saved_batch}, this run's is {self.global_batch}: "
+                f"continuing from sample {self.sampler.position} of epoch {self.sampler.epoch}"
+            )
+
+    def _wandb_settings(self, resume: Path | None) -> dict:
+        t = self.t
+        return {
+            "project": t.wandb_project,
+            "name": t.run_name,
+            "tags": t.wandb_tags,
+            "config": dataclasses.asdict(self.cfg),
+            "resumed": resume is not None,  # continues the W&B run of the checkpoint's run; else a new one
+        }
+
+    # -- what the loop asks -----------------------------------------------------------------------------------
+    def _logs_at(self, step: int) -> bool:
+        return step % self.t.log_interval == 0 or step == self.t.max_steps
+
+    def _checkpoints_at(self, step: int) -> bool:
+        return step % self.t.checkpoint_interval == 0 or step == self.t.max_steps
+
+    def _evaluates_at(self, step: int) -> bool:
+        return step == self.t.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
+
+    def _settle(self, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
+        """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over
+        ranks, and whether to stop (a signal reached a rank). A background checkpoint every rank has written
+        completes here, at the same step on every rank."""
+        if not (must or self.agreement.due(self.step)):
+            return None, False
+        step_seconds = self.timer.median_step_seconds
+        assert step_seconds is not None  # train_step() recorded a step
+        writing = self.pending is not None and not self.pending.written_here()
+        terms, stop, written = self.agreement.settle(
+            self.step, _mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
+        )
+        self.loss = terms["loss"]
+        if self.pending is not None and written:  # every rank's part is on disk
+            self.pending.finish(self.world, self.backend)
+            self.pending = None
+        return terms, stop
+
+    def _log(self, terms: dict[str, float] | None, lr: float, loss_scale: float | None) -> None:
+        assert terms is not None and self.metrics is not None and self.bar is not None
+        steps, seconds = self.step - self.logged[0], self.timer.train_seconds - self.logged[1]
+        per_s = steps * self._items_per_step() / max(seconds, 1e-9)
+        self.logged = (self.step, self.timer.train_seconds)
+        throughput = {f"{self.objective.unit}_per_s": per_s}
+        mfu_now = mfu(per_s, self.flops, self.world.size, self.peak) if self.flops else None
+        self.metrics.write(self.step, **terms, lr=lr, **throughput, mfu=mfu_now, loss_scale=loss_scale)
+        self.bar.set_postfix(loss=f"{self.loss:.4f}", lr=f"{lr:.2e}")
+
+    def _items_per_step(self) -> int:
+        """What throughput counts in one step: tokens (token data) or samples."""
+        return self.global_batch * (self.cfg.model.block_size if self.objective.unit == "tokens" else 1)
+
+    def _evaluate(self) -> None:
+        assert self.metrics is not None and self.bar is not None
+        with self.timer.evaluating():
+            result = evaluate(
+                self.backend, self.objective, self.data, self.world, self.cfg.data.num_workers, self.device
+            )
+        self.evals.append({"step": self.step, **result})
+        self.metrics.write(self.step, "eval", **result)
+        if self.world.is_main:
+            perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
+            self.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
+
+    def _checkpoint(self, background: bool) -> None:
+        with self.timer.checkpointing():
+            if self.pending is not None:  # the one before completes first
+                self.pending.finish(self.world, self.backend)
+            meta = {
+                "backend": self.backend.name,
+                "zero_stage": self.backend.zero_stage,
+                "precision": self.backend.precision,
+                "model": self.model_section,  # what `distsetup checkpoint export` writes beside the weights
+                "loss": self.loss,
+                "sampler": self.sampler.state_dict(),
+            }
+            self.pending = ckpt.start_checkpoint(
+                self.backend, self.ckpt_root, self.step, self.world, meta, self.t.keep_checkpoints, background
+            )
+            if not background:
+                self.pending.finish(self.world, self.backend)
+                self.pending = None
+
+    def _hangs_when(self) -> str | None:
+        """What makes this run's ranks wait for each other for ever, if it can (for the lost-contact line)."""
+        if self.backend.zero_stage == 3:
+            return (
+                "ranks that run different modules in a step (an MoE's experts) wait on each other's ZeRO-3 gathers: "
+                "name the layer holding them in model.zero3_leaf_classes"
+            )
+        return None
+
+    def _summarize(self) -> None:
+        """Rank 0's summary.json, and the last line."""
+        if not self.world.is_main:
+            return
+        assert self.metrics is not None
+        timer, backend, unit = self.timer, self.backend, self.objective.unit
+        seconds = timer.train_seconds
+        steps_per_s = (self.step - self.first_step) / max(seconds, 1e-9)
+        per_s = steps_per_s * self._items_per_step()
+        summary = {
+            "steps": self.step,
+            "final_loss": self.loss,
+            "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
+            "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
+            "evals": self.evals,
+            "world_size": self.world.size,
+            "backend": backend.name,
+            f"{unit}_per_s": per_s,
+            "mfu": mfu(per_s, self.flops, self.world.size, self.peak) if self.flops else None,
+            "peak_tflops": self.peak,
+            f"flops_per_{unit.removesuffix('s')}": self.flops,
+            "steps_per_s": steps_per_s,
+            "train_seconds": seconds,
+            "checkpoint_seconds": timer.checkpoint_seconds,
+            "checkpoint_stalls": timer.checkpoint_stalls,
+            "eval_seconds": timer.eval_seconds,
+            "median_step_seconds": timer.median_step_seconds,
+            "zero_stage": backend.zero_stage,
+            "precision": backend.precision,
+            "memory": backend.memory,
+            "peak_activation_bytes": backend.activation_bytes,
+            "peak_device_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.metrics.summarize(summary)
+        self.say(
+            f"done: {self.step} steps, final loss {self.loss:.4f}, {per_s:.0f} {unit}/s; "
+            f"summary in {self.out_dir / 'summary.json'}"
+        )
+
+
+def _mean_terms(micro_losses: list[MicroLoss]) -> dict[str, torch.Tensor]:
+    """The step's loss and its logged parts, each the mean over its micro-batches (still on the device)."""
+    terms = {"loss": torch.stack([micro.loss for micro in micro_losses]).mean()}
+    for name in micro_losses[0].parts:
+        terms[name] = torch.stack([micro.parts[name] for micro in micro_losses]).mean()
+    return terms
+
+
+def _on_meta(batch):
+    """`batch` with its tensors on the meta device (their shapes and dtypes, no data)."""
+    return to_device(batch, torch.device("meta"))

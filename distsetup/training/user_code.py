@@ -1,0 +1,77 @@
+"""The user's own functions a run config names as module:function (model.builder, data.builder, data.collate,
+training.loss): imported from the run config's folder or PYTHONPATH, and called with one clear line naming the
+key when they cannot be."""
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from distsetup.errors import DistsetupError
+from distsetup.formats import python_refs
+
+
+def make_importable(base_dir: Path | None) -> None:
+    """Put the run config's folder first on the import path, as `python script.py` does with the script's folder
+    (the user's modules may import their neighbours later, and DataLoader workers unpickle by name)."""
+    folder = str((base_dir or Path.cwd()).resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def load(reference: str, where: str) -> Callable:
+    """The function `reference` ("module:function") names, at run-config key `where`."""
+    parts = python_refs.split(reference)
+    if parts is None:
+        raise DistsetupError(f"{where} {reference!r} is not written module:function.", "e.g. scorer:build_model.")
+    module_name, attribute = parts
+    try:
+        found = importlib.import_module(module_name)
+    except ImportError as e:
+        raise DistsetupError(
+            f"{where}: cannot import {module_name} ({type(e).__name__}: {e}).",
+            "put it next to the run config or on PYTHONPATH, and install what it imports.",
+        ) from None
+    except Exception as e:  # the module itself raised while being imported
+        raise DistsetupError(
+            f"{where}: importing {module_name} raised {type(e).__name__}: {first_line(e)}.", f"fix {module_name}."
+        ) from None
+    for name in attribute.split("."):
+        if not hasattr(found, name):
+            raise DistsetupError(
+                f"{where}: {module_name} has no {attribute}.", f"define {attribute} in {module_name}, or fix {where}."
+            )
+        found = getattr(found, name)
+    if not callable(found):
+        raise DistsetupError(
+            f"{where}: {reference} is a {type(found).__name__}, not a function.", f"name a function in {where}."
+        )
+    return found
+
+
+def check_takes(function: Callable, where: str, *args, **kwargs) -> None:
+    """Refuse, before calling it, a function that cannot be called with these arguments (a missing or an unknown
+    keyword from the run config's args)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or C function: its call will say
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        section = where.split(".")[0]
+        raise DistsetupError(
+            f"{where} {function.__qualname__}{signature} cannot be called with {_described(args, kwargs)}: {e}.",
+            f"make {section}.args match its parameters.",
+        ) from None
+
+
+def _described(args: tuple, kwargs: dict) -> str:
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"({', '.join(shown)})"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
