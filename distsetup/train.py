@@ -27,7 +27,6 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import load_run_config, resolve_config_path
-from distsetup.training.preemption import PREEMPTED
 
 
 def parse_args(argv=None):
@@ -68,10 +67,6 @@ def load_config(args):
     for key in ("tokenizer", "hf_path"):
         if value := getattr(cfg.model, key):
             setattr(cfg.model, key, str(resolve_config_path(value, base_dir)))
-    if cfg.model.builder or cfg.data.builder or cfg.data.collate or cfg.training.loss:
-        from distsetup.training.user_code import make_importable
-
-        make_importable(base_dir)  # the user's modules, from the run config's folder
     return cfg
 
 
@@ -88,8 +83,10 @@ def main(argv=None) -> int:
 
 
 def exit_now(status: int) -> None:
-    """Leave without the interpreter's slow teardown: once one rank of a preempted job exits, torchrun sends
-    SIGTERM to the others, and a rank still tearing down (handlers already reset) would die of it (-15)."""
+    """Leave without the interpreter's teardown, once the run has closed its files: once one rank of a preempted
+    job exits, torchrun sends SIGTERM to the others, and a rank still tearing down (handlers already reset) would die
+    of it (-15); and destroying a process group whose peer died can deadlock (gloo's worker thread waits for the GIL
+    that the destructor holds)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
@@ -103,18 +100,21 @@ def export(cfg, args) -> int:
     return 0
 
 
+# The runs of this process, kept until it leaves (exit_now): their torch objects are never destroyed (see exit_now).
+_RUNS: list = []
+
+
 def train(cfg, args) -> int:
     from distsetup.training.trainer import Trainer
 
-    return Trainer(cfg, args).run()
+    trainer = Trainer(cfg, args)
+    _RUNS.append(trainer)
+    return trainer.run()
 
 
 def run(argv=None) -> None:
     """The process's whole life: train (or export), then exit with the status."""
-    status = main(argv)
-    if status == PREEMPTED:
-        exit_now(status)
-    sys.exit(status)
+    exit_now(main(argv))
 
 
 if __name__ == "__main__":

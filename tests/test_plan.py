@@ -22,7 +22,7 @@ from distsetup.planning.planner import (
     parse_memory,
     plan,
 )
-from tests.conftest import heavy_imports
+from tests.conftest import REPO, heavy_imports
 
 NO_RUNTIME = dict(runtime_bytes=0)  # model states only, as the paper and DeepSpeed's estimators count them
 
@@ -261,6 +261,20 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
     assert out["model"]["params"] == real == gpt_params(512, 128, 3, 96)
     assert out["workload"]["precision"] == "bf16" and out["workload"]["seq_len"] == 128
     assert out["recommendation"]["global_batch_size"] == 4 * 2 * 2
+
+
+def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
+    pytest.importorskip("torch")
+    example = REPO / "examples" / "pairwise_scorer"
+    result = run_cli("plan", "--config", example / "config.yaml", "--num_gpus", "8", "--gpu_memory", "80GB", "--json")
+    assert result.exit_code == 0, result.output
+    monkeypatch.syspath_prepend(str(example))
+    from scorer import build_model
+
+    model = build_model(channels=32, depth=4)  # the example's model.args
+    assert json.loads(result.stdout)["model"]["params"] == sum(p.numel() for p in model.parameters())
+    assert json.loads(result.stdout)["model"]["layer_cls"] == "ConvBlock"
+    assert "activations are not counted for model.type python" in result.stderr
 
 
 def test_plan_never_imports_torch():

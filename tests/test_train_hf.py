@@ -1,11 +1,12 @@
-"""A tiny Llama built locally from LlamaConfig trains under FSDP2, sharded per LlamaDecoderLayer."""
+"""A tiny Llama built locally from LlamaConfig: its layer class is checked, and a ZeRO-3 run of it exports as a
+Hugging Face folder. (It trains under every backend, FSDP2 sharded per LlamaDecoderLayer: tests/test_finetune.py.)"""
 
 import json
 
 import pytest
 import yaml
 from text_data import write_llama
-from train_runs import FSDP_FILES, losses, train
+from train_runs import FSDP_FILES, train
 
 pytest.importorskip("transformers")
 
@@ -30,16 +31,6 @@ def write_config(tmp_path, layer_cls: str, tie_word_embeddings=False):
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     return tmp_path / "config.yaml"
-
-
-@pytest.mark.slow
-def test_tiny_llama_trains_under_fsdp(tmp_path):
-    result = train(write_config(tmp_path, "LlamaDecoderLayer"), 2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    curve = losses(tmp_path / "out")
-    assert len(curve) == 30 and curve[-1] < curve[0] - 0.3, curve
-    assert (tmp_path / "out" / "checkpoints" / "step_0000030" / "COMPLETE").exists()
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["backend"] == "fsdp"
 
 
 def test_unknown_layer_class_is_an_error(tmp_path):

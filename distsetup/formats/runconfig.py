@@ -476,6 +476,11 @@ PYTHON_REFERENCES = (
 )
 
 
+def names_user_code(config: RunConfig) -> bool:
+    """Whether the run config names some of the user's code (model.builder, data.builder, ...)."""
+    return any(getattr(getattr(config, section), key) for section, key, *_ in PYTHON_REFERENCES)
+
+
 def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     """The user's code named by the run config (model.builder, data.builder, data.collate, training.loss): written
     module:function, its module found (not imported: checking a file runs none of its code), and present exactly

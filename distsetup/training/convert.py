@@ -47,7 +47,7 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
 
     def write(folder: Path) -> None:
         checkpoint = step_dir(folder / "checkpoints", meta["step"])
-        _write(lazy_state(path, source, parameter_groups(model)), target, checkpoint, meta)
+        _write(lazy_state(path, source, parameter_groups(model, meta.get("user_code"))), target, checkpoint, meta)
         for rng in path.glob("rng_rank*.pt"):
             shutil.copyfile(rng, checkpoint / rng.name)
         marker = {k: v for k, v in meta.items() if k not in ("layout", "files")}
@@ -84,16 +84,17 @@ def _write(state: dict, target: str, checkpoint: Path, meta: dict) -> None:
     torch.save({"scheduler": state["scheduler"]}, checkpoint / "scheduler.pt")
 
 
-def parameter_groups(model: dict) -> list[list[str]]:
+def parameter_groups(model: dict, user_code: str | None = None) -> list[list[str]]:
     """The parameter names in each optimizer param group (training.optim.param_groups) of the model a run
-    config's `model` section describes, built on the meta device."""
+    config's `model` section describes, built on the meta device (model.builder's module imported from `user_code`,
+    the folder the training found it in, else this one or PYTHONPATH)."""
     from distsetup.formats.runconfig import model_config
     from distsetup.training.model import architecture_on_meta
     from distsetup.training.optim import names_by_group, param_groups
     from distsetup.training.user_code import make_importable
 
     section = model_config(model)
-    if section.builder:  # the user's model: its module from this folder or PYTHONPATH
-        make_importable(None)
+    if section.builder:
+        make_importable(Path(user_code) if user_code and Path(user_code).is_dir() else None)
     built = architecture_on_meta(section)
     return names_by_group(built, param_groups(built, 0.0))

@@ -22,12 +22,16 @@ class StepLoader:
     def __init__(self, dataset, sampler: ShardedSampler, collate: Callable, num_workers: int, device: torch.device):
         self.sampler, self.device = sampler, device
         ahead = copy.deepcopy(sampler)  # what the loader has asked for; `sampler` is what the loop has taken
-        self._batches = iter(_loader(dataset, _MicroBatches(ahead), collate, num_workers, device))
+        self._batches: Iterator = iter(_loader(dataset, _MicroBatches(ahead), collate, num_workers, device))
 
     def next_step(self) -> list:
         """The micro-batches of the next optimizer step (the sampler advances by one step)."""
         self.sampler.next_step()
         return [to_device(next(self._batches), self.device) for _ in range(self.sampler.accumulation)]
+
+    def close(self) -> None:
+        """Stop the worker processes (the DataLoader's iterator does as it goes)."""
+        self._batches = iter(())
 
 
 class _MicroBatches:
@@ -53,6 +57,13 @@ def validation_batches(dataset, micro: int, rank: int, world_size: int, collate:
     batches = _loader(dataset, [chunk or mine[:1] for chunk in chunks], collate, num_workers, device)
     for batch, counted in zip(batches, counts, strict=True):
         yield to_device(batch, device), counted
+
+
+def fetched(dataset, indices: list[int], collate: Callable):
+    """The batch of samples `indices`, as a DataLoader fetches it (a dataset's __getitems__, where it has one)."""
+    if hasattr(dataset, "__getitems__"):
+        return collate(dataset.__getitems__(indices))
+    return collate([dataset[i] for i in indices])
 
 
 def _loader(dataset, batch_sampler, collate: Callable, num_workers: int, device: torch.device) -> DataLoader:

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
+from distsetup.planning.planner import gpt_params
 from distsetup.training import moe, user_code
 from distsetup.training.blocks import layer_modules
 from distsetup.training.gpt import BLOCK, GPT
@@ -84,6 +85,8 @@ def describe(m) -> Description:
     """The model section `m`'s model, checked on a copy built on the meta device (on the CPU where its builder
     cannot build there): the builder and its args, the block classes (model.layer_classes, or the model's own),
     model.zero3_leaf_classes."""
+    if m.type == "gpt" and not m.layer_classes:  # its size is arithmetic: 2000 layers need no building to count
+        return Description([BLOCK], gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd), "", [])
     notes = []
     try:
         model = architecture_on_meta(m)

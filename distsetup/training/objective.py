@@ -162,7 +162,7 @@ class PythonObjective:
         what = f"{type(error).__name__}: {last_line(error)}"
         if self.loss is not None:
             return (
-                f"{self.loss_source} raised {what} on the first batch ({described(batch)}).",
+                f"{self.loss_source} raised {what} on the first batch, {described(batch)}.",
                 f"fix {self.loss_source}.",
             )
         call = (

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import find_resume, read_meta
 from distsetup.formats.lr_scaling import scaled_lr
-from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.runconfig import RunConfig, names_user_code
 from distsetup.training import checkpoint as ckpt
 from distsetup.training import model as models
 from distsetup.training import universal_folder, user_code
@@ -25,7 +25,7 @@ from distsetup.training.backends import make_backend
 from distsetup.training.data import ShardedSampler, build_datasets
 from distsetup.training.evaluation import evaluate
 from distsetup.training.export import load_weights
-from distsetup.training.loader import StepLoader, to_device
+from distsetup.training.loader import StepLoader, fetched, to_device
 from distsetup.training.metrics import MetricsLog, StepTimer, reporters
 from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective
 from distsetup.training.preemption import PREEMPTED, Preemption
@@ -59,6 +59,9 @@ class Trainer:
         self.lr_scaled = self.t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
         if self.lr_scaled:
             backend.lr = scaled_lr(self.t.lr, self.global_batch, self.t.base_batch_size, self.t.scale_lr)
+        # the user's modules come from the run config's folder (`distsetup checkpoint convert` looks there too)
+        config_folder = Path(args.config).parent if args.config else None
+        self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
         models.check_model_fits(self.model_description.parameters, world.local_size, models.size_settings(cfg.model))
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
@@ -80,6 +83,7 @@ class Trainer:
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
         self.metrics: MetricsLog | None = None
+        self.loader: StepLoader | None = None
         self.bar: tqdm | None = None
         self.pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
         self.evals: list[dict] = []
@@ -99,6 +103,8 @@ class Trainer:
             raise
         finally:
             try:
+                if self.loader is not None:
+                    self.loader.close()
                 if self.bar is not None:
                     self.bar.close()
                 if self.metrics is not None:  # also when training raised: the last metrics line reaches the disk
@@ -136,6 +142,7 @@ class Trainer:
     def train_step(self) -> tuple[list[MicroLoss], float | None]:
         """One optimizer step: its micro-batches' losses (on the device) and the fp16 loss scale its backward used
         (read only for a step that logs: on a GPU, reading it waits for the device)."""
+        assert self.loader is not None
         batches = self.loader.next_step()
         weights = self.objective.step_weights(batches, self.world.size, self.device)
         micro_losses = self.forward_backward(batches, weights)
@@ -263,7 +270,7 @@ class Trainer:
         if not self.peak:
             return None
         micro = self.backend.micro_batch
-        batch = self.data.collate([self.data.train[i] for i in range(micro)])
+        batch = fetched(self.data.train, list(range(micro)), self.data.collate)
         try:
             meta_batch = _on_meta(batch)
             flops = counted_flops(
@@ -360,6 +367,7 @@ class Trainer:
                 "zero_stage": self.backend.zero_stage,
                 "precision": self.backend.precision,
                 "model": self.model_section,  # what `distsetup checkpoint export` writes beside the weights
+                **({"user_code": str(self.user_code)} if self.user_code else {}),
                 "loss": self.loss,
                 "sampler": self.sampler.state_dict(),
             }

@@ -12,12 +12,13 @@ from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
 
 
-def make_importable(base_dir: Path | None) -> None:
+def make_importable(base_dir: Path | None) -> Path:
     """Put the run config's folder first on the import path, as `python script.py` does with the script's folder
-    (the user's modules may import their neighbours later, and DataLoader workers unpickle by name)."""
-    folder = str((base_dir or Path.cwd()).resolve())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    (the user's modules may import their neighbours later, and DataLoader workers unpickle by name); returns it."""
+    folder = (base_dir or Path.cwd()).resolve()
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return folder
 
 
 def load(reference: str, where: str) -> Callable:
@@ -72,6 +73,8 @@ def _described(args: tuple, kwargs: dict) -> str:
     return f"({', '.join(shown)})"
 
 
-def first_line(error: BaseException) -> str:
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (at most `limit` characters), or its type."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."

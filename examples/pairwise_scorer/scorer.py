@@ -19,7 +19,7 @@ class ConvBlock(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)  # the norm would cancel a bias
         self.norm = nn.GroupNorm(8 if channels % 8 == 0 else 1, channels)  # per sample: no statistics across a batch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -33,7 +33,7 @@ class Scorer(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, channels, 3, padding=1)
         self.blocks = nn.ModuleList(ConvBlock(channels) for _ in range(depth))
-        self.head = nn.Linear(channels, 1)
+        self.head = nn.Linear(channels, 1, bias=False)  # a Bradley-Terry loss sees only differences of scores
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.stem(images)
