@@ -4,6 +4,7 @@ router_aux_loss_coef x the load-balancing loss). A user's MoE whose experts run 
 rank to the same numbers on each: without what each backend is told, DDP stops, FSDP2 and ZeRO-2 silently train
 other numbers and ZeRO-3 hangs (tests/moe_per_rank.py routes rank r's tokens to experts 2r and 2r + 1)."""
 
+import copy
 import functools
 import json
 
@@ -37,6 +38,23 @@ def test_layers_whose_experts_run_per_token_are_found_and_a_list_of_blocks_is_no
     assert moe.conditional_layers(model, {"Block"}, ["Block"]) == list(model.blocks)  # named: outermost only
     with pytest.raises(DistsetupError, match="model.zero3_leaf_classes: no module of class Nope"):
         moe.conditional_layers(model, {"Block"}, ["Nope"])
+
+
+def test_heads_and_the_model_itself_are_no_experts(switch):
+    class Heads(torch.nn.Module):  # a multi-task model: every head runs every step
+        def __init__(self):
+            super().__init__()
+            self.trunk = torch.nn.Linear(8, 8)
+            self.heads = torch.nn.ModuleList(torch.nn.Linear(8, 2) for _ in range(3))
+
+    assert moe.conditional_layers(Heads(), set(), []) == []
+    layer = switch.SwitchFFN(width=8, experts=4, capacity_factor=1.0)  # experts held by the root: no leaf to gather
+    assert moe.conditional_layers(layer, set(), []) == []
+    experts_of_layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    wrapped = torch.nn.Module()
+    wrapped.moe = torch.nn.Module()
+    wrapped.moe.experts = torch.nn.ModuleList(copy.deepcopy(experts_of_layers) for _ in range(4))
+    assert moe.conditional_layers(wrapped, set(), []) == [wrapped.moe]  # experts that are Sequentials of layers
 
 
 def test_every_expert_gets_a_zero_gradient_where_it_did_not_run(switch):
@@ -73,6 +91,22 @@ def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss():
     torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=0)
     torch.testing.assert_close(ours.parts["aux_loss"], theirs.aux_loss.detach(), rtol=1e-6, atol=0)
     torch.testing.assert_close(ours.parts["ce_loss"] + coefficient * ours.parts["aux_loss"], theirs.loss.detach())
+
+
+def test_mfu_of_a_hugging_face_moe_counts_the_experts_each_token_runs():
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.throughput import flops_per_token
+
+    config = AutoConfig.from_pretrained(HF_MOE / "model")  # 8 experts, 2 per token
+    with torch.device("meta"):
+        mixtral = AutoModelForCausalLM.from_config(config)
+    experts = sum(p.numel() for name, p in mixtral.named_parameters() if ".experts." in name)
+    dense = sum(p.numel() for p in mixtral.parameters()) - experts - mixtral.model.embed_tokens.weight.numel()
+    assert experts > dense and all(p.dim() == 3 for n, p in mixtral.named_parameters() if ".experts." in n)
+    expected = 6 * (dense + experts * 2 / 8) + 12 * config.num_hidden_layers * config.hidden_size * 64
+    assert flops_per_token(mixtral, 64) == expected
 
 
 STEPS = 10

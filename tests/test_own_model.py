@@ -157,3 +157,24 @@ def test_checkpoint_convert_builds_your_model_from_the_folder_it_trained_from(ru
     assert (converted / "model").is_dir() and (converted / "optim").is_dir()
     for key, value in final_weights(tmp_path / "converted").items():
         torch.testing.assert_close(value, final_weights(ddp)[key], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_your_own_model_takes_float_inputs_under_a_bf16_deepspeed_engine(tmp_path):
+    """The engine holds bf16 weights and casts no input: the pairs' images (float32 from the dataset) are cast to
+    bf16 for it, as the HF Trainer casts them (without, the first convolution refuses float32 input)."""
+    from deepspeed.accelerator import get_accelerator
+
+    config = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL, "gradient_accumulation_steps": 1}
+    config.update(train_batch_size=GLOBAL, bf16={"enabled": True})
+    (tmp_path / "bf16.json").write_text(json.dumps(config))
+    chosen = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'bf16.json'}"]
+    result = train(
+        EXAMPLE / "config.yaml", 1, *SMALL, *chosen, "training.max_steps=3", f"training.output_dir={tmp_path}"
+    )
+    if not get_accelerator().is_bf16_supported():  # this CPU: refused in one line, before any process group
+        assert result.returncode == 1 and "enables bf16, which DeepSpeed does not support" in result.stderr
+        return
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and 0.5 < summary["final_loss"] < 0.9  # about ln 2 at the start

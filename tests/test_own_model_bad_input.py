@@ -94,12 +94,20 @@ def test_the_blocks_default_to_the_largest_list_of_one_class_and_are_said(user_m
     assert description.notes == ["model: blocks of class Block (the children of blocks, its largest list of one class)"]
 
 
+def test_torch_classes_are_never_the_default_blocks():
+    """Blocks are found by class name: a Sequential of Sequentials, or of Conv2d, would make every one of the model's
+    Sequentials (Conv2ds) an FSDP unit."""
+    layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.ReLU()) for _ in range(3)))
+    classes, notes = models.layer_classes(layers, ModelConfig(type="python", builder="m:f"))
+    assert classes == [] and "has no nn.ModuleList or nn.Sequential of one block class" in notes[0]
+
+
 def test_user_data_must_be_a_map_style_dataset(user_module):
     with pytest.raises(DistsetupError, match="returned NoLength for split 'train', not a map-style dataset"):
-        python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"))
+        python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"), seed=0)
     with pytest.raises(DistsetupError, match=r"cannot be called with \('train', rows=3\)"):
-        python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"rows": 3}))
-    data = python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"size": 5}))
+        python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"rows": 3}), seed=0)
+    data = python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"size": 5}), seed=0)
     assert len(data.train) == 5 and data.val is None
     assert torch.equal(data.collate([data.train[1], data.train[2]]), torch.tensor([[1.0] * 4, [2.0] * 4]))
 
@@ -112,7 +120,8 @@ def linear_model():
     "loss, batch, message",
     [
         (None, {"images": torch.zeros(2, 4)}, "model.builder m:f's model rejected the first batch, {'images': [2, 4]}"),
-        (None, (torch.zeros(2, 4),), "model.builder m:f's model returned [2, 1] as the loss, not a scalar tensor."),
+        (None, (torch.zeros(2, 4),), "model.builder m:f's model returned a torch.float32 tensor of shape [2, 1] as"),
+        (lambda model, batch: torch.tensor(3), (torch.zeros(2, 4),), "a torch.int64 tensor of shape [] as the loss"),
         (lambda model, batch: model(batch[0]).sum() * float("nan"), (torch.zeros(2, 4),), "returned a loss of nan"),
         (
             lambda model, batch: batch[5],
@@ -122,10 +131,19 @@ def linear_model():
     ],
 )
 def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, message):
-    objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f")
+    objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f", {})
     with pytest.raises(DistsetupError) as raised:
         objective.micro_loss(linear_model(), batch)
     assert message in str(raised.value)
+
+
+def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():
+    def out_of_memory(model, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    objective = PythonObjective(out_of_memory, "training.loss m:loss", "model.builder m:f", {})
+    with pytest.raises(torch.OutOfMemoryError):
+        objective.micro_loss(linear_model(), (torch.zeros(2, 4),))
 
 
 def test_token_data_needs_logits_from_the_model():

@@ -74,7 +74,7 @@ class ModelConfig:
         [],
         "the repeated blocks' classes: what FSDP2 shards, activation checkpointing recomputes and compile compiles; "
         "default: the model's own (gpt: Block; hf: its _no_split_modules; python: the class of the children of its "
-        "largest nn.ModuleList); layer_cls: X is read as [X]",
+        "largest nn.ModuleList or nn.Sequential of one class of its own); layer_cls: X is read as [X]",
     )
     zero3_leaf_classes: list[str] = setting(
         [],
@@ -510,6 +510,14 @@ def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
                     f"set {section_name}.type: python, or remove {stray}.",
                 )
             )
+    if config.data.collate and config.data.type != "python":
+        problems.append(
+            Problem(
+                "data.collate",
+                f"collate is read only with data.type python (token data come as blocks of ids: {config.data.type}).",
+                "set data.type: python, or remove collate.",
+            )
+        )
     if config.data.type == "python":
         for key in ("paths", "val_paths", "val_fraction"):
             if getattr(config.data, key):

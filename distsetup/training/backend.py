@@ -15,6 +15,7 @@ import torch.nn as nn
 from distsetup.errors import DistsetupError
 from distsetup.training import memory
 from distsetup.training.checkpoint import atomic_save, copied_to_cpu
+from distsetup.training.loader import Placement
 from distsetup.training.model import ModelParts
 from distsetup.training.named_state import checkpoint_layout, described, layout, named_state
 from distsetup.training.objective import MicroLoss
@@ -44,6 +45,7 @@ class Backend:
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
         self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
+        self.placement = Placement(device)  # where batches go
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
 
     # -- the interface -------------------------------------------------------------------------------
@@ -61,9 +63,13 @@ class Backend:
         synchronised on the last micro-batch only."""
         with self._sync(last_micro), self._autocast():
             micro = self._forward(loss_of)
-        scaled = micro.loss / self.accumulation
+        scaled = self._averaged(micro.loss)
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         return micro.detached()
+
+    def _averaged(self, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss / the accumulation steps: gradients summed over them average the micro-batches."""
+        return loss if self.accumulation == 1 else loss / self.accumulation
 
     def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
         """`compute(model)` of a validation micro-batch: no gradients, dropout off."""
@@ -232,10 +238,10 @@ class Backend:
         from distsetup.training.blocks import apply_activation_checkpointing, compile_blocks
 
         if (self._checkpointing() != "none" or self.cfg.training.compile) and not blocks:
-            wanted = "activation checkpointing" if self._checkpointing() != "none" else "training.compile"
+            wanted = "training.activation_checkpointing" if self._checkpointing() != "none" else "training.compile"
             raise DistsetupError(
-                f"{wanted} works block by block, and the model has no blocks found.",
-                "name its repeated block classes in model.layer_classes.",
+                f"{wanted} works block by block, and no block class of the model was found.",
+                f"name its repeated block classes in model.layer_classes, or turn {wanted} off.",
             )
         if self._checkpointing() != "none":
             apply_activation_checkpointing(model, blocks, self._checkpointing())

@@ -16,7 +16,7 @@ from distsetup.training import user_code
 from distsetup.training.model import embedding_rows
 from distsetup.training.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
 from distsetup.training.tokenizer import check_vocabulary, load_tokenizer
-from distsetup.training.world import decided_by_rank0
+from distsetup.training.world import decided_by_rank0, first_line
 
 
 def synthetic_dataset(num_samples: int, block_size: int, vocab_size: int, seed: int) -> torch.Tensor:
@@ -103,7 +103,7 @@ def build_datasets(cfg, eval_batch: int) -> Datasets:
     `eval_batch`: the samples one evaluation step takes over all ranks (the fewest a validation set may hold)."""
     m, d, t = cfg.model, cfg.data, cfg.training
     if d.type == "python":
-        datasets = python_datasets(d)
+        datasets = python_datasets(d, t.seed)
     elif d.type == "synthetic":
         train = synthetic_dataset(d.num_samples, m.block_size, m.vocab_size, t.seed)
         held_out = round(d.num_samples * d.val_fraction)
@@ -121,11 +121,17 @@ def build_datasets(cfg, eval_batch: int) -> Datasets:
     return datasets
 
 
-def python_datasets(d) -> Datasets:
+def python_datasets(d, seed: int) -> Datasets:
     """data.builder("train", **data.args) and ("val", ...), each a map-style dataset (None for "val": none), collated
-    by data.collate or torch's default_collate."""
+    by data.collate or torch's default_collate. torch's, numpy's and Python's random generators are seeded with
+    `seed` first: a builder that draws (a random split) builds the same datasets on every rank and every resume."""
+    import random
+
     from torch.utils.data import IterableDataset, default_collate
 
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     builder = user_code.load(d.builder, "data.builder")
     user_code.check_takes(builder, "data.builder", "train", **d.args)
     collate = user_code.load(d.collate, "data.collate") if d.collate else default_collate
@@ -137,7 +143,7 @@ def python_datasets(d) -> Datasets:
             raise
         except Exception as e:
             raise DistsetupError(
-                f"data.builder {d.builder} raised {type(e).__name__} for split {split!r}: {user_code.first_line(e)}.",
+                f"data.builder {d.builder} raised {type(e).__name__} for split {split!r}: {first_line(e)}.",
                 f"fix {d.builder} or data.args.",
             ) from None
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
@@ -213,7 +219,7 @@ def _check_sizes(datasets: Datasets, cfg, eval_batch: int) -> None:
             f"{eval_batch} (micro-batch x world size).",
             f"{fix}.",
         )
-    if datasets.val is None and t.eval_interval:
+    if datasets.val is None and t.eval_interval and d.type == "python":
         raise DistsetupError(
             f"training.eval_interval is set, but data.builder {d.builder} returned None for 'val'.",
             "return a validation dataset for 'val', or drop training.eval_interval.",

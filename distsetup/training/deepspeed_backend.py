@@ -17,8 +17,9 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
 from distsetup.formats.validate import read_valid
 from distsetup.training import loss_scale, memory, moe, universal_folder, zero0_wrapper
-from distsetup.training.backend import Backend
+from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.checkpoint import atomic_write_text
+from distsetup.training.loader import Placement
 from distsetup.training.named_state import ZERO0_FILE, checkpoint_layout, layout, lazy_state
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.streamed_io import MappedTorchFile
@@ -55,6 +56,8 @@ class DeepSpeedBackend(Backend):
         if precision != self.precision:
             self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
         self.precision = precision
+        if precision != "fp32":  # the engine holds its weights in this dtype and casts no input
+            self.placement = Placement(device, DTYPES[precision])
         clip = self.ds_config.get("gradient_clipping", 0.0)
         if clip != t.grad_clip:
             self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")

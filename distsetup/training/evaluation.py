@@ -10,11 +10,12 @@ import torch.distributed as dist
 from distsetup.training.loader import validation_batches
 
 
-def evaluate(backend, objective, data, world, num_workers: int, device: torch.device) -> dict[str, float]:
+def evaluate(backend, objective, data, world, num_workers: int) -> dict[str, float]:
     """{"val_loss"} of `data.val` (and "val_perplexity" for tokens); every rank calls it at the same step."""
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    placement = backend.placement
+    totals = torch.zeros(2, dtype=torch.float64, device=placement.device)
     batches = validation_batches(
-        data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, device
+        data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement
     )
     for batch, samples in batches:
         loss, counted = backend.evaluate(

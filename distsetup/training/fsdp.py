@@ -142,7 +142,7 @@ class FSDPBackend(Backend):
     def backward(self, loss_of, last_micro):
         self.model.set_requires_gradient_sync(last_micro)
         micro = self._forward(loss_of)
-        (micro.loss / self.accumulation).backward()
+        self._averaged(micro.loss).backward()
         return micro.detached()
 
     def save(self, path):

@@ -3,12 +3,15 @@
 A torch DataLoader reads this rank's micro-batches in the order the ShardedSampler gives them (ahead of the step, in
 data.num_workers worker processes; into pinned memory on GPUs), collated by the dataset's collate function. The
 loader reads from its own copy of the sampler; the sampler the trainer saves in checkpoints advances only with the
-steps taken, so the data position a checkpoint records is exact however far the workers have read ahead.
+steps taken, so the data position a checkpoint records is exact however far the workers have read ahead. Each
+loader seeds its workers from a generator of its own: torch's global one (dropout's) is left as an uninterrupted run
+leaves it.
 """
 
 import copy
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -16,18 +19,30 @@ from torch.utils.data import DataLoader
 from distsetup.training.data import ShardedSampler
 
 
-class StepLoader:
-    """This rank's micro-batches for each optimizer step, on `device`."""
+@dataclass(frozen=True)
+class Placement:
+    """Where batches go: the device, and the dtype floating-point tensors take there (None: their own; a DeepSpeed
+    engine in bf16 or fp16 holds its weights in that dtype and casts no input, so they are cast as the HF Trainer
+    casts them)."""
 
-    def __init__(self, dataset, sampler: ShardedSampler, collate: Callable, num_workers: int, device: torch.device):
-        self.sampler, self.device = sampler, device
+    device: torch.device
+    float_dtype: torch.dtype | None = None
+
+
+class StepLoader:
+    """This rank's micro-batches for each optimizer step, placed as `placement` says."""
+
+    def __init__(self, dataset, sampler: ShardedSampler, collate: Callable, num_workers: int, placement: Placement):
+        self.sampler, self.placement = sampler, placement
         ahead = copy.deepcopy(sampler)  # what the loader has asked for; `sampler` is what the loop has taken
-        self._batches: Iterator = iter(_loader(dataset, _MicroBatches(ahead), collate, num_workers, device))
+        seed = sampler.seed + sampler.rank  # the workers' seeds, as DistributedSampler users seed theirs
+        loader = _loader(dataset, _MicroBatches(ahead), collate, num_workers, placement, seed)
+        self._batches: Iterator = iter(loader)
 
     def next_step(self) -> list:
         """The micro-batches of the next optimizer step (the sampler advances by one step)."""
         self.sampler.next_step()
-        return [to_device(next(self._batches), self.device) for _ in range(self.sampler.accumulation)]
+        return [placed(next(self._batches), self.placement) for _ in range(self.sampler.accumulation)]
 
     def close(self) -> None:
         """Stop the worker processes (the DataLoader's iterator does as it goes)."""
@@ -46,17 +61,19 @@ class _MicroBatches:
                 yield indices.tolist()
 
 
-def validation_batches(dataset, micro: int, rank: int, world_size: int, collate: Callable, num_workers: int, device):
-    """(batch on `device`, samples it counts) for each of this rank's validation micro-batches: samples rank,
-    rank + world, ... in batches of `micro`. Every rank takes as many batches as the rank with the most samples, so
-    that FSDP and ZeRO-3 gather parameters with the others; a rank out of samples repeats its first one, uncounted."""
+def validation_batches(
+    dataset, micro: int, rank: int, world_size: int, collate: Callable, num_workers: int, placement: Placement
+):
+    """(batch, samples it counts) for each of this rank's validation micro-batches: samples rank, rank + world, ...
+    in batches of `micro`. Every rank takes as many batches as the rank with the most samples, so that FSDP and ZeRO-3
+    gather parameters with the others; a rank out of samples repeats its first one, uncounted."""
     mine = list(range(rank, len(dataset), world_size))
     most = math.ceil(len(dataset) / world_size)
     chunks = [mine[start : start + micro] for start in range(0, most, micro)]
     counts = [len(chunk) for chunk in chunks]
-    batches = _loader(dataset, [chunk or mine[:1] for chunk in chunks], collate, num_workers, device)
+    batches = _loader(dataset, [chunk or mine[:1] for chunk in chunks], collate, num_workers, placement, rank)
     for batch, counted in zip(batches, counts, strict=True):
-        yield to_device(batch, device), counted
+        yield placed(batch, placement), counted
 
 
 def fetched(dataset, indices: list[int], collate: Callable):
@@ -66,24 +83,27 @@ def fetched(dataset, indices: list[int], collate: Callable):
     return collate([dataset[i] for i in indices])
 
 
-def _loader(dataset, batch_sampler, collate: Callable, num_workers: int, device: torch.device) -> DataLoader:
+def _loader(dataset, batch_sampler, collate: Callable, workers: int, placement: Placement, seed: int) -> DataLoader:
     return DataLoader(
         dataset,
         batch_sampler=batch_sampler,
         collate_fn=collate,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
+        num_workers=workers,
+        pin_memory=placement.device.type == "cuda",
+        generator=torch.Generator().manual_seed(seed),  # not torch's global generator: see the module's docstring
     )
 
 
-def to_device(batch, device: torch.device):
-    """Every tensor in `batch` (a tensor, or dicts, lists and tuples of them) on `device`; anything else as it is."""
+def placed(batch, placement: Placement):
+    """Every tensor in `batch` (a tensor, or dicts, lists and tuples of them) where `placement` says; anything else
+    as it is."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        cast = placement.float_dtype if batch.is_floating_point() else None
+        return batch.to(placement.device, dtype=cast, non_blocking=True)
     if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
+        return {key: placed(value, placement) for key, value in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(to_device(value, device) for value in batch))
+        return type(batch)(*(placed(value, placement) for value in batch))
     if isinstance(batch, list | tuple):
-        return type(batch)(to_device(value, device) for value in batch)
+        return type(batch)(placed(value, placement) for value in batch)
     return batch

@@ -17,6 +17,7 @@ from distsetup.planning.planner import gpt_params
 from distsetup.training import moe, user_code
 from distsetup.training.blocks import layer_modules
 from distsetup.training.gpt import BLOCK, GPT
+from distsetup.training.world import first_line
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def build(m) -> nn.Module:
         raise
     except Exception as e:
         raise DistsetupError(
-            f"model.builder {m.builder} raised {type(e).__name__}: {user_code.first_line(e)}.",
+            f"model.builder {m.builder} raised {type(e).__name__}: {first_line(e)}.",
             f"fix {m.builder} or model.args.",
         ) from None
     return model.float()
@@ -81,22 +82,25 @@ def architecture_on_meta(m) -> nn.Module:
         return build(m)
 
 
+def architecture(m) -> tuple[nn.Module, list[str]]:
+    """The model section `m`'s model to inspect: built on the meta device, or on the CPU where its builder cannot
+    build there (said in the note returned)."""
+    try:
+        return architecture_on_meta(m), []
+    except DistsetupError:
+        raise
+    except Exception as e:
+        note = f"model: checked on the CPU (model.builder cannot build on the meta device: {first_line(e)})"
+        return build(m), [note]
+
+
 def describe(m) -> Description:
     """The model section `m`'s model, checked on a copy built on the meta device (on the CPU where its builder
     cannot build there): the builder and its args, the block classes (model.layer_classes, or the model's own),
     model.zero3_leaf_classes."""
     if m.type == "gpt" and not m.layer_classes:  # its size is arithmetic: 2000 layers need no building to count
         return Description([BLOCK], gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd), "", [])
-    notes = []
-    try:
-        model = architecture_on_meta(m)
-    except DistsetupError:
-        raise
-    except Exception as e:
-        model = build(m)
-        notes.append(
-            f"model: checked on the CPU (model.builder cannot build on the meta device: {user_code.first_line(e)})"
-        )
+    model, notes = architecture(m)
     classes, found = layer_classes(model, m)
     notes += found
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
@@ -113,7 +117,8 @@ def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
 def layer_classes(model: nn.Module, m) -> tuple[list[str], list[str]]:
     """(the classes of the model's repeated blocks, notes): model.layer_classes, each found in the model; else the
     model's own (the built-in GPT's Block, a Hugging Face model's _no_split_modules, or the class of the children of
-    a python model's largest nn.ModuleList or nn.Sequential of one class). [] where a python model has none."""
+    a python model's largest nn.ModuleList or nn.Sequential of one class of its own). [] where a python model has
+    none."""
     if m.layer_classes:
         layer_modules(model, m.layer_classes)  # each must name a class of the model
         return list(m.layer_classes), []
@@ -139,15 +144,16 @@ def layer_classes(model: nn.Module, m) -> tuple[list[str], list[str]]:
 
 def _largest_repeated(model: nn.Module) -> tuple[str, str] | None:
     """(the class of the children, the container's name) of the model's nn.ModuleList or nn.Sequential of two or
-    more children of one class that holds the most parameters."""
+    more children of one class of the user's (not torch.nn's: blocks are found by class name, and every Conv2d or
+    Sequential of the model would be one) that holds the most parameters."""
     best, most = None, -1
     for name, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
             continue
-        classes = {type(child).__name__ for child in module}
+        classes = {type(child) for child in module}
         size = sum(p.numel() for p in module.parameters())
-        if len(classes) == 1 and size > most:
-            best, most = (classes.pop(), name or type(model).__name__), size
+        if len(classes) == 1 and not moe.torch_class(next(iter(classes))) and size > most:
+            best, most = (next(iter(classes)).__name__, name or type(model).__name__), size
     return best
 
 

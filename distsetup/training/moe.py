@@ -16,24 +16,31 @@ from distsetup.errors import DistsetupError
 
 def expert_container(module: nn.Module) -> nn.ModuleList | nn.ModuleDict | None:
     """The child of `module` holding its experts: an nn.ModuleList or nn.ModuleDict of two or more modules of one
-    class with parameters of the same shapes."""
+    class with parameters of the same shapes, each more than one torch.nn layer (a list of nn.Linear is a model's
+    heads more often than its experts)."""
     for child in module.children():
         if not isinstance(child, (nn.ModuleList, nn.ModuleDict)) or len(child) < 2:
             continue
         members = list(child.values()) if isinstance(child, nn.ModuleDict) else list(child)
         shapes = {(type(m), tuple(tuple(p.shape) for p in m.parameters())) for m in members}
-        if len(shapes) == 1 and any(True for _ in members[0].parameters()):
+        single_layers = torch_class(type(members[0])) and not any(True for _ in members[0].children())
+        if len(shapes) == 1 and not single_layers and any(True for _ in members[0].parameters()):
             return child
     return None
+
+
+def torch_class(cls: type) -> bool:
+    """Whether `cls` is one of torch.nn's own modules (Linear, Conv2d, Sequential, ...), not the user's."""
+    return cls.__module__.startswith("torch.nn.")
 
 
 def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: list[str]) -> list[nn.Module]:
     """The layers of `model` that may run differently on each rank: those holding experts (expert_container; a list
     of the model's blocks is no experts) and those of model.zero3_leaf_classes, outermost first, none inside
-    another."""
+    another, never the model itself (gathered whole by ZeRO-3, it would not be sharded at all)."""
     named = set(leaf_classes)
     found = []
-    for module in model.modules():
+    for module in list(model.modules())[1:]:
         container = expert_container(module)
         holds_experts = container is not None and type(next(iter(container.children()))).__name__ not in block_classes
         if holds_experts or type(module).__name__ in named:
@@ -76,8 +83,8 @@ def _touch_parameters(layer: nn.Module, args: tuple):
     if not isinstance(first, torch.Tensor) or not first.is_floating_point():
         raise DistsetupError(
             f"{type(layer).__name__}'s first input is no floating-point tensor, so distsetup cannot give its unused "
-            "experts a zero gradient (DeepSpeed ZeRO 1-2 and FSDP2 need one on every rank).",
-            "use DDP, FSDP2 or ZeRO-3 for this model.",
+            "experts a zero gradient, which this backend needs on every rank.",
+            "set distributed.backend to ddp, or use a DeepSpeed file with zero_optimization.stage 3.",
         )
     touch = sum(p.view(-1)[0] for p in layer.parameters() if p.requires_grad and p.numel())
     return (first + touch * 0.0, *args[1:])

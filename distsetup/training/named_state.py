@@ -49,7 +49,9 @@ def named_state(path: Path, source: str, groups: list[list[str]]) -> dict:
     return materialized(lazy_state(path, source, groups))
 
 
-LEGACY_HF_PREFIX = "hf."  # a Hugging Face model's names in checkpoints of distsetup's wrapper around it (before 0.x)
+LEGACY_HF_PREFIX = (
+    "hf."  # a Hugging Face model's names where distsetup trained it in a wrapper (model section: layer_cls)
+)
 
 
 def weight_stream(path: Path) -> WeightStream:

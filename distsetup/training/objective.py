@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
 from distsetup.training.data import IGNORE, loss_weights
-from distsetup.training.world import is_lost_contact, last_line
+from distsetup.training.world import first_line, is_lost_contact
 
 
 @dataclass(frozen=True)
@@ -42,24 +42,19 @@ class TokenObjective:
 
     def __init__(self, model: nn.Module, model_type: str, vocab_size: int, masked: bool, source: str):
         self.vocab_size, self.masked, self.source, self._checked = vocab_size, masked, source, False
-        self.forward_kwargs: dict = {}
-        self.aux_weight = 1.0
+        self.forward_kwargs = forward_kwargs(model, model_type)
         config: Any = getattr(model, "config", None)
-        if model_type == "hf":
-            self.forward_kwargs["use_cache"] = False  # training never reads a KV cache: building one costs memory
-            if hasattr(config, "router_aux_loss_coef"):  # an MoE: its router logits give the load-balancing loss
-                self.forward_kwargs["output_router_logits"] = True
-                self.aux_weight = float(config.router_aux_loss_coef)
+        self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
 
     def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
         """The micro-batch's mean cross-entropy x `weight` (step_weights), plus its auxiliary loss if any."""
         x, y = batch
         logits, aux = self._forward(model, x)
-        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        ce = weighted(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE), weight)
         if aux is None:
-            return MicroLoss(ce * weight, {})
-        parts = {"ce_loss": (ce * weight).detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux
-        return MicroLoss(ce * weight + self.aux_weight * aux, parts)
+            return MicroLoss(ce, {})
+        parts = {"ce_loss": ce.detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux_loss
+        return MicroLoss(ce + self.aux_weight * aux, parts)
 
     def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The summed cross-entropy of a validation micro-batch over its counted targets, and their number."""
@@ -108,16 +103,18 @@ class TokenObjective:
 
 
 class PythonObjective:
-    """The loss of the user's own data: training.loss, or the model's own (see the module's docstring)."""
+    """The loss of the user's own data: training.loss, or the model's own (see the module's docstring; a Hugging Face
+    model is called as for token data, its router loss in `.loss` where it is an MoE given labels)."""
 
     unit = "samples"
 
-    def __init__(self, loss: Callable | None, loss_source: str | None, model_source: str):
+    def __init__(self, loss: Callable | None, loss_source: str | None, model_source: str, forward_kwargs: dict):
         self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
+        self.forward_kwargs = forward_kwargs
 
     def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
         loss, aux = self._loss(model, batch)
-        return MicroLoss(loss * weight, {} if aux is None else {"aux_loss": aux.detach()})
+        return MicroLoss(weighted(loss, weight), {} if aux is None else {"aux_loss": aux.detach()})
 
     def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A validation micro-batch's mean loss x its samples, and its samples: summed over ranks and batches, the
@@ -137,29 +134,24 @@ class PythonObjective:
             return self._compute(model, batch)
         try:
             loss, aux = self._compute(model, batch)
-        except DistsetupError:
-            raise
         except Exception as e:
-            if is_lost_contact(e):
+            if not rejected_input(e):
                 raise
-            raise DistsetupError(*self._rejected(batch, e)) from None
+            raise DistsetupError(*self._rejected(batch, e)) from e
         self._check(loss)
         return loss, aux
 
     def _compute(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.loss is not None:
             return self.loss(model, batch), None
-        outputs = (
-            model(**batch)
-            if isinstance(batch, dict)
-            else model(*batch)
-            if isinstance(batch, list | tuple)
-            else model(batch)
-        )
+        if isinstance(batch, dict):
+            outputs = model(**batch, **self.forward_kwargs)
+        else:
+            outputs = model(*batch) if isinstance(batch, list | tuple) else model(batch)
         return field_of(outputs, "loss", outputs), field_of(outputs, "aux_loss", None)
 
     def _rejected(self, batch, error: Exception) -> tuple[str, str]:
-        what = f"{type(error).__name__}: {last_line(error)}"
+        what = f"{type(error).__name__}: {first_line(error)}"
         if self.loss is not None:
             return (
                 f"{self.loss_source} raised {what} on the first batch, {described(batch)}.",
@@ -174,16 +166,20 @@ class PythonObjective:
         )
         return (
             f"{self.model_source}'s model rejected the first batch, {described(batch)}, called as {call}: {what}.",
-            "make data.builder's samples what its forward takes, or name a function computing the loss in "
-            "training.loss.",
+            "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
+            "the forward shows here too: run it on one batch by hand for the traceback).",
         )
 
     def _check(self, loss) -> None:
         source = self.loss_source or f"{self.model_source}'s model"
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
-            shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            what = (
+                f"a {loss.dtype} tensor of shape {list(loss.shape)}"
+                if isinstance(loss, torch.Tensor)
+                else (f"a {type(loss).__name__}")
+            )
             raise DistsetupError(
-                f"{source} returned {shape} as the loss, not a scalar tensor.",
+                f"{source} returned {what} as the loss, not a floating-point scalar tensor.",
                 "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or an object "
                 "with it as .loss.",
             )
@@ -193,6 +189,29 @@ class PythonObjective:
                 "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
             )
         self._checked = True
+
+
+def forward_kwargs(model: nn.Module, model_type: str) -> dict:
+    """What a Hugging Face model is called with in training: no KV cache (training never reads one: building it costs
+    memory), and an MoE's router logits, from which it computes its load-balancing loss."""
+    if model_type != "hf":
+        return {}
+    kwargs: dict = {"use_cache": False}
+    if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
+        kwargs["output_router_logits"] = True
+    return kwargs
+
+
+def rejected_input(error: Exception) -> bool:
+    """Whether an error of the first step is the user's code refusing its input, said in one line (not a lost peer,
+    a device out of memory or torch.compile failing, which go on as they are)."""
+    compiling = type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
+    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling)
+
+
+def weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
+    """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data)."""
+    return loss if weight == 1.0 else loss * weight
 
 
 def field_of(outputs, name: str, default):

@@ -39,24 +39,45 @@ def device_peak_tflops(device: torch.device, precision: str) -> float | None:
 
 
 def flops_per_token(model: nn.Module, block_size: int) -> float:
-    """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM (a transformers PreTrainedModel)."""
+    """Training FLOPs per token of the built-in GPT or a Hugging Face causal LM (a transformers PreTrainedModel). Of an
+    MoE, only the experts a token is routed to multiply: transformers 5 keeps each layer's experts in 3-D parameters
+    (experts x ...), of which num_experts_per_tok / experts count."""
     if isinstance(model, GPT):
         layers, width = len(model.blocks), model.wte.embedding_dim
         lookups, head = [model.wte, model.wpe], model.lm_head
+        active = 1.0
     else:
         hf: Any = model  # a transformers PreTrainedModel
         layers, width = hf.config.num_hidden_layers, hf.config.hidden_size
         lookups, head = [hf.get_input_embeddings()], hf.get_output_embeddings()
+        active = routed_share(hf.config)
     looked_up = {id(p) for table in lookups for p in table.parameters()}
-    multiplied = sum(p.numel() for p in model.parameters() if id(p) not in looked_up)
+    multiplied = sum(
+        p.numel() * (active if p.dim() == 3 else 1.0) for p in model.parameters() if id(p) not in looked_up
+    )
     if head is not None:  # an output head tied to the embedding multiplies too (model.parameters() lists it once)
         multiplied += sum(p.numel() for p in head.parameters() if id(p) in looked_up)
     return 6 * multiplied + 12 * layers * width * block_size
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, devices: int, peak: float | None) -> float | None:
-    """The fraction of `devices` x `peak` TFLOP/s that training at `tokens_per_s` (all devices) uses."""
-    return None if not peak else tokens_per_s * flops_per_token / (devices * peak * 1e12)
+def routed_share(config) -> float:
+    """The share of an MoE's experts each token runs (num_experts_per_tok of them); 1 for a dense model."""
+    per_token = getattr(config, "num_experts_per_tok", None)
+    experts = next(
+        (
+            getattr(config, key)
+            for key in ("num_local_experts", "num_experts", "n_routed_experts")
+            if hasattr(config, key)
+        ),
+        None,
+    )
+    return per_token / experts if per_token and experts else 1.0
+
+
+def mfu(items_per_s: float, flops_per_item: float, devices: int, peak: float | None) -> float | None:
+    """The fraction of `devices` x `peak` TFLOP/s that training at `items_per_s` (tokens or samples, all devices)
+    uses."""
+    return None if not peak else items_per_s * flops_per_item / (devices * peak * 1e12)
 
 
 def counted_flops(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> float:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from distsetup.errors import DistsetupError
+from distsetup.training.world import first_line
 
 BYTES = "bytes"  # the byte-level tokenizer's fingerprint
 # A tokenizer's `fingerprint` names its vocabulary (what an id means: a token file's sidecar names it); its
@@ -41,7 +42,7 @@ class HFTokenizer:
             self.hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as e:  # OSError, ValueError, a broken tokenizer.json: what transformers raises varies
             raise DistsetupError(
-                f"model.tokenizer {folder} is not a tokenizer folder ({_first_line(e)}).",
+                f"model.tokenizer {folder} is not a tokenizer folder ({first_line(e)}).",
                 "point it at a folder written by tokenizer.save_pretrained() (tokenizer.json or the vocabulary "
                 "files, tokenizer_config.json).",
             ) from None
@@ -93,8 +94,3 @@ def check_vocabulary(tokenizer, model_vocab_size: int, where: str) -> None:
             f"{what} need an embedding of at least {tokenizer.vocab_size} rows; {where} is {model_vocab_size}.",
             f"raise {where} to {tokenizer.vocab_size} or more.",
         )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

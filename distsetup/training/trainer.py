@@ -22,12 +22,12 @@ from distsetup.training import checkpoint as ckpt
 from distsetup.training import model as models
 from distsetup.training import universal_folder, user_code
 from distsetup.training.backends import make_backend
-from distsetup.training.data import ShardedSampler, build_datasets
+from distsetup.training.data import Datasets, ShardedSampler, build_datasets
 from distsetup.training.evaluation import evaluate
 from distsetup.training.export import load_weights
-from distsetup.training.loader import StepLoader, fetched, to_device
+from distsetup.training.loader import Placement, StepLoader, fetched, placed
 from distsetup.training.metrics import MetricsLog, StepTimer, reporters
-from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective
+from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective, forward_kwargs
 from distsetup.training.preemption import PREEMPTED, Preemption
 from distsetup.training.run_lock import OutputDirLock
 from distsetup.training.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
@@ -36,6 +36,7 @@ from distsetup.training.world import (
     barrier,
     decided_by_rank0,
     destroy_process_group,
+    first_line,
     init_process_group,
     is_lost_contact,
     lost_contact,
@@ -65,13 +66,8 @@ class Trainer:
         self.model_description = models.describe(cfg.model)
         models.check_model_fits(self.model_description.parameters, world.local_size, models.size_settings(cfg.model))
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
-        if cfg.data.type == "python":  # its builder and collate function are found before the process group
-            assert cfg.data.builder is not None  # the run config's rules
-            user_code.check_takes(
-                user_code.load(cfg.data.builder, "data.builder"), "data.builder", "train", **cfg.data.args
-            )
-            if cfg.data.collate:
-                user_code.load(cfg.data.collate, "data.collate")
+        # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
+        self.built_data = self._datasets() if cfg.data.type == "python" else None
         self.report_to = reporters(self.t.report_to)
         self.out_dir = Path(self.t.output_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
@@ -174,7 +170,7 @@ class Trainer:
         if resume:
             self._load(resume)
         self.loader = StepLoader(
-            self.data.train, self.sampler, self.data.collate, self.cfg.data.num_workers, self.device
+            self.data.train, self.sampler, self.data.collate, self.cfg.data.num_workers, self.backend.placement
         )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, self._wandb_settings(resume))
@@ -224,10 +220,13 @@ class Trainer:
             self.say(f"--no_resume: moved the old checkpoints to {aside}")
         barrier()
 
+    def _datasets(self) -> Datasets:
+        return build_datasets(self.cfg, eval_batch=self.backend.micro_batch * self.world.size)
+
     def _build_data(self) -> None:
         """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read."""
         backend, world, t = self.backend, self.world, self.t
-        self.data = build_datasets(self.cfg, eval_batch=backend.micro_batch * world.size)
+        self.data = self.built_data or self._datasets()
         for note in self.data.notes:
             self.say(note)
         self.sampler = ShardedSampler(
@@ -259,7 +258,8 @@ class Trainer:
         source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
         if self.data.tokens and self.loss_function is None:
             return TokenObjective(module, m.type, m.vocab_size, self.data.train.masked, source)
-        return PythonObjective(self.loss_function, self.t.loss and f"training.loss {self.t.loss}", source)
+        loss_source = self.t.loss and f"training.loss {self.t.loss}"
+        return PythonObjective(self.loss_function, loss_source, source, forward_kwargs(module, m.type))
 
     def _flops_per_item(self, module) -> float | None:
         """Training FLOPs per token (or sample) for MFU: the transformer formula for the built-in GPT and Hugging
@@ -277,7 +277,7 @@ class Trainer:
                 models.architecture_on_meta(m), lambda model: self.objective.unchecked_loss(model, meta_batch)
             )
         except Exception as e:
-            reason = f"{type(e).__name__}: {user_code.first_line(e)}"
+            reason = f"{type(e).__name__}: {first_line(e)}"
             self.say(f"note: MFU left out: the FLOPs of the model cannot be counted ({reason})")
             return None
         return flops / (micro * (m.block_size if self.data.tokens else 1))
@@ -349,9 +349,7 @@ class Trainer:
     def _evaluate(self) -> None:
         assert self.metrics is not None and self.bar is not None
         with self.timer.evaluating():
-            result = evaluate(
-                self.backend, self.objective, self.data, self.world, self.cfg.data.num_workers, self.device
-            )
+            result = evaluate(self.backend, self.objective, self.data, self.world, self.cfg.data.num_workers)
         self.evals.append({"step": self.step, **result})
         self.metrics.write(self.step, "eval", **result)
         if self.world.is_main:
@@ -379,11 +377,11 @@ class Trainer:
                 self.pending = None
 
     def _hangs_when(self) -> str | None:
-        """What makes this run's ranks wait for each other for ever, if it can (for the lost-contact line)."""
-        if self.backend.zero_stage == 3:
+        """What could have made this run's ranks wait for each other for ever (for the lost-contact line)."""
+        if self.backend.zero_stage == 3 and not self.model_description.conditional:
             return (
-                "ranks that run different modules in a step (an MoE's experts) wait on each other's ZeRO-3 gathers: "
-                "name the layer holding them in model.zero3_leaf_classes"
+                "if the model runs other modules on each rank (an MoE's experts), ZeRO-3's gathers wait for each "
+                "other: name the layer holding them in model.zero3_leaf_classes"
             )
         return None
 
@@ -438,4 +436,4 @@ def _mean_terms(micro_losses: list[MicroLoss]) -> dict[str, torch.Tensor]:
 
 def _on_meta(batch):
     """`batch` with its tensors on the meta device (their shapes and dtypes, no data)."""
-    return to_device(batch, torch.device("meta"))
+    return placed(batch, Placement(torch.device("meta")))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
+from distsetup.training.world import first_line
 
 
 def make_importable(base_dir: Path | None) -> Path:
@@ -71,10 +72,3 @@ def check_takes(function: Callable, where: str, *args, **kwargs) -> None:
 def _described(args: tuple, kwargs: dict) -> str:
     shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
     return f"({', '.join(shown)})"
-
-
-def first_line(error: BaseException, limit: int = 200) -> str:
-    """The first line of an error's message (at most `limit` characters), or its type."""
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."

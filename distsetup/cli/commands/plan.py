@@ -1,5 +1,6 @@
 """`distsetup plan`: per-GPU memory of every strategy, and the fastest one that fits."""
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -205,14 +206,13 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
 def shape_from_run_config(cfg) -> ModelShape:
     """Counted exactly on the meta device when torch is importable, else from the config's numbers."""
     m = cfg.model
-    try:
+    if importlib.util.find_spec("torch") is not None:
         return count_on_meta(cfg)
-    except ImportError:
-        if m.type == "python":
-            raise DistsetupError(
-                "distsetup plan counts model.type python models on the meta device, which needs torch.",
-                "pip install torch, or give --params.",
-            ) from None
+    if m.type == "python":
+        raise DistsetupError(
+            "distsetup plan counts model.type python models on the meta device, which needs torch.",
+            "pip install torch, or give --params.",
+        )
     if m.type == "gpt":
         return ModelShape(
             params=gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd),
@@ -226,13 +226,12 @@ def shape_from_run_config(cfg) -> ModelShape:
 
 
 def count_on_meta(cfg) -> ModelShape:
-    """Build the model on the meta device (no memory, no weights read) and count its parameters."""
-    import torch  # noqa: F401  (ImportError here means: use the analytic count)
-
-    from distsetup.training.model import architecture_on_meta, layer_classes
+    """Build the model on the meta device (no memory, no weights read; on the CPU where a builder cannot build there)
+    and count its parameters."""
+    from distsetup.training.model import architecture, layer_classes
 
     m = cfg.model
-    model = architecture_on_meta(m)
+    model, _ = architecture(m)
     classes = layer_classes(model, m)[0] or ["?"]
     config: Any = getattr(model, "config", None)  # a Hugging Face model's
     if m.type == "hf":
