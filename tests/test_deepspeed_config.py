@@ -27,7 +27,10 @@ deepspeed_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 
 
 def deepspeed_accepts(config: dict, world_size: int = 1):
-    """Parse `config` with DeepSpeed's DeepSpeedConfig as if `world_size` ranks had started."""
+    """Parse `config` with DeepSpeed's DeepSpeedConfig as if `world_size` ranks had started; a file without batch
+    keys as distsetup's trainer hands it over, with the run config's batch (here micro-batch 1)."""
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
+        config = {**config, "train_micro_batch_size_per_gpu": 1}
     dist = deepspeed_runtime_config.dist
     with (
         mock.patch.object(dist, "get_rank", return_value=0),
@@ -108,6 +111,9 @@ def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run
         return
     ds = deepspeed_accepts(config, world)
     assert deepspeed_problems(config, world) == []
+    batch_flags = {"--micro_batch_size", "--gradient_accumulation_steps", "--train_batch_size"}
+    written = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(config)
+    assert bool(written) == bool(batch_flags & set(flags))  # no batch flag, no batch nobody chose
     assert conforms(config, load_schema("deepspeed"))  # every file written takes the fast path
     assert not auto_paths(config)
     stage = config["zero_optimization"]["stage"]

@@ -103,14 +103,20 @@ def test_zero_stage_against_keys(run_cli, tmp_path):
     assert code == 1 and problems
 
 
-def test_disagreements_the_deepspeed_file_wins_are_warnings(run_cli, tmp_path):
+def test_a_batch_both_files_write_differently_is_a_problem_and_a_file_precision_a_warning(run_cli, tmp_path):
     ds = _ds(micro=2, accumulation=4, train=32)
     ds["bf16"]["enabled"] = True
-    code, problems, findings = _doctor(run_cli, "--config", _write(tmp_path, ds=ds), "--world_size", "4")
+    code, problems, _ = _doctor(run_cli, "--config", _write(tmp_path, ds=ds), "--world_size", "4")
+    assert code == 1
+    assert any(
+        "training.micro_batch_size is 4" in p["message"] and "train_micro_batch_size_per_gpu is 2" in p["message"]
+        for p in problems
+    ), problems
+    agreeing = _write(tmp_path, ds=ds, micro=2, accumulation=4)
+    code, problems, findings = _doctor(run_cli, "--config", agreeing, "--world_size", "4")
     warnings = [f["message"] for f in findings if f["level"] == "warning" and f["topic"] == "consistency"]
     assert code == 0 and not problems
-    assert any("micro-batch 2 x accumulation 4" in w for w in warnings)
-    assert any("trains in bf16" in w for w in warnings)
+    assert any("precision bf16 from" in w and "training.precision says fp32" in w for w in warnings), warnings
 
 
 def test_slurm_allocation_against_the_plan():

@@ -11,6 +11,7 @@ from distsetup.formats.fsdp import (
     FsdpSpec,
     build_fsdp_config,
     check_fsdp_spec,
+    fsdp_findings,
     fsdp_problems,
 )
 
@@ -150,14 +151,18 @@ def test_a_written_file_reads_back_as_the_spec_it_was_written_from(spec):
     ],
 )
 def test_the_rules_are_one_rule_for_flags_and_files(changes, option):
-    """What `distsetup fsdp` refuses in flags, `validate` reports in a file's keys, from the same rule."""
+    """What `distsetup fsdp` refuses in flags, `validate` reports in a file's keys, from the same rule: as a
+    problem, or as a note where the setting is only unused (no reader refuses it)."""
     spec = FsdpSpec(**{"transformer_layer_cls_to_wrap": ("Block",), **changes})
     if changes.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
         spec = dataclasses.replace(spec, transformer_layer_cls_to_wrap=())
     with pytest.raises(DistsetupError, match=f"--{option}"):
         check_fsdp_spec(spec)
     config = {**build_fsdp_config(dataclasses.replace(spec, **{option: None})), **_file_values(spec, option)}
-    assert KEYS[option] in [p.path for p in fsdp_problems(config)]
+    problems, notes = fsdp_findings(config)
+    unused = changes.get("auto_wrap_policy") == "NO_WRAP"
+    assert (KEYS[option] in [p.path for p in problems]) != unused
+    assert any(note.startswith(f"{KEYS[option]} is only used with") for note in notes) == unused
 
 
 def _file_values(spec: FsdpSpec, option: str) -> dict:

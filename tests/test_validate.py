@@ -74,7 +74,6 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
         ({**GOOD_DS, "zero_optimization": {"stage": 4}}, "zero_optimization.stage", "not allowed"),
         ({**GOOD_DS, "gradient_accumulation_steps": "two"}, "gradient_accumulation_steps", "wrong type"),
         ({**GOOD_DS, "gradient_clipping": -1}, "gradient_clipping", "out of range"),
-        ({"zero_optimization": {"stage": 2}}, "train_micro_batch_size_per_gpu", "refuses to start"),
         (
             {**GOOD_DS, "zero_optimization": {"stage": 0}, "bf16": {"enabled": False}, "fp16": {"enabled": True}},
             "fp16.enabled",
@@ -85,6 +84,15 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
 def test_cross_field_and_schema_rules(tmp_path, config, path, words):
     found = problems_of(tmp_path, config)
     assert path in found and words in found[path].message, found
+
+
+def test_a_file_without_batch_leaves_it_to_the_run_config_but_not_for_the_hf_trainer(run_cli, tmp_path):
+    path = write(tmp_path, "ds.json", {"zero_optimization": {"stage": 2}})
+    alone = run_cli("validate", path)
+    assert alone.exit_code == 0 and "note: neither train_batch_size nor" in alone.stdout
+    assert "takes the batch from the run config" in alone.stdout
+    found = problems_of(tmp_path, {"zero_optimization": {"stage": 2}}, hf=True)  # the HF Trainer fills only "auto"
+    assert "refuses to start" in found["train_micro_batch_size_per_gpu"].message
 
 
 def test_auto_is_allowed_with_hf(tmp_path):

@@ -351,14 +351,6 @@ FEATURE_RUNS = {
         False,
     ),
     "bf16_fsdp": lambda: (2, "fsdp", cli_file("fsdp", "--mixed_precision", "BFLOAT16"), {"lr": 1e-2}, None, False),
-    "bf16_zero2": lambda: (
-        2,
-        "deepspeed",
-        cli_file("deepspeed", "--zero_stage", "2", "--bf16", *DS_ACC[:-7], "--lr", "1e-2", "--betas", "0.9", "0.95"),
-        {},
-        None,
-        False,
-    ),
     "fp16_zero2": lambda: (
         2,
         "deepspeed",

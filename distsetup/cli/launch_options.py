@@ -12,7 +12,8 @@ from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.reading import read_yaml
-from distsetup.formats.runconfig import backend_of, config_problems, resolve_config_path
+from distsetup.formats.runconfig import RunConfig, backend_of, check_run_config, resolve_config_path, run_config_from
+from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.scripts.launch_plan import (
     DEFAULT_TRAINER,
@@ -129,7 +130,7 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
     if o["script"] and o["python_module"]:
         raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
-    backend, files, notes = distributed_settings(o)
+    backend, files, notes, run_config = distributed_settings(o)
     gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
     spec = LaunchSpec(
         backend=backend,
@@ -165,7 +166,12 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
     # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
     if spec.deepspeed_config:
-        read_valid(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
+        ds = read_valid(spec.deepspeed_config, "deepspeed", spec.world_size, hf=not spec.runs_default_trainer)
+        if run_config is not None and spec.runs_default_trainer:  # the pair the trainer will settle, settled now
+            for problem in settle(
+                run_config, ds, None, spec.world_size, f"DeepSpeed file {spec.deepspeed_config}"
+            ).problems:
+                raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
     if spec.fsdp_config:
         fsdp = read_valid(spec.fsdp_config, "fsdp")
         if spec.launch_method == "accelerate":
@@ -186,11 +192,11 @@ def working_folder() -> str:
     return here
 
 
-def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
-    """(backend, {"deepspeed"|"fsdp": file}, notes) from the flags over the run config, checked as the run
-    config is. Paths from the flags go into the config as the user typed them (never parsed as YAML), and
-    every file is resolved as train.py resolves it (cwd, else next to the config), so the script names it
-    from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
+def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunConfig | None]:
+    """(backend, {"deepspeed"|"fsdp": file}, notes, the run config read) from the flags over the run config,
+    checked as the run config is. Paths from the flags go into the config as the user typed them (never parsed
+    as YAML), and every file is resolved as train.py resolves it (cwd, else next to the config), so the script
+    names it from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
     config = o["config"]
     base_dir = Path(config).parent if config else None
     raw = read_yaml(Path(config)) if config else {}
@@ -223,7 +229,8 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
                 f"write one with `distsetup deepspeed --zero_stage 2 --output {default}` "
                 "or pass --deepspeed_config FILE.",
             )
-    problems = config_problems(raw, base_dir)
+    checked = check_run_config(raw, base_dir)
+    problems = checked.problems
     if problems:
         where = f" in {config}" if config else ""
         raise DistsetupError(
@@ -235,7 +242,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str]]:
         for kind in DEFAULT_FILES
         if kind == backend and dist.get(f"{kind}_config")
     }
-    return backend, files, notes
+    return backend, files, notes, run_config_from(raw, checked) if config else None
 
 
 def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:

@@ -107,6 +107,7 @@ def emit(
     once nothing stands in the way, so they never precede an error."""
     if output not in (None, "-") and not dry_run:
         writable_target(Path(output), inputs or {})
+        write_atomic(Path(output), text, executable=executable, inputs=inputs)
     for remark in remarks:
         click.echo(remark, err=True)
     if output in (None, "-"):
@@ -116,7 +117,6 @@ def emit(
         click.echo(text, nl=False)
         click.echo(f"# dry run: would write {output}", err=True)
         return
-    write_atomic(Path(output), text, executable=executable, inputs=inputs)
     click.echo(f"Wrote {output}", err=True)
     if next_step:
         click.echo(f"Next: {next_step}", err=True)

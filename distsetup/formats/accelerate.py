@@ -4,7 +4,15 @@ keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, check
 
 from pathlib import Path
 
-from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, needs_nvme_path, stages_text, unused_at_stage
+from distsetup.formats.deepspeed import (
+    OFFLOAD_DEVICES,
+    STAGE_NUMBERS,
+    UNSCALED_FP16,
+    needs_nvme_path,
+    stages_text,
+    unscaled_fp16,
+    unused_at_stage,
+)
 from distsetup.formats.fsdp import fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
 
@@ -207,13 +215,12 @@ def _block_problems(data: dict, kind) -> list[Problem]:
         problems += [Problem(f"fsdp_config.{p.path}".rstrip("."), p.message, p.fix) for p in found]
     deepspeed = data.get("deepspeed_config")
     if kind == "DEEPSPEED" and isinstance(deepspeed, dict):
-        problems += deepspeed_block_problems(
-            deepspeed, "mixed_precision" in data and data["mixed_precision"] is not None
-        )
+        problems += deepspeed_block_problems(deepspeed, data.get("mixed_precision"))
     return problems
 
 
-def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Problem]:
+def deepspeed_block_problems(block: dict, mixed_precision) -> list[Problem]:
+    """The deepspeed_config block's problems; `mixed_precision`: the config's top-level value (None: not set)."""
     problems = [
         Problem(f"deepspeed_config.{key}", "is not a key `accelerate launch` reads.", suggest(str(key), DEEPSPEED_KEYS))
         for key in block
@@ -221,7 +228,7 @@ def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Pro
     ]
     if block.get("deepspeed_config_file"):
         beside = [key for key in IGNORED_BESIDE_FILE if key in block]
-        beside += ["mixed_precision"] if top_level_precision else []
+        beside += ["mixed_precision"] if mixed_precision is not None else []
         problems += [
             Problem(
                 key if key == "mixed_precision" else f"deepspeed_config.{key}",
@@ -235,6 +242,14 @@ def deepspeed_block_problems(block: dict, top_level_precision: bool) -> list[Pro
     stage = block.get("zero_stage")
     if stage is not None and (isinstance(stage, bool) or stage not in STAGE_NUMBERS):
         problems.append(Problem("deepspeed_config.zero_stage", f"{stage!r} is not a ZeRO stage.", "0, 1, 2 or 3."))
+    elif unscaled_fp16(stage, mixed_precision):  # the same rule as for a DeepSpeed file and the flags
+        problems.append(
+            Problem(
+                "deepspeed_config.zero_stage",
+                f"zero_stage 0 with mixed_precision fp16: {UNSCALED_FP16}",
+                "set zero_stage: 1 (on one GPU the same memory), or mixed_precision: bf16.",
+            )
+        )
     for key in ("offload_optimizer_device", "offload_param_device"):
         device, option = block.get(key), key.removesuffix("_device")
         if device is not None and device not in OFFLOAD_DEVICES:

@@ -84,7 +84,9 @@ def resolve_batch(
     micro: int | None, accumulation: int | None, train_batch: int | None, world_size: int | None
 ) -> BatchSizes:
     """The batch sizes `distsetup deepspeed` writes for its flags: the third value from the other two (a micro
-    batch of 1 where the others leave it open), or an error showing the arithmetic."""
+    batch of 1 where the others leave it open), or an error showing the arithmetic. No batch flag: none."""
+    if micro is None and accumulation is None and train_batch is None:
+        return BatchSizes(None, None, None, world_size)
     if world_size is None:
         _check_without_world_size(micro, accumulation, train_batch)
         return BatchSizes(micro, accumulation, None, None)

@@ -254,8 +254,29 @@ def without_auto(data):
     return data
 
 
-def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = False) -> list[Problem]:
-    """Schema problems, then the rules DeepSpeed itself checks late, silently ignores or bends."""
+NO_BATCH = "neither train_batch_size nor train_micro_batch_size_per_gpu is set"
+
+
+def deepspeed_notes(config: dict) -> list[str]:
+    """What a file for distsetup's trainer leaves to the run config, that another reader would need."""
+    if set(BATCH_KEYS) & set(config):
+        return []
+    return [
+        f"{NO_BATCH}: distsetup's trainer takes the batch from the run config (training.micro_batch_size, "
+        "gradient_accumulation_steps); deepspeed.initialize of this file alone refuses to start (add "
+        "train_micro_batch_size_per_gpu, or --micro_batch_size to `distsetup deepspeed`)."
+    ]
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu")
+
+
+def deepspeed_problems(
+    config: dict, world_size: int | None = None, hf: bool = False, batch_elsewhere: bool = True
+) -> list[Problem]:
+    """Schema problems, then the rules DeepSpeed itself checks late, silently ignores or bends. `batch_elsewhere`:
+    a reader fills in a batch the file leaves out (distsetup's trainer from the run config); the HF Trainer and
+    Accelerate fill only "auto"."""
     problems = []
     if not hf:
         problems += [
@@ -269,11 +290,11 @@ def deepspeed_problems(config: dict, world_size: int | None = None, hf: bool = F
             )
             for p in auto_paths(config)
         ]
-    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(config):
+    if not set(BATCH_KEYS) & set(config) and not batch_elsewhere:
         problems.append(
             Problem(
                 "train_micro_batch_size_per_gpu",
-                "neither train_batch_size nor train_micro_batch_size_per_gpu is set; DeepSpeed refuses to start.",
+                f"{NO_BATCH}; DeepSpeed refuses to start.",
                 "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps).",
             )
         )
@@ -385,9 +406,10 @@ def _pick(value, auto, default=None):
 
 
 def _set_batch(config: dict, batch: BatchSizes, auto) -> None:
+    """The batch values given (the missing third computed where the world size is known); none given, none
+    written: a batch nobody chose would override the run config's (distsetup's trainer fills it from there)."""
     if auto is None:
-        micro = batch.micro if batch.micro is not None or batch.train_batch is not None else 1
-        accumulation = batch.accumulation if batch.accumulation is not None or batch.train_batch is not None else 1
+        micro, accumulation = batch.micro, batch.accumulation
     else:
         micro, accumulation = _pick(batch.micro, auto), _pick(batch.accumulation, auto)
     for key, value in (

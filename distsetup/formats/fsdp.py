@@ -3,6 +3,7 @@
 and checked by one set of rules (`violations`), said in flags for the command and in keys for `validate`."""
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
@@ -28,7 +29,8 @@ _PRECISION_NAMES = (("fp32", "no", "no"), ("fp16", "FLOAT16", "fp16"), ("bf16", 
 MIXED_PRECISION = {flag: value for _, flag, value in _PRECISION_NAMES}  # --mixed_precision -> the file's value
 FLAG_FOR_PRECISION = {precision: flag for precision, flag, _ in _PRECISION_NAMES}
 PRECISION_OF_FILE = {value: precision for precision, _, value in _PRECISION_NAMES}
-WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+TRANSFORMER = "TRANSFORMER_BASED_WRAP"
+WRAP_POLICIES = (TRANSFORMER, "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -122,19 +124,16 @@ KEYS = {
 }
 
 
-def precision_of(config: dict) -> str:
-    """The training precision an FSDP file asks for (fp32 for a value it should not hold)."""
-    return PRECISION_OF_FILE.get(str(config.get("mixed_precision")), "fp32")
-
-
 @dataclass(frozen=True)
 class Violation:
     """A rule broken: the option to change, and what is wrong and the fix with {option} names and {value}s
-    left to the words of the flags or of the file."""
+    left to the words of the flags or of the file. A `said` one sets something no reader uses: flags refuse it (the
+    user typed it just now), a file gets a note (Accelerate and the trainer run without it)."""
 
     option: str
     message: str
     fix: str
+    said: bool = False
 
 
 class FlagWords(dict):
@@ -151,16 +150,22 @@ class KeyWords(dict):
         return MIXED_PRECISION.get(name, name) if name.isupper() else KEYS[name]
 
 
-def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
+def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = False) -> list[Violation]:
     """Options that mean nothing together or that a client refuses. `given`: the options the user set (a rule
-    about a default applies only where it was chosen)."""
+    about a default applies only where it was chosen); `layer_classes_known`: the run config names the blocks to
+    wrap (model.layer_classes, else the model's own), as it does for the settings written inline."""
     found = []
-    if spec.fsdp_version == 2 and "fsdp_version" in given:
+    if spec.fsdp_version == 2:
+        # a file that states version 2 means FSDP2 and is refused; one that states none is read as FSDP2 and told
+        stated = "fsdp_version" in given
         found += [
             Violation(
                 name,
-                f"{{{name}}} means nothing with {{fsdp_version}} 2: FSDP2 {why}.",
-                f"remove {{{name}}}, or use {{fsdp_version}} 1.",
+                f"{{{name}}} means nothing with {{fsdp_version}} 2: FSDP2 {why}."
+                if stated
+                else f"{{{name}}} is not used: distsetup's trainer runs FSDP2, which {why}.",
+                f"remove {{{name}}}, or use {{fsdp_version}} 1." if stated else f"remove {{{name}}}.",
+                said=not stated,
             )
             for name, why in FSDP1_ONLY.items()
             if name in given
@@ -174,7 +179,7 @@ def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
         ("transformer_layer_cls_to_wrap", "TRANSFORMER_BASED_WRAP", "LlamaDecoderLayer (Block for the built-in model)"),
         ("min_num_params", "SIZE_BASED_WRAP", "100000000 (wrap modules of at least that many parameters)"),
     ):
-        if policy == needed_by and option not in given:
+        if policy == needed_by and option not in given and not (layer_classes_known and needed_by == TRANSFORMER):
             found.append(
                 Violation(
                     option, f"{{auto_wrap_policy}} {needed_by} needs {{{option}}}.", f"add {{{option}}} {example}."
@@ -186,6 +191,7 @@ def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
                     option,
                     f"{{{option}}} is only used with {needed_by}, not {policy}.",
                     f"remove it, or use {{auto_wrap_policy}} {needed_by}.",
+                    said=True,
                 )
             )
     if spec.mixed_precision == "no":
@@ -273,20 +279,94 @@ def build_fsdp_config(spec: FsdpSpec) -> dict:
 
 def fsdp_problems(config: dict) -> list[Problem]:
     """Schema problems, then every rule the file breaks (the rules `distsetup fsdp` refuses), in its keys."""
-    problems = schema_problems(config, "fsdp")
+    return fsdp_findings(config)[0]
+
+
+def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], list[str]]:
+    """The problems of FSDP settings in the file's keys (schema, readers, rules), and the notes: what the rules say
+    about settings no reader uses. `inline`: written in a run config, where FSDP2 goes without saying and the
+    blocks to wrap are model.layer_classes."""
+    problems = schema_problems({"fsdp_version": 2, **config} if inline else config, "fsdp")
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
     readable = {key: value for key, value in config.items() if key not in wrong}
     words = KeyWords()
     given = {name for name, key in KEYS.items() if key in readable}
-    return (
-        problems
-        + _reader_problems(readable)
-        + [
-            Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words))
-            for v in violations(FsdpSpec.from_dict(readable), given)
-            if KEYS[v.option] not in wrong  # said once, as the schema says it
-        ]
-    )
+    broken = [
+        v
+        for v in violations(FsdpSpec.from_dict(readable), given, layer_classes_known=inline)
+        if KEYS[v.option] not in wrong
+    ]
+    problems += _reader_problems(readable) + [
+        Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
+    ]
+    notes = [v.message.format_map(words) for v in broken if v.said]
+    return problems, notes
+
+
+# The guides' spelling of FSDP settings written inline under `distributed:` (lowercase values, the precision as
+# fsdp_mixed_precision + fsdp_param_dtype) -> the file's values. Every other fsdp_* key is the file's own.
+INLINE_VALUES = {
+    "fsdp_auto_wrap_policy": {
+        "transformer_auto_wrap": TRANSFORMER,
+        "transformer_based_wrap": TRANSFORMER,
+        "size_based_wrap": "SIZE_BASED_WRAP",
+        "size_based_auto_wrap": "SIZE_BASED_WRAP",
+        "no_wrap": "NO_WRAP",
+    },
+    "fsdp_sharding_strategy": {s.lower(): s for s in SHARDING_STRATEGIES},
+    "fsdp_state_dict_type": {s.lower(): s for s in STATE_DICT_TYPES},
+    "fsdp_backward_prefetch": {s.lower(): s for s in BACKWARD_PREFETCH},
+}
+INLINE_PRECISION = ("fsdp_mixed_precision", "fsdp_param_dtype")
+PARAM_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "no"}
+
+
+def read_inline(distributed: dict) -> tuple[dict, list[str], list[Problem]]:
+    """The FSDP settings written inline under `distributed:` (fsdp_* keys but fsdp_config), taken out of it and
+    returned in the file's keys and values, with a note for each value read in another spelling and the problems
+    of the precision keys. The file's rules (fsdp_findings) then judge the result."""
+    inline = {k: distributed.pop(k) for k in list(distributed) if k.startswith("fsdp_") and k != "fsdp_config"}
+    block, notes, problems = {}, [], []
+    for key, value in inline.items():
+        if key in INLINE_PRECISION:
+            continue
+        spelled = INLINE_VALUES.get(key, {}).get(value.lower()) if isinstance(value, str) else None
+        if spelled is not None and spelled != value:
+            notes.append(f"distributed.{key} {value!r} is read as {spelled} (the FSDP file's spelling).")
+        block[key] = spelled or value
+    mixed, dtype = (inline.get(k) for k in INLINE_PRECISION)
+    if mixed is not None or dtype is not None:
+        if dtype is not None and not (isinstance(dtype, str) and dtype.lower() in PARAM_DTYPES):
+            problems.append(
+                Problem("distributed.fsdp_param_dtype", f"{dtype!r} is not a dtype.", "write bfloat16 or float16.")
+            )
+        elif mixed is not None and not isinstance(mixed, bool):
+            problems.append(
+                Problem("distributed.fsdp_mixed_precision", f"{mixed!r} is not true or false.", "write true or false.")
+            )
+        elif mixed is True and dtype is None:
+            problems.append(
+                Problem(
+                    "distributed.fsdp_mixed_precision",
+                    "true, but no fsdp_param_dtype says which precision.",
+                    "add fsdp_param_dtype: bfloat16 (or float16).",
+                )
+            )
+        else:
+            precision = "no" if mixed is False or dtype is None else PARAM_DTYPES[dtype.lower()]
+            block["mixed_precision"] = precision
+            said = " and ".join(f"distributed.{k} {json.dumps(inline[k])}" for k in INLINE_PRECISION if k in inline)
+            notes.append(f"{said}: read as the FSDP file's mixed_precision {precision}.")
+    return block, notes, problems
+
+
+def inline_findings(block: dict) -> tuple[list[Problem], list[str]]:
+    """fsdp_findings of settings written inline, said in the run config's keys."""
+    problems, notes = fsdp_findings(block, inline=True)
+    where = {"mixed_precision": "distributed.fsdp_mixed_precision"}
+    return [Problem(where.get(p.path, f"distributed.{p.path}"), p.message, p.fix) for p in problems], [
+        f"distributed.{note}" for note in notes
+    ]
 
 
 def _reader_problems(config: dict) -> list[Problem]:

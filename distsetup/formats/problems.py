@@ -3,6 +3,7 @@
 import difflib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -51,9 +52,9 @@ def non_finite_problems(data, path=()) -> list[Problem]:
     return [p for key, value in children for p in non_finite_problems(value, path + (key,))]
 
 
-def schema_problems(data, schema_name: str) -> list[Problem]:
-    """Every place `data` breaks the named schema or holds a non-finite number; unknown keys come with a
-    close-match suggestion."""
+def schema_problems(data, schema_name: str, hint: Callable[[str, str], str | None] | None = None) -> list[Problem]:
+    """Every place `data` breaks the named schema or holds a non-finite number; unknown keys come with
+    `hint(section, key)` where it knows the key (another tool's name), else a close-match suggestion."""
     problems = non_finite_problems(data)
     schema = load_schema(schema_name)
     if conforms(data, schema):
@@ -68,7 +69,8 @@ def schema_problems(data, schema_name: str) -> list[Problem]:
         if error.validator == "additionalProperties":
             known = error.schema.get("properties", {})
             for key in sorted(set(error.instance) - set(known)):
-                problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.", f"{suggest(key, known)}"))
+                said = hint(join_path(path), str(key)) if hint else None
+                problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.", said or suggest(key, known)))
         else:
             problems.append(Problem(join_path(path), *_describe(error)))
     return problems

@@ -15,8 +15,9 @@ import yaml
 
 from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
-from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, inline_findings, read_inline
 from distsetup.formats.lr_scaling import RULES
+from distsetup.formats.other_names import hint, read_other_names
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 
@@ -187,6 +188,12 @@ class DistributedConfig:
     backend: str = setting("ddp", "single, ddp, fsdp or deepspeed", enum=list(BACKENDS))
     deepspeed_config: str | None = setting(None, "DeepSpeed JSON (backend: deepspeed)")
     fsdp_config: str | None = setting(None, "FSDP JSON (backend: fsdp); default: full shard of each block")
+    fsdp: dict = setting(
+        {},
+        "the FSDP file's settings inline, instead of fsdp_config; the guides' fsdp_* keys written under distributed "
+        "(fsdp_sharding_strategy: full_shard, fsdp_mixed_precision: true with fsdp_param_dtype: bfloat16, ...) are "
+        "read into it",
+    )
     use_deepspeed: bool = setting(False, "same as backend: deepspeed (the guides' spelling)")
     use_fsdp: bool = setting(False, "same as backend: fsdp (the guides' spelling)")
     timeout_minutes: float = setting(
@@ -200,9 +207,24 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # not sections: how the file was read
+    notes: list[str] = field(default_factory=list)  # other tools' names read as distsetup's keys, ...
+    # the keys the file (or an override) sets, each as written: {"training.lr": "training.learning_rate"}
+    written: dict[str, str] = field(default_factory=dict)
 
 
-SECTIONS = typing.get_type_hints(RunConfig)  # section name -> its dataclass, in field order
+SECTIONS = {  # section name -> its dataclass, in field order
+    name: cls for name, cls in typing.get_type_hints(RunConfig).items() if dataclasses.is_dataclass(cls)
+}
+
+
+@dataclass
+class Checked:
+    """What checking a raw run config found: its problems, the notes on how it was read, the keys it sets."""
+
+    problems: list[Problem]
+    notes: list[str]
+    written: dict[str, str]  # as RunConfig.written
 
 
 def run_config_schema() -> dict:
@@ -264,20 +286,59 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
-    """Every problem in a raw run config: keys that are not names, the schema (unknown keys, types, ranges,
-    NaN and infinities), what the schema cannot say (whole numbers, blank names), then cross-field rules."""
+    return check_run_config(raw, base_dir).problems
+
+
+def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
+    """Every problem in a raw run config: keys that are not names, other tools' names (read as distsetup's, in
+    place), the schema (unknown keys, types, ranges, NaN and infinities), what the schema cannot say (whole numbers,
+    blank names), then cross-field rules; with the notes on how it was read."""
     problems = _key_problems(raw)
     if problems:
-        return problems
-    problems = _read_old_spellings(raw)
+        return Checked(problems, [], {})
+    notes, problems, spelled = _read_other_spellings(raw)
+    written = {
+        f"{section}.{key}": f"{section}.{key}"
+        for section, values in raw.items()
+        if isinstance(values, dict)
+        for key in values
+    } | spelled
     if problems:
-        return problems
-    problems = schema_problems(raw, "run_config")
+        return Checked(problems, notes, written)
+    problems = schema_problems(raw, "run_config", hint)
     reported = {p.path for p in problems}
     problems += [p for p in _value_problems(raw) if p.path not in reported]
-    if problems:
-        return problems
-    return _cross_field_problems(_build(raw), base_dir) + _step_count_problems(raw)
+    if not problems:
+        problems = _cross_field_problems(_build(raw), base_dir) + _step_count_problems(raw)
+        inline = (raw.get("distributed") or {}).get("fsdp")
+        if inline:
+            found, said = inline_findings(inline)
+            problems += found
+            notes += said
+    return Checked(problems, notes, written)
+
+
+def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
+    """Older spellings of distsetup's keys, other tools' names, and FSDP settings written inline."""
+    problems = _read_old_spellings(raw)
+    notes, found, spelled = read_other_names(raw)
+    problems += found
+    distributed = raw.get("distributed")
+    if isinstance(distributed, dict) and any(k.startswith("fsdp_") and k != "fsdp_config" for k in distributed):
+        block, said, found = read_inline(distributed)
+        notes += said
+        problems += found
+        if "fsdp" in distributed:
+            problems.append(
+                Problem(
+                    "distributed.fsdp",
+                    "FSDP settings are written both as distributed.fsdp and as fsdp_* keys beside it.",
+                    "keep one of the two forms.",
+                )
+            )
+        else:
+            distributed["fsdp"] = block
+    return notes, problems, spelled
 
 
 def _step_count_problems(raw: dict) -> list[Problem]:
@@ -366,14 +427,22 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     """Read config.yaml (or the defaults when path is None), apply overrides, and check it all."""
     raw = read_yaml(Path(path)) if path else {}
     raw = apply_overrides(raw, list(overrides))
-    problems = config_problems(raw, Path(path).parent if path else None)
+    checked = check_run_config(raw, Path(path).parent if path else None)
+    problems = checked.problems
     if problems:
         where = f" in {path}" if path else ""
         raise DistsetupError(
             f"run config problem{where}: {problems[0]}"
             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
         )
-    return _build(raw)
+    return run_config_from(raw, checked)
+
+
+def run_config_from(raw: dict, checked: Checked) -> RunConfig:
+    """The RunConfig of a raw config that check_run_config found no problem in (and read into distsetup's keys)."""
+    config = _build(raw)
+    config.notes, config.written = checked.notes, checked.written
+    return config
 
 
 def model_config(section: dict) -> ModelConfig:
@@ -393,7 +462,7 @@ def backend_of(distributed: dict) -> str:
 
 
 def _build(raw: dict) -> RunConfig:
-    sections = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}
+    sections: dict = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}  # type: ignore[operator]
     config = RunConfig(**sections)
     config.distributed.backend = backend_of(raw.get("distributed", {}))
     return config
@@ -419,6 +488,22 @@ def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Prob
                     f"set backend: {backend}, or drop {flag}.",
                 )
             )
+    if dist.fsdp and dist.backend != "fsdp":
+        problems.append(
+            Problem(
+                "distributed.fsdp",
+                f"FSDP settings are given but backend is {dist.backend}: they would be ignored.",
+                "set backend: fsdp (or use_fsdp: true), or remove them.",
+            )
+        )
+    if dist.fsdp and dist.fsdp_config:
+        problems.append(
+            Problem(
+                "distributed.fsdp_config",
+                "FSDP settings are given both inline and in fsdp_config.",
+                "keep one: the file (fsdp_config), or the settings under distributed.",
+            )
+        )
     if dist.backend == "deepspeed" and not dist.deepspeed_config:
         problems.append(
             Problem(

@@ -1,17 +1,19 @@
 """`distsetup validate`: find a config file's kind and every problem in it."""
 
+import copy
 import shlex
 from pathlib import Path
 from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
-from distsetup.formats.deepspeed import deepspeed_problems
-from distsetup.formats.fsdp import fsdp_problems
+from distsetup.formats.deepspeed import deepspeed_notes, deepspeed_problems
+from distsetup.formats.fsdp import FsdpSpec, fsdp_findings, reader_notes
 from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
-from distsetup.formats.runconfig import config_problems, resolve_config_path
+from distsetup.formats.runconfig import RunConfig, check_run_config, resolve_config_path, run_config_from
+from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -33,6 +35,7 @@ class Validated(NamedTuple):
     kind: str
     problems: list[Problem]
     data: dict  # as read
+    notes: list[str] = []  # how it was read: other tools' names, settings no reader uses
 
 
 def validate_file(
@@ -50,8 +53,14 @@ def validate_file(
     if as_yaml and kind in ("accelerate", "training_args"):
         data = read_yaml(path, as_pyyaml=True)  # as Accelerate and HfArgumentParser read it: 3e-5 is text there
     if kind == "run_config":
-        problems = config_problems(data, path.parent)
-        return Validated(kind, problems + _referenced_file_problems(data, path.parent, world_size, hf), data)
+        raw = copy.deepcopy(data)  # `data` stays as the file has it; `raw` is read into distsetup's keys
+        checked = check_run_config(raw, path.parent)
+        problems = checked.problems + _referenced_file_problems(data, path.parent, world_size, hf)
+        notes = checked.notes
+        if not problems:
+            settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size)
+            problems, notes = settled.problems, notes + settled.notes
+        return Validated(kind, problems, data, notes)
     problems = [] if as_yaml else duplicate_key_problems(data)
     if kind == "accelerate":
         # the file says how many machines: --num_gpus_per_node sets the world (num_machines x it), else --world_size
@@ -68,9 +77,12 @@ def validate_file(
         named = _named_deepspeed_problems(data.get("deepspeed"), path.parent, "deepspeed", world_size, trainer)
         problems += wrong + named
     elif kind == "deepspeed":
-        problems += deepspeed_problems(data, world_size, hf)
+        # a file for distsetup's trainer may leave the batch to the run config; one for the HF Trainer may not
+        problems += deepspeed_problems(data, world_size, hf, batch_elsewhere=not hf)
+        return Validated(kind, problems, data, [] if hf else deepspeed_notes(data))
     else:
-        problems += fsdp_problems(data)
+        found, said = fsdp_findings(data)
+        return Validated(kind, problems + found, data, said + reader_notes(data))
     return Validated(kind, problems, data)
 
 
@@ -83,7 +95,7 @@ def _named_deepspeed_problems(
         return []
     target = resolve_config_path(named, base_dir)
     try:
-        _, found, config = validate_file(target, "deepspeed", world_size, hf=True)
+        _, found, config, _ = validate_file(target, "deepspeed", world_size, hf=True)
     except DistsetupError as e:
         return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
     if trainer is not None:
@@ -100,7 +112,7 @@ def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: b
     """For commands and the trainer that use a file: its data, or in one line the first problem `distsetup
     validate` would report (the same checks through validate_file, so a file is never accepted here and
     flagged there)."""
-    _, problems, data = validate_file(Path(path), kind, world_size, hf)
+    _, problems, data, _ = validate_file(Path(path), kind, world_size, hf)
     if problems:
         command = [
             "distsetup",
@@ -112,6 +124,20 @@ def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: b
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DistsetupError(f"{path}: {problems[0]}{more}", f"`{shlex.join(command)}` lists every problem.")
     return data
+
+
+def settle_run_config(cfg: RunConfig, base_dir: Path | None, world_size: int | None) -> Settled:
+    """settle() of a valid run config and the backend file it names (read from disk) or its inline FSDP settings."""
+    dist = cfg.distributed
+    deepspeed = fsdp = None
+    if dist.backend == "deepspeed" and dist.deepspeed_config:
+        deepspeed = read_json(resolve_config_path(dist.deepspeed_config, base_dir))
+    elif dist.backend == "fsdp" and dist.fsdp:
+        fsdp = FsdpSpec.from_dict(dist.fsdp)
+    elif dist.backend == "fsdp" and dist.fsdp_config:
+        fsdp = FsdpSpec.from_dict(read_json(resolve_config_path(dist.fsdp_config, base_dir)))
+    name = f"DeepSpeed file {dist.deepspeed_config}" if deepspeed is not None else ""
+    return settle(cfg, deepspeed, fsdp, world_size, name)
 
 
 def _referenced_file_problems(raw: dict, base_dir: Path, world_size: int | None, hf: bool) -> list[Problem]:

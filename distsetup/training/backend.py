@@ -37,7 +37,7 @@ class Backend:
         self.cfg, self.world, self.device = cfg, world, device
         t = cfg.training
         self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
-        self.precision, self.lr = t.precision, t.lr
+        self.precision, self.lr, self.grad_clip = t.precision, t.lr, t.grad_clip
         self.precision_source = "training.precision"  # the setting a user changes to change it
         self.lr_from_file = False  # True where a backend file sets the lr (never scaled by training.scale_lr)
         self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
@@ -84,8 +84,8 @@ class Backend:
         """Clip, update, advance the schedule, drop the gradients."""
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if self.cfg.training.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -237,18 +237,33 @@ class Backend:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
         from distsetup.training.blocks import apply_activation_checkpointing, compile_blocks
 
-        if (self._checkpointing() != "none" or self.cfg.training.compile) and not blocks:
-            wanted = "training.activation_checkpointing" if self._checkpointing() != "none" else "training.compile"
+        if (self.checkpointing() != "none" or self.cfg.training.compile) and not blocks:
+            wanted = "training.activation_checkpointing" if self.checkpointing() != "none" else "training.compile"
             raise DistsetupError(
                 f"{wanted} works block by block, and no block class of the model was found.",
                 f"name its repeated block classes in model.layer_classes, or turn {wanted} off.",
             )
-        if self._checkpointing() != "none":
-            apply_activation_checkpointing(model, blocks, self._checkpointing())
+        if self.checkpointing() != "none":
+            apply_activation_checkpointing(model, blocks, self.checkpointing())
         if self.cfg.training.compile:
             compile_blocks(model, blocks)
 
-    def _checkpointing(self) -> str:
+    def line(self) -> str:
+        """The run's backend line: the backend and the settled batch, precision, clipping, lr and recomputation."""
+        details = f" ({self.details()})" if self.details() else ""
+        world = self.world.size
+        return (
+            f"backend {self.name}{details} on {world} x {self.device.type}; global batch "
+            f"{self.micro_batch * self.accumulation * world} = micro {self.micro_batch} x accumulation "
+            f"{self.accumulation} x world {world}; {self.precision}; grad clip {self.grad_clip:g}; peak lr "
+            f"{self.lr:.6g}; activation checkpointing {self.checkpointing()}"
+        )
+
+    def details(self) -> str:
+        """What the backend line says after the backend's name: "ZeRO-2, optimizer offloaded to cpu"."""
+        return ""
+
+    def checkpointing(self) -> str:
         """none, full or selective: activation checkpointing as this run asks for it."""
         return self.cfg.training.activation_checkpointing
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.deepspeed import batch_of, offload_device, precision_of, zero_stage_of
+from distsetup.formats.deepspeed import enabled_precisions, offload_device, zero_stage_of
+from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training import loss_scale, memory, moe, universal_folder, zero0_wrapper
 from distsetup.training.backend import DTYPES, Backend
@@ -38,29 +39,27 @@ class DeepSpeedBackend(Backend):
         # refused where `distsetup validate --world_size N` finds a problem, so the batch identity holds
         self.ds_config = read_valid(cfg.distributed.deepspeed_config, "deepspeed", world.size)
         self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
-        batch = batch_of(self.ds_config, world.size)
-        micro, accumulation, total = batch.micro, batch.accumulation, batch.train_batch
         t = cfg.training
-        if (micro, accumulation) != (t.micro_batch_size, t.gradient_accumulation_steps):
-            self.notes.append(
-                f"micro batch {micro} and accumulation {accumulation} from the DeepSpeed file "
-                f"(run config says {t.micro_batch_size} and {t.gradient_accumulation_steps})"
-            )
-        self.micro_batch, self.accumulation = micro, accumulation
+        settled = settle(cfg, self.ds_config, None, world.size, f"DeepSpeed file {cfg.distributed.deepspeed_config}")
+        if settled.problems:
+            problem = settled.problems[0]
+            raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
+        self.notes += settled.notes
+        self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
+        self.precision, self.grad_clip = settled.precision, settled.grad_clip
+        # what the file leaves out, DeepSpeed gets from the run config
         self.ds_config.update(
-            train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accumulation, train_batch_size=total
+            train_micro_batch_size_per_gpu=settled.micro_batch,
+            gradient_accumulation_steps=settled.accumulation,
+            train_batch_size=settled.train_batch,
+            gradient_clipping=settled.grad_clip,
         )
+        if self.precision != "fp32" and not enabled_precisions(self.ds_config):
+            self.ds_config[self.precision] = {"enabled": True}
         self.zero_stage = zero_stage_of(self.ds_config)
         self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
-        precision = precision_of(self.ds_config)
-        if precision != self.precision:
-            self.notes.append(f"precision {precision} from the DeepSpeed file (run config says {self.precision})")
-        self.precision = precision
-        if precision != "fp32":  # the engine holds its weights in this dtype and casts no input
-            self.placement = Placement(device, DTYPES[precision])
-        clip = self.ds_config.get("gradient_clipping", 0.0)
-        if clip != t.grad_clip:
-            self.notes.append(f"gradient clipping {clip} from the DeepSpeed file (run config says {t.grad_clip})")
+        if self.precision != "fp32":  # the engine holds its weights in this dtype and casts no input
+            self.placement = Placement(device, DTYPES[self.precision])
         if t.async_checkpoint:
             self.notes.append(
                 "training.async_checkpoint: DeepSpeed checkpoints are written synchronously (its own background "
@@ -68,14 +67,21 @@ class DeepSpeedBackend(Backend):
             )
         block = self.ds_config.get("optimizer")
         if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
-            self.lr = block.setdefault("params", {}).setdefault("lr", t.lr)
+            self.lr = block.setdefault("params", {}).setdefault("lr", settled.lr)
             self.lr_from_file = True
-            self.notes.append(f"optimizer {block.get('type')} (lr {self.lr}) from the DeepSpeed file")
             if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
                 self.notes.append(
                     f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
                     "written (scale it there with `distsetup deepspeed --scale_lr`)"
                 )
+
+    def details(self) -> str:
+        offloads = [
+            f"{block.removeprefix('offload_')} offloaded to {offload_device(self.ds_config, block)}"
+            for block in ("offload_optimizer", "offload_param")
+            if offload_device(self.ds_config, block) != "none"
+        ]
+        return ", ".join([f"ZeRO-{self.zero_stage}", *offloads])
 
     def check_device_support(self):
         from deepspeed.accelerator import get_accelerator
@@ -111,9 +117,7 @@ class DeepSpeedBackend(Backend):
             else:
                 optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         schedule = None
-        if "scheduler" in self.ds_config:
-            self.notes.append(f"LR scheduler {self.ds_config['scheduler'].get('type')} from the DeepSpeed file")
-        else:
+        if "scheduler" not in self.ds_config:
             schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,

@@ -17,11 +17,19 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
+from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training import moe
 from distsetup.training.backend import DTYPES, Backend
 from distsetup.training.blocks import in_place_of, layer_modules
 from distsetup.training.checkpoint import atomic_save
+
+
+def read_fsdp_settings(cfg: RunConfig) -> FsdpSpec:
+    """The FSDP settings written inline under `distributed:` (checked with the run config), else the FSDP file."""
+    inline = cfg.distributed.fsdp
+    return FsdpSpec.from_dict(inline) if inline else read_fsdp_file(cfg.distributed.fsdp_config)
 
 
 def read_fsdp_file(path: str | None) -> FsdpSpec:
@@ -42,12 +50,12 @@ class FSDPBackend(Backend):
 
     def __init__(self, cfg, world, device):
         super().__init__(cfg, world, device)
-        self.fsdp = read_fsdp_file(cfg.distributed.fsdp_config)
+        self.fsdp = read_fsdp_settings(cfg)
         self.strategy = self.fsdp.sharding_strategy
-        file_precision = self.fsdp.precision
-        if file_precision != "fp32" and file_precision != self.precision:
-            self.notes.append(f"precision {file_precision} from the FSDP file (run config says {self.precision})")
-            self.precision, self.precision_source = file_precision, "the FSDP file's mixed_precision"
+        settled = settle(cfg, None, self.fsdp, world.size)
+        self.notes += settled.notes
+        if settled.precision != self.precision:
+            self.precision, self.precision_source = settled.precision, settled.sources["precision"]
         if self.precision not in TRAINER_PRECISIONS:
             raise DistsetupError(*TRAINER_FP16_PROBLEM)
         self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
@@ -56,6 +64,9 @@ class FSDPBackend(Backend):
             self.notes.append(
                 f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard {self.mesh_shape[1]}"
             )
+
+    def details(self) -> str:
+        return self.strategy
 
     def wrap(self, parts):
         model, blocks = parts.module.to(self.device), parts.blocks
@@ -121,7 +132,7 @@ class FSDPBackend(Backend):
     def _autocast(self):
         return contextlib.nullcontext()  # the mixed-precision policy casts
 
-    def _checkpointing(self) -> str:
+    def checkpointing(self) -> str:
         mode = self.cfg.training.activation_checkpointing
         return "full" if mode == "none" and self.fsdp.activation_checkpointing else mode  # the FSDP file's flag
 

@@ -201,12 +201,10 @@ class Trainer:
         return resume
 
     def _say_backend(self) -> None:
-        backend, world = self.backend, self.world
-        stage = "" if backend.zero_stage is None else f" (ZeRO-{backend.zero_stage})"
-        self.say(
-            f"backend {backend.name}{stage} on {world.size} x {self.device.type}; global batch {self.global_batch} = "
-            f"micro {backend.micro_batch} x accumulation {backend.accumulation} x world {world.size}"
-        )
+        backend = self.backend
+        for note in self.cfg.notes:  # how the run config was read: other tools' names, inline FSDP settings
+            self.say(f"note: {note}")
+        self.say(backend.line())
         if self.lr_scaled:
             self.say(f"lr scaled ({self.t.scale_lr}) to {backend.lr:.6g} for global batch {self.global_batch}")
         for note in self.model_description.notes:

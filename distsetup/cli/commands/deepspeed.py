@@ -28,6 +28,7 @@ from distsetup.formats.deepspeed import (
     applies,
     build_deepspeed_config,
     check_spec,
+    deepspeed_notes,
     deepspeed_problems,
 )
 from distsetup.formats.lr_scaling import scaled_lr
@@ -136,7 +137,9 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
         if spec.hf_auto
         else f"distsetup launcher --use_deepspeed --deepspeed_config {output}"
     )
-    emit(json_text(config), output, dry_run, next_step=next_step, remarks=[f"Warning: {w}" for w in warnings])
+    notes = [] if spec.hf_auto else deepspeed_notes(config)
+    remarks = [f"Warning: {w}" for w in warnings] + [f"Note: {n}" for n in notes]
+    emit(json_text(config), output, dry_run, next_step=next_step, remarks=remarks)
 
 
 def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:

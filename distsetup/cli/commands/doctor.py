@@ -17,10 +17,10 @@ from distsetup import __version__
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import world_size_from
-from distsetup.formats.deepspeed import precision_of
-from distsetup.formats.fsdp import precision_of as fsdp_precision_of
+from distsetup.formats.fsdp import FsdpSpec
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.reading import read_json
+from distsetup.formats.settle import settle
 from distsetup.formats.validate import validate_file
 
 OK, WARN, FAIL = "ok", "warning", "problem"
@@ -293,58 +293,38 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
                 "or drop the FSDP file.",
             )
         )
-    if ds is not None and backend == "deepspeed":
-        micro, accumulation = ds.get("train_micro_batch_size_per_gpu"), ds.get("gradient_accumulation_steps")
-        if (
-            micro is not None
-            and micro != t.micro_batch_size
-            or accumulation is not None
-            and accumulation != t.gradient_accumulation_steps
-        ):
+    fsdp_settings = cfg.distributed.fsdp or fsdp
+    settled = settle(
+        cfg,
+        ds if backend == "deepspeed" else None,
+        FsdpSpec.from_dict(fsdp_settings) if fsdp_settings and backend == "fsdp" else None,
+        world,
+    )
+    out += [(FAIL, f"{p.path}: {p.message} Fix: {p.fix}") for p in settled.problems]
+    out += [(WARN, note) for note in settled.notes]
+    if fsdp_settings and backend == "fsdp":
+        wanted = fsdp_settings.get("fsdp_activation_checkpointing")
+        if wanted is not None and wanted != (t.activation_checkpointing != "none"):
             out.append(
                 (
                     WARN,
-                    f"the DeepSpeed file's micro-batch {micro} x accumulation {accumulation} differs from "
-                    f"the run config's {t.micro_batch_size} x {t.gradient_accumulation_steps}: the "
-                    "DeepSpeed file wins.",
-                )
-            )
-        precision = precision_of(ds)
-        if precision != t.precision:
-            out.append(
-                (
-                    WARN,
-                    f"the DeepSpeed file trains in {precision}, the run config says {t.precision}: the "
-                    "DeepSpeed file wins.",
-                )
-            )
-    if fsdp is not None and backend == "fsdp":
-        precision = fsdp_precision_of(fsdp)
-        if precision != t.precision:
-            out.append((WARN, f"the FSDP file's mixed_precision means {precision}, the run config says {t.precision}."))
-        if fsdp.get("fsdp_activation_checkpointing") is not None and fsdp["fsdp_activation_checkpointing"] != (
-            t.activation_checkpointing != "none"
-        ):
-            out.append(
-                (
-                    WARN,
-                    f"fsdp_activation_checkpointing is {fsdp['fsdp_activation_checkpointing']} but "
+                    f"fsdp_activation_checkpointing is {wanted} but "
                     f"training.activation_checkpointing is {t.activation_checkpointing}.",
                 )
             )
-    if world and backend != "deepspeed":
-        global_batch = t.micro_batch_size * t.gradient_accumulation_steps * world
+    if settled.train_batch is not None and not settled.problems:
         scaled = (
             f"; lr {t.lr:g} scaled {t.scale_lr} from base batch {t.base_batch_size} -> "
-            f"{scaled_lr(t.lr, global_batch, t.base_batch_size, t.scale_lr):.6g}"
-            if t.scale_lr != "none" and t.base_batch_size
+            f"{scaled_lr(t.lr, settled.train_batch, t.base_batch_size, t.scale_lr):.6g}"
+            if t.scale_lr != "none" and t.base_batch_size and settled.sources["lr"].startswith("training.")
             else ""
         )
         out.append(
             (
                 OK,
-                f"global batch {global_batch} = micro {t.micro_batch_size} x accumulation "
-                f"{t.gradient_accumulation_steps} x world size {world}{scaled}.",
+                f"global batch {settled.train_batch} = micro {settled.micro_batch} x accumulation "
+                f"{settled.accumulation} x world size {world}{scaled}; {settled.precision}; grad clip "
+                f"{settled.grad_clip:g}; lr {settled.lr:g}.",
             )
         )
     return out

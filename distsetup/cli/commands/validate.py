@@ -8,15 +8,16 @@ from pathlib import Path
 import click
 
 from distsetup.cli.options import checked, option, positive, world_options
+from distsetup.cli.output import write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import default_config_note
 from distsetup.formats.batch import world_size_from
-from distsetup.formats.fsdp import reader_notes
+from distsetup.formats.fix import fixed_run_config
 from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, resolve_auto
 from distsetup.formats.problems import as_json
-from distsetup.formats.reading import read_json
+from distsetup.formats.reading import read_config_text, read_json
 from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
-from distsetup.formats.validate import KINDS, validate_file
+from distsetup.formats.validate import KINDS, YAML_SUFFIXES, validate_file
 
 KIND_NAMES = {
     "deepspeed": "DeepSpeed config",
@@ -41,6 +42,7 @@ Examples:
 @world_options
 @option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
 @option("kind", type=click.Choice(KINDS), help="Override the detected kind of file.")
+@option("fix", is_flag=True, help="Rewrite a run config into distsetup's own keys, in place (comments kept).")
 @option("resolve", is_flag=True, help='Show what the HF Trainer puts in each "auto" of the DeepSpeed file.')
 @option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="The model's hidden size (--resolve).")
 @option("micro_batch_size", type=positive, help="per_device_train_batch_size (--resolve) [TrainingArguments'].")
@@ -52,7 +54,9 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     """Check FILE against the schema and DeepSpeed's, FSDP's, Accelerate's and the HF Trainer's rules; exit 1 on
     problems."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
-    kind, problems, data = validate_file(file, kind, world, hf, num_gpus_per_node)
+    if o["fix"]:
+        fix(file, kind)
+    kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node)
     resolved = resolve(file, kind, data, world, o) if o["resolve"] else []
     if as_json_output:
         if o["resolve"]:
@@ -66,8 +70,7 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     else:
         for problem in problems:
             click.echo(f"{file}: {problem}")
-        notes = reader_notes(data) if kind == "fsdp" else [default_config_note(file)] if kind == "accelerate" else []
-        for note in filter(None, notes):
+        for note in filter(None, notes + ([default_config_note(file)] if kind == "accelerate" else [])):
             click.echo(f"{file}: note: {note}")
         for r in resolved:
             value = "?" if r.value is None else json.dumps(r.value)
@@ -76,6 +79,17 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
         summary = f"{len(problems)} problem(s)" if problems else "no problems"
         click.echo(f"{file}: {KIND_NAMES[kind]}, {summary}{checked}.", err=bool(problems))
     ctx.exit(1 if problems else 0)
+
+
+def fix(file: Path, kind: str | None) -> None:
+    """Rewrite FILE (a run config) into distsetup's own keys, atomically, saying each change; then validate it."""
+    if (kind or ("run_config" if file.suffix in YAML_SUFFIXES else None)) != "run_config":
+        raise DistsetupError(f"--fix rewrites run configs (.yaml); {file} is not one.", "give the run config.")
+    text, changes = fixed_run_config(read_config_text(file, "run config"), str(file))
+    if changes:
+        write_atomic(file, text)
+    for change in changes:
+        click.echo(f"{file}: fixed: {change}")
 
 
 def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> list[Resolved]:

@@ -1,0 +1,161 @@
+"""Other tools' names for run-config settings: the HF Trainer's (TrainingArguments), Accelerate's, DeepSpeed's and
+the guides users copy from. Each known name is either read as distsetup's own key (OTHER_NAMES, with a note saying
+so) or, where distsetup has no such key, answered with where the setting lives here (ELSEWHERE). One table:
+`read_other_names` applies it to a run config, `hint` words the suggestion for an unknown key, and
+tests/test_other_names.py holds the HF Trainer's names to TrainingArguments' own fields."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from distsetup.formats.problems import Problem
+
+HF = "the HF Trainer's"
+GUIDES = "the guides'"
+
+
+def _same(value):
+    return value
+
+
+def _precision(name: str) -> Callable:
+    """bf16: true -> bf16; false says nothing about the precision (None: read as not set)."""
+    return lambda value: name if value is True else None if value is False else value
+
+
+def _checkpointing(value):
+    return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+
+def _whole(value):
+    """num_train_epochs is a float in TrainingArguments: 3.0 is 3 here (3.5 stays, and the schema refuses it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+@dataclass(frozen=True)
+class OtherName:
+    """A name another tool gives a setting, read as distsetup's `ours` ("training.lr") through `meaning`."""
+
+    ours: str
+    origin: str  # whose name it is: "the HF Trainer's"
+    meaning: Callable = _same
+
+
+# (section the name is written in, the name) -> what it is read as
+OTHER_NAMES: dict[tuple[str, str], OtherName] = {
+    ("training", "learning_rate"): OtherName("training.lr", HF),
+    ("training", "per_device_train_batch_size"): OtherName("training.micro_batch_size", HF),
+    ("training", "batch_size"): OtherName("training.micro_batch_size", GUIDES),  # per GPU, as the guides say
+    ("training", "num_train_epochs"): OtherName("training.epochs", HF, _whole),
+    ("training", "max_grad_norm"): OtherName("training.grad_clip", HF),
+    ("training", "gradient_clip_norm"): OtherName("training.grad_clip", GUIDES),
+    ("training", "bf16"): OtherName("training.precision", HF, _precision("bf16")),
+    ("training", "fp16"): OtherName("training.precision", HF, _precision("fp16")),
+    ("training", "gradient_checkpointing"): OtherName("training.activation_checkpointing", HF, _checkpointing),
+    ("training", "logging_steps"): OtherName("training.log_interval", HF),
+    ("training", "save_steps"): OtherName("training.checkpoint_interval", HF),
+    ("training", "eval_steps"): OtherName("training.eval_interval", HF),
+    ("training", "save_total_limit"): OtherName("training.keep_checkpoints", HF),
+    ("training", "torch_compile"): OtherName("training.compile", HF),
+    ("distributed", "gradient_accumulation_steps"): OtherName("training.gradient_accumulation_steps", GUIDES),
+}
+
+# Names that mean one thing to one tool and another to the next: refused with both meanings.
+AMBIGUOUS = {
+    ("training", "train_batch_size"): (
+        "train_batch_size means samples per GPU in the Accelerate guide and the global batch (micro x accumulation "
+        "x world size) in DeepSpeed.",
+        "write training.micro_batch_size (per GPU), or set micro_batch_size and gradient_accumulation_steps so that "
+        "their product x the world size is the global batch.",
+    ),
+}
+
+HF4 = "the HF Trainer's (transformers 4)"
+ACCELERATE = "Accelerate's"
+DEEPSPEED = "DeepSpeed's"
+SCHEDULE = (
+    "has no equivalent: distsetup's trainer warms up linearly (training.warmup_steps) and decays by a cosine to "
+    "training.min_lr_ratio x lr; a DeepSpeed file's scheduler block replaces that"
+)
+# Other tools' names with no key of that name here: (whose name, where the setting lives or why there is none).
+ELSEWHERE = {
+    "lr_scheduler_type": (HF, SCHEDULE),
+    "lr_scheduler_kwargs": (HF, SCHEDULE),
+    "warmup_ratio": (HF4, "is training.warmup_steps here, in steps (warmup_ratio x max_steps)"),
+    "adam_beta1": (HF, "is training.betas[0] here (betas: [beta1, beta2])"),
+    "adam_beta2": (HF, "is training.betas[1] here (betas: [beta1, beta2])"),
+    "adam_epsilon": (
+        HF,
+        "has no equivalent: AdamW runs with PyTorch's eps 1e-8 (a DeepSpeed file's optimizer may set eps)",
+    ),
+    "optim": (HF, "has no equivalent: distsetup's trainer runs AdamW (a DeepSpeed file's optimizer block replaces it)"),
+    "dataloader_num_workers": (HF, "is data.num_workers here"),
+    "per_device_eval_batch_size": (HF, "has no equivalent: evaluation runs micro-batches of training.micro_batch_size"),
+    "deepspeed": (HF, "is distributed.deepspeed_config here (with distributed.backend: deepspeed)"),
+    "fsdp": (HF, "is distributed.backend: fsdp here (settings in distributed.fsdp_config, or inline as fsdp_* keys)"),
+    "logging_dir": (
+        GUIDES,
+        "has no equivalent: metrics go to training.output_dir (metrics.jsonl and TensorBoard's files)",
+    ),
+    "use_cpu": (HF, "has no equivalent: the trainer runs on the GPUs it is given, else on the CPU"),
+    "mixed_precision": (ACCELERATE, "is training.precision here (fp32, bf16 or fp16)"),
+    "num_workers": (GUIDES, "is data.num_workers here"),
+    "zero_stage": (
+        ACCELERATE,
+        "is zero_optimization.stage of the DeepSpeed file (`distsetup deepspeed --zero_stage N`) that "
+        "distributed.deepspeed_config names",
+    ),
+    "train_micro_batch_size_per_gpu": (DEEPSPEED, "is training.micro_batch_size here"),
+    "gradient_clipping": (DEEPSPEED, "is training.grad_clip here"),
+    "max_seq_length": (GUIDES, "is model.block_size here"),
+    "seq_len": (GUIDES, "is model.block_size here"),
+    "model_name_or_path": (GUIDES, "is model.hf_path here (a local folder: nothing is downloaded)"),
+}
+
+
+def hint(section: str, key: str) -> str | None:
+    """The suggestion for an unknown run-config key that another tool knows, or None."""
+    known = OTHER_NAMES.get((section, key)) or next((o for (_, k), o in OTHER_NAMES.items() if k == key), None)
+    if known is not None:  # a known name in another section
+        return f"{key} is {known.ours} here."
+    if key in ELSEWHERE:
+        return f"{key} {ELSEWHERE[key][1]}."
+    return None
+
+
+def read_other_names(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
+    """Rewrite other tools' names in `raw` into distsetup's keys (in place). Returns a note per name read, the
+    problems (an ambiguous name; one setting written twice with different values), and each key read from another
+    name: {"training.lr": "training.learning_rate"}."""
+    notes, problems = [], []
+    for (section, key), (message, fix) in AMBIGUOUS.items():
+        values = raw.get(section)
+        if isinstance(values, dict) and key in values:
+            problems.append(Problem(f"{section}.{key}", message, fix))
+    written: dict[str, str] = {}  # distsetup's key -> the name it was read from
+    for (section, key), other in OTHER_NAMES.items():
+        values = raw.get(section)
+        if not isinstance(values, dict) or key not in values:
+            continue
+        value = other.meaning(values.pop(key))
+        target_section, target_key = other.ours.split(".")
+        target = raw.setdefault(target_section, {})
+        if not isinstance(target, dict):
+            continue  # the schema says what is wrong with the section
+        if value is None:
+            notes.append(f"{section}.{key}: false ({other.origin} name) sets nothing; {other.ours} decides.")
+            continue
+        if target_key in target and target[target_key] != value:
+            first = written.get(other.ours, other.ours)
+            problems.append(
+                Problem(
+                    f"{section}.{key}",
+                    f"{section}.{key} {value!r} and {first} {target[target_key]!r} set one setting ({other.ours}) "
+                    "to different values.",
+                    f"keep one of them ({other.ours} is distsetup's own name).",
+                )
+            )
+            continue
+        target[target_key] = value
+        written[other.ours] = f"{section}.{key}"
+        notes.append(f"{section}.{key} ({other.origin} name) is read as {other.ours}: {value!r}.")
+    return notes, problems, written

@@ -1,0 +1,175 @@
+"""Which of a run config and its backend file decides each setting both can hold: the batch, the precision, the
+gradient clipping, the optimizer's lr and the scheduler. One function, `settle`, asked by the trainer's backends,
+`doctor`, `validate` of a run config and `launcher`/`slurm`, so that all of them say the same.
+
+The rules: a value the backend file holds decides, and a note says so where the run config's differs; a value the
+file leaves out comes from the run config (the trainer writes it into the DeepSpeed config it hands DeepSpeed). The
+batch is stricter: where the run config writes a batch value (or an override sets it) and the DeepSpeed file holds
+another, the run stops before it starts, naming both -- a global batch 16 times smaller is never trained silently.
+"""
+
+from dataclasses import dataclass, field
+
+from distsetup.formats import deepspeed as ds_rules
+from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch
+from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.problems import Problem
+from distsetup.formats.runconfig import RunConfig
+
+DEEPSPEED_FILE = "the DeepSpeed file"
+FSDP_FILE = "the FSDP settings"
+
+
+@dataclass
+class Settled:
+    """The values a run trains with, where each came from ("training.lr", "the DeepSpeed file's optimizer"), the
+    notes to print and the problems that stop the run."""
+
+    micro_batch: int
+    accumulation: int
+    train_batch: int | None  # None: the world size is not known yet
+    precision: str
+    grad_clip: float
+    lr: float
+    scheduler: str  # "warmup-cosine" (distsetup's) or the DeepSpeed file's scheduler type
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        """One line per setting: its value and its source (doctor)."""
+        return [
+            f"{name} {getattr(self, name)} from {self.sources[name]}"
+            for name in ("micro_batch", "accumulation", "train_batch", "precision", "grad_clip", "lr", "scheduler")
+            if getattr(self, name) is not None
+        ]
+
+
+def settle(
+    cfg: RunConfig, deepspeed: dict | None, fsdp: FsdpSpec | None, world_size: int | None, file_name: str = ""
+) -> Settled:
+    """The settled values for a run config and its backend file (the DeepSpeed file's dict, or the FSDP spec of its
+    file or inline settings). `world_size` None: what needs it (the train batch) stays open."""
+    t = cfg.training
+    settled = Settled(
+        t.micro_batch_size,
+        t.gradient_accumulation_steps,
+        None if world_size is None else t.micro_batch_size * t.gradient_accumulation_steps * world_size,
+        t.precision,
+        t.grad_clip,
+        t.lr,
+        "warmup-cosine",
+    )
+    for name, key in (
+        ("micro_batch", "micro_batch_size"),
+        ("accumulation", "gradient_accumulation_steps"),
+        ("precision", "precision"),
+        ("grad_clip", "grad_clip"),
+        ("lr", "lr"),
+    ):
+        settled.sources[name] = _run_config_source(cfg, key)
+    settled.sources["train_batch"] = "micro x accumulation x world size"
+    settled.sources["scheduler"] = "training.warmup_steps and training.min_lr_ratio"
+    if deepspeed is not None:
+        _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)
+    if fsdp is not None and fsdp.precision != "fp32":  # an fp32 FSDP file says nothing about the precision
+        _decide(settled, cfg, "precision", fsdp.precision, f"{FSDP_FILE}' mixed_precision")
+    return settled
+
+
+def _run_config_source(cfg: RunConfig, key: str) -> str:
+    name = f"training.{key}"
+    return cfg.written.get(name) or f"{name} (default)"
+
+
+def _written(cfg: RunConfig, key: str) -> str | None:
+    """How the run config wrote training.`key` ("distributed.gradient_accumulation_steps"), or None: a default."""
+    source = _run_config_source(cfg, key)
+    return None if source.endswith("(default)") else source
+
+
+def _decide(settled: Settled, cfg: RunConfig, name: str, value, source: str, key: str | None = None) -> None:
+    """The file's value decides; a note where the run config wrote another."""
+    mine = getattr(settled, name)
+    if value != mine:
+        written = _written(cfg, key or name)
+        settled.notes.append(
+            f"{name.replace('_', ' ')} {value} from {source}"
+            + (f" (the run config's {written} says {mine})" if written else "")
+            + "."
+        )
+    setattr(settled, name, value)
+    settled.sources[name] = source
+
+
+def _settle_deepspeed(settled: Settled, cfg: RunConfig, config: dict, world_size: int | None, file: str) -> None:
+    _settle_batch(settled, cfg, config, world_size, file)
+    if ds_rules.enabled_precisions(config) or any(key in config for key in ds_rules.PRECISION_SECTIONS):
+        _decide(settled, cfg, "precision", ds_rules.precision_of(config), f"{file}'s fp16/bf16 sections")
+    if isinstance(config.get("gradient_clipping"), (int, float)) and not isinstance(config["gradient_clipping"], bool):
+        _decide(settled, cfg, "grad_clip", config["gradient_clipping"], f"{file}'s gradient_clipping")
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, dict):
+        lr = (optimizer.get("params") or {}).get("lr")
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            _decide(settled, cfg, "lr", lr, f"{file}'s optimizer {optimizer.get('type')}")
+    scheduler = config.get("scheduler")
+    if isinstance(scheduler, dict):
+        settled.scheduler, settled.sources["scheduler"] = str(scheduler.get("type")), f"{file}'s scheduler"
+        settled.notes.append(f"LR scheduler {scheduler.get('type')} from {file}.")
+
+
+def _settle_batch(settled: Settled, cfg: RunConfig, config: dict, world_size: int | None, file: str) -> None:
+    """The file's batch values decide where it has them, but never over a value the run config writes: a
+    contradiction is a problem naming both. Values the file leaves out come from the run config."""
+    held: dict[str, int] = {
+        key: value
+        for key in (FILE_KEYS.micro, FILE_KEYS.accumulation, FILE_KEYS.train)
+        if isinstance(value := config.get(key), int) and not isinstance(value, bool) and value > 0
+    }
+    if not held:
+        return
+    pairs = (
+        ("micro_batch", "micro_batch_size", FILE_KEYS.micro),
+        ("accumulation", "gradient_accumulation_steps", FILE_KEYS.accumulation),
+    )
+    values = {}
+    for name, key, file_key in pairs:
+        written = _written(cfg, key)
+        if file_key in held and written and held[file_key] != getattr(settled, name):
+            settled.problems.append(_contradiction(written, getattr(settled, name), file, file_key, held[file_key]))
+        values[name] = held.get(file_key, getattr(settled, name) if written else None)
+    if settled.problems or world_size is None:
+        for name, _, file_key in pairs:
+            if file_key in held:
+                _decide(settled, cfg, name, held[file_key], f"{file}'s {file_key}")
+        return
+    micro, accumulation = values["micro_batch"], values["accumulation"]
+    if micro is None and FILE_KEYS.train not in held:
+        micro = settled.micro_batch
+    try:
+        sizes = complete_batch(micro, accumulation, held.get(FILE_KEYS.train), world_size, FILE_KEYS)
+    except BatchMismatch as e:
+        settled.problems.append(
+            Problem(
+                "training.micro_batch_size",
+                f"{file}'s {FILE_KEYS.train} {e.message} (with the run config's batch values).",
+                f"make them agree: remove {FILE_KEYS.train} from {file}, or the run config's batch values.",
+            )
+        )
+        return
+    for name, _, file_key in pairs:
+        value = sizes.micro if name == "micro_batch" else sizes.accumulation
+        if value != getattr(settled, name) or file_key in held:
+            source = f"{file}'s {file_key}" if file_key in held else f"{file}'s {FILE_KEYS.train}"
+            _decide(settled, cfg, name, value, source)
+    settled.train_batch = sizes.train_batch
+
+
+def _contradiction(written: str, mine: int, file: str, file_key: str, theirs: int) -> Problem:
+    return Problem(
+        written,
+        f"the run config's {written} is {mine}, {file}'s {file_key} is {theirs}.",
+        f"remove one of the two: {written} (then {file} decides), or {file_key} from {file} (then the run config "
+        "decides; `distsetup deepspeed` writes no batch keys without batch flags).",
+    )
