@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.accelerate import accelerate_problems
 from distsetup.formats.batch import BatchMismatch
 from distsetup.formats.deepspeed import (
     PRESETS,
@@ -129,7 +130,7 @@ def test_every_flag_combination_is_rejected_clearly_or_accepted_by_deepspeed(run
 def test_fp16_at_zero_stage_0_which_deepspeed_does_not_loss_scale_is_refused(run_cli):
     result, config = invoke(run_cli, "--fp16")  # stage 0 is the default
     assert result.exit_code == 1 and config is None
-    assert "--fp16 at --zero_stage 0" in result.stderr and "HINT: add --zero_stage 1" in result.stderr
+    assert "--fp16 at --zero_stage 0" in result.stderr and "HINT: set --zero_stage to 1" in result.stderr
 
 
 def test_zero2_offload_bf16_from_the_quick_start(run_cli):
@@ -348,3 +349,36 @@ def test_stage_rules_are_one_rule_for_flags_and_files(option, stage):
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage, option: in_file}}
     flagged = [p.path for p in deepspeed_problems(config)] == [f"zero_optimization.{option}"]
     assert refused == flagged == (stage not in STAGES[option])
+
+
+@pytest.mark.parametrize(
+    "spec, flag, key, accelerate_key",
+    [
+        (DeepSpeedSpec(zero_stage=0, precision="fp16"), "--fp16", "fp16.enabled", "mixed_precision"),
+        (
+            DeepSpeedSpec(zero_stage=2, offload_param="cpu"),
+            "--offload_param",
+            "zero_optimization.offload_param",
+            "deepspeed_config.offload_param_device",
+        ),
+        (
+            DeepSpeedSpec(zero_stage=3, offload_optimizer="nvme"),
+            "--nvme_path",
+            "zero_optimization.offload_optimizer.nvme_path",
+            "deepspeed_config.offload_optimizer_nvme_path",
+        ),
+    ],
+)
+def test_the_deepspeed_rules_are_one_rule_for_flags_files_and_accelerate(spec, flag, key, accelerate_key):
+    """What `distsetup deepspeed` refuses in flags, `validate` reports in a DeepSpeed file's keys and in an Accelerate
+    config's deepspeed_config block, from the same violation."""
+    with pytest.raises(DistsetupError, match=flag):
+        check_spec(spec)
+    assert key in [p.path for p in deepspeed_problems(spec.to_dict())]
+    block = {"zero_stage": spec.zero_stage}
+    block.update({f"{o}_device": getattr(spec, o) for o in ("offload_optimizer", "offload_param") if getattr(spec, o)})
+    precision = {"fp16": "fp16", "bf16": "bf16"}.get(spec.precision, "no")
+    found = accelerate_problems(
+        {"distributed_type": "DEEPSPEED", "deepspeed_config": block, "mixed_precision": precision}
+    )
+    assert accelerate_key in [p.path for p in found]

@@ -15,6 +15,7 @@ from distsetup.formats.reading import parse_yaml
 from distsetup.formats.runconfig import load_run_config
 from distsetup.formats.settle import settle
 from distsetup.training.backends import make_backend
+from distsetup.training.fsdp import read_fsdp_settings
 from distsetup.training.world import World
 from tests.test_other_names import FREE_TRANSFORMER
 from tests.test_train_features import deepspeed_supports
@@ -108,27 +109,52 @@ def test_a_batch_both_files_write_differently_stops_the_run_and_the_launcher(run
     assert not (tmp_path / "run.sh").exists()
 
 
-DS_PAIRINGS = {  # DeepSpeed file -> run config training section
-    "no batch, no precision": ({"zero_optimization": {"stage": 1}}, {"micro_batch_size": 2, "precision": "bf16"}),
+PAIRINGS = {  # backend, its file (or inline FSDP settings) -> the run config's training section
+    "no batch, no precision": (
+        "deepspeed",
+        {"zero_optimization": {"stage": 1}},
+        {"micro_batch_size": 2, "precision": "bf16"},
+    ),
     "file batch and precision": (
+        "deepspeed",
         {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "bf16": {"enabled": True}},
         {"lr": 1e-3},
     ),
-    "file train batch only": ({"train_batch_size": 16, "gradient_clipping": 0.5}, {"micro_batch_size": 4}),
-    "file optimizer": ({"optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}}, {"learning_rate": 1e-3}),
+    "file train batch only": ("deepspeed", {"train_batch_size": 16, "gradient_clipping": 0.5}, {"micro_batch_size": 4}),
+    "file optimizer": ("deepspeed", {"optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}}, {"learning_rate": 1e-3}),
+    "fsdp file bf16, run config fp32": ("fsdp", {"mixed_precision": "bf16"}, {"precision": "fp32", "grad_clip": 0.5}),
+    "fsdp file fp32, run config bf16": ("fsdp", {"mixed_precision": "no"}, {"bf16": True, "micro_batch_size": 3}),
+    "fsdp inline bf16": ("fsdp inline", {"fsdp_mixed_precision": True, "fsdp_param_dtype": "bfloat16"}, {"lr": 2e-4}),
 }
 
 
-@pytest.mark.parametrize("name", sorted(DS_PAIRINGS))
-def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_cli, tmp_path, name):
-    file, training = DS_PAIRINGS[name]
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, **file}))
-    raw = {**TINY, "training": training, "distributed": {"backend": "deepspeed", "deepspeed_config": "ds.json"}}
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    cfg = load_run_config(tmp_path / "config.yaml")
-    cfg.distributed.deepspeed_config = str(tmp_path / "ds.json")
-    settled = settle(cfg, parse_yaml((tmp_path / "ds.json").read_text()), None, 2)
-    backend = make_backend("deepspeed", cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+def pairing_config(folder, name: str):
+    """The run config of a pairing, with its backend file beside it (or its FSDP settings inline)."""
+    backend, file, training = PAIRINGS[name]
+    distributed: dict = {"backend": backend.split()[0]}
+    if backend == "deepspeed":
+        (folder / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, **file}))
+        distributed["deepspeed_config"] = "ds.json"
+    elif backend == "fsdp":
+        (folder / "fsdp.json").write_text(
+            json.dumps({"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", **file})
+        )
+        distributed["fsdp_config"] = "fsdp.json"
+    else:
+        distributed.update(file)
+    (folder / "config.yaml").write_text(yaml.safe_dump({**TINY, "training": training, "distributed": distributed}))
+    return folder / "config.yaml"
+
+
+@pytest.mark.parametrize("name", sorted(PAIRINGS))
+def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_cli, tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the backend reads its file relative to the working directory
+    cfg = load_run_config(pairing_config(tmp_path, name))
+    backend_name = cfg.distributed.backend
+    ds = parse_yaml((tmp_path / "ds.json").read_text()) if backend_name == "deepspeed" else None
+    fsdp = read_fsdp_settings(cfg) if backend_name == "fsdp" else None
+    settled = settle(cfg, ds, fsdp, 2)
+    backend = make_backend(backend_name, cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
     assert (backend.micro_batch, backend.accumulation) == (settled.micro_batch, settled.accumulation)
     assert (backend.precision, backend.grad_clip, backend.lr) == (settled.precision, settled.grad_clip, settled.lr)
     line = backend.line()

@@ -176,7 +176,7 @@ def test_an_accelerate_deepspeed_block_in_fp16_at_zero_0_is_the_deepspeed_files_
     path.write_text(yaml.safe_dump(accelerate))
     result = run_cli("validate", path, "--json")
     problems = {p["path"]: p for p in json.loads(result.stdout)}
-    assert result.exit_code == 1 and "does not loss-scale fp16" in problems["deepspeed_config.zero_stage"]["message"]
+    assert result.exit_code == 1 and "does not loss-scale fp16" in problems["mixed_precision"]["message"]
     path.write_text(yaml.safe_dump({**accelerate, "deepspeed_config": {"zero_stage": 1}}))
     assert run_cli("validate", path).exit_code == 0
 

@@ -63,7 +63,7 @@ def test_batch_identity_against_world_size(run_cli, tmp_path):
         (
             {**GOOD_DS, "zero_optimization": {"stage": 1, "stage3_max_live_parameters": 10}},
             "zero_optimization.stage3_max_live_parameters",
-            "means nothing at ZeRO stage 1",
+            "means nothing at zero_optimization.stage 1",
         ),
         (
             {**GOOD_DS, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},

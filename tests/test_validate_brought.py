@@ -97,20 +97,20 @@ MULTI_NODE = {
         (
             {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_param_device": "cpu"}},
             "deepspeed_config.offload_param_device",
-            "DeepSpeed uses offload_param at stage 3 only",
+            "DeepSpeed uses it at stage 3 only",
         ),
         (
             {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 0, "offload_optimizer_device": "cpu"}},
             "deepspeed_config.offload_optimizer_device",
-            "DeepSpeed uses offload_optimizer at stages 1, 2, 3 only",
+            "DeepSpeed uses it at stages 1, 2, 3 only",
         ),
         (
             {
                 "distributed_type": "DEEPSPEED",
                 "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "nvme"},
             },
-            "deepspeed_config.offload_optimizer_device",
-            "add offload_optimizer_nvme_path",
+            "deepspeed_config.offload_optimizer_nvme_path",
+            "add deepspeed_config.offload_optimizer_nvme_path",
         ),
         (
             {

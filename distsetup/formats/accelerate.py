@@ -7,11 +7,10 @@ from pathlib import Path
 from distsetup.formats.deepspeed import (
     OFFLOAD_DEVICES,
     STAGE_NUMBERS,
-    UNSCALED_FP16,
-    needs_nvme_path,
-    stages_text,
-    unscaled_fp16,
-    unused_at_stage,
+    AccelerateWords,
+    DeepSpeedSpec,
+    violations,
+    worded,
 )
 from distsetup.formats.fsdp import fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
@@ -242,30 +241,13 @@ def deepspeed_block_problems(block: dict, mixed_precision) -> list[Problem]:
     stage = block.get("zero_stage")
     if stage is not None and (isinstance(stage, bool) or stage not in STAGE_NUMBERS):
         problems.append(Problem("deepspeed_config.zero_stage", f"{stage!r} is not a ZeRO stage.", "0, 1, 2 or 3."))
-    elif unscaled_fp16(stage, mixed_precision):  # the same rule as for a DeepSpeed file and the flags
-        problems.append(
-            Problem(
-                "deepspeed_config.zero_stage",
-                f"zero_stage 0 with mixed_precision fp16: {UNSCALED_FP16}",
-                "set zero_stage: 1 (on one GPU the same memory), or mixed_precision: bf16.",
-            )
-        )
     for key in ("offload_optimizer_device", "offload_param_device"):
-        device, option = block.get(key), key.removesuffix("_device")
+        device = block.get(key)
         if device is not None and device not in OFFLOAD_DEVICES:
             problems.append(Problem(f"deepspeed_config.{key}", f"{device!r} is not a device.", "none, cpu or nvme."))
-        if needs_nvme_path(device, block.get(f"{option}_nvme_path")):
-            problems.append(
-                Problem(f"deepspeed_config.{key}", "is nvme without a path.", f"add {option}_nvme_path: /local/nvme.")
-            )
-        if device not in (None, "none") and stage in (0, 1, 2) and unused_at_stage([option], stage):
-            problems.append(
-                Problem(
-                    f"deepspeed_config.{key}",
-                    f"means nothing at ZeRO stage {stage}: DeepSpeed uses {option} at {stages_text(option)} only.",
-                    f"a zero_stage that uses it, or {key}: none.",
-                )
-            )
+    # the rules of a DeepSpeed file and of `distsetup deepspeed`'s flags, in Accelerate's keys
+    spec = DeepSpeedSpec.from_accelerate(block, mixed_precision)
+    problems += [Problem(*worded(v, AccelerateWords())) for v in violations(spec)]
     return problems
 
 

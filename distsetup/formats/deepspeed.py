@@ -1,6 +1,8 @@
-"""The DeepSpeed file: built from a frozen spec (`distsetup deepspeed`), read back (the trainer, `doctor`), and
-checked (`validate`) by the same rules: the batch identity, precision, and what each ZeRO stage uses. Pure:
-no Click, no disk, no DeepSpeed import."""
+"""The DeepSpeed file as one typed model, DeepSpeedSpec: built from the flags of `distsetup deepspeed`, read from a
+file (`DeepSpeedSpec.from_dict`) or from an Accelerate config's deepspeed_config block (`from_accelerate`), written
+(`to_dict`), and held to one list of rules (`violations`) said in flags, in the file's keys or in Accelerate's keys;
+then what only a file can get wrong (the batch identity, "auto", the schema). Pure: no Click, no disk, no DeepSpeed
+import."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -8,7 +10,7 @@ from typing import Any
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import FILE_KEYS, BatchMismatch, BatchSizes, complete_batch
-from distsetup.formats.problems import Problem, join_path, schema_problems
+from distsetup.formats.problems import Problem, Violation, join_path, schema_problems
 
 AUTO = "auto"
 DEFAULT_LR = 3e-4
@@ -66,6 +68,125 @@ class DeepSpeedSpec:
     steps_per_print: int | None = None
     wall_clock_breakdown: bool = False
     hf_auto: bool = False
+    other_zero_options: tuple[str, ...] = ()  # a file's zero_optimization keys that no flag sets (stage rules only)
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "DeepSpeedSpec":
+        """What the rules read of a DeepSpeed file (the values a schema problem makes unreadable left out)."""
+        zero = _section(config, "zero_optimization")
+        devices = {block: offload_device(config, block) for block in ("offload_optimizer", "offload_param")}
+        paths = [_section(zero, b).get("nvme_path") for b, device in devices.items() if device == "nvme"]
+        set_keys = [key for key, value in zero.items() if key != "stage" and key not in devices and _is_setting(value)]
+        options = {key: zero[key] for key in set_keys if key in STAGES}
+        return cls(
+            zero_stage=zero_stage_of(config),
+            offload_optimizer=None if devices["offload_optimizer"] == "none" else devices["offload_optimizer"],
+            offload_param=None if devices["offload_param"] == "none" else devices["offload_param"],
+            nvme_path=None if not paths or not all(paths) else paths[0],
+            precision=precision_of(config),
+            other_zero_options=tuple(key for key in set_keys if key not in STAGES),
+            **options,
+        )
+
+    @classmethod
+    def from_accelerate(cls, block: dict, mixed_precision) -> "DeepSpeedSpec":
+        """What the rules read of an Accelerate config's deepspeed_config block and its top-level mixed_precision."""
+        stage = block.get("zero_stage")
+        devices = {
+            option: device if device in OFFLOAD_DEVICES and device != "none" else None
+            for option in ("offload_optimizer", "offload_param")
+            for device in [block.get(f"{option}_device")]
+        }
+        paths = [block.get(f"{option}_nvme_path") for option, device in devices.items() if device == "nvme"]
+        return cls(
+            zero_stage=stage if stage in STAGE_NUMBERS and not isinstance(stage, bool) else 2,  # Accelerate's default
+            offload_optimizer=devices["offload_optimizer"],
+            offload_param=devices["offload_param"],
+            nvme_path=None if not paths or not all(paths) else paths[0],
+            precision={"fp16": "fp16", "bf16": "bf16"}.get(mixed_precision, "fp32"),
+        )
+
+    def to_dict(self) -> dict:
+        """The DeepSpeed file for this spec (call check_spec first)."""
+        return build_deepspeed_config(self)
+
+    def given(self) -> set[str]:
+        """The zero_optimization options set (the rules about a stage read only these)."""
+        return {option for option in STAGES if getattr(self, option) is not None} | set(self.other_zero_options)
+
+
+def _is_setting(value) -> bool:
+    return value is not None and value != AUTO
+
+
+def violations(spec: DeepSpeedSpec) -> list[Violation]:
+    """The rules a DeepSpeed setting breaks however it is written: fp16 that DeepSpeed does not loss-scale, options the
+    ZeRO stage ignores silently, offloading to nvme without a path."""
+    found = []
+    if unscaled_fp16(spec.zero_stage, spec.precision):
+        found.append(
+            Violation(
+                "precision",
+                f"{{precision}} at {{zero_stage}} 0: {UNSCALED_FP16}",
+                "set {zero_stage} to 1 (on one GPU the same memory), or use {bf16} instead.",
+            )
+        )
+    for option in unused_at_stage(sorted(spec.given()), spec.zero_stage):
+        found.append(
+            Violation(
+                option,
+                f"{{{option}}} means nothing at {{zero_stage}} {spec.zero_stage}: DeepSpeed uses it at "
+                f"{stages_text(option)} only and ignores it silently otherwise.",
+                f"set {{zero_stage}} to {stage_for(option)}, or remove {{{option}}}.",
+            )
+        )
+    for option in ("offload_optimizer", "offload_param"):
+        if needs_nvme_path(getattr(spec, option), spec.nvme_path) and applies(option, spec.zero_stage):
+            found.append(
+                Violation(
+                    f"{option}_nvme_path",
+                    f"{{{option}}} nvme needs {{{option}_nvme_path}}.",
+                    f"add {{{option}_nvme_path}} /local/nvme (a fast local disk on every node).",
+                )
+            )
+    return found
+
+
+class FlagWords(dict):
+    """{zero_stage} -> --zero_stage; {precision} -> --fp16 (the one precision a rule names)."""
+
+    def __missing__(self, name: str) -> str:
+        special = {"precision": "--fp16", "bf16": "--bf16"}
+        return special.get(name, "--nvme_path" if name.endswith("nvme_path") else f"--{name}")
+
+
+class KeyWords(dict):
+    """{zero_stage} -> zero_optimization.stage, as a DeepSpeed file spells it."""
+
+    def __missing__(self, name: str) -> str:
+        special = {"zero_stage": "zero_optimization.stage", "precision": "fp16.enabled", "bf16": "bf16"}
+        if name.endswith("_nvme_path"):
+            return f"zero_optimization.{name.removesuffix('_nvme_path')}.nvme_path"
+        return special.get(name, f"zero_optimization.{name}")
+
+
+class AccelerateWords(dict):
+    """{zero_stage} -> deepspeed_config.zero_stage, as an Accelerate config spells it."""
+
+    def __missing__(self, name: str) -> str:
+        special = {
+            "precision": "mixed_precision fp16",
+            "bf16": "mixed_precision bf16",
+            "offload_optimizer": "deepspeed_config.offload_optimizer_device",
+            "offload_param": "deepspeed_config.offload_param_device",
+        }
+        return special.get(name, f"deepspeed_config.{name}")
+
+
+def worded(violation: Violation, words: dict) -> tuple[str, str, str]:
+    """(where, what is wrong, the fix) of a violation in `words` (FlagWords, KeyWords or AccelerateWords)."""
+    where = words[violation.option].split(" ")[0]
+    return where, violation.message.format_map(words), violation.fix.format_map(words)
 
 
 STAGE_NUMBERS = (0, 1, 2, 3)
@@ -136,17 +257,9 @@ def unscaled_fp16(stage: int, precision: str | None) -> bool:
 
 def check_spec(spec: DeepSpeedSpec) -> list[str]:
     """Reject combinations DeepSpeed would ignore silently; return warnings for ones it bends."""
-    if unscaled_fp16(spec.zero_stage, spec.precision):
-        raise DistsetupError(
-            f"--fp16 at --zero_stage 0: {UNSCALED_FP16}",
-            "add --zero_stage 1 (on one GPU the same memory), or use --bf16.",
-        )
-    for option in unused_at_stage([o for o in STAGES if getattr(spec, o) is not None], spec.zero_stage):
-        raise DistsetupError(
-            f"--{option} means nothing at --zero_stage {spec.zero_stage}: DeepSpeed uses it "
-            f"at {stages_text(option)} only and ignores it silently otherwise.",
-            f"use --zero_stage {stage_for(option)}, or drop --{option}.",
-        )
+    for violation in violations(spec):
+        _, message, fix = worded(violation, FlagWords())
+        raise DistsetupError(message, fix)
     if spec.optimizer.betas and not all(0 <= b < 1 for b in spec.optimizer.betas):
         raise DistsetupError(
             f"--betas {spec.optimizer.betas[0]} {spec.optimizer.betas[1]}: each beta must be in [0, 1).",
@@ -163,12 +276,7 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
             "warmup_max_lr replaces the training script's learning rate.",
             "add --lr with the peak learning rate of your optimizer.",
         )
-    nvme = "nvme" in (spec.offload_optimizer, spec.offload_param)
-    if any(needs_nvme_path(device, spec.nvme_path) for device in (spec.offload_optimizer, spec.offload_param)):
-        raise DistsetupError(
-            "offloading to nvme needs --nvme_path.", "add --nvme_path /local/nvme (a fast local disk on every node)."
-        )
-    if spec.nvme_path and not nvme:
+    if spec.nvme_path and "nvme" not in (spec.offload_optimizer, spec.offload_param):
         raise DistsetupError(
             "--nvme_path is only used with --offload_optimizer nvme or --offload_param nvme.",
             "drop --nvme_path, or offload to nvme.",
@@ -300,43 +408,13 @@ def deepspeed_problems(
         )
     config = without_auto(config)
     problems += schema_problems(config, "deepspeed")
-    zero = _section(config, "zero_optimization")
-    stage = zero_stage_of(config)
     if len(enabled_precisions(config)) > 1:
         problems.append(
             Problem(
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
-    if unscaled_fp16(stage, precision_of(config)):
-        problems.append(
-            Problem(
-                "fp16.enabled",
-                UNSCALED_FP16,
-                "set zero_optimization.stage to 1 (on one GPU the same memory), or use bf16.",
-            )
-        )
-    offloads = ("offload_optimizer", "offload_param")
-    set_keys = [k for k in zero if k != "stage" and (k not in offloads or offload_device(config, k) != "none")]
-    for key in sorted(unused_at_stage(set_keys, stage)):
-        problems.append(
-            Problem(
-                f"zero_optimization.{key}",
-                f"means nothing at ZeRO stage {stage}: DeepSpeed uses it at {stages_text(key)} only and ignores "
-                "it silently otherwise.",
-                f"set zero_optimization.stage to {stage_for(key)}, or remove the key.",
-            )
-        )
-    for block in offloads:
-        offload = _section(zero, block)
-        if needs_nvme_path(offload.get("device"), offload.get("nvme_path")):
-            problems.append(
-                Problem(
-                    f"zero_optimization.{block}.nvme_path",
-                    "device nvme needs nvme_path.",
-                    'add "nvme_path": "/local/nvme" (a fast local disk).',
-                )
-            )
+    problems += [Problem(*worded(v, KeyWords())) for v in violations(DeepSpeedSpec.from_dict(config))]
     schedule = _section(_section(config, "scheduler"), "params")
     if warmup_too_long(schedule.get("warmup_num_steps"), schedule.get("total_num_steps")):
         problems.append(

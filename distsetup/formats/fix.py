@@ -100,9 +100,10 @@ def _old_spellings(document: Any, changes: list[str]) -> None:
 
 def _fold_inline_fsdp(document: Any, changes: list[str]) -> None:
     """distributed's fsdp_* keys -> distributed.fsdp, in the FSDP file's spelling, without what no reader uses."""
-    distributed = document.get("distributed")
-    if not isinstance(distributed, dict) or "fsdp" in distributed:
+    found = document.get("distributed")
+    if not isinstance(found, dict) or "fsdp" in found:
         return
+    distributed: Any = found  # a ruamel CommentedMap: comments in .ca, insert() at a position
     keys = [k for k in distributed if isinstance(k, str) and k.startswith("fsdp_") and k != "fsdp_config"]
     if not keys:
         return
@@ -115,7 +116,7 @@ def _fold_inline_fsdp(document: Any, changes: list[str]) -> None:
         block.pop(key, None)
         changes.append(f"removed distributed.{key} ({note})")
     position = list(distributed).index(keys[0])
-    folded = type(distributed)(block)
+    folded: Any = type(distributed)(block)
     for key in keys:
         comment = distributed.ca.items.pop(key, None)
         if comment is not None and key in folded:

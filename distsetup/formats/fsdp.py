@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.problems import Problem, schema_problems
+from distsetup.formats.problems import Problem, Violation, schema_problems
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 # Strategies that free parameters after forward (and gather them again for backward).
@@ -122,18 +122,6 @@ KEYS = {
     "use_orig_params": "fsdp_use_orig_params",
     "reshard_after_forward": "fsdp_reshard_after_forward",
 }
-
-
-@dataclass(frozen=True)
-class Violation:
-    """A rule broken: the option to change, and what is wrong and the fix with {option} names and {value}s
-    left to the words of the flags or of the file. A `said` one sets something no reader uses: flags refuse it (the
-    user typed it just now), a file gets a note (Accelerate and the trainer run without it)."""
-
-    option: str
-    message: str
-    fix: str
-    said: bool = False
 
 
 class FlagWords(dict):
@@ -286,7 +274,9 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
     """The problems of FSDP settings in the file's keys (schema, readers, rules), and the notes: what the rules say
     about settings no reader uses. `inline`: written in a run config, where FSDP2 goes without saying and the
     blocks to wrap are model.layer_classes."""
-    problems = schema_problems({"fsdp_version": 2, **config} if inline else config, "fsdp")
+    # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
+    implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
+    problems = schema_problems({**implied, **config} if inline else config, "fsdp")
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
     readable = {key: value for key, value in config.items() if key not in wrong}
     words = KeyWords()
@@ -364,7 +354,7 @@ def inline_findings(block: dict) -> tuple[list[Problem], list[str]]:
     """fsdp_findings of settings written inline, said in the run config's keys."""
     problems, notes = fsdp_findings(block, inline=True)
     where = {"mixed_precision": "distributed.fsdp_mixed_precision"}
-    return [Problem(where.get(p.path, f"distributed.{p.path}"), p.message, p.fix) for p in problems], [
+    return [Problem(where.get(p.path, f"distributed.{p.path}".rstrip(".")), p.message, p.fix) for p in problems], [
         f"distributed.{note}" for note in notes
     ]
 

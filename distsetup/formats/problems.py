@@ -21,6 +21,18 @@ class Problem:
         return f"{self.path or '<file>'}: {self.message} Fix: {self.fix}"
 
 
+@dataclass(frozen=True)
+class Violation:
+    """A rule of a file format broken: the option to change, and what is wrong and the fix with {option} names and
+    {value}s left to the words they are said in (flags, a file's keys, Accelerate's keys). A `said` one sets something
+    no reader uses: flags refuse it (the user typed it just now), a file gets a note (its readers run without it)."""
+
+    option: str
+    message: str
+    fix: str
+    said: bool = False
+
+
 def as_json(problems: list[Problem]) -> str:
     return json.dumps([asdict(p) for p in problems], indent=2)
 

@@ -36,14 +36,6 @@ class Settled:
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
-    def describe(self) -> list[str]:
-        """One line per setting: its value and its source (doctor)."""
-        return [
-            f"{name} {getattr(self, name)} from {self.sources[name]}"
-            for name in ("micro_batch", "accumulation", "train_batch", "precision", "grad_clip", "lr", "scheduler")
-            if getattr(self, name) is not None
-        ]
-
 
 def settle(
     cfg: RunConfig, deepspeed: dict | None, fsdp: FsdpSpec | None, world_size: int | None, file_name: str = ""

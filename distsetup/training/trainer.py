@@ -17,7 +17,7 @@ from tqdm import tqdm
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import find_resume, read_meta
 from distsetup.formats.lr_scaling import scaled_lr
-from distsetup.formats.runconfig import RunConfig, names_user_code
+from distsetup.formats.runconfig import SECTIONS, RunConfig, names_user_code
 from distsetup.training import checkpoint as ckpt
 from distsetup.training import model as models
 from distsetup.training import universal_folder, user_code
@@ -298,7 +298,7 @@ class Trainer:
             "project": t.wandb_project,
             "name": t.run_name,
             "tags": t.wandb_tags,
-            "config": dataclasses.asdict(self.cfg),
+            "config": {name: dataclasses.asdict(getattr(self.cfg, name)) for name in SECTIONS},
             "resumed": resume is not None,  # continues the W&B run of the checkpoint's run; else a new one
         }
 
