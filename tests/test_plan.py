@@ -99,9 +99,12 @@ def test_precision_changes_bytes_per_parameter():
 # -- activations: the formula against the built-in model's saved tensors -------------------------------
 
 
-def _saved_activation_bytes(model, x, y) -> int:
-    """Bytes of every tensor autograd keeps for backward, parameters excluded, each storage once."""
+def _saved_activation_bytes(model, x, y, sliced: bool) -> int:
+    """Bytes of every tensor autograd keeps for backward, parameters excluded, each storage once; the loss from
+    the whole logits (GPT's own) or computed in slices inside the head (as the trainer does)."""
     import torch
+
+    from distsetup.training.chunked_loss import as_loss_head, targets_for
 
     seen = {}
 
@@ -110,14 +113,20 @@ def _saved_activation_bytes(model, x, y) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, y)
+        if sliced:
+            head = as_loss_head(model.lm_head)
+            with targets_for(head, y):
+                model(x)
+        else:
+            model(x, y)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
 
 @pytest.mark.parametrize("shape", [(256, 64, 2, 4, 64, 8), (1024, 256, 4, 8, 256, 2), (8192, 128, 3, 4, 96, 2)])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_activation_formula_matches_built_in_model(shape, checkpointing):
+@pytest.mark.parametrize("chunked_loss", ["never", "always"])
+def test_activation_formula_matches_built_in_model(shape, checkpointing, chunked_loss):
     torch = pytest.importorskip("torch")
     from distsetup.training.blocks import apply_activation_checkpointing
     from distsetup.training.gpt import GPT
@@ -128,10 +137,9 @@ def test_activation_formula_matches_built_in_model(shape, checkpointing):
     if checkpointing:
         apply_activation_checkpointing(model, list(model.blocks))
     x, y = torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
-    measured = _saved_activation_bytes(model, x, y)
-    predicted = activation_bytes(
-        ModelShape(1, hidden, layers, heads, vocab), Workload("fp32", seq), batch, checkpointing, peak=False
-    )
+    measured = _saved_activation_bytes(model, x, y, sliced=chunked_loss == "always")
+    work = Workload("fp32", seq, chunked_loss=chunked_loss)
+    predicted = activation_bytes(ModelShape(1, hidden, layers, heads, vocab), work, batch, checkpointing, peak=False)
     assert predicted == pytest.approx(measured, rel=0.25)
 
 

@@ -94,10 +94,13 @@ RUNS = {
 
 
 def write_run_config(folder: Path, name: str, **training) -> Path:
-    """config.yaml (and the backend file) for run `name` in `folder`."""
+    """config.yaml (and the backend file) for run `name` in `folder`. The 2-process runs compute the loss inside the
+    output head (training.chunked_loss always), the single-process reference from the whole logits: their parity
+    holds the sliced loss to the plain one under every backend."""
     nproc, backend, backend_file = RUNS[name]
+    loss = {"chunked_loss": "always" if nproc > 1 else "never"}
     return write_config(
-        folder, name, backend, backend_file, {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc, **training}
+        folder, name, backend, backend_file, {**TRAINING, "micro_batch_size": GLOBAL_BATCH // nproc, **loss, **training}
     )
 
 

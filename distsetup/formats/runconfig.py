@@ -155,6 +155,12 @@ class TrainingConfig:
         enum=list(CHECKPOINTING),
     )
     compile: bool = setting(False, "torch.compile each block (with its activation checkpointing)")
+    chunked_loss: str = setting(
+        "auto",
+        "the token cross-entropy a slice of the vocabulary at a time, so the logits never exist whole (the built-in "
+        "GPT and Hugging Face models): auto (from a vocabulary of 32000 ids), always or never",
+        enum=["auto", "always", "never"],
+    )
     checkpoint_interval: int = setting(50, "save every N steps (and at the end)", minimum=1)
     keep_checkpoints: int | None = setting(
         None,

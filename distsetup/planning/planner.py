@@ -26,7 +26,9 @@ layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
 Activations per micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation"): each
 transformer layer keeps s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations; the a*s^2 attention-score
 term is absent with fused (flash / SDPA) attention; fp32 doubles it. The loss keeps the fp32
-log-softmax of the logits (4*s*b*V) and backward adds their gradient ((4 + e)*s*b*V). With activation
+log-softmax of the logits (4*s*b*V) and backward adds their gradient ((4 + e)*s*b*V); computed a slice of
+W ids at a time (training.chunked_loss, loss_slices.py) it keeps 12 bytes a position (the log-sum-exp and the
+target) and adds two fp32 slices (8*s*b*W) and the fp32 gradient of the head's input (4*s*b*h). With activation
 checkpointing each layer keeps only its input (s*b*h*e) and one layer's full activations exist during
 its recomputation.
 
@@ -41,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import FLAG_FOR_PRECISION
+from distsetup.planning import loss_slices
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -183,6 +186,7 @@ class Workload:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     flash_attention: bool = True
+    chunked_loss: str = "auto"  # training.chunked_loss: auto, always or never
 
 
 @dataclass(frozen=True)
@@ -319,8 +323,9 @@ def activation_bytes(
     """Activation bytes per GPU: saved for backward, plus (peak=True) what exists only during backward.
 
     Saved: each layer's activations (or only its input with checkpointing), the final norm's and the
-    head's inputs, and the fp32 log-softmax of the logits that the loss keeps. Peak adds one layer's
-    recomputed activations (checkpointing) and the logits' gradient (fp32, then in the compute dtype).
+    head's inputs, and what the loss keeps: the fp32 log-softmax of the logits, or (sliced) a log-sum-exp and a
+    target per position. Peak adds one layer's recomputed activations (checkpointing) and the loss's backward: the
+    logits' gradient (fp32, then in the compute dtype), or two fp32 slices and the head input's fp32 gradient.
     """
     if not (model.hidden_size and model.num_layers):
         return 0.0
@@ -328,12 +333,19 @@ def activation_bytes(
     a = model.num_heads or max(1, h // 128)
     e = element_bytes(work.precision)
     per_layer = s * b * h * (34 + (0 if work.flash_attention else 5 * a * s / h)) * e / 2
-    logits = s * b * (model.vocab_size or 0)
     head = 2 * s * b * h * e  # the final norm's input and the head's input
-    saved = (layers * s * b * h * e if checkpointing else layers * per_layer) + head + 4 * logits
+    loss_saved, loss_peak = loss_bytes(s * b, h, model.vocab_size or 0, e, work.chunked_loss)
+    saved = (layers * s * b * h * e if checkpointing else layers * per_layer) + head + loss_saved
     if not peak:
         return saved
-    return saved + (per_layer if checkpointing else 0) + (4 + e) * logits
+    return saved + (per_layer if checkpointing else 0) + loss_peak
+
+
+def loss_bytes(positions: int, hidden: int, vocab: int, e: int, chunked_loss: str) -> tuple[float, float]:
+    """(bytes the token loss keeps for backward, bytes its backward adds) for `positions` targets."""
+    if not loss_slices.chunked(chunked_loss, vocab):
+        return 4 * positions * vocab, (4 + e) * positions * vocab
+    return 12 * positions, 8 * positions * loss_slices.slice_width(vocab) + 4 * positions * hidden
 
 
 def estimate(

@@ -2,7 +2,9 @@
 
 - Token data (synthetic, files, chat, ...): the batch is (input ids, target ids), the model's forward(input_ids)
   returns the logits [B, T, vocab] (or an object or dict holding `logits`, and an `aux_loss` to add), and the loss is
-  the mean cross-entropy over the counted targets. A Hugging Face model is called as transformers trains it (no KV
+  the mean cross-entropy over the counted targets. For a large vocabulary the built-in GPT's and a Hugging Face
+  model's output head computes it a slice of the vocabulary at a time instead (chunked_loss.py, training.chunked_loss):
+  the logits never exist whole. A Hugging Face model is called as transformers trains it (no KV
   cache) and an MoE one with its router logits: its load-balancing loss is added as transformers adds it,
   `router_aux_loss_coef` x `aux_loss`; a python model's `aux_loss` is added as it is (weighted inside the model).
 - The user's own data (data.type python): training.loss(model, batch), or else model(**batch) (a dict) or
@@ -20,6 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
+from distsetup.planning import loss_slices
+from distsetup.training import chunked_loss
+from distsetup.training.chunked_loss import LossHead, targets_for
 from distsetup.training.data import IGNORE, loss_weights
 from distsetup.training.world import first_line, is_lost_contact
 
@@ -40,8 +45,17 @@ class TokenObjective:
 
     unit = "tokens"
 
-    def __init__(self, model: nn.Module, model_type: str, vocab_size: int, masked: bool, source: str):
-        self.vocab_size, self.masked, self.source, self._checked = vocab_size, masked, source, False
+    def __init__(
+        self,
+        model: nn.Module,
+        model_type: str,
+        vocab_size: int,
+        masked: bool,
+        source: str,
+        head: LossHead | None = None,
+    ):
+        """`head`: the model's output head computing the loss in slices (loss_head), or None: from the logits."""
+        self.vocab_size, self.masked, self.source, self.head, self._checked = vocab_size, masked, source, head, False
         self.forward_kwargs = forward_kwargs(model, model_type)
         config: Any = getattr(model, "config", None)
         self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
@@ -49,8 +63,8 @@ class TokenObjective:
     def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
         """The micro-batch's mean cross-entropy x `weight` (step_weights), plus its auxiliary loss if any."""
         x, y = batch
-        logits, aux = self._forward(model, x)
-        ce = weighted(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE), weight)
+        ce, aux = self._cross_entropy(model, x, y, "mean")
+        ce = weighted(ce, weight)
         if aux is None:
             return MicroLoss(ce, {})
         parts = {"ce_loss": ce.detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux_loss
@@ -59,9 +73,7 @@ class TokenObjective:
     def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The summed cross-entropy of a validation micro-batch over its counted targets, and their number."""
         x, y = batch
-        logits, _ = self._forward(model, x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
-        return loss, (y != IGNORE).sum()
+        return self._cross_entropy(model, x, y, "sum")[0], (y != IGNORE).sum()
 
     def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
@@ -69,6 +81,18 @@ class TokenObjective:
         logits, aux = self._forward(model, x, check=False)
         ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         return ce if aux is None else ce + self.aux_weight * aux
+
+    def _cross_entropy(self, model: nn.Module, x, y, reduction: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The cross-entropy of the targets `y` (their mean or sum) and the model's auxiliary loss, if any."""
+        if self.head is None:
+            logits, aux = self._forward(model, x)
+            return F.cross_entropy(
+                logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction=reduction
+            ), aux
+        with targets_for(self.head, y):
+            outputs = model(x, **self.forward_kwargs)
+        total = field_of(outputs, "logits", outputs)  # what the head returned: the summed cross-entropy
+        return total if reduction == "sum" else total / (y != IGNORE).sum(), field_of(outputs, "aux_loss", None)
 
     def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
         """Each micro-batch's loss weight: 1, or where some targets carry no loss (instruction data), its share of the
@@ -189,6 +213,38 @@ class PythonObjective:
                 "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
             )
         self._checked = True
+
+
+def loss_head(model: nn.Module, m, mode: str) -> tuple[LossHead | None, str]:
+    """The built-in GPT's or a Hugging Face model's output head, made to compute the loss in slices where
+    training.chunked_loss `mode` asks for it for its vocabulary (see chunked_loss.py), and the note that says what was
+    done; (None, "") for a python model or a small vocabulary."""
+    owner: Any = model  # get_output_embeddings is a transformers PreTrainedModel's
+    head: Any = owner.lm_head if m.type == "gpt" else owner.get_output_embeddings() if m.type == "hf" else None
+    vocab: int = getattr(head, "out_features", 0)
+    if head is None or not loss_slices.chunked(mode, vocab):
+        return None, ""
+    why = _unsliceable(model, m, head)
+    if why:
+        return None, f"loss: from the whole logits over {vocab} ids ({why})"
+    sliced = chunked_loss.as_loss_head(head)
+    slices = -(-vocab // loss_slices.slice_width(vocab))
+    count = f"{slices} slices" if slices > 1 else "one slice"
+    return sliced, f"loss: cross-entropy over the {vocab} ids in {count}, never their whole logits"
+
+
+def _unsliceable(model: nn.Module, m, head: nn.Module) -> str:
+    """Why the loss of `model` cannot be computed inside its head, or "": the head is no plain nn.Linear, or (a
+    Hugging Face model, asked with a forward of two tokens) the model changes the head's logits before returning
+    them (soft-capping or scaling)."""
+    if type(head) is not nn.Linear:
+        return f"its output head is a {type(head).__name__}, not an nn.Linear"
+    if m.type != "hf":
+        return ""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=head.weight.device)
+    if chunked_loss.returns_head_output(model, head, ids, forward_kwargs(model, "hf")):
+        return ""
+    return f"{type(model).__name__} changes its logits after the output head"
 
 
 def forward_kwargs(model: nn.Module, model_type: str) -> dict:

@@ -27,7 +27,7 @@ from distsetup.training.evaluation import evaluate
 from distsetup.training.export import load_weights
 from distsetup.training.loader import Placement, StepLoader, fetched, placed
 from distsetup.training.metrics import MetricsLog, StepTimer, reporters
-from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective, forward_kwargs
+from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective, forward_kwargs, loss_head
 from distsetup.training.preemption import PREEMPTED, Preemption
 from distsetup.training.run_lock import OutputDirLock
 from distsetup.training.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
@@ -255,7 +255,10 @@ class Trainer:
         m = self.cfg.model
         source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
         if self.data.tokens and self.loss_function is None:
-            return TokenObjective(module, m.type, m.vocab_size, self.data.train.masked, source)
+            head, note = loss_head(module, m, self.t.chunked_loss)
+            if note:
+                self.say(f"note: {note}")
+            return TokenObjective(module, m.type, m.vocab_size, self.data.train.masked, source, head)
         loss_source = self.t.loss and f"training.loss {self.t.loss}"
         return PythonObjective(self.loss_function, loss_source, source, forward_kwargs(module, m.type))
 

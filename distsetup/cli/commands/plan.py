@@ -114,6 +114,7 @@ def plan_command(**o):
         micro_batch_size=o["micro_batch_size"],
         global_batch_size=global_batch,
         flash_attention=o["flash_attention"],
+        chunked_loss=defaults.get("chunked_loss", "auto"),
     )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
     command, files = recommended_files(result)
@@ -197,6 +198,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     defaults = {
         "precision": cfg.training.precision,
         "per_rank_batch": cfg.training.micro_batch_size * cfg.training.gradient_accumulation_steps,
+        "chunked_loss": cfg.training.chunked_loss,
     }
     if cfg.model.type == "gpt":
         defaults["seq_len"] = cfg.model.block_size
