@@ -169,6 +169,7 @@ def test_your_own_model_takes_float_inputs_under_a_bf16_deepspeed_engine(tmp_pat
     config.update(train_batch_size=GLOBAL, bf16={"enabled": True})
     (tmp_path / "bf16.json").write_text(json.dumps(config))
     chosen = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'bf16.json'}"]
+    chosen.append(f"training.micro_batch_size={GLOBAL}")  # the example's own 32 would contradict the file
     result = train(
         EXAMPLE / "config.yaml", 1, *SMALL, *chosen, "training.max_steps=3", f"training.output_dir={tmp_path}"
     )

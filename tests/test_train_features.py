@@ -40,7 +40,7 @@ PARITY = {
     "acc_zero2": [r"\(ZeRO-2\)"],
     "acc_zero2_one_process": [r"\(ZeRO-2\) on 1 x cpu; global batch 16 = micro 4 x accumulation 4 x world 1"],
     # DeepSpeedCPUAdam steps on the CPU copy: same AdamW formula, so the same tight tolerance holds
-    "acc_zero3_offload": [r"\(ZeRO-3\)"],
+    "acc_zero3_offload": [r"\(ZeRO-3, optimizer offloaded to cpu, param offloaded to cpu\)"],
     "acc_fsdp_hybrid_size": [r"HYBRID_SHARD: 2-D device mesh, replicate 1 x shard 2"],
     "acc_fsdp_hybrid_zero2_nodes": [r"HYBRID_SHARD_ZERO2: 2-D device mesh, replicate 2 x shard 1"],
 }
