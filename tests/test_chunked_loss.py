@@ -147,3 +147,22 @@ def test_a_model_that_soft_caps_its_logits_keeps_the_plain_loss(tmp_path):
         note
         == f"loss: from the whole logits over {VOCAB} ids (Gemma2ForCausalLM changes its logits after the output head)"
     )
+
+
+def test_under_autocast_the_slices_compute_as_the_plain_head_does():
+    """bf16 autocast (the single and DDP backends' bf16): forward and backward's matrix products in bf16 alike; the
+    loss as the plain one's, the gradients within bf16 rounding."""
+    torch.manual_seed(0)
+    model = GPT(VOCAB, 16, 2, 2, 32, 0.0)
+    plain, sliced, _ = objectives(model, types.SimpleNamespace(type="gpt"), masked=False)
+    results = []
+    for objective in (plain, sliced):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = objective.micro_loss(model, token_batch(False)).loss
+        loss.backward()
+        results.append((loss, [p.grad.clone() for p in model.parameters()]))
+    (plain_loss, plain_grads), (sliced_loss, sliced_grads) = results
+    torch.testing.assert_close(sliced_loss, plain_loss, rtol=1e-5, atol=0)
+    for a, b in zip(sliced_grads, plain_grads, strict=True):
+        assert (a - b).norm() <= 0.02 * b.norm()

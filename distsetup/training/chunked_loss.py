@@ -21,32 +21,38 @@ from distsetup.training.data import IGNORE
 
 
 def _slice_logits(hidden, weight, bias, start: int, stop: int) -> torch.Tensor:
-    return F.linear(hidden, weight[start:stop], None if bias is None else bias[start:stop]).float()
+    """The fp32 logits of ids start:stop, computed in `hidden`'s dtype (the head's matrix product's own)."""
+    dtype = hidden.dtype
+    part = None if bias is None else bias[start:stop].to(dtype)
+    return F.linear(hidden, weight[start:stop].to(dtype), part).float()
 
 
 class _SlicedCrossEntropy(torch.autograd.Function):
     """The summed cross-entropy of hidden [N, d] @ weight[V, d].T (+ bias) against targets [N] (IGNORE: not
-    counted)."""
+    counted), its matrix products in `dtype` in forward and backward alike (autocast's, which backward runs
+    without)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, width: int):
+    def forward(ctx, hidden, weight, bias, targets, width: int, dtype: torch.dtype):
+        ctx.width, ctx.dtype = width, dtype
+        computed = hidden.to(dtype)
         counted = targets != IGNORE
         safe = torch.where(counted, targets, 0)
         lse = torch.full(targets.shape, -torch.inf, dtype=torch.float32, device=hidden.device)
         target_logit = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
         for start in range(0, weight.shape[0], width):
-            logits = _slice_logits(hidden, weight, bias, start, start + width)
+            logits = _slice_logits(computed, weight, bias, start, start + width)
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
             inside = (safe >= start) & (safe < start + logits.shape[1])
             column = (safe - start).clamp(0, logits.shape[1] - 1).unsqueeze(1)
             target_logit += torch.where(inside, logits.gather(1, column).squeeze(1), 0.0)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.width = width
         return ((lse - target_logit) * counted).sum()
 
     @staticmethod
     def backward(ctx, grad_output):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
+        computed = hidden.to(ctx.dtype)
         counted = targets != IGNORE
         safe = torch.where(counted, targets, 0)
         scale = (grad_output.float() * counted).unsqueeze(1)  # d loss / d logits = (softmax - one-hot) x scale
@@ -55,27 +61,29 @@ class _SlicedCrossEntropy(torch.autograd.Function):
         grad_weight = torch.empty_like(weight) if need_weight else None
         grad_bias = torch.empty_like(bias) if need_bias else None
         for start in range(0, weight.shape[0], ctx.width):
-            grad = _slice_logits(hidden, weight, bias, start, start + ctx.width)
+            grad = _slice_logits(computed, weight, bias, start, start + ctx.width)
             stop = start + grad.shape[1]
             grad.sub_(lse.unsqueeze(1)).exp_()  # the softmax, in place
             rows = ((safe >= start) & (safe < stop)).nonzero().squeeze(1)
             grad[rows, safe[rows] - start] -= 1.0
             grad.mul_(scale)
             if grad_hidden is not None:
-                grad_hidden += grad.to(weight.dtype) @ weight[start:stop]
+                grad_hidden += grad.to(ctx.dtype) @ weight[start:stop].to(ctx.dtype)
             if grad_weight is not None:
-                grad_weight[start:stop] = grad.t().to(hidden.dtype) @ hidden
+                grad_weight[start:stop] = grad.t().to(ctx.dtype) @ computed
             if grad_bias is not None:
                 grad_bias[start:stop] = grad.sum(0)
         grad_hidden = grad_hidden.to(hidden.dtype) if grad_hidden is not None else None
-        return grad_hidden, grad_weight, grad_bias, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def sliced_cross_entropy(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor) -> torch.Tensor:
     """The summed cross-entropy of `head`(hidden [..., d]) against targets [...], never holding the whole logits."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     width = slice_width(head.weight.shape[0])
-    return _SlicedCrossEntropy.apply(flat, head.weight, head.bias, targets.reshape(-1), width)
+    device = flat.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else flat.dtype
+    return _SlicedCrossEntropy.apply(flat, head.weight, head.bias, targets.reshape(-1), width, dtype)
 
 
 class LossHead(nn.Linear):
