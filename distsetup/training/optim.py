@@ -31,10 +31,10 @@ def names_by_group(model: nn.Module, groups: list[dict]) -> list[list[str]]:
 
 
 def adamw(model: nn.Module, lr: float, betas, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
-    # On GPUs the fused kernel (one launch per step for all parameters: a 1B model's per-tensor loop would launch
-    # thousands of small kernels); on the CPU PyTorch's per-tensor loop, the same arithmetic as DeepSpeed's flat
-    # partitions, so the parity tests' curves match.
-    fused = True if device.type == "cuda" else None
+    # The fused kernel, as the HF Trainer's default adamw_torch_fused: on a GPU one launch per step for all
+    # parameters (a 1B model's per-tensor loop would launch thousands of small kernels), on the CPU 6x faster than
+    # the per-tensor loop (a 4 x 256 Llama: 11 ms against 68).
+    fused = True if device.type in ("cuda", "cpu") else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), fused=fused)
 
 
