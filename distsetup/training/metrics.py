@@ -111,9 +111,12 @@ class StepTimer:
         self.train_seconds = self.checkpoint_seconds = self.eval_seconds = 0.0
         self.checkpoint_stalls: list[float] = []  # seconds the loop waited, per checkpoint (and the final wait)
         self.recent_steps: deque[float] = deque(maxlen=window)
+        self.first_step_done_at: float | None = None  # Unix time: how long a run takes to start, from outside
         self._step_began, self._paused = time.perf_counter(), 0.0
 
     def step_done(self) -> None:
+        if self.first_step_done_at is None:
+            self.first_step_done_at = time.time()
         now = time.perf_counter()
         seconds = now - self._step_began - self._paused
         self.train_seconds += seconds

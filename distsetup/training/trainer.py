@@ -413,6 +413,8 @@ class Trainer:
             "checkpoint_stalls": timer.checkpoint_stalls,
             "eval_seconds": timer.eval_seconds,
             "median_step_seconds": timer.median_step_seconds,
+            "step_seconds": list(timer.recent_steps),  # of the latest 1000 steps, checkpoints and evaluations left out
+            "first_step_done_at": timer.first_step_done_at,
             "zero_stage": backend.zero_stage,
             "precision": backend.precision,
             "memory": backend.memory,

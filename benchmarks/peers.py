@@ -1,0 +1,193 @@
+"""Benchmark: distsetup's trainer against what users would pick instead, on the same job: the HF Trainer and a plain
+Accelerate loop (benchmarks/peer_loops.py), each training the same tiny Llama (built locally from LlamaConfig,
+the same weights for all) on the same synthetic tokens, micro-batch, AdamW, clipping 1.0, warmup + cosine schedule
+and steps, fp32, over 2 processes under torchrun (CPU processes with gloo here): DDP (all three), FSDP2 (against
+Accelerate's FSDP2 plugin) and ZeRO-3 (against the HF Trainer given the same DeepSpeed file).
+
+One rule for every tool: a step's time is the interval between two consecutive optimizer steps' ends as the tool
+itself marks them (distsetup's summary.json `step_seconds`, the HF Trainer's `on_step_end` callback, the loop's
+own line after `optimizer.step()`); each run's median over the steps after the fifth. Time to first step: from
+the benchmark starting the command to the first step's end (Unix time). Rounds alternate; each round's peer figure
+is divided by distsetup's of the same round and the ratios' median is reported (>= 1: distsetup is faster)."""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from common import BIN, REPO, record, rounds, table
+
+SEQ, MICRO, VOCAB, HIDDEN, LAYERS, HEADS = 128, 8, 8192, 256, 4, 4
+RUNS = {  # backend -> the tools run on it; distsetup first
+    "ddp": ("distsetup", "hf_trainer", "accelerate"),
+    "fsdp": ("distsetup", "accelerate"),
+    "zero3": ("distsetup", "hf_trainer"),
+}
+DEEPSPEED = {  # the file distsetup and the HF Trainer both get (no optimizer block: both pass torch's AdamW)
+    "train_micro_batch_size_per_gpu": MICRO,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 3},
+    "bf16": {"enabled": False},
+}
+FSDP = {
+    "fsdp_version": 2,
+    "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+    "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    "mixed_precision": "no",
+}
+
+
+def write_model(folder: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=4 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=SEQ,
+    )
+    torch.manual_seed(1234)
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+def torchrun(argv: list) -> tuple[str, float]:
+    """(stdout, the Unix time it was started) of a 2-process torchrun of `argv`, one thread per process."""
+    # DeepSpeed's CPU ops as `make ops` built them (else the first run that needs one compiles it, in its time)
+    # and the venv's tools first, as in the Makefile (another ninja's build log forces a rebuild)
+    env = {"TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions"), **os.environ, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    started = time.time()
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *map(str, argv)]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout, started
+
+
+def distsetup_run(backend: str, steps: int, work: Path) -> dict:
+    out = work / f"distsetup-{backend}"
+    distributed: dict = {"backend": "deepspeed" if backend == "zero3" else backend}
+    if backend == "zero3":
+        distributed["deepspeed_config"] = str(work / "ds.json")
+    if backend == "fsdp":
+        distributed["fsdp_config"] = str(work / "fsdp.json")
+    config = {
+        "model": {"type": "hf", "hf_path": str(work / "llama"), "block_size": SEQ, "vocab_size": VOCAB},
+        "data": {"type": "synthetic", "num_samples": 4096, "val_fraction": 0},
+        "training": {
+            "micro_batch_size": MICRO,
+            "max_steps": steps,
+            "lr": 1e-3,
+            "warmup_steps": 5,
+            "grad_clip": 1.0,
+            "log_interval": 10,
+            "checkpoint_interval": 10 * steps,
+            "report_to": [],
+            "output_dir": str(out),
+        },
+        "distributed": distributed,
+    }
+    (work / f"{backend}.yaml").write_text(yaml.safe_dump(config))
+    _, started = torchrun(["src/train.py", "--config", work / f"{backend}.yaml", "--no_resume"])
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "ran": summary["backend"],
+        "steps": summary["step_seconds"],
+        "first": summary["first_step_done_at"] - started,
+    }
+
+
+def peer_run(tool: str, backend: str, steps: int, work: Path) -> dict:
+    argv = [REPO / "benchmarks" / "peer_loops.py", f"--tool={tool}", f"--backend={backend}"]
+    argv += [f"--model={work / 'llama'}", f"--output_dir={work / tool}", f"--steps={steps}", f"--vocab={VOCAB}"]
+    argv += [f"--seq={SEQ}", f"--micro_batch_size={MICRO}"]
+    if backend == "zero3":
+        argv.append(f"--deepspeed={work / 'ds.json'}")
+    stdout, started = torchrun(argv)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    ends = result["step_ends"]
+    return {
+        "ran": result["ran"],
+        "steps": [b - a for a, b in zip(ends, ends[1:], strict=False)],
+        "first": ends[0] - started,
+    }
+
+
+def measure(tool: str, backend: str, steps: int, work: Path):
+    """One run of `tool` on `backend`, as a function of no arguments (a round runs it)."""
+    if tool == "distsetup":
+        return lambda: distsetup_run(backend, steps, work)
+    return lambda: peer_run(tool, backend, steps, work)
+
+
+def steady(run: dict) -> float:
+    """The median step after the fifth (the first steps' one-off costs left out)."""
+    return statistics.median(run["steps"][5:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backends", nargs="+", default=list(RUNS), choices=list(RUNS))
+    a = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        work = Path(tmp)
+        write_model(work / "llama")
+        (work / "ds.json").write_text(json.dumps(DEEPSPEED))
+        (work / "fsdp.json").write_text(json.dumps(FSDP))
+        for backend in a.backends:
+            measures = {tool: measure(tool, backend, a.steps, work) for tool in RUNS[backend]}
+            results = rounds(measures, a.repeats)
+            ours = results["distsetup"]
+            for tool, runs in results.items():
+                step_ratios = [steady(peer) / steady(mine) for peer, mine in zip(runs, ours, strict=True)]
+                first_ratios = [peer["first"] / mine["first"] for peer, mine in zip(runs, ours, strict=True)]
+                rows.append(
+                    [
+                        backend,
+                        tool,
+                        runs[0]["ran"],
+                        statistics.median(steady(run) for run in runs),
+                        "" if tool == "distsetup" else statistics.median(step_ratios),
+                        statistics.median(run["first"] for run in runs),
+                        "" if tool == "distsetup" else statistics.median(first_ratios),
+                    ]
+                )
+    text = table(
+        [
+            "backend",
+            "tool",
+            "ran as",
+            "median step s",
+            "peer / distsetup step",
+            "time to first step s",
+            "peer / distsetup first step",
+        ],
+        rows,
+    )
+    text += (
+        f"\n\nTiny Llama {LAYERS} x {HIDDEN}, vocabulary {VOCAB}, sequence {SEQ}, micro-batch {MICRO} per process, "
+        f"2 processes, fp32, AdamW, clipping 1.0, {a.steps} steps; medians over {a.repeats} alternating rounds; "
+        "ratios >= 1: distsetup is faster. 'ran as' is what each tool did with the request (on a CPU Accelerate "
+        "runs its FSDP plugin as DDP)."
+    )
+    record("distsetup against the HF Trainer and Accelerate", text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
