@@ -63,12 +63,23 @@ def write_model(folder: Path) -> None:
     LlamaForCausalLM(config).save_pretrained(folder)
 
 
-def torchrun(argv: list) -> tuple[str, float]:
-    """(stdout, the Unix time it was started) of a 2-process torchrun of `argv`, one thread per process."""
-    # DeepSpeed's CPU ops as `make ops` built them (else the first run that needs one compiles it, in its time)
-    # and the venv's tools first, as in the Makefile (another ninja's build log forces a rebuild)
+def environment() -> dict:
+    """DeepSpeed's CPU ops where `make ops` builds them, the venv's tools first (as in the Makefile: another ninja's
+    build log forces a rebuild), one thread per process."""
     env = {"TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions"), **os.environ, "OMP_NUM_THREADS": "1"}
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    return env
+
+
+def build_ops() -> None:
+    """DeepSpeed's shared-memory collectives, compiled (if they must be) before any run is timed."""
+    load = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as S; S().load(verbose=False)"
+    subprocess.run([sys.executable, "-c", load], env=environment(), check=True, capture_output=True)
+
+
+def torchrun(argv: list) -> tuple[str, float]:
+    """(stdout, the Unix time it was started) of a 2-process torchrun of `argv`."""
+    env = environment()
     started = time.time()
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", *map(str, argv)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -148,6 +159,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         work = Path(tmp)
         write_model(work / "llama")
+        build_ops()
         (work / "ds.json").write_text(json.dumps(DEEPSPEED))
         (work / "fsdp.json").write_text(json.dumps(FSDP))
         for backend in a.backends:
