@@ -107,24 +107,7 @@ def targets_for(head: LossHead, targets: torch.Tensor):
         head.targets = None
 
 
-def as_loss_head(head: nn.Module) -> LossHead | None:
-    """`head` turned into a LossHead in place (its parameters and their names as they are), or None where it is not
-    a plain nn.Linear."""
-    if type(head) is not nn.Linear:
-        return None
+def as_loss_head(head: nn.Linear) -> LossHead:
+    """`head`, a plain nn.Linear, turned into a LossHead in place (its parameters and their names as they are)."""
     head.__class__ = LossHead
     return head  # type: ignore[return-value]
-
-
-def returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Tensor, forward_kwargs: dict) -> bool:
-    """Whether `model`(input_ids) returns exactly what `head` returned (its `logits`), unchanged: a model that scales
-    or soft-caps its logits after the head cannot have its loss computed inside the head."""
-    returned = []
-    handle = head.register_forward_hook(lambda module, args, output: returned.append(output))
-    try:
-        with torch.no_grad():
-            outputs = model(input_ids, **forward_kwargs)
-    finally:
-        handle.remove()
-    logits = outputs.get("logits") if isinstance(outputs, dict) else getattr(outputs, "logits", outputs)
-    return len(returned) == 1 and logits is returned[0]

@@ -242,9 +242,21 @@ def _unsliceable(model: nn.Module, m, head: nn.Module) -> str:
     if m.type != "hf":
         return ""
     ids = torch.zeros((1, 2), dtype=torch.long, device=head.weight.device)
-    if chunked_loss.returns_head_output(model, head, ids, forward_kwargs(model, "hf")):
+    if _returns_head_output(model, head, ids):
         return ""
     return f"{type(model).__name__} changes its logits after the output head"
+
+
+def _returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Tensor) -> bool:
+    """Whether the Hugging Face `model`(input_ids) returns as its logits exactly the object `head` returned."""
+    returned = []
+    handle = head.register_forward_hook(lambda module, args, output: returned.append(output))
+    try:
+        with torch.no_grad():
+            outputs = model(input_ids, **forward_kwargs(model, "hf"))
+    finally:
+        handle.remove()
+    return len(returned) == 1 and field_of(outputs, "logits", outputs) is returned[0]
 
 
 def forward_kwargs(model: nn.Module, model_type: str) -> dict:
