@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv ops constraints lint test test-fast demo bench bench-gpu schemas presets clean
+.PHONY: venv ops constraints lint docs test test-fast demo bench bench-gpu schemas presets clean
 
 # Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
 DEMO_PROCS ?= 2
@@ -23,7 +23,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	# torch first, the CPU build (an unpinned torch pulls the CUDA wheels), then DeepSpeed built against it.
 	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation deepspeed
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train,hf,test,lint]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train,hf,test,lint,docs]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -36,22 +36,27 @@ ops: venv
 constraints: venv
 	$(PY) -m pip install -q pip-tools
 	CUSTOM_COMPILE_COMMAND="make constraints" $(VENV)/bin/pip-compile --quiet --upgrade --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
-		--extra train --extra hf --extra test --extra lint --pip-args "--no-build-isolation" \
+		--extra train --extra hf --extra test --extra lint --extra docs --pip-args "--no-build-isolation" \
 		--output-file $(CONSTRAINTS) setup.cfg requirements/ci.in
 
-# Lint first in CI (`make lint test`): ruff's rules and format, then mypy's types.
+# Lint first in CI (`make lint docs test`): ruff's rules and format, then mypy's types.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The whole suite (under 20 minutes on 2 cores); test-fast leaves out every test marked slow (several
-# processes: torchrun, deepspeed, sbatch) and takes under 3 minutes.
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or anchor and on a page
+# missing from the nav. The command reference, the run config's keys and the benchmark tables are generated.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
+
+# The whole suite (under 20 minutes on 2 cores); test-fast is its in-process tier, tests/unit/ (tests/processes/
+# starts torchrun, deepspeed, sbatch), and takes under 3 minutes.
 test: venv ops
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q tests/unit
 
 # The README's main job: a ZeRO-2 config and a launcher for this machine, then the run itself.
 demo: venv
@@ -77,4 +82,4 @@ presets: venv
 		$(VENV)/bin/distsetup deepspeed --preset $$p --output config/presets/$$p.json; done
 
 clean:
-	rm -rf $(VENV) .torch_extensions build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) .torch_extensions build dist *.egg-info .pytest_cache site

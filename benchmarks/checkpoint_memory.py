@@ -113,7 +113,9 @@ def main():
         source, reads = out, writes
     subprocess.run(["rm", "-rf", source], check=True)
 
-    from distsetup.training.named_state import weight_stream  # after the runs: this process's size is theirs too
+    from distsetup.training.checkpoint.named_state import (
+        weight_stream,  # after the runs: this process's size is theirs too
+    )
 
     fp32_bytes = sum(4 * math.prod(shape) for shape, _ in weight_stream(step).shapes.values())
     rows = [[name, *layouts, rss / 2**30, rss / fp32_bytes, seconds] for name, *layouts, rss, seconds in measured]

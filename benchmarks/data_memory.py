@@ -55,7 +55,7 @@ def measure(mode: str, corpus: Path, cache: Path, rank: int, steps: int) -> None
     """One rank: read the data as `mode` does, take `steps` batches; print the peak RSS in bytes."""
     import torch
 
-    from distsetup.training.data import ShardedSampler, TokenBlocks, build_datasets
+    from distsetup.training.data.datasets import ShardedSampler, TokenBlocks, build_datasets
 
     if mode == "token cache":
         blocks = build_datasets(run_config(corpus, cache), eval_batch=MICRO * WORLD).train
@@ -107,7 +107,7 @@ def main():
             write_corpus(corpus, SIZES[name])
         shutil.rmtree(cache, ignore_errors=True)
         began = time.perf_counter()
-        from distsetup.training.data import build_datasets
+        from distsetup.training.data.datasets import build_datasets
 
         build_datasets(run_config(corpus, cache), eval_batch=MICRO * WORLD)  # rank 0 tokenizes it once
         tokenize_s = time.perf_counter() - began

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from common import BIN, add_run_arguments, alternate, launch, machine, record, reference_argv, table, train_py_argv
 
-from distsetup.training import throughput
-from distsetup.training.throughput import peak_tflops
+from distsetup.training.model import throughput
+from distsetup.training.model.throughput import peak_tflops
 
 GOAL = 0.40
 RUNS = ["train.py single", "train.py fsdp", "train.py zero3", "reference loop"]
@@ -44,7 +44,7 @@ def flops_per_token(a) -> float:
 def gpt_on_meta(a):
     import torch
 
-    from distsetup.training.gpt import GPT
+    from distsetup.training.model.gpt import GPT
 
     with torch.device("meta"):
         return GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)

@@ -5,7 +5,7 @@ Single-process src/train.py runs of the built-in GPT that differ only in model.v
 micro-batch 2, sequence 1024, fp32, on the CPU): the loss's extra peak is the difference of the two runs' peak
 memory (the process's peak RSS) less the difference of their model states (summary.json), in units of the fp32
 logits the larger vocabulary adds (2 x 1024 x 98304 x 4 bytes). Beside it, what `distsetup plan` counts for the
-same difference (planner.activation_bytes, at peak), and each run's median step. Rounds alternate."""
+same difference (estimates.activation_bytes, at peak), and each run's median step. Rounds alternate."""
 
 import argparse
 import json
@@ -17,7 +17,8 @@ from pathlib import Path
 from common import REPO, median, record, rounds, table
 
 sys.path.insert(0, str(REPO))
-from distsetup.planning.planner import ModelShape, Workload, activation_bytes  # noqa: E402
+from distsetup.planning.estimates import Workload, activation_bytes  # noqa: E402
+from distsetup.planning.models import ModelShape  # noqa: E402
 
 VOCABS = (32768, 131072)
 MODES = ("never", "always")

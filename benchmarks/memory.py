@@ -80,8 +80,8 @@ def main():
     parser.add_argument("--n_embd", type=int, default=128)
     a = parser.parse_args()
     from distsetup.cli.commands.plan import count_on_meta
-    from distsetup.formats.runconfig import load_run_config
-    from distsetup.planning.planner import BY_KEY, Hardware, model_states
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.planning.estimates import BY_KEY, Hardware, model_states
 
     overrides = [
         f"model.n_layer={a.n_layer}",

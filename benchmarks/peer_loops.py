@@ -11,7 +11,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, get_cosine_schedule_with_warmup
 
-from distsetup.training.data import synthetic_dataset
+from distsetup.training.data.datasets import synthetic_dataset
 
 SEED, LR, WEIGHT_DECAY, CLIP, WARMUP = 1234, 1e-3, 0.01, 1.0, 5
 ON_CPU = not torch.cuda.is_available()

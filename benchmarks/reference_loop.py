@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from common import add_run_arguments
 
-from distsetup.training.data import synthetic_dataset
-from distsetup.training.gpt import GPT
+from distsetup.training.data.datasets import synthetic_dataset
+from distsetup.training.model.gpt import GPT
 from distsetup.training.optim import param_groups
 
 

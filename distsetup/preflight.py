@@ -21,21 +21,15 @@ from datetime import timedelta
 EXIT_FAILED = 1
 
 
-def _env_int(name: str, fallback: str | None = None, default: int | None = None) -> int:
-    value = os.environ.get(name) or (os.environ.get(fallback) if fallback else None)
-    if value is None:
-        if default is not None:
-            return default
-        raise KeyError(name)
-    return int(value)
-
-
 def where() -> dict:
-    """Who this process is, from torchrun's (or SLURM's) environment."""
+    """Who this process is, from torchrun's (or srun's) environment, read by the trainer's one reader."""
+    from distsetup.training.world import read_world  # imports torch: not for --help
+
+    world = read_world(srun_stands_in=True)
     return {
-        "rank": _env_int("RANK", "SLURM_PROCID", 0),
-        "world_size": _env_int("WORLD_SIZE", "SLURM_NTASKS", 1),
-        "local_rank": _env_int("LOCAL_RANK", "SLURM_LOCALID", 0),
+        "rank": world.rank,
+        "world_size": world.size,
+        "local_rank": world.local_rank,
         "host": socket.gethostname(),
         "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "master_port": os.environ.get("MASTER_PORT", "29500"),

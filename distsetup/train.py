@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.runconfig import load_run_config, resolve_config_path
+from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig_load import load_run_config
 
 
 def parse_args(argv=None):
@@ -55,6 +56,8 @@ def load_config(args):
             f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
         )
     overrides = list(args.overrides)
+    if steps := os.environ.get("DISTSETUP_MAX_STEPS"):  # a smoke run's length (the docs' tests) over any other
+        overrides.append(f"training.max_steps={steps}")
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
     cfg = load_run_config(args.config, overrides)
@@ -92,8 +95,8 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-def export(cfg, args) -> int:
-    from distsetup.training.export import export_weights
+def export(cfg: RunConfig, args: argparse.Namespace) -> int:
+    from distsetup.training.checkpoint.export import export_weights
 
     used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
     print(f"exported {count} tensors ({args.export_dtype}) from {used} to {args.export}")
@@ -104,7 +107,7 @@ def export(cfg, args) -> int:
 _RUNS: list = []
 
 
-def train(cfg, args) -> int:
+def train(cfg: RunConfig, args: argparse.Namespace) -> int:
     from distsetup.training.trainer import Trainer
 
     trainer = Trainer(cfg, args)

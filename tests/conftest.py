@@ -1,23 +1,60 @@
-import ast
+"""Fixtures every tier shares, and the tiers themselves: the folder a test is in is its tier.
+
+tests/unit/       fast: in-process (Click's CliRunner), or one plain interpreter (`python -m distsetup`, a
+                  one-process train.py run): `pytest tests/unit`, the same tests as `-m 'not slow'`
+tests/processes/  start processes (torchrun, the deepspeed launcher, accelerate, sbatch on a test SLURM cluster) or
+                  import a client (transformers, Accelerate): marked `slow` here
+tests/gpu/        need a CUDA GPU: marked `gpu` (and `slow`) here, and deselected where torch sees no GPU
+tests/support/    helpers and data, imported as top-level modules (setup.cfg: pythonpath = tests/support)
+"""
+
+import json
 import os
-import socket
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hostile_input import RUN_CONFIG
+from launch_inputs import DS_CONFIG
+from repo import REPO
 from shell_checks import require_tool
 from slurm_cluster import LocalSlurm, slurm_available
 
 from distsetup.cli.main import cli
 
-REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
 # Every process the tests start (torchrun, sbatch jobs, DeepSpeed's JIT builds) must find this
 # interpreter's tools first: two ninja versions write incompatible build logs, and alternating between
 # them recompiles DeepSpeed's CPU ops (30 s or more) on every run.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = {"processes": ("slow",), "gpu": ("gpu", "slow")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder; without a GPU, deselect the GPU tier (deselected, not skipped: CI fails skips)."""
+    for item in items:
+        path = Path(item.path)
+        tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        for marker in TIER_MARKERS.get(tier, ()):
+            item.add_marker(marker)
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not cuda_available():
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU; without an NVIDIA device or driver, answered without importing torch."""
+    if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.fixture
@@ -33,7 +70,7 @@ def run_cli():
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    """A real two-node SLURM cluster on loopback (tests/slurm_cluster.py), started once for every test."""
+    """A real two-node SLURM cluster on loopback (tests/support/slurm_cluster.py), started once for every test."""
     if not slurm_available() or os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("SLURM tests must run in CI: install slurmctld slurmd slurm-client munge and run as root")
@@ -45,35 +82,13 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_subprocess_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-    """`python -m distsetup ARGS...` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "distsetup", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def heavy_imports(args: list[str], watched: tuple[str, ...], cwd=REPO) -> tuple[list[str], object]:
-    """(the `watched` modules loaded, the exit code) after `distsetup ARGS` in a fresh interpreter."""
-    code = (
-        "import sys\nfrom distsetup.cli.main import cli\n"
-        f"try:\n    cli({list(args)!r}, prog_name='distsetup')\nexcept SystemExit as e:\n    code = e.code\n"
-        f"print(repr((sorted(m for m in {watched!r} if m in sys.modules), code)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip(), out.stdout + out.stderr
-    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A folder with a run config and a good DeepSpeed file; the cwd."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(RUN_CONFIG)
+    (tmp_path / "good.json").write_text(json.dumps(DS_CONFIG))
+    return tmp_path
 
 
 _skipped_in_ci: list[str] = []

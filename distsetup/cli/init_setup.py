@@ -10,25 +10,16 @@ import yaml
 
 from distsetup.cli.output import json_text, refuse_generated_problems, write_atomic
 from distsetup.errors import DistsetupError
-from distsetup.formats.batch import check_world_counts
-from distsetup.formats.deepspeed import deepspeed_problems
-from distsetup.formats.fsdp import TRAINER_PRECISIONS, fsdp_problems
-from distsetup.formats.runconfig import config_problems
-from distsetup.planning.models import BUILTIN_SIZES, hf_context_length, hf_shape_from_json
-from distsetup.planning.planner import (
-    BY_KEY,
-    STRATEGIES,
-    Hardware,
-    ModelShape,
-    Plan,
-    Workload,
-    candidates,
-    estimate,
-    gb,
-    parse_memory,
-    plan,
-)
+from distsetup.formats.batch import check_world_counts, per_rank_batch
+from distsetup.formats.deepspeed_rules import deepspeed_problems
+from distsetup.formats.fsdp import TRAINER_PRECISIONS
+from distsetup.formats.fsdp_rules import fsdp_problems
+from distsetup.formats.runconfig_load import config_problems
+from distsetup.planning.estimates import BY_KEY, STRATEGIES, Hardware, Workload, estimate
+from distsetup.planning.models import BUILTIN_SIZES, ModelShape, hf_context_length, hf_shape_from_json
+from distsetup.planning.planner import Plan, candidates, plan
 from distsetup.planning.recommendation import recommended_files
+from distsetup.planning.units import gb, parse_memory
 from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script, launch_warnings
 from distsetup.scripts.sbatch import SlurmSpec, build_slurm_script, slurm_warnings
 
@@ -145,17 +136,6 @@ def hf_config_path(model: str) -> Path:
             "give a folder that save_pretrained() wrote (config.json, weights optional).",
         )
     return folder / "config.json"
-
-
-def per_rank_batch(global_batch: int, num_nodes: int, per_node: int) -> int:
-    world = num_nodes * per_node
-    if global_batch % world:
-        raise DistsetupError(
-            f"--global_batch_size {global_batch} is not divisible by the {world} processes ({num_nodes} node(s) "
-            f"x {per_node}).",
-            f"use a multiple of {world}.",
-        )
-    return global_batch // world
 
 
 def cpu_choice(answers: Answers) -> Choice:

@@ -12,7 +12,8 @@ from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.reading import read_yaml
-from distsetup.formats.runconfig import RunConfig, backend_of, check_run_config, resolve_config_path, run_config_from
+from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig_load import backend_of, check_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.scripts.launch_plan import (

@@ -5,6 +5,7 @@ a number is finite, and a value the option cannot take is one line naming the fl
 exit 1), not Click's usage block.
 """
 
+import dataclasses
 import math
 
 import click
@@ -96,6 +97,12 @@ def chosen_precision(bf16: bool, fp16: bool, fp32: bool = False) -> str | None:
     if len(given) > 1:
         raise DistsetupError(f"--{' and --'.join(given)} are mutually exclusive.", "choose one (bf16 on A100/H100).")
     return given[0] if given else None
+
+
+def spec_values(spec_class, opts: dict, *, besides: tuple[str, ...] = ()) -> dict:
+    """The fields of a spec dataclass that options of the same name give, but those in `besides` (the command
+    builds them itself): {field: its option's value}."""
+    return {f.name: opts[f.name] for f in dataclasses.fields(spec_class) if f.name in opts and f.name not in besides}
 
 
 positive = click.IntRange(min=1)

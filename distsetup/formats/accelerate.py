@@ -4,15 +4,9 @@ keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, check
 
 from pathlib import Path
 
-from distsetup.formats.deepspeed import (
-    OFFLOAD_DEVICES,
-    STAGE_NUMBERS,
-    AccelerateWords,
-    DeepSpeedSpec,
-    violations,
-    worded,
-)
-from distsetup.formats.fsdp import fsdp_problems
+from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, DeepSpeedSpec
+from distsetup.formats.deepspeed_rules import AccelerateWords, violations, worded
+from distsetup.formats.fsdp_rules import fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
 
 # ClusterConfig's fields; Accelerate refuses any other top-level key ("had unknown keys"), save the two old

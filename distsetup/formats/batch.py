@@ -34,6 +34,23 @@ FLAGS = BatchNames("--micro_batch_size", "--gradient_accumulation_steps", "--tra
 FILE_KEYS = BatchNames("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 
 
+def global_batch_of(micro: int, accumulation: int, world_size: int) -> int:
+    """The batch identity: samples per optimizer step = micro-batch x gradient accumulation x world size."""
+    return micro * accumulation * world_size
+
+
+def per_rank_batch(global_batch: int, num_nodes: int, per_node: int) -> int:
+    """Samples per rank per optimizer step: a global batch the world size (nodes x processes per node) divides."""
+    world = num_nodes * per_node
+    if global_batch % world:
+        raise DistsetupError(
+            f"--global_batch_size {global_batch} is not divisible by the {world} processes ({num_nodes} node(s) "
+            f"x {per_node}).",
+            f"use a multiple of {world}.",
+        )
+    return global_batch // world
+
+
 class BatchMismatch(ValueError):
     """No batch sizes satisfy train = micro x accumulation x world size. `message` says what is wrong with the
     train batch size (and follows its name); `fits` is a train batch size that would do."""
@@ -53,13 +70,13 @@ def complete_batch(
         if micro is None:
             raise BatchMismatch(f"is not set, and neither is {names.micro}", world_size)
         accumulation = 1 if accumulation is None else accumulation
-        return BatchSizes(micro, accumulation, micro * accumulation * world_size, world_size)
+        return BatchSizes(micro, accumulation, global_batch_of(micro, accumulation, world_size), world_size)
     if micro is None:
         accumulation = 1 if accumulation is None else accumulation
         micro = _other_factor(train, accumulation, world_size, names.accumulation, names)
     elif accumulation is None:
         accumulation = _other_factor(train, micro, world_size, names.micro, names)
-    product = micro * accumulation * world_size
+    product = global_batch_of(micro, accumulation, world_size)
     if product != train:
         raise BatchMismatch(
             f"{train} != {names.micro} {micro} x {names.accumulation} {accumulation} "

@@ -6,12 +6,84 @@ and the trainer read folders through this module."""
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, ClassVar
+
+from distsetup.errors import DistsetupError
 
 MARKER = "COMPLETE"
 STEP_FOLDER = re.compile(r"step_(\d+)")
-REQUIRED_META = ("backend", "step", "world_size")
+
+
+def layout(backend: str, zero_stage: int | None) -> str:
+    """How a backend lays out its checkpoint's files: "state.pt" (single, DDP), "fsdp" (DCP folders or
+    full_state.pt), "zero0" (DeepSpeed ZeRO-0's one file), "zero" (ZeRO 1-3's files per rank); "universal"
+    (DeepSpeed's universal folder) is only ever written by `distsetup checkpoint convert`."""
+    if backend == "deepspeed":
+        return "zero0" if zero_stage == 0 else "zero"
+    return {"single": "state.pt", "ddp": "state.pt", "fsdp": "fsdp"}[backend]
+
+
+def described(backend: str, zero_stage: int | None) -> str:
+    return backend if zero_stage is None else f"{backend} ZeRO-{zero_stage}"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A checkpoint's COMPLETE marker: what wrote it, at which step and world size, and the size of every file."""
+
+    backend: str
+    step: int
+    world_size: int
+    zero_stage: int | None = None
+    precision: str | None = None
+    model: dict | None = None  # the run config's model section (absent before distsetup stored it)
+    loss: float | None = None
+    sampler: dict | None = None  # the ShardedSampler's state: where the data resumes
+    user_code: str | None = None  # the folder of the user's own code (model.type or data.type python)
+    layout: str | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
+    converted_from: str | None = None
+    files: dict[str, int] = field(default_factory=dict)
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("backend", "step", "world_size")
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Marker":
+        """A marker read back; keys it does not know (an older or newer distsetup's) are left out."""
+        if not isinstance(raw, dict) or any(key not in raw for key in cls.REQUIRED):
+            raise ValueError(f"{MARKER} lacks {', '.join(cls.REQUIRED)}")
+        if not isinstance(raw.get("files") or {}, dict):
+            raise ValueError(f"{MARKER}'s files are not a mapping of names to sizes")
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in raw.items() if key in known and value is not None})
+
+    @classmethod
+    def read(cls, folder: Path) -> "Marker":
+        return cls.from_json(json.loads((folder / MARKER).read_text()))
+
+    def to_json(self) -> str:
+        optional = ("user_code", "layout", "converted_from")
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None or k not in optional}, indent=2)
+
+    @property
+    def files_layout(self) -> str:
+        """The layout the checkpoint's files are in."""
+        return self.layout or layout(self.backend, self.zero_stage)
+
+    @property
+    def written_by(self) -> str:
+        return described(self.backend, self.zero_stage)
+
+    @property
+    def global_batch(self) -> int | None:
+        return (self.sampler or {}).get("global_batch")
+
+    @property
+    def legacy_hf_names(self) -> bool:
+        """Whether it keeps a Hugging Face model under the names of the wrapper distsetup trained it in before it
+        trained every model as itself (its stored model section still says layer_cls)."""
+        return isinstance(self.model, dict) and self.model.get("type") == "hf" and "layer_classes" not in self.model
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -32,6 +104,18 @@ def find_resume(root: Path) -> tuple[Path | None, list[str]]:
             return path, damaged
         damaged.append(f"{path}: {problem}")
     return None, damaged
+
+
+def resume_point(root: Path) -> tuple[Path | None, list[str]]:
+    """find_resume, where newer folders being damaged and none intact is an error: a run would silently start
+    over."""
+    resume, damaged = find_resume(root)
+    if resume is None and damaged:
+        raise DistsetupError(
+            f"no intact checkpoint to resume from: {damaged[0]}.",
+            "move the damaged folder aside, or start afresh with --no_resume.",
+        )
+    return resume, damaged
 
 
 def beyond_newest(root: Path, keep: int) -> list[Path]:
@@ -57,27 +141,22 @@ def damage(path: Path, step: int) -> str | None:
     """What makes checkpoint folder `path` (step_`step`) unusable, or None: its marker must be ours and name `step`,
     and every file the marker lists must be there with the size it had when the checkpoint completed."""
     try:
-        meta = read_meta(path)
+        raw = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
         return f"{MARKER} is not a distsetup marker (unreadable or not JSON)"
-    if not isinstance(meta, dict) or any(key not in meta for key in REQUIRED_META):
-        return f"{MARKER} lacks {', '.join(REQUIRED_META)}"
-    if meta["step"] != step:
-        return f"{MARKER} names step {meta['step']}"
-    files = meta.get("files") or {}
-    if not isinstance(files, dict):
-        return f"{MARKER}'s files are not a mapping of names to sizes"
-    for name, size in files.items():
+    try:
+        marker = Marker.from_json(raw)
+    except (ValueError, TypeError) as e:
+        return str(e) if isinstance(e, ValueError) else f"{MARKER} holds values of the wrong kind"
+    if marker.step != step:
+        return f"{MARKER} names step {marker.step}"
+    for name, size in marker.files.items():
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, not the {size} it was written with"
     return None
-
-
-def read_meta(path: Path) -> dict:
-    return json.loads((path / MARKER).read_text())
 
 
 def file_sizes(path: Path) -> dict[str, int]:
@@ -122,16 +201,16 @@ def list_checkpoints(run: Path) -> list[Listed]:
         step = int(match.group(1))
         marked = (folder / MARKER).is_file()
         problem = damage(folder, step) if marked else f"no {MARKER} marker (being written, or stopped mid-save)"
-        meta = read_meta(folder) if marked and problem is None else {}
+        marker = Marker.read(folder) if marked and problem is None else None
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         listed.append(
             Listed(
                 path=str(folder),
                 step=step,
-                backend=meta.get("backend"),
-                zero_stage=meta.get("zero_stage"),
-                world_size=meta.get("world_size"),
-                precision=meta.get("precision"),
+                backend=marker.backend if marker else None,
+                zero_stage=marker.zero_stage if marker else None,
+                world_size=marker.world_size if marker else None,
+                precision=marker.precision if marker else None,
                 complete=problem is None,
                 problem=problem,
                 size_bytes=size,

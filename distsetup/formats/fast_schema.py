@@ -3,7 +3,7 @@
 Importing jsonschema takes about a quarter of a generating command's time, and almost every file a
 command checks is valid. `conforms` answers "valid" without it; every "no" (and any keyword it does
 not know) goes on to jsonschema, which finds and explains the problems. So it may say "no" too often,
-never "yes" too often: tests/test_fast_schema.py holds it to that against jsonschema itself.
+never "yes" too often: tests/unit/test_fast_schema.py holds it to that against jsonschema itself.
 """
 
 KNOWN_KEYWORDS = {

@@ -7,10 +7,11 @@ import io
 from typing import Any
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.fsdp import fsdp_findings, read_inline
+from distsetup.formats.fsdp_inline import read_inline
+from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.other_names import AMBIGUOUS, OTHER_NAMES
 from distsetup.formats.reading import parse_yaml
-from distsetup.formats.runconfig import check_run_config
+from distsetup.formats.runconfig_load import check_run_config
 
 
 def fixed_run_config(text: str, name: str) -> tuple[str, list[str]]:
@@ -85,7 +86,7 @@ def _rename_other_names(document: Any, changes: list[str]) -> None:
 
 
 def _old_spellings(document: Any, changes: list[str]) -> None:
-    """activation_checkpointing: true/false -> full/none; layer_cls: X -> layer_classes: [X] (runconfig.py)."""
+    """activation_checkpointing: true/false -> full/none; layer_cls: X -> layer_classes: [X] (runconfig_load.py)."""
     training, model = document.get("training"), document.get("model")
     if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
         mode = "full" if training["activation_checkpointing"] else "none"

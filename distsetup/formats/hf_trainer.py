@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from distsetup.formats.batch import global_batch_of
 from distsetup.formats.deepspeed import zero_stage_of
 from distsetup.formats.problems import Problem, wrong_type
 
@@ -77,7 +78,9 @@ class Fill:
 
 
 def _train_batch(t: TrainerValues, c: Context):
-    return c.world_size * t.per_device_train_batch_size * t.gradient_accumulation_steps if c.world_size else None
+    if not c.world_size:
+        return None
+    return global_batch_of(t.per_device_train_batch_size, t.gradient_accumulation_steps, c.world_size)
 
 
 def _warmup(t: TrainerValues, c: Context):

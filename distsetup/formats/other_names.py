@@ -2,7 +2,7 @@
 the guides users copy from. Each known name is either read as distsetup's own key (OTHER_NAMES, with a note saying
 so) or, where distsetup has no such key, answered with where the setting lives here (ELSEWHERE). One table:
 `read_other_names` applies it to a run config, `hint` words the suggestion for an unknown key, and
-tests/test_other_names.py holds the HF Trainer's names to TrainingArguments' own fields."""
+tests/unit/test_other_names.py holds the HF Trainer's names to TrainingArguments' own fields."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

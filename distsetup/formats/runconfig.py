@@ -1,28 +1,21 @@
-"""The run config (config.yaml): one dataclass per section, loaded strictly, checked across fields once.
+"""The run config (config.yaml): one dataclass per section, each field with its documentation and its JSON Schema
+constraints. `runconfig_load` reads a file into these strictly; `runconfig_rules` checks what spans fields.
 
-Each field's metadata also yields the JSON Schema shipped as distsetup/formats/schemas/run_config.schema.json
+The fields' metadata also yields the JSON Schema shipped as distsetup/formats/schemas/run_config.schema.json
 (`python -m distsetup.formats.runconfig > distsetup/formats/schemas/run_config.schema.json` regenerates it).
 """
 
 import dataclasses
 import json
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from distsetup.errors import DistsetupError
-from distsetup.formats import python_refs
-from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, inline_findings, read_inline
 from distsetup.formats.lr_scaling import RULES
-from distsetup.formats.other_names import hint, read_other_names
-from distsetup.formats.problems import Problem, join_path, schema_problems
-from distsetup.formats.reading import parse_yaml, read_yaml
 
 BACKENDS = ("single", "ddp", "fsdp", "deepspeed")
 MODEL_TYPES = ("gpt", "hf", "python")
+BUILTIN_BLOCK = "Block"  # the built-in GPT's block class: what FSDP2 shards, checkpointing recomputes, compile compiles
 DATA_TYPES = ("synthetic", "files", "python")
 FORMATS = ("text", "prompt_completion", "chat")
 REPORTERS = ("tensorboard", "wandb")
@@ -74,8 +67,8 @@ class ModelConfig:
     layer_classes: list[str] = setting(
         [],
         "the repeated blocks' classes: what FSDP2 shards, activation checkpointing recomputes and compile compiles; "
-        "default: the model's own (gpt: Block; hf: its _no_split_modules; python: the class of the children of its "
-        "largest nn.ModuleList or nn.Sequential of one class of its own); layer_cls: X is read as [X]",
+        f"default: the model's own (gpt: {BUILTIN_BLOCK}; hf: its _no_split_modules; python: the class of the children "
+        "of its largest nn.ModuleList or nn.Sequential of one class of its own); layer_cls: X is read as [X]",
     )
     zero3_leaf_classes: list[str] = setting(
         [],
@@ -224,13 +217,25 @@ SECTIONS = {  # section name -> its dataclass, in field order
 }
 
 
-@dataclass
-class Checked:
-    """What checking a raw run config found: its problems, the notes on how it was read, the keys it sets."""
+# (section, key, what the function it names does, the type that needs it or None)
+PYTHON_REFERENCES = (
+    ("model", "builder", "builds the model", "python"),
+    ("data", "builder", "builds a dataset for a split", "python"),
+    ("data", "collate", "makes a batch of samples", None),
+    ("training", "loss", "computes a micro-batch's loss", None),
+)
 
-    problems: list[Problem]
-    notes: list[str]
-    written: dict[str, str]  # as RunConfig.written
+
+def names_user_code(config: RunConfig) -> bool:
+    """Whether the run config names some of the user's code (model.builder, data.builder, ...)."""
+    return any(getattr(getattr(config, section), key) for section, key, *_ in PYTHON_REFERENCES)
+
+
+def resolve_config_path(path: str, base_dir: Path | None) -> Path:
+    """A file named in a run config: as given when absolute or present in the working directory, else
+    next to the config (base_dir); every reader of the config resolves paths this way."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() or base_dir is None else base_dir / p
 
 
 def run_config_schema() -> dict:
@@ -265,434 +270,6 @@ def _json_type(hint) -> dict:
             return {"type": ["array", "null"], "items": {"type": names[typing.get_args(inner)[0]]}}
         return {"type": [names[inner], "null"]}
     return {"type": names[hint]}
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict."""
-    for item in overrides:
-        dotted, sep, value = item.partition("=")
-        section, dot, key = dotted.partition(".")
-        if not (sep and dot and key):
-            raise DistsetupError(
-                f"override '{item}' is not of the form section.key=value.", "write e.g. training.lr=3e-4"
-            )
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raise DistsetupError(
-                f"override '{item}': '{section}' is not a section.", f"sections are {', '.join(SECTIONS)}."
-            )
-        try:
-            raw[section][key] = parse_yaml(value)
-        except (yaml.YAMLError, ValueError):  # ValueError: a bad date, a 5000-digit integer, a bomb
-            raise DistsetupError(
-                f"override '{item}': the value is not valid YAML.",
-                f"quote it: {dotted}='\"...\"' (a path or a string).",
-            )
-    return raw
-
-
-def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
-    return check_run_config(raw, base_dir).problems
-
-
-def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
-    """Every problem in a raw run config: keys that are not names, other tools' names (read as distsetup's, in
-    place), the schema (unknown keys, types, ranges, NaN and infinities), what the schema cannot say (whole numbers,
-    blank names), then cross-field rules; with the notes on how it was read."""
-    problems = _key_problems(raw)
-    if problems:
-        return Checked(problems, [], {})
-    notes, problems, spelled = _read_other_spellings(raw)
-    written = {
-        f"{section}.{key}": f"{section}.{key}"
-        for section, values in raw.items()
-        if isinstance(values, dict)
-        for key in values
-    } | spelled
-    if problems:
-        return Checked(problems, notes, written)
-    problems = schema_problems(raw, "run_config", hint)
-    reported = {p.path for p in problems}
-    problems += [p for p in _value_problems(raw) if p.path not in reported]
-    if not problems:
-        problems = _cross_field_problems(_build(raw), base_dir) + _step_count_problems(raw)
-        inline = (raw.get("distributed") or {}).get("fsdp")
-        if inline:
-            found, said = inline_findings(inline)
-            problems += found
-            notes += said
-    return Checked(problems, notes, written)
-
-
-def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
-    """Older spellings of distsetup's keys, other tools' names, and FSDP settings written inline."""
-    problems = _read_old_spellings(raw)
-    notes, found, spelled = read_other_names(raw)
-    problems += found
-    distributed = raw.get("distributed")
-    if isinstance(distributed, dict) and any(k.startswith("fsdp_") and k != "fsdp_config" for k in distributed):
-        block, said, found = read_inline(distributed)
-        notes += said
-        problems += found
-        if "fsdp" in distributed:
-            problems.append(
-                Problem(
-                    "distributed.fsdp",
-                    "FSDP settings are written both as distributed.fsdp and as fsdp_* keys beside it.",
-                    "keep one of the two forms.",
-                )
-            )
-        else:
-            distributed["fsdp"] = block
-    return notes, problems, spelled
-
-
-def _step_count_problems(raw: dict) -> list[Problem]:
-    training = raw.get("training") or {}
-    if "epochs" in training and "max_steps" in training:
-        return [Problem("training.epochs", "epochs and max_steps are both set.", "keep one of them.")]
-    return []
-
-
-def _read_old_spellings(raw: dict) -> list[Problem]:
-    """training.activation_checkpointing was a boolean before it had modes: true is full, false none; model.layer_cls
-    named one class before model.layer_classes named several."""
-    training, model = raw.get("training"), raw.get("model")
-    if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
-        training["activation_checkpointing"] = "full" if training["activation_checkpointing"] else "none"
-    if isinstance(model, dict) and "layer_cls" in model:
-        single = model.pop("layer_cls")
-        if "layer_classes" in model and model["layer_classes"] != [single]:
-            return [
-                Problem(
-                    "model.layer_cls",
-                    f"layer_cls {single!r} and layer_classes {model['layer_classes']!r} name different classes.",
-                    "keep layer_classes alone.",
-                )
-            ]
-        model["layer_classes"] = [single] if single is not None else []
-    return []
-
-
-def _key_problems(data, path=()) -> list[Problem]:
-    """Keys that YAML read as something other than a name: `1:`, `yes:` (true), `null:`, a date."""
-    if isinstance(data, list):
-        return [p for i, item in enumerate(data) for p in _key_problems(item, path + (i,))]
-    if not isinstance(data, dict):
-        return []
-    problems = []
-    for key, value in data.items():
-        if isinstance(key, str):
-            problems += _key_problems(value, path + (key,))
-        else:
-            problems.append(
-                Problem(
-                    join_path(path + (repr(key),)),
-                    f"key {key!r} ({type(key).__name__}) is not a name.",
-                    "write the key's name, e.g. micro_batch_size; quote it if YAML reads it "
-                    "as a number, a boolean or a date.",
-                )
-            )
-    return problems
-
-
-def _value_problems(raw: dict) -> list[Problem]:
-    """What JSON Schema cannot say: an integer field holds a Python int (the schema's "integer" takes 8.0,
-    which the trainer cannot use as a batch size), and a text field that names something is not blank."""
-    problems = []
-    for section, cls in SECTIONS.items():
-        values = raw.get(section)
-        if not isinstance(values, dict):
-            continue
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name not in values:
-                continue
-            value, kinds, where = values[f.name], _scalar_types(hints[f.name]), f"{section}.{f.name}"
-            if int in kinds and isinstance(value, float):
-                example = int(value) if value.is_integer() and abs(value) <= 2**53 else f.default
-                problems.append(Problem(where, f"{value!r} is not a whole number.", f"write e.g. {example}."))
-            if (
-                str in kinds
-                and "enum" not in f.metadata
-                and any(
-                    isinstance(item, str) and not item.strip()
-                    for item in (value if isinstance(value, list) else [value])
-                )
-            ):
-                problems.append(Problem(where, "is empty.", f"write a value, or remove {f.name} for the default."))
-    return problems
-
-
-def _scalar_types(hint) -> set:
-    """int | None -> {int, NoneType}; list[str] -> {str}; int -> {int}."""
-    return set(typing.get_args(hint)) or {hint}
-
-
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read config.yaml (or the defaults when path is None), apply overrides, and check it all."""
-    raw = read_yaml(Path(path)) if path else {}
-    raw = apply_overrides(raw, list(overrides))
-    checked = check_run_config(raw, Path(path).parent if path else None)
-    problems = checked.problems
-    if problems:
-        where = f" in {path}" if path else ""
-        raise DistsetupError(
-            f"run config problem{where}: {problems[0]}"
-            + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
-        )
-    return run_config_from(raw, checked)
-
-
-def run_config_from(raw: dict, checked: Checked) -> RunConfig:
-    """The RunConfig of a raw config that check_run_config found no problem in (and read into distsetup's keys)."""
-    config = _build(raw)
-    config.notes, config.written = checked.notes, checked.written
-    return config
-
-
-def model_config(section: dict) -> ModelConfig:
-    """A model section as stored in a checkpoint's marker (older ones spell layer_cls) as a ModelConfig."""
-    raw = {"model": dict(section)}
-    _read_old_spellings(raw)
-    return ModelConfig(**raw["model"])
-
-
-def backend_of(distributed: dict) -> str:
-    """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys."""
-    if "backend" in distributed:
-        return distributed["backend"]
-    if distributed.get("use_deepspeed") is True:
-        return "deepspeed"
-    return "fsdp" if distributed.get("use_fsdp") is True else DistributedConfig.backend
-
-
-def _build(raw: dict) -> RunConfig:
-    sections: dict = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}  # type: ignore[operator]
-    config = RunConfig(**sections)
-    config.distributed.backend = backend_of(raw.get("distributed", {}))
-    return config
-
-
-def _cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
-    problems = []
-    dist, model, training = config.distributed, config.model, config.training
-    if dist.use_deepspeed and dist.use_fsdp:
-        problems.append(
-            Problem(
-                "distributed",
-                "use_deepspeed and use_fsdp are both true.",
-                "choose one: backend: deepspeed or backend: fsdp.",
-            )
-        )
-    for flag, backend in (("use_deepspeed", "deepspeed"), ("use_fsdp", "fsdp")):
-        if getattr(dist, flag) and dist.backend != backend:
-            problems.append(
-                Problem(
-                    f"distributed.{flag}",
-                    f"{flag} is true but backend is {dist.backend}.",
-                    f"set backend: {backend}, or drop {flag}.",
-                )
-            )
-    if dist.fsdp and dist.backend != "fsdp":
-        problems.append(
-            Problem(
-                "distributed.fsdp",
-                f"FSDP settings are given but backend is {dist.backend}: they would be ignored.",
-                "set backend: fsdp (or use_fsdp: true), or remove them.",
-            )
-        )
-    if dist.fsdp and dist.fsdp_config:
-        problems.append(
-            Problem(
-                "distributed.fsdp_config",
-                "FSDP settings are given both inline and in fsdp_config.",
-                "keep one: the file (fsdp_config), or the settings under distributed.",
-            )
-        )
-    if dist.backend == "deepspeed" and not dist.deepspeed_config:
-        problems.append(
-            Problem(
-                "distributed.deepspeed_config",
-                "backend deepspeed needs a DeepSpeed file.",
-                "run `distsetup deepspeed --output config/ds_config.json` and set "
-                "deepspeed_config: config/ds_config.json.",
-            )
-        )
-    for key in ("deepspeed_config", "fsdp_config"):
-        value = getattr(dist, key)
-        if value and base_dir is not None and not resolve_config_path(value, base_dir).exists():
-            problems.append(
-                Problem(
-                    f"distributed.{key}",
-                    f"file {value} does not exist.",
-                    f"create it with `distsetup {key.split('_')[0]}` or fix the path.",
-                )
-            )
-    if dist.backend == "fsdp" and training.precision not in TRAINER_PRECISIONS:
-        problems.append(Problem("training.precision", *TRAINER_FP16_PROBLEM))
-    if model.type == "gpt" and model.n_embd % model.n_head:
-        problems.append(
-            Problem(
-                "model.n_embd",
-                f"n_embd {model.n_embd} is not a multiple of n_head {model.n_head}.",
-                f"use n_embd: {model.n_head * max(1, model.n_embd // model.n_head)}.",
-            )
-        )
-    if model.type == "hf" and not model.hf_path:
-        problems.append(
-            Problem(
-                "model.hf_path", "model type hf needs hf_path.", "point hf_path at a local folder with a config.json."
-            )
-        )
-    problems += _python_problems(config, base_dir)
-    problems += _data_problems(config, base_dir)
-    if training.scale_lr != "none" and training.base_batch_size is None:
-        problems.append(
-            Problem(
-                "training.base_batch_size",
-                f"scale_lr {training.scale_lr} needs base_batch_size.",
-                "set base_batch_size to the global batch size your lr was tuned for.",
-            )
-        )
-    return problems
-
-
-# (section, key, what the function it names does, the type that needs it or None)
-PYTHON_REFERENCES = (
-    ("model", "builder", "builds the model", "python"),
-    ("data", "builder", "builds a dataset for a split", "python"),
-    ("data", "collate", "makes a batch of samples", None),
-    ("training", "loss", "computes a micro-batch's loss", None),
-)
-
-
-def names_user_code(config: RunConfig) -> bool:
-    """Whether the run config names some of the user's code (model.builder, data.builder, ...)."""
-    return any(getattr(getattr(config, section), key) for section, key, *_ in PYTHON_REFERENCES)
-
-
-def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
-    """The user's code named by the run config (model.builder, data.builder, data.collate, training.loss): written
-    module:function, its module found (not imported: checking a file runs none of its code), and present exactly
-    where its section's type needs it."""
-    problems = []
-    for section_name, key, role, needed_by in PYTHON_REFERENCES:
-        section = getattr(config, section_name)
-        where, value = f"{section_name}.{key}", getattr(section, key)
-        if value is not None:
-            problems += python_refs.problems(value, where, role, base_dir)
-        if needed_by is None:
-            continue
-        if section.type == needed_by and value is None:
-            problems.append(
-                Problem(
-                    where,
-                    f"{section_name}.type python needs {key}.",
-                    f"name the function that {role}: module:function.",
-                )
-            )
-        elif section.type != needed_by and (value is not None or section.args):
-            stray = key if value is not None else "args"
-            problems.append(
-                Problem(
-                    f"{section_name}.{stray}",
-                    f"{stray} is read only with {section_name}.type python (this is {section.type}).",
-                    f"set {section_name}.type: python, or remove {stray}.",
-                )
-            )
-    if config.data.collate and config.data.type != "python":
-        problems.append(
-            Problem(
-                "data.collate",
-                f"collate is read only with data.type python (token data come as blocks of ids: {config.data.type}).",
-                "set data.type: python, or remove collate.",
-            )
-        )
-    if config.data.type == "python":
-        for key in ("paths", "val_paths", "val_fraction"):
-            if getattr(config.data, key):
-                problems.append(
-                    Problem(
-                        f"data.{key}",
-                        f"data.type python reads its samples from data.builder, not data.{key}.",
-                        f'remove {key}; data.builder is called with "val" for the validation set.',
-                    )
-                )
-    return problems
-
-
-def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
-    data, model, training = config.data, config.model, config.training
-    problems = []
-    if model.tokenizer and base_dir is not None and not resolve_config_path(model.tokenizer, base_dir).is_dir():
-        problems.append(
-            Problem("model.tokenizer", f"folder {model.tokenizer} does not exist.", "point it at a tokenizer folder.")
-        )
-    if training.eval_interval and not (data.val_paths or data.val_fraction or data.type == "python"):
-        problems.append(
-            Problem(
-                "training.eval_interval",
-                "there is no validation set to evaluate.",
-                "set data.val_paths or data.val_fraction, or drop eval_interval.",
-            )
-        )
-    if data.type != "files":
-        return problems
-    if not data.paths:
-        problems.append(
-            Problem("data.paths", "data type files needs at least one path.", "list your data files under data.paths.")
-        )
-        return problems
-    if data.val_paths and data.val_fraction:
-        problems.append(Problem("data.val_fraction", "val_paths and val_fraction are both set.", "keep one of them."))
-    tokens = data.paths[0].endswith(TOKEN_SUFFIX)
-    for key in ("paths", "val_paths"):
-        for i, name in enumerate(getattr(data, key)):
-            where = f"data.{key}[{i}]"
-            if not name.endswith((*TEXT_SUFFIXES, TOKEN_SUFFIX)):
-                problems.append(
-                    Problem(where, f"{name} is not a {', '.join(TEXT_SUFFIXES)} or {TOKEN_SUFFIX} file.", "rename it.")
-                )
-            elif name.endswith(TOKEN_SUFFIX) != tokens or (tokens and i > 0):
-                problems.append(
-                    Problem(
-                        where,
-                        f"{name}: a pre-tokenized .bin file is the only file of its split.",
-                        "list one .bin in paths (and one in val_paths), or text files only.",
-                    )
-                )
-            elif data.format != "text" and name.endswith(".txt"):
-                problems.append(
-                    Problem(
-                        where, f"format {data.format} reads fields of records; {name} is plain text.", "use .jsonl."
-                    )
-                )
-            elif not resolve_config_path(name, base_dir).is_file():
-                problems.append(
-                    Problem(
-                        where,
-                        f"file {name} does not exist.",
-                        "correct the path (a relative one is read from the working directory, else next to the "
-                        "config).",
-                    )
-                )
-    if tokens and data.val_fraction:
-        problems.append(
-            Problem("data.val_fraction", "a pre-tokenized .bin is not split.", "name a validation .bin in val_paths.")
-        )
-    if data.format == "chat" and not model.tokenizer:
-        problems.append(
-            Problem("data.format", "format chat needs a chat template.", "set model.tokenizer to a tokenizer folder.")
-        )
-    return problems
-
-
-def resolve_config_path(path: str, base_dir: Path | None) -> Path:
-    """A file named in a run config: as given when absolute or present in the working directory, else
-    next to the config (base_dir); every reader of the config resolves paths this way."""
-    p = Path(path)
-    return p if p.is_absolute() or p.exists() or base_dir is None else base_dir / p
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ another, the run stops before it starts, naming both -- a global batch 16 times 
 
 from dataclasses import dataclass, field
 
-from distsetup.formats import deepspeed as ds_rules
-from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch
+from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch, global_batch_of
+from distsetup.formats.deepspeed import PRECISION_SECTIONS, enabled_precisions, precision_of
 from distsetup.formats.fsdp import FsdpSpec
 from distsetup.formats.problems import Problem
 from distsetup.formats.runconfig import RunConfig
@@ -46,7 +46,7 @@ def settle(
     settled = Settled(
         t.micro_batch_size,
         t.gradient_accumulation_steps,
-        None if world_size is None else t.micro_batch_size * t.gradient_accumulation_steps * world_size,
+        None if world_size is None else global_batch_of(t.micro_batch_size, t.gradient_accumulation_steps, world_size),
         t.precision,
         t.grad_clip,
         t.lr,
@@ -96,8 +96,8 @@ def _decide(settled: Settled, cfg: RunConfig, name: str, value, source: str, key
 
 def _settle_deepspeed(settled: Settled, cfg: RunConfig, config: dict, world_size: int | None, file: str) -> None:
     _settle_batch(settled, cfg, config, world_size, file)
-    if ds_rules.enabled_precisions(config) or any(key in config for key in ds_rules.PRECISION_SECTIONS):
-        _decide(settled, cfg, "precision", ds_rules.precision_of(config), f"{file}'s fp16/bf16 sections")
+    if enabled_precisions(config) or any(key in config for key in PRECISION_SECTIONS):
+        _decide(settled, cfg, "precision", precision_of(config), f"{file}'s fp16/bf16 sections")
     if isinstance(config.get("gradient_clipping"), (int, float)) and not isinstance(config["gradient_clipping"], bool):
         _decide(settled, cfg, "grad_clip", config["gradient_clipping"], f"{file}'s gradient_clipping")
     optimizer = config.get("optimizer")

@@ -7,12 +7,14 @@ from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
-from distsetup.formats.deepspeed import deepspeed_notes, deepspeed_problems
-from distsetup.formats.fsdp import FsdpSpec, fsdp_findings, reader_notes
+from distsetup.formats.deepspeed_rules import deepspeed_notes, deepspeed_problems
+from distsetup.formats.fsdp import FsdpSpec, reader_notes
+from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
-from distsetup.formats.runconfig import RunConfig, check_run_config, resolve_config_path, run_config_from
+from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig_load import check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")

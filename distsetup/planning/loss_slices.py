@@ -1,4 +1,4 @@
-"""When the trainer computes the token cross-entropy a slice of the vocabulary at a time (training/chunked_loss.py),
+"""When the trainer computes the token cross-entropy a slice of the vocabulary at a time (training/loss/sliced.py),
 and how wide a slice is: pure arithmetic, shared by the trainer and the memory planner."""
 
 LARGE_VOCABULARY = 32000  # auto: from here on the logits outgrow a layer's activations many times over

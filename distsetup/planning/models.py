@@ -1,12 +1,79 @@
-"""The model shapes the planner counts: distsetup's built-in sizes, and a Hugging Face config.json read
-without torch or transformers."""
+"""The model shapes the planner counts: ModelShape, the analytic count of a GPT, the published shapes that stand in
+for a model given by its size alone, distsetup's built-in sizes, and a Hugging Face config.json read without torch or
+transformers."""
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.reading import read_json
-from distsetup.planning.planner import ModelShape, gpt_params
+from distsetup.formats.runconfig import BUILTIN_BLOCK
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs to know about a model; hidden/layers/vocab only matter for activations."""
+
+    params: int
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    vocab_size: int | None = None
+    block_params: int | None = None  # one transformer block; default 12h^2 + 13h
+    largest_module_params: int | None = None  # largest module's own parameters (ZeRO-3 gathers per module)
+    layer_cls: str = BUILTIN_BLOCK
+
+    @property
+    def block(self) -> int:
+        if self.block_params is not None:
+            return self.block_params
+        if self.hidden_size:
+            return 12 * self.hidden_size**2 + 13 * self.hidden_size
+        return self.params // max(self.num_layers or 1, 1)
+
+    @property
+    def root(self) -> int:
+        """Parameters outside the blocks (embeddings, final norm, head): FSDP's root unit."""
+        return max(self.params - self.block * (self.num_layers or 0), 0) if self.num_layers else 0
+
+    @property
+    def largest_module(self) -> int:
+        if self.largest_module_params is not None:
+            return self.largest_module_params
+        if self.hidden_size:
+            h = self.hidden_size
+            return max(4 * h * h + 4 * h, (self.vocab_size or 0) * h)
+        return self.block
+
+
+def gpt_params(vocab_size: int, block_size: int, n_layer: int, n_embd: int, tied: bool = False) -> int:
+    """Parameters of a GPT-2 style model with biases and learned positions (analytic count)."""
+    h = n_embd
+    per_layer = 12 * h * h + 13 * h  # qkv, proj, fc, fc-proj weights + biases, two LayerNorms
+    head = 0 if tied else vocab_size * h
+    return n_layer * per_layer + vocab_size * h + block_size * h + 2 * h + head
+
+
+# Published decoder shapes (GPT-3 paper Table 2.1; Llama 2 for 7B-70B): params, hidden, layers, heads, vocab.
+KNOWN_SHAPES = [
+    (125e6, 768, 12, 12, 50257),
+    (350e6, 1024, 24, 16, 50257),
+    (760e6, 1536, 24, 16, 50257),
+    (1.3e9, 2048, 24, 16, 50257),
+    (2.7e9, 2560, 32, 32, 50257),
+    (6.7e9, 4096, 32, 32, 32000),
+    (13e9, 5120, 40, 40, 32000),
+    (33e9, 6656, 60, 52, 32000),
+    (70e9, 8192, 80, 64, 32000),
+    (175e9, 12288, 96, 96, 50257),
+]
+
+
+def assumed_shape(params: int) -> tuple[int, int, int, int]:
+    """(hidden, layers, heads, vocab) of the published model nearest in size: a stand-in for activations."""
+    return min(KNOWN_SHAPES, key=lambda shape: abs(math.log(shape[0] / params)))[1:]
+
 
 BYTE_VOCAB = 256  # the trainer's byte-level tokens
 
@@ -27,7 +94,7 @@ class BuiltinSize:
             num_layers=self.n_layer,
             num_heads=self.n_head,
             vocab_size=BYTE_VOCAB,
-            layer_cls="Block",
+            layer_cls=BUILTIN_BLOCK,
         )
 
 

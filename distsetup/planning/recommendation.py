@@ -4,9 +4,12 @@ and the command line that writes it."""
 import shlex
 
 from distsetup.formats.batch import resolve_batch
-from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config, check_spec
-from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config, check_fsdp_spec
-from distsetup.planning.planner import BY_KEY, Plan, deepspeed_args, fsdp_args
+from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config
+from distsetup.formats.deepspeed_rules import check_spec
+from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config
+from distsetup.formats.fsdp_rules import check_fsdp_spec
+from distsetup.planning.estimates import BY_KEY, Estimate
+from distsetup.planning.planner import Plan
 
 
 def recommended_files(result: Plan) -> tuple[str | None, dict]:
@@ -47,3 +50,34 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
             f"config/{name}",
         ]
     return shlex.join(command), {name: config}
+
+
+def deepspeed_args(choice: Estimate, micro: int, accumulation: int, precision: str, world_size: int) -> list[str]:
+    """The `distsetup deepspeed` arguments for a DeepSpeed recommendation."""
+    s = BY_KEY[choice.strategy]
+    args = ["--zero_stage", str(s.zero_stage)]
+    if s.offload_optimizer:
+        args.append("--offload_optimizer")
+    if s.offload_param:
+        args.append("--offload_param")
+    if precision != "fp32":
+        args.append(f"--{precision}")
+    return args + [
+        "--micro_batch_size",
+        str(micro),
+        "--gradient_accumulation_steps",
+        str(accumulation),
+        "--world_size",
+        str(world_size),
+    ]
+
+
+def fsdp_args(choice: Estimate, precision: str, layer_cls: str) -> list[str]:
+    """The `distsetup fsdp` arguments for an FSDP recommendation."""
+    s = BY_KEY[choice.strategy]
+    args = ["--sharding_strategy", s.fsdp_sharding, "--transformer_layer_cls_to_wrap", layer_cls]
+    if precision != "fp32":
+        args += ["--mixed_precision", FLAG_FOR_PRECISION[precision]]
+    if choice.activation_checkpointing:
+        args.append("--activation_checkpointing")
+    return args

@@ -17,8 +17,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distsetup.formats.batch import check_world_counts
 from distsetup.errors import DistsetupError
+from distsetup.formats.batch import check_world_counts
 from distsetup.formats.runconfig import BACKENDS
 from distsetup.scripts.templating import render
 
@@ -132,6 +132,13 @@ def check_text(name: str, value: str | None) -> None:
 
 def check_launch(spec: LaunchSpec) -> None:
     """Every rule that spans options; raises DistsetupError naming the fix."""
+    _check_inputs(spec)
+    _check_world(spec)
+    _check_launcher(spec)
+
+
+def _check_inputs(spec: LaunchSpec) -> None:
+    """Names and paths without control characters, the values the builder knows, one target at most."""
     for name, flag in (
         ("script", "--script"),
         ("module", "--python_module"),
@@ -163,6 +170,10 @@ def check_launch(spec: LaunchSpec) -> None:
             "--script and --python_module are mutually exclusive.",
             f"give one of them, or neither for distsetup's trainer (python -m {DEFAULT_TRAINER}).",
         )
+
+
+def _check_world(spec: LaunchSpec) -> None:
+    """Node and process counts, this node's rank among them, the GPUs listed for them, the master's port."""
     check_world_counts(spec.num_nodes, spec.nproc_per_node)
     if spec.node_rank is not None and not 0 <= spec.node_rank < spec.num_nodes:
         raise DistsetupError(
@@ -176,6 +187,10 @@ def check_launch(spec: LaunchSpec) -> None:
         )
     if spec.master_port is not None and not 1 <= spec.master_port <= 65535:
         raise DistsetupError(f"--master_port {spec.master_port} is not a TCP port.", "use e.g. 29500.")
+
+
+def _check_launcher(spec: LaunchSpec) -> None:
+    """What the backend and the launcher need: a DeepSpeed file, a rendezvous it supports, hosts, ssh."""
     if spec.backend == "deepspeed" and not spec.deepspeed_config:
         raise DistsetupError(
             "backend deepspeed needs a DeepSpeed config file.",

@@ -2,6 +2,7 @@
 and the timer behind tokens/s."""
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.runconfig import SECTIONS, RunConfig
 
 LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_RUN_ID = "wandb_run_id"  # in output_dir: a resumed run continues the same W&B run
@@ -29,6 +31,14 @@ def reporters(report_to: list[str] | None) -> list[str]:
                 f"pip install {LIBRARIES[name]}, or remove {name} from training.report_to.",
             )
     return list(report_to)
+
+
+def wandb_settings(cfg: RunConfig, resumed: bool) -> dict:
+    """What a W&B run is started with: the run config's names and tags, the whole config, and whether it continues
+    the W&B run of the checkpoint it resumed (else a new one)."""
+    t = cfg.training
+    config = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    return {"project": t.wandb_project, "name": t.run_name, "tags": t.wandb_tags, "config": config, "resumed": resumed}
 
 
 class MetricsLog:
@@ -126,6 +136,18 @@ class StepTimer:
     @property
     def median_step_seconds(self) -> float | None:
         return statistics.median(self.recent_steps) if self.recent_steps else None
+
+    def summary(self) -> dict:
+        """Its part of summary.json."""
+        return {
+            "train_seconds": self.train_seconds,
+            "checkpoint_seconds": self.checkpoint_seconds,
+            "checkpoint_stalls": self.checkpoint_stalls,
+            "eval_seconds": self.eval_seconds,
+            "median_step_seconds": self.median_step_seconds,
+            "step_seconds": list(self.recent_steps),  # of the latest steps, checkpoints and evaluations left out
+            "first_step_done_at": self.first_step_done_at,
+        }
 
     @contextlib.contextmanager
     def checkpointing(self):

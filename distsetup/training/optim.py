@@ -24,7 +24,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def names_by_group(model: nn.Module, groups: list[dict]) -> list[list[str]]:
     """The names of the parameters in each of optimizer param `groups`, in its order, without what wrappers add
     (activation checkpointing): how checkpoints of every backend name the same parameter."""
-    from distsetup.training.weight_stream import plain_name
+    from distsetup.training.model.blocks import plain_name
 
     name_of = {id(p): plain_name(name) for name, p in model.named_parameters()}
     return [[name_of[id(p)] for p in group["params"]] for group in groups]

@@ -5,38 +5,45 @@ sets up (resume decision, data, model, wrap, checkpoint load), trains, and alway
 it asks `train_step` for a step and the others when to log, evaluate and checkpoint, as torchtitan's trainer does.
 """
 
+import argparse
 import dataclasses
 import functools
 import json
-import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import find_resume, read_meta
+from distsetup.formats.batch import global_batch_of
+from distsetup.formats.checkpoint_folder import Marker, resume_point
 from distsetup.formats.lr_scaling import scaled_lr
-from distsetup.formats.runconfig import SECTIONS, RunConfig, names_user_code
-from distsetup.training import checkpoint as ckpt
-from distsetup.training import model as models
-from distsetup.training import universal_folder, user_code
+from distsetup.formats.runconfig import RunConfig, names_user_code
+from distsetup.training import user_code
 from distsetup.training.backends import make_backend
-from distsetup.training.data import Datasets, ShardedSampler, build_datasets
-from distsetup.training.evaluation import evaluate
-from distsetup.training.export import load_weights
-from distsetup.training.loader import Placement, StepLoader, fetched, placed
-from distsetup.training.metrics import MetricsLog, StepTimer, reporters
-from distsetup.training.objective import MicroLoss, PythonObjective, TokenObjective, forward_kwargs, loss_head
+from distsetup.training.checkpoint import files as ckpt
+from distsetup.training.checkpoint import universal_folder
+from distsetup.training.checkpoint.export import load_weights
+from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
+from distsetup.training.data.evaluation import evaluate
+from distsetup.training.data.loader import Placement, StepLoader, fetched, placed
+from distsetup.training.loss.objective import (
+    MicroLoss,
+    PythonObjective,
+    TokenObjective,
+    forward_kwargs,
+    loss_head,
+    mean_terms,
+)
+from distsetup.training.metrics import MetricsLog, StepTimer, reporters, wandb_settings
+from distsetup.training.model import build as models
+from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
 from distsetup.training.preemption import PREEMPTED, Preemption
 from distsetup.training.run_lock import OutputDirLock
-from distsetup.training.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
 from distsetup.training.world import (
     StepAgreement,
     barrier,
     decided_by_rank0,
     destroy_process_group,
-    first_line,
     init_process_group,
     is_lost_contact,
     lost_contact,
@@ -46,7 +53,7 @@ from distsetup.training.world import (
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, args):
+    def __init__(self, cfg: RunConfig, args: argparse.Namespace):
         """Every check that can fail before a process group: the backend and its file, the device's precision, the
         model (built on the meta device: its builder, blocks and size), the user's loss and data functions, the
         reporters; then this run takes its output folder's lock."""
@@ -56,7 +63,7 @@ class Trainer:
         self.device = pick_device(world)
         self.backend = backend = make_backend(cfg.distributed.backend, cfg, world, self.device)
         backend.check_device_support()
-        self.global_batch = backend.micro_batch * backend.accumulation * world.size
+        self.global_batch = global_batch_of(backend.micro_batch, backend.accumulation, world.size)
         self.lr_scaled = self.t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
         if self.lr_scaled:
             backend.lr = scaled_lr(self.t.lr, self.global_batch, self.t.base_batch_size, self.t.scale_lr)
@@ -173,7 +180,9 @@ class Trainer:
             self.data.train, self.sampler, self.data.collate, self.cfg.data.num_workers, self.backend.placement
         )
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, self._wandb_settings(resume))
+        self.metrics = MetricsLog(
+            self.out_dir, self.world.is_main, self.report_to, wandb_settings(self.cfg, resume is not None)
+        )
         self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
         self.timer, self.first_step = StepTimer(), self.step  # the timer leaves checkpoints and evaluations out
         self.logged = (self.step, 0.0)  # the step and training seconds of the last log line: throughput since then
@@ -182,18 +191,13 @@ class Trainer:
     def _resume_decision(self) -> Path | None:
         """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
         another node may see the newest marker late, and ranks resuming different steps would diverge."""
-        resume, damaged = decided_by_rank0(lambda: (None, []) if self.args.no_resume else find_resume(self.ckpt_root))
+        resume, damaged = decided_by_rank0(lambda: (None, []) if self.args.no_resume else resume_point(self.ckpt_root))
         self.model_section = dataclasses.asdict(self.cfg.model)  # checked against a checkpoint's, stored in each
         if resume:
-            resume_meta = read_meta(resume)
-            ckpt.check_compatible(resume_meta, resume, self.model_section)
-            if conversion := self.backend.adopt(resume, resume_meta):
+            marker = Marker.read(resume)
+            ckpt.check_compatible(marker, resume, self.model_section)
+            if conversion := self.backend.adopt(resume, marker):
                 self.say(conversion)
-        elif damaged:
-            raise DistsetupError(
-                f"no intact checkpoint to resume from: {damaged[0]}.",
-                "move the damaged folder aside, or start afresh with --no_resume.",
-            )
         for problem in damaged:
             self.say(f"passed over damaged checkpoint {problem}")
         if self.lock.unsupported:
@@ -212,9 +216,7 @@ class Trainer:
 
     def _set_aside_old_checkpoints(self) -> None:
         """--no_resume: the old checkpoints move aside, else a later resume would pick a stale step."""
-        if self.args.no_resume and self.world.is_main and self.ckpt_root.exists():
-            aside = self.ckpt_root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
-            self.ckpt_root.rename(aside)
+        if self.args.no_resume and self.world.is_main and (aside := ckpt.set_aside(self.ckpt_root)):
             self.say(f"--no_resume: moved the old checkpoints to {aside}")
         barrier()
 
@@ -272,38 +274,24 @@ class Trainer:
             return None
         micro = self.backend.micro_batch
         batch = fetched(self.data.train, list(range(micro)), self.data.collate)
-        try:
-            meta_batch = _on_meta(batch)
-            flops = counted_flops(
-                models.architecture_on_meta(m), lambda model: self.objective.unchecked_loss(model, meta_batch)
-            )
-        except Exception as e:
-            reason = f"{type(e).__name__}: {first_line(e)}"
-            self.say(f"note: MFU left out: the FLOPs of the model cannot be counted ({reason})")
+        on_meta = placed(batch, Placement(torch.device("meta")))  # shapes and dtypes, no data
+        flops, why_not = counted_flops(m, lambda model: self.objective.unchecked_loss(model, on_meta))
+        if flops is None:
+            self.say(f"note: MFU left out: the FLOPs of the model cannot be counted ({why_not})")
             return None
         return flops / (micro * (m.block_size if self.data.tokens else 1))
 
     def _load(self, resume: Path) -> None:
-        meta = ckpt.load_checkpoint(self.backend, resume, self.world)
-        self.sampler.load_state_dict(meta["sampler"])
-        self.step, self.loss = meta["step"], meta.get("loss", self.loss)
+        marker = ckpt.load_checkpoint(self.backend, resume, self.world)
+        self.sampler.load_state_dict(marker.sampler or {})
+        self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
-        saved_batch = meta["sampler"]["global_batch"]
+        saved_batch = marker.global_batch
         if saved_batch != self.global_batch:
             self.say(
                 f"note: the checkpoint's global batch was {saved_batch}, this run's is {self.global_batch}: "
                 f"continuing from sample {self.sampler.position} of epoch {self.sampler.epoch}"
             )
-
-    def _wandb_settings(self, resume: Path | None) -> dict:
-        t = self.t
-        return {
-            "project": t.wandb_project,
-            "name": t.run_name,
-            "tags": t.wandb_tags,
-            "config": {name: dataclasses.asdict(getattr(self.cfg, name)) for name in SECTIONS},
-            "resumed": resume is not None,  # continues the W&B run of the checkpoint's run; else a new one
-        }
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:
@@ -325,7 +313,7 @@ class Trainer:
         assert step_seconds is not None  # train_step() recorded a step
         writing = self.pending is not None and not self.pending.written_here()
         terms, stop, written = self.agreement.settle(
-            self.step, _mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
+            self.step, mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
         )
         self.loss = terms["loss"]
         if self.pending is not None and written:  # every rank's part is on disk
@@ -361,17 +349,19 @@ class Trainer:
         with self.timer.checkpointing():
             if self.pending is not None:  # the one before completes first
                 self.pending.finish(self.world, self.backend)
-            meta = {
-                "backend": self.backend.name,
-                "zero_stage": self.backend.zero_stage,
-                "precision": self.backend.precision,
-                "model": self.model_section,  # what `distsetup checkpoint export` writes beside the weights
-                **({"user_code": str(self.user_code)} if self.user_code else {}),
-                "loss": self.loss,
-                "sampler": self.sampler.state_dict(),
-            }
+            marker = Marker(
+                backend=self.backend.name,
+                step=self.step,
+                world_size=self.world.size,
+                zero_stage=self.backend.zero_stage,
+                precision=self.backend.precision,
+                model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
+                user_code=str(self.user_code) if self.user_code else None,
+                loss=self.loss,
+                sampler=self.sampler.state_dict(),
+            )
             self.pending = ckpt.start_checkpoint(
-                self.backend, self.ckpt_root, self.step, self.world, meta, self.t.keep_checkpoints, background
+                self.backend, self.ckpt_root, self.world, marker, self.t.keep_checkpoints, background
             )
             if not background:
                 self.pending.finish(self.world, self.backend)
@@ -391,9 +381,8 @@ class Trainer:
         if not self.world.is_main:
             return
         assert self.metrics is not None
-        timer, backend, unit = self.timer, self.backend, self.objective.unit
-        seconds = timer.train_seconds
-        steps_per_s = (self.step - self.first_step) / max(seconds, 1e-9)
+        unit = self.objective.unit
+        steps_per_s = (self.step - self.first_step) / max(self.timer.train_seconds, 1e-9)
         per_s = steps_per_s * self._items_per_step()
         summary = {
             "steps": self.step,
@@ -402,24 +391,13 @@ class Trainer:
             "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
             "evals": self.evals,
             "world_size": self.world.size,
-            "backend": backend.name,
             f"{unit}_per_s": per_s,
             "mfu": mfu(per_s, self.flops, self.world.size, self.peak) if self.flops else None,
             "peak_tflops": self.peak,
             f"flops_per_{unit.removesuffix('s')}": self.flops,
             "steps_per_s": steps_per_s,
-            "train_seconds": seconds,
-            "checkpoint_seconds": timer.checkpoint_seconds,
-            "checkpoint_stalls": timer.checkpoint_stalls,
-            "eval_seconds": timer.eval_seconds,
-            "median_step_seconds": timer.median_step_seconds,
-            "step_seconds": list(timer.recent_steps),  # of the latest 1000 steps, checkpoints and evaluations left out
-            "first_step_done_at": timer.first_step_done_at,
-            "zero_stage": backend.zero_stage,
-            "precision": backend.precision,
-            "memory": backend.memory,
-            "peak_activation_bytes": backend.activation_bytes,
-            "peak_device_bytes": torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            **self.timer.summary(),
+            **self.backend.summary(),
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics.summarize(summary)
@@ -427,16 +405,3 @@ class Trainer:
             f"done: {self.step} steps, final loss {self.loss:.4f}, {per_s:.0f} {unit}/s; "
             f"summary in {self.out_dir / 'summary.json'}"
         )
-
-
-def _mean_terms(micro_losses: list[MicroLoss]) -> dict[str, torch.Tensor]:
-    """The step's loss and its logged parts, each the mean over its micro-batches (still on the device)."""
-    terms = {"loss": torch.stack([micro.loss for micro in micro_losses]).mean()}
-    for name in micro_losses[0].parts:
-        terms[name] = torch.stack([micro.parts[name] for micro in micro_losses]).mean()
-    return terms
-
-
-def _on_meta(batch):
-    """`batch` with its tensors on the meta device (their shapes and dtypes, no data)."""
-    return placed(batch, Placement(torch.device("meta")))

@@ -31,15 +31,24 @@ class World:
         return self.rank == 0
 
 
-def read_world() -> World:
-    """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process)."""
-    env = os.environ
-    size = int(env.get("WORLD_SIZE", "1"))
+SRUN_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
+
+
+def read_world(srun_stands_in: bool = False) -> World:
+    """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process). With
+    `srun_stands_in` (preflight, which srun may start without torchrun), srun's own names stand in for those a
+    launcher did not set; the trainer never reads them: inside an allocation they describe the job, not its ranks."""
+
+    def number(name: str, default: int) -> int:
+        value = os.environ.get(name) or (os.environ.get(SRUN_NAMES.get(name, "")) if srun_stands_in else None)
+        return int(value) if value else default
+
+    size = number("WORLD_SIZE", 1)
     return World(
-        rank=int(env.get("RANK", "0")),
-        local_rank=int(env.get("LOCAL_RANK", "0")),
+        rank=number("RANK", 0),
+        local_rank=number("LOCAL_RANK", 0),
         size=size,
-        local_size=int(env.get("LOCAL_WORLD_SIZE", str(size))),
+        local_size=number("LOCAL_WORLD_SIZE", size),
     )
 
 

@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -11,6 +12,7 @@ from distsetup.cli.options import (
     option,
     output_options,
     positive,
+    spec_values,
     switch,
     world_options,
 )
@@ -25,16 +27,14 @@ from distsetup.formats.deepspeed import (
     DeepSpeedSpec,
     OptimizerSpec,
     SchedulerSpec,
-    applies,
     build_deepspeed_config,
-    check_spec,
-    deepspeed_notes,
-    deepspeed_problems,
 )
+from distsetup.formats.deepspeed_rules import applies, check_spec, deepspeed_notes, deepspeed_problems
 from distsetup.formats.lr_scaling import scaled_lr
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
 BYTES = click.IntRange(min=1)
+DEFAULTS = DeepSpeedSpec()  # each option's default is its field's
 
 
 @click.command(
@@ -46,7 +46,7 @@ Examples:
 """
 )
 @option("preset", type=click.Choice(sorted(PRESETS)), help="Start from a common recipe; flags override it.")
-@option("zero_stage", type=click.IntRange(0, 3), default=0, show_default=True, help="ZeRO stage 0-3.")
+@option("zero_stage", type=click.IntRange(0, 3), default=DEFAULTS.zero_stage, show_default=True, help="ZeRO stage 0-3.")
 @option(
     "offload_optimizer",
     type=OFFLOAD,
@@ -62,14 +62,16 @@ Examples:
     help="Offload parameters (stage 3 only); bare flag = cpu.",
 )
 @option("nvme_path", help="Local NVMe folder, required for nvme offload.")
-@switch("pin_memory", default=True, show_default=True, help="Pin offloaded CPU memory (always written).")
+@switch("pin_memory", default=DEFAULTS.pin_memory, show_default=True, help="Pin offloaded CPU memory (always written).")
 @option("bf16", is_flag=True, help="bfloat16 mixed precision.")
 @option("fp16", is_flag=True, help="float16 mixed precision with dynamic loss scaling.")
 @batch_options
 @world_options
 @option("gradient_clipping", type=click.FloatRange(min=0), help="Clip the gradient norm [1.0].")
-@switch("overlap_comm", default=None, help="Overlap gradient reduction with backward.")
-@switch("contiguous_gradients", default=None, help="Copy gradients into one buffer as produced.")
+@switch("overlap_comm", default=DEFAULTS.overlap_comm, help="Overlap gradient reduction with backward.")
+@switch(
+    "contiguous_gradients", default=DEFAULTS.contiguous_gradients, help="Copy gradients into one buffer as produced."
+)
 @option("reduce_bucket_size", type=BYTES, help="Elements reduced at once.")
 @option("allgather_bucket_size", type=BYTES, help="Elements all-gathered at once (stages 1-2).")
 @option("stage3_prefetch_bucket_size", type=BYTES, help="Stage 3: parameters prefetched ahead.")
@@ -81,13 +83,13 @@ Examples:
 @option("stage3_max_live_parameters", type=BYTES, help="Stage 3: parameters resident at once per GPU.")
 @switch(
     "stage3_gather_16bit_weights_on_model_save",
-    default=None,
+    default=DEFAULTS.stage3_gather_16bit_weights_on_model_save,
     help="Stage 3: gather full 16-bit weights when saving the model [on: the HF Trainer saves no weights without it].",
 )
 @option(
     "optimizer",
     type=click.Choice(OPTIMIZERS),
-    default="AdamW",
+    default=DEFAULTS.optimizer.name,
     show_default=True,
     help="Optimizer block; none lets the training script bring its own.",
 )
@@ -101,13 +103,19 @@ Examples:
 @option("betas", type=(float, float), help="Adam betas, e.g. --betas 0.9 0.95.")
 @option("eps", type=click.FloatRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
 @option("weight_decay", type=click.FloatRange(min=0), help="Weight decay [0.01].")
-@option("scheduler", type=click.Choice(SCHEDULERS), default="none", show_default=True, help="LR schedule block.")
+@option(
+    "scheduler",
+    type=click.Choice(SCHEDULERS),
+    default=DEFAULTS.scheduler.name,
+    show_default=True,
+    help="LR schedule block.",
+)
 @option("warmup_num_steps", type=click.IntRange(min=0), help="Warmup steps [100].")
 @option("total_num_steps", type=positive, help="Total steps (WarmupDecayLR, WarmupCosineLR).")
 @option("warmup_min_lr", type=click.FloatRange(min=0), help="Learning rate at the start of warmup [0].")
 @option("steps_per_print", type=positive, help="DeepSpeed's progress print interval [100].")
-@option("wall_clock_breakdown", is_flag=True, help="Time forward/backward/step.")
-@option("hf_auto", is_flag=True, help='Write "auto" where the HF Trainer fills values in.')
+@option("wall_clock_breakdown", is_flag=True, default=DEFAULTS.wall_clock_breakdown, help="Time forward/backward/step.")
+@option("hf_auto", is_flag=True, default=DEFAULTS.hf_auto, help='Write "auto" where the HF Trainer fills values in.')
 @output_options
 @click.pass_context
 def deepspeed(ctx: click.Context, output, dry_run, **opts):
@@ -175,29 +183,15 @@ def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> Dee
 
 
 def spec_from_options(o: dict) -> DeepSpeedSpec:
+    """The spec of the options: each field from the option of its name; precision, batch, optimizer and scheduler
+    from the options that make them up."""
     precision = chosen_precision(o["bf16"], o["fp16"]) or (None if o["hf_auto"] else "fp32")
     world_size = world_size_from(o["world_size"], o["num_nodes"], o["num_gpus_per_node"])
     batch = resolve_batch(o["micro_batch_size"], o["gradient_accumulation_steps"], o["train_batch_size"], world_size)
-    return DeepSpeedSpec(
-        zero_stage=o["zero_stage"],
-        offload_optimizer=o["offload_optimizer"],
-        offload_param=o["offload_param"],
-        nvme_path=o["nvme_path"],
-        pin_memory=o["pin_memory"],
-        precision=precision,
-        batch=batch,
-        gradient_clipping=o["gradient_clipping"],
-        overlap_comm=o["overlap_comm"],
-        contiguous_gradients=o["contiguous_gradients"],
-        reduce_bucket_size=o["reduce_bucket_size"],
-        allgather_bucket_size=o["allgather_bucket_size"],
-        stage3_prefetch_bucket_size=o["stage3_prefetch_bucket_size"],
-        stage3_param_persistence_threshold=o["stage3_param_persistence_threshold"],
-        stage3_max_live_parameters=o["stage3_max_live_parameters"],
-        stage3_gather_16bit_weights_on_model_save=o["stage3_gather_16bit_weights_on_model_save"],
-        optimizer=OptimizerSpec(o["optimizer"], o["lr"], o["betas"], o["eps"], o["weight_decay"]),
-        scheduler=SchedulerSpec(o["scheduler"], o["warmup_num_steps"], o["total_num_steps"], o["warmup_min_lr"]),
-        steps_per_print=o["steps_per_print"],
-        wall_clock_breakdown=o["wall_clock_breakdown"],
-        hf_auto=o["hf_auto"],
-    )
+    made: dict[str, Any] = {
+        "precision": precision,
+        "batch": batch,
+        "optimizer": OptimizerSpec(name=o["optimizer"], **spec_values(OptimizerSpec, o, besides=("name",))),
+        "scheduler": SchedulerSpec(name=o["scheduler"], **spec_values(SchedulerSpec, o, besides=("name",))),
+    }
+    return DeepSpeedSpec(**spec_values(DeepSpeedSpec, o, besides=tuple(made)), **made)

@@ -219,7 +219,8 @@ def consistency_findings(
         problems = _file_findings(config, "run_config", world)
         found += problems
         if not problems:
-            from distsetup.formats.runconfig import load_run_config, resolve_config_path
+            from distsetup.formats.runconfig import resolve_config_path
+            from distsetup.formats.runconfig_load import load_run_config
 
             cfg = load_run_config(config)
             dist = cfg.distributed

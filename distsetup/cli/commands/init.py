@@ -14,7 +14,6 @@ from distsetup.cli.init_setup import (
     Answers,
     build_setup,
     hf_config_path,
-    per_rank_batch,
     refuse_existing,
     write_setup,
 )
@@ -22,10 +21,10 @@ from distsetup.cli.launch_options import working_folder
 from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
-from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE
+from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
 from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS
 from distsetup.planning.models import BUILTIN_SIZES
-from distsetup.planning.planner import MAX_BATCH, parse_memory
+from distsetup.planning.units import MAX_BATCH, parse_memory
 from distsetup.scripts.sbatch import time_limit_seconds
 
 NO_GPU = "none"
@@ -124,6 +123,7 @@ def what_this_machine_has(machine: Machine) -> str:
 
 
 def ask_everything(q: Questions, machine: Machine) -> Answers:
+    """Every answer a setup needs, in the order a person would give them."""
     if not q.yes:  # under --yes the summary says what was chosen; an error stays one line
         click.echo(what_this_machine_has(machine), err=True)
     model = q.answer(
@@ -140,20 +140,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
     num_nodes = q.answer(
         "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
     )
-    if machine.gpu_memory:
-        memory_default: str | None = f"{machine.gpu_memory / 1e9:.1f}GB"
-    elif scheduler == "slurm" and not machine.in_slurm_job:
-        memory_default = None  # a login node without GPUs says nothing about the cluster's: ask, never assume CPUs
-        if q.yes and q.given.get("gpu_memory") is None:
-            raise DistsetupError(
-                "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes.",
-                f"give --gpu_memory (e.g. 80GB) for GPU nodes, or --gpu_memory {NO_GPU} for a CPU job.",
-            )
-    else:
-        memory_default = NO_GPU
-    gpu_memory = q.answer(
-        "gpu_memory", f"Memory of one GPU ({NO_GPU}: train on CPU processes)", memory_default, str, _gpu_memory
-    )
+    gpu_memory = _ask_gpu_memory(q, machine, scheduler)
     per_node_default = (
         machine.slurm_count("SLURM_GPUS_ON_NODE")
         or len(machine.gpus)
@@ -169,30 +156,8 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
     precision = q.answer(
         "precision", f"Precision ({', '.join(PRECISIONS)})", precision_default, click.Choice(PRECISIONS)
     )
-    world = num_nodes * per_node
-
-    def divides(batch: int) -> int:
-        per_rank_batch(batch, num_nodes, per_node)
-        return batch
-
-    global_batch = q.answer(
-        "global_batch_size",
-        "Global batch (samples per optimizer step)",
-        8 * world,
-        click.IntRange(1, MAX_BATCH),
-        divides,
-    )
-    slurm: dict = {}
-    if scheduler == "slurm":
-        slurm["partition"] = q.answer(
-            "partition", "SLURM partition (empty: the default)", machine.slurm.get("SLURM_JOB_PARTITION", ""), str
-        )
-        slurm["time_limit"] = q.answer("time_limit", "SLURM time limit", "24:00:00", str, _time_limit)
-        slurm["account"] = q.answer(
-            "account", "SLURM account (empty: none)", machine.slurm.get("SLURM_JOB_ACCOUNT", ""), str
-        )
-        slurm["venv"] = q.given.get("venv") or machine.venv
-        slurm["cpus_per_task"] = q.given.get("cpus_per_task")
+    global_batch = _ask_global_batch(q, num_nodes, per_node)
+    slurm = _ask_slurm(q, machine) if scheduler == "slurm" else {}
     return Answers(
         model=model,
         data=data,
@@ -206,6 +171,53 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         seq_len=q.given.get("seq_len"),
         **{key: value or None for key, value in slurm.items()},
     )
+
+
+def _ask_gpu_memory(q: Questions, machine: Machine, scheduler: str) -> str | None:
+    """One GPU's memory (None: a CPU setup); the default is this machine's, and none on a SLURM login node."""
+    if machine.gpu_memory:
+        memory_default: str | None = f"{machine.gpu_memory / 1e9:.1f}GB"
+    elif scheduler == "slurm" and not machine.in_slurm_job:
+        memory_default = None  # a login node without GPUs says nothing about the cluster's: ask, never assume CPUs
+        if q.yes and q.given.get("gpu_memory") is None:
+            raise DistsetupError(
+                "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes.",
+                f"give --gpu_memory (e.g. 80GB) for GPU nodes, or --gpu_memory {NO_GPU} for a CPU job.",
+            )
+    else:
+        memory_default = NO_GPU
+    return q.answer(
+        "gpu_memory", f"Memory of one GPU ({NO_GPU}: train on CPU processes)", memory_default, str, _gpu_memory
+    )
+
+
+def _ask_global_batch(q: Questions, num_nodes: int, per_node: int) -> int:
+    """Samples per optimizer step, a multiple of the processes (8 per process by default)."""
+
+    def divides(batch: int) -> int:
+        per_rank_batch(batch, num_nodes, per_node)
+        return batch
+
+    return q.answer(
+        "global_batch_size",
+        "Global batch (samples per optimizer step)",
+        8 * num_nodes * per_node,
+        click.IntRange(1, MAX_BATCH),
+        divides,
+    )
+
+
+def _ask_slurm(q: Questions, machine: Machine) -> dict:
+    """The SLURM job's partition, time limit and account (defaults: the allocation's), venv and CPUs per task."""
+    return {
+        "partition": q.answer(
+            "partition", "SLURM partition (empty: the default)", machine.slurm.get("SLURM_JOB_PARTITION", ""), str
+        ),
+        "time_limit": q.answer("time_limit", "SLURM time limit", "24:00:00", str, _time_limit),
+        "account": q.answer("account", "SLURM account (empty: none)", machine.slurm.get("SLURM_JOB_ACCOUNT", ""), str),
+        "venv": q.given.get("venv") or machine.venv,
+        "cpus_per_task": q.given.get("cpus_per_task"),
+    }
 
 
 def _model(value: str) -> str:

@@ -11,24 +11,13 @@ import click
 from distsetup.cli.options import chosen_precision, option, positive, switch
 from distsetup.cli.output import json_text, write_atomic
 from distsetup.errors import DistsetupError
-from distsetup.formats.batch import check_world_counts
-from distsetup.formats.runconfig import MODEL_MAXIMA
-from distsetup.planning.models import hf_shape_from_json
-from distsetup.planning.planner import (
-    BY_KEY,
-    MAX_BATCH,
-    Hardware,
-    ModelShape,
-    Plan,
-    Workload,
-    assumed_shape,
-    gb,
-    gpt_params,
-    parse_count,
-    parse_memory,
-    plan,
-)
+from distsetup.formats.batch import check_world_counts, global_batch_of
+from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
+from distsetup.planning.estimates import BY_KEY, Hardware, Workload
+from distsetup.planning.models import ModelShape, assumed_shape, gpt_params, hf_shape_from_json
+from distsetup.planning.planner import Plan, plan
 from distsetup.planning.recommendation import recommended_files
+from distsetup.planning.units import MAX_BATCH, gb, parse_count, parse_memory
 
 COLUMNS = (
     "strategy",
@@ -101,7 +90,9 @@ def plan_command(**o):
     hw = hardware_from_options(o)
     precision = chosen_precision(o["bf16"], o["fp16"], o["fp32"]) or defaults.get("precision", "fp32")
     global_batch = o["global_batch_size"] or (
-        defaults["per_rank_batch"] * hw.world_size if "per_rank_batch" in defaults else None
+        global_batch_of(defaults["micro_batch"], defaults["accumulation"], hw.world_size)
+        if "micro_batch" in defaults
+        else None
     )
     if global_batch is not None and global_batch > MAX_BATCH:
         raise DistsetupError(
@@ -122,7 +113,7 @@ def plan_command(**o):
         click.echo(f"Note: {note}", err=True)
     if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
         click.echo(
-            "Note: the FSDP command wraps the built-in model's Block class; give --layer_cls with your "
+            f"Note: the FSDP command wraps the built-in model's {BUILTIN_BLOCK} class; give --layer_cls with your "
             "model's decoder layer (e.g. LlamaDecoderLayer).",
             err=True,
         )
@@ -177,12 +168,12 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
                 num_layers=layers,
                 num_heads=heads,
                 vocab_size=vocab,
-                layer_cls=o["layer_cls"] or "Block",
+                layer_cls=o["layer_cls"] or BUILTIN_BLOCK,
             ),
             {},
             notes,
         )
-    from distsetup.formats.runconfig import load_run_config
+    from distsetup.formats.runconfig_load import load_run_config
 
     cfg = load_run_config(o["config"])
     notes = []
@@ -197,7 +188,8 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     shape = shape_from_run_config(cfg)
     defaults = {
         "precision": cfg.training.precision,
-        "per_rank_batch": cfg.training.micro_batch_size * cfg.training.gradient_accumulation_steps,
+        "micro_batch": cfg.training.micro_batch_size,
+        "accumulation": cfg.training.gradient_accumulation_steps,
         "chunked_loss": cfg.training.chunked_loss,
     }
     if cfg.model.type == "gpt":
@@ -222,7 +214,7 @@ def shape_from_run_config(cfg) -> ModelShape:
             num_layers=m.n_layer,
             num_heads=m.n_head,
             vocab_size=m.vocab_size,
-            layer_cls=(m.layer_classes or ["Block"])[0],
+            layer_cls=(m.layer_classes or [BUILTIN_BLOCK])[0],
         )
     return hf_shape_from_json(Path(m.hf_path) / "config.json", (m.layer_classes or [None])[0])
 
@@ -230,7 +222,7 @@ def shape_from_run_config(cfg) -> ModelShape:
 def count_on_meta(cfg) -> ModelShape:
     """Build the model on the meta device (no memory, no weights read; on the CPU where a builder cannot build there)
     and count its parameters."""
-    from distsetup.training.model import architecture, layer_classes
+    from distsetup.training.model.build import architecture, layer_classes
 
     m = cfg.model
     model, _ = architecture(m)

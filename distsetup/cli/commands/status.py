@@ -6,6 +6,7 @@ import click
 
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
+from distsetup.formats.batch import global_batch_of
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.planning.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
 
@@ -123,7 +124,7 @@ def refit_batch(
             "note": note if got < asked else "",
         }
     accumulation = max(1, round(global_batch / (micro * got)))
-    new_global = micro * accumulation * got
+    new_global = global_batch_of(micro, accumulation, got)
     new_lr = None
     if lr is not None:
         if rule is None:

@@ -1,0 +1,189 @@
+"""The rules of FSDP settings (`violations`: options that mean nothing together or that a client refuses), said in
+flags for `distsetup fsdp` (`check_fsdp_spec`) and in the file's keys for `validate` (`fsdp_findings`), with what
+Accelerate and the HF Trainer would read differently."""
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import KEYS, MIXED_PRECISION, TRAINER_CPU_OFFLOAD, TRANSFORMER, FsdpSpec
+from distsetup.formats.problems import Problem, Violation, schema_problems
+from distsetup.formats.runconfig import BUILTIN_BLOCK
+
+# FSDP1-only knobs: FSDP2 (fully_shard) has no such argument.
+FSDP1_ONLY = {
+    "backward_prefetch": "prefetches one module ahead by itself",
+    "forward_prefetch": "prefetches one module ahead by itself",
+    "use_orig_params": "always keeps the original parameters",
+    "sync_module_states": "loads states with torch.distributed.checkpoint instead",
+    "buffer_dtype": "leaves buffers in their own dtype",
+}
+
+
+class FlagWords(dict):
+    """{option} -> --option; {BFLOAT16} -> the flag's value."""
+
+    def __missing__(self, name: str) -> str:
+        return name if name.isupper() else f"--{name}"
+
+
+class KeyWords(dict):
+    """{option} -> the file's key; {BFLOAT16} -> the file's value."""
+
+    def __missing__(self, name: str) -> str:
+        return MIXED_PRECISION.get(name, name) if name.isupper() else KEYS[name]
+
+
+def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = False) -> list[Violation]:
+    """Options that mean nothing together or that a client refuses. `given`: the options the user set (a rule
+    about a default applies only where it was chosen); `layer_classes_known`: the run config names the blocks to
+    wrap (model.layer_classes, else the model's own), as it does for the settings written inline."""
+    found = []
+    if spec.fsdp_version == 2:
+        # a file that states version 2 means FSDP2 and is refused; one that states none is read as FSDP2 and told
+        stated = "fsdp_version" in given
+        found += [
+            Violation(
+                name,
+                f"{{{name}}} means nothing with {{fsdp_version}} 2: FSDP2 {why}."
+                if stated
+                else f"{{{name}}} is not used: distsetup's trainer runs FSDP2, which {why}.",
+                f"remove {{{name}}}, or use {{fsdp_version}} 1." if stated else f"remove {{{name}}}.",
+                said=not stated,
+            )
+            for name, why in FSDP1_ONLY.items()
+            if name in given
+        ]
+        if spec.state_dict_type == "LOCAL_STATE_DICT":
+            found.append(
+                Violation("state_dict_type", "LOCAL_STATE_DICT does not exist in FSDP2.", "use SHARDED_STATE_DICT.")
+            )
+    policy = spec.auto_wrap_policy if "auto_wrap_policy" in given else None
+    for option, needed_by, example in (
+        (
+            "transformer_layer_cls_to_wrap",
+            "TRANSFORMER_BASED_WRAP",
+            f"LlamaDecoderLayer ({BUILTIN_BLOCK} for the built-in model)",
+        ),
+        ("min_num_params", "SIZE_BASED_WRAP", "100000000 (wrap modules of at least that many parameters)"),
+    ):
+        if policy == needed_by and option not in given and not (layer_classes_known and needed_by == TRANSFORMER):
+            found.append(
+                Violation(
+                    option, f"{{auto_wrap_policy}} {needed_by} needs {{{option}}}.", f"add {{{option}}} {example}."
+                )
+            )
+        if policy is not None and policy != needed_by and option in given:
+            found.append(
+                Violation(
+                    option,
+                    f"{{{option}}} is only used with {needed_by}, not {policy}.",
+                    f"remove it, or use {{auto_wrap_policy}} {needed_by}.",
+                    said=True,
+                )
+            )
+    if spec.mixed_precision == "no":
+        found += [
+            Violation(
+                name,
+                f"{{{name}}} means nothing without {{mixed_precision}}.",
+                "set {mixed_precision} to {BFLOAT16} or {FLOAT16}, or remove it.",
+            )
+            for name in ("reduce_dtype", "buffer_dtype")
+            if name in given
+        ]
+    if spec.fsdp_version == 1 and spec.cpu_ram_efficient_loading and spec.sync_module_states is False:
+        found.append(
+            Violation(
+                "sync_module_states",
+                "{cpu_ram_efficient_loading} with {fsdp_version} 1 needs {sync_module_states}: other ranks start "
+                "from empty weights.",
+                "set {sync_module_states} to true.",
+            )
+        )
+    return found
+
+
+def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
+    """Refuse the first rule the flags break, naming the flag and the fix; return warnings."""
+    for violation in violations(spec, spec.given()):
+        words = FlagWords()
+        raise DistsetupError(violation.message.format_map(words), violation.fix.format_map(words))
+    warnings = []
+    if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
+        warnings.append(
+            f"{spec.sharding_strategy} with FSDP2: distsetup's trainer builds the device mesh it needs, but "
+            "Accelerate's FSDP2 reads only fsdp_reshard_after_forward"
+            + (
+                " (false = SHARD_GRAD_OP); use DDP there for no sharding."
+                if spec.sharding_strategy == "NO_SHARD"
+                else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding."
+            )
+        )
+    if spec.mixed_precision != "no":
+        warnings.append(
+            "the file's mixed_precision and fsdp_reduce_dtype are read by distsetup's trainer only: give Accelerate "
+            f"`accelerate launch --mixed_precision {MIXED_PRECISION[spec.mixed_precision]}` (distsetup launcher "
+            f"passes it), the HF Trainer TrainingArguments({MIXED_PRECISION[spec.mixed_precision]}=True)."
+        )
+    return warnings
+
+
+def fsdp_problems(config: dict) -> list[Problem]:
+    """Schema problems, then every rule the file breaks (the rules `distsetup fsdp` refuses), in its keys."""
+    return fsdp_findings(config)[0]
+
+
+def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], list[str]]:
+    """The problems of FSDP settings in the file's keys (schema, readers, rules), and the notes: what the rules say
+    about settings no reader uses. `inline`: written in a run config, where FSDP2 goes without saying and the
+    blocks to wrap are model.layer_classes."""
+    # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
+    implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
+    problems = schema_problems({**implied, **config} if inline else config, "fsdp")
+    wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
+    readable = {key: value for key, value in config.items() if key not in wrong}
+    words = KeyWords()
+    given = {name for name, key in KEYS.items() if key in readable}
+    broken = [
+        v
+        for v in violations(FsdpSpec.from_dict(readable), given, layer_classes_known=inline)
+        if KEYS[v.option] not in wrong
+    ]
+    problems += _reader_problems(readable) + [
+        Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
+    ]
+    notes = [v.message.format_map(words) for v in broken if v.said]
+    return problems, notes
+
+
+def _reader_problems(config: dict) -> list[Problem]:
+    """Keys that Accelerate and the HF Trainer would read differently."""
+    problems = []
+    offloads = {config[key] for key in ("fsdp_offload_params", TRAINER_CPU_OFFLOAD) if key in config}
+    if len(offloads) > 1:
+        problems.append(
+            Problem(
+                TRAINER_CPU_OFFLOAD,
+                f"is {config[TRAINER_CPU_OFFLOAD]} but fsdp_offload_params is {config['fsdp_offload_params']}: the "
+                "HF Trainer reads the first, Accelerate the second.",
+                "give both the same value.",
+            )
+        )
+    reshard, version = config.get("fsdp_reshard_after_forward"), config.get("fsdp_version", 2)
+    if version == 2 and isinstance(reshard, str):
+        problems.append(
+            Problem(
+                "fsdp_reshard_after_forward",
+                f"{reshard!r} is a sharding strategy; FSDP2 reads true or false here.",
+                "write true (FULL_SHARD) or false (SHARD_GRAD_OP).",
+            )
+        )
+    strategy = config.get("fsdp_sharding_strategy")
+    if version == 1 and reshard is not None and reshard != strategy:
+        problems.append(
+            Problem(
+                "fsdp_reshard_after_forward",
+                f"is {reshard!r} but fsdp_sharding_strategy is {strategy!r}: the HF Trainer's FSDP1 reads the "
+                "sharding strategy from fsdp_reshard_after_forward, Accelerate from fsdp_sharding_strategy.",
+                f'write "fsdp_reshard_after_forward": "{strategy}".',
+            )
+        )
+    return problems

@@ -1,0 +1,228 @@
+"""Reading a run config: the file and its `section.key=value` overrides, checked strictly (keys that are not names,
+other tools' names and older spellings read as distsetup's, the schema, what the schema cannot say, then the rules
+across fields) and built into a RunConfig."""
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp_inline import inline_findings, read_inline
+from distsetup.formats.other_names import hint, read_other_names
+from distsetup.formats.problems import Problem, join_path, schema_problems
+from distsetup.formats.reading import parse_yaml, read_yaml
+from distsetup.formats.runconfig import SECTIONS, DistributedConfig, ModelConfig, RunConfig
+from distsetup.formats.runconfig_rules import cross_field_problems, step_count_problems
+
+
+@dataclass
+class Checked:
+    """What checking a raw run config found: its problems, the notes on how it was read, the keys it sets."""
+
+    problems: list[Problem]
+    notes: list[str]
+    written: dict[str, str]  # as RunConfig.written
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read config.yaml (or the defaults when path is None), apply overrides, and check it all."""
+    raw = read_yaml(Path(path)) if path else {}
+    raw = apply_overrides(raw, list(overrides))
+    checked = check_run_config(raw, Path(path).parent if path else None)
+    problems = checked.problems
+    if problems:
+        where = f" in {path}" if path else ""
+        raise DistsetupError(
+            f"run config problem{where}: {problems[0]}"
+            + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
+        )
+    return run_config_from(raw, checked)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    for item in overrides:
+        dotted, sep, value = item.partition("=")
+        section, dot, key = dotted.partition(".")
+        if not (sep and dot and key):
+            raise DistsetupError(
+                f"override '{item}' is not of the form section.key=value.", "write e.g. training.lr=3e-4"
+            )
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise DistsetupError(
+                f"override '{item}': '{section}' is not a section.", f"sections are {', '.join(SECTIONS)}."
+            )
+        try:
+            raw[section][key] = parse_yaml(value)
+        except (yaml.YAMLError, ValueError):  # ValueError: a bad date, a 5000-digit integer, a bomb
+            raise DistsetupError(
+                f"override '{item}': the value is not valid YAML.",
+                f"quote it: {dotted}='\"...\"' (a path or a string).",
+            )
+    return raw
+
+
+def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
+    return check_run_config(raw, base_dir).problems
+
+
+def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
+    """Every problem in a raw run config: keys that are not names, other tools' names (read as distsetup's, in
+    place), the schema (unknown keys, types, ranges, NaN and infinities), what the schema cannot say (whole numbers,
+    blank names), then cross-field rules; with the notes on how it was read."""
+    problems = _key_problems(raw)
+    if problems:
+        return Checked(problems, [], {})
+    notes, problems, spelled = _read_other_spellings(raw)
+    written = {
+        f"{section}.{key}": f"{section}.{key}"
+        for section, values in raw.items()
+        if isinstance(values, dict)
+        for key in values
+    } | spelled
+    if problems:
+        return Checked(problems, notes, written)
+    problems = schema_problems(raw, "run_config", hint)
+    reported = {p.path for p in problems}
+    problems += [p for p in _value_problems(raw) if p.path not in reported]
+    if not problems:
+        problems = cross_field_problems(_build(raw), base_dir) + step_count_problems(raw)
+        inline = (raw.get("distributed") or {}).get("fsdp")
+        if inline:
+            found, said = inline_findings(inline)
+            problems += found
+            notes += said
+    return Checked(problems, notes, written)
+
+
+def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
+    """Older spellings of distsetup's keys, other tools' names, and FSDP settings written inline."""
+    problems = _read_old_spellings(raw)
+    notes, found, spelled = read_other_names(raw)
+    problems += found
+    distributed = raw.get("distributed")
+    if isinstance(distributed, dict) and any(k.startswith("fsdp_") and k != "fsdp_config" for k in distributed):
+        block, said, found = read_inline(distributed)
+        notes += said
+        problems += found
+        if "fsdp" in distributed:
+            problems.append(
+                Problem(
+                    "distributed.fsdp",
+                    "FSDP settings are written both as distributed.fsdp and as fsdp_* keys beside it.",
+                    "keep one of the two forms.",
+                )
+            )
+        else:
+            distributed["fsdp"] = block
+    return notes, problems, spelled
+
+
+def _read_old_spellings(raw: dict) -> list[Problem]:
+    """training.activation_checkpointing was a boolean before it had modes: true is full, false none; model.layer_cls
+    named one class before model.layer_classes named several."""
+    training, model = raw.get("training"), raw.get("model")
+    if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
+        training["activation_checkpointing"] = "full" if training["activation_checkpointing"] else "none"
+    if isinstance(model, dict) and "layer_cls" in model:
+        single = model.pop("layer_cls")
+        if "layer_classes" in model and model["layer_classes"] != [single]:
+            return [
+                Problem(
+                    "model.layer_cls",
+                    f"layer_cls {single!r} and layer_classes {model['layer_classes']!r} name different classes.",
+                    "keep layer_classes alone.",
+                )
+            ]
+        model["layer_classes"] = [single] if single is not None else []
+    return []
+
+
+def _key_problems(data, path=()) -> list[Problem]:
+    """Keys that YAML read as something other than a name: `1:`, `yes:` (true), `null:`, a date."""
+    if isinstance(data, list):
+        return [p for i, item in enumerate(data) for p in _key_problems(item, path + (i,))]
+    if not isinstance(data, dict):
+        return []
+    problems = []
+    for key, value in data.items():
+        if isinstance(key, str):
+            problems += _key_problems(value, path + (key,))
+        else:
+            problems.append(
+                Problem(
+                    join_path(path + (repr(key),)),
+                    f"key {key!r} ({type(key).__name__}) is not a name.",
+                    "write the key's name, e.g. micro_batch_size; quote it if YAML reads it "
+                    "as a number, a boolean or a date.",
+                )
+            )
+    return problems
+
+
+def _value_problems(raw: dict) -> list[Problem]:
+    """What JSON Schema cannot say: an integer field holds a Python int (the schema's "integer" takes 8.0,
+    which the trainer cannot use as a batch size), and a text field that names something is not blank."""
+    problems = []
+    for section, cls in SECTIONS.items():
+        values = raw.get(section)
+        if not isinstance(values, dict):
+            continue
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in values:
+                continue
+            value, kinds, where = values[f.name], _scalar_types(hints[f.name]), f"{section}.{f.name}"
+            if int in kinds and isinstance(value, float):
+                example = int(value) if value.is_integer() and abs(value) <= 2**53 else f.default
+                problems.append(Problem(where, f"{value!r} is not a whole number.", f"write e.g. {example}."))
+            if (
+                str in kinds
+                and "enum" not in f.metadata
+                and any(
+                    isinstance(item, str) and not item.strip()
+                    for item in (value if isinstance(value, list) else [value])
+                )
+            ):
+                problems.append(Problem(where, "is empty.", f"write a value, or remove {f.name} for the default."))
+    return problems
+
+
+def _scalar_types(hint) -> set:
+    """int | None -> {int, NoneType}; list[str] -> {str}; int -> {int}."""
+    return set(typing.get_args(hint)) or {hint}
+
+
+def run_config_from(raw: dict, checked: Checked) -> RunConfig:
+    """The RunConfig of a raw config that check_run_config found no problem in (and read into distsetup's keys)."""
+    config = _build(raw)
+    config.notes, config.written = checked.notes, checked.written
+    return config
+
+
+def model_config(section: dict) -> ModelConfig:
+    """A model section as stored in a checkpoint's marker (older ones spell layer_cls) as a ModelConfig."""
+    raw = {"model": dict(section)}
+    _read_old_spellings(raw)
+    return ModelConfig(**raw["model"])
+
+
+def backend_of(distributed: dict) -> str:
+    """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys."""
+    if "backend" in distributed:
+        return distributed["backend"]
+    if distributed.get("use_deepspeed") is True:
+        return "deepspeed"
+    return "fsdp" if distributed.get("use_fsdp") is True else DistributedConfig.backend
+
+
+def _build(raw: dict) -> RunConfig:
+    sections: dict = {name: cls(**raw.get(name, {})) for name, cls in SECTIONS.items()}  # type: ignore[operator]
+    config = RunConfig(**sections)
+    config.distributed.backend = backend_of(raw.get("distributed", {}))
+    return config

@@ -1,0 +1,257 @@
+"""The run config's rules that span fields, checked once at load time on the built RunConfig: the backend and its
+files, the model's shape, the user's code it names, the data files, the lr scaling."""
+
+from pathlib import Path
+
+from distsetup.formats import python_refs
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
+from distsetup.formats.problems import Problem
+from distsetup.formats.runconfig import (
+    PYTHON_REFERENCES,
+    TEXT_SUFFIXES,
+    TOKEN_SUFFIX,
+    DataConfig,
+    RunConfig,
+    resolve_config_path,
+)
+
+
+def cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """Every rule across fields the config breaks; `base_dir`: its folder, where the files it names are looked
+    for (None: not looked for)."""
+    return (
+        _backend_problems(config, base_dir)
+        + _model_problems(config)
+        + _python_problems(config, base_dir)
+        + _data_problems(config, base_dir)
+        + _lr_problems(config)
+    )
+
+
+def step_count_problems(raw: dict) -> list[Problem]:
+    """epochs and max_steps both written (read from the raw file: max_steps always has a default)."""
+    training = raw.get("training") or {}
+    if "epochs" in training and "max_steps" in training:
+        return [Problem("training.epochs", "epochs and max_steps are both set.", "keep one of them.")]
+    return []
+
+
+def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """The backend, the keys that choose it, its file or inline settings, and the precision it can train in."""
+    problems = []
+    dist, training = config.distributed, config.training
+    if dist.use_deepspeed and dist.use_fsdp:
+        problems.append(
+            Problem(
+                "distributed",
+                "use_deepspeed and use_fsdp are both true.",
+                "choose one: backend: deepspeed or backend: fsdp.",
+            )
+        )
+    for flag, backend in (("use_deepspeed", "deepspeed"), ("use_fsdp", "fsdp")):
+        if getattr(dist, flag) and dist.backend != backend:
+            problems.append(
+                Problem(
+                    f"distributed.{flag}",
+                    f"{flag} is true but backend is {dist.backend}.",
+                    f"set backend: {backend}, or drop {flag}.",
+                )
+            )
+    if dist.fsdp and dist.backend != "fsdp":
+        problems.append(
+            Problem(
+                "distributed.fsdp",
+                f"FSDP settings are given but backend is {dist.backend}: they would be ignored.",
+                "set backend: fsdp (or use_fsdp: true), or remove them.",
+            )
+        )
+    if dist.fsdp and dist.fsdp_config:
+        problems.append(
+            Problem(
+                "distributed.fsdp_config",
+                "FSDP settings are given both inline and in fsdp_config.",
+                "keep one: the file (fsdp_config), or the settings under distributed.",
+            )
+        )
+    if dist.backend == "deepspeed" and not dist.deepspeed_config:
+        problems.append(
+            Problem(
+                "distributed.deepspeed_config",
+                "backend deepspeed needs a DeepSpeed file.",
+                "run `distsetup deepspeed --output config/ds_config.json` and set "
+                "deepspeed_config: config/ds_config.json.",
+            )
+        )
+    for key in ("deepspeed_config", "fsdp_config"):
+        value = getattr(dist, key)
+        if value and base_dir is not None and not resolve_config_path(value, base_dir).exists():
+            problems.append(
+                Problem(
+                    f"distributed.{key}",
+                    f"file {value} does not exist.",
+                    f"create it with `distsetup {key.split('_')[0]}` or fix the path.",
+                )
+            )
+    if dist.backend == "fsdp" and training.precision not in TRAINER_PRECISIONS:
+        problems.append(Problem("training.precision", *TRAINER_FP16_PROBLEM))
+    return problems
+
+
+def _model_problems(config: RunConfig) -> list[Problem]:
+    """The built-in model's heads divide its hidden size; a Hugging Face model has its folder."""
+    model = config.model
+    problems = []
+    if model.type == "gpt" and model.n_embd % model.n_head:
+        problems.append(
+            Problem(
+                "model.n_embd",
+                f"n_embd {model.n_embd} is not a multiple of n_head {model.n_head}.",
+                f"use n_embd: {model.n_head * max(1, model.n_embd // model.n_head)}.",
+            )
+        )
+    if model.type == "hf" and not model.hf_path:
+        problems.append(
+            Problem(
+                "model.hf_path", "model type hf needs hf_path.", "point hf_path at a local folder with a config.json."
+            )
+        )
+    return problems
+
+
+def _lr_problems(config: RunConfig) -> list[Problem]:
+    """Scaling the lr needs the batch it was tuned at."""
+    training = config.training
+    if training.scale_lr != "none" and training.base_batch_size is None:
+        return [
+            Problem(
+                "training.base_batch_size",
+                f"scale_lr {training.scale_lr} needs base_batch_size.",
+                "set base_batch_size to the global batch size your lr was tuned for.",
+            )
+        ]
+    return []
+
+
+def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """The user's code named by the run config (model.builder, data.builder, data.collate, training.loss): written
+    module:function, its module found (not imported: checking a file runs none of its code), and present exactly
+    where its section's type needs it."""
+    problems = []
+    for section_name, key, role, needed_by in PYTHON_REFERENCES:
+        section = getattr(config, section_name)
+        where, value = f"{section_name}.{key}", getattr(section, key)
+        if value is not None:
+            problems += python_refs.problems(value, where, role, base_dir)
+        if needed_by is None:
+            continue
+        if section.type == needed_by and value is None:
+            problems.append(
+                Problem(
+                    where,
+                    f"{section_name}.type python needs {key}.",
+                    f"name the function that {role}: module:function.",
+                )
+            )
+        elif section.type != needed_by and (value is not None or section.args):
+            stray = key if value is not None else "args"
+            problems.append(
+                Problem(
+                    f"{section_name}.{stray}",
+                    f"{stray} is read only with {section_name}.type python (this is {section.type}).",
+                    f"set {section_name}.type: python, or remove {stray}.",
+                )
+            )
+    if config.data.collate and config.data.type != "python":
+        problems.append(
+            Problem(
+                "data.collate",
+                f"collate is read only with data.type python (token data come as blocks of ids: {config.data.type}).",
+                "set data.type: python, or remove collate.",
+            )
+        )
+    if config.data.type == "python":
+        for key in ("paths", "val_paths", "val_fraction"):
+            if getattr(config.data, key):
+                problems.append(
+                    Problem(
+                        f"data.{key}",
+                        f"data.type python reads its samples from data.builder, not data.{key}.",
+                        f'remove {key}; data.builder is called with "val" for the validation set.',
+                    )
+                )
+    return problems
+
+
+def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """The tokenizer and validation set the data need; for data files, that they are given and split one way."""
+    data, model, training = config.data, config.model, config.training
+    problems = []
+    if model.tokenizer and base_dir is not None and not resolve_config_path(model.tokenizer, base_dir).is_dir():
+        problems.append(
+            Problem("model.tokenizer", f"folder {model.tokenizer} does not exist.", "point it at a tokenizer folder.")
+        )
+    if training.eval_interval and not (data.val_paths or data.val_fraction or data.type == "python"):
+        problems.append(
+            Problem(
+                "training.eval_interval",
+                "there is no validation set to evaluate.",
+                "set data.val_paths or data.val_fraction, or drop eval_interval.",
+            )
+        )
+    if data.type != "files":
+        return problems
+    if not data.paths:
+        problems.append(
+            Problem("data.paths", "data type files needs at least one path.", "list your data files under data.paths.")
+        )
+        return problems
+    if data.val_paths and data.val_fraction:
+        problems.append(Problem("data.val_fraction", "val_paths and val_fraction are both set.", "keep one of them."))
+    tokens = data.paths[0].endswith(TOKEN_SUFFIX)
+    problems += _data_file_problems(data, tokens, base_dir)
+    if tokens and data.val_fraction:
+        problems.append(
+            Problem("data.val_fraction", "a pre-tokenized .bin is not split.", "name a validation .bin in val_paths.")
+        )
+    if data.format == "chat" and not model.tokenizer:
+        problems.append(
+            Problem("data.format", "format chat needs a chat template.", "set model.tokenizer to a tokenizer folder.")
+        )
+    return problems
+
+
+def _data_file_problems(data: DataConfig, tokens: bool, base_dir: Path | None) -> list[Problem]:
+    """Each data file: a text or token file (`tokens`: the first is a .bin), a .bin alone in its split, plain text
+    only for format text, and present."""
+    problems = []
+    for key in ("paths", "val_paths"):
+        for i, name in enumerate(getattr(data, key)):
+            where = f"data.{key}[{i}]"
+            if not name.endswith((*TEXT_SUFFIXES, TOKEN_SUFFIX)):
+                problems.append(
+                    Problem(where, f"{name} is not a {', '.join(TEXT_SUFFIXES)} or {TOKEN_SUFFIX} file.", "rename it.")
+                )
+            elif name.endswith(TOKEN_SUFFIX) != tokens or (tokens and i > 0):
+                problems.append(
+                    Problem(
+                        where,
+                        f"{name}: a pre-tokenized .bin file is the only file of its split.",
+                        "list one .bin in paths (and one in val_paths), or text files only.",
+                    )
+                )
+            elif data.format != "text" and name.endswith(".txt"):
+                problems.append(
+                    Problem(
+                        where, f"format {data.format} reads fields of records; {name} is plain text.", "use .jsonl."
+                    )
+                )
+            elif not resolve_config_path(name, base_dir).is_file():
+                problems.append(
+                    Problem(
+                        where,
+                        f"file {name} does not exist.",
+                        "correct the path (a relative one is read from the working directory, else next to the "
+                        "config).",
+                    )
+                )
+    return problems

@@ -1,0 +1,262 @@
+"""Per-GPU memory and communication of each data-parallel strategy: pure arithmetic.
+
+Bytes are decimal (1 GB = 1e9 B, as the ZeRO paper and GPU vendors write them). P = parameters,
+N = ranks a state is sharded over, e = bytes per element of the compute dtype (2 for bf16/fp16, 4 fp32).
+
+Model states per GPU (what each strategy holds between steps, plus the fp32 gradient DeepSpeed makes):
+
+  strategy                params        grads           fp32 grads   optimizer (master + Adam m, v)
+  DDP (torch)             4P            4P (+4P bucket)  -            8P
+  ZeRO-1                  eP            eP              4P/N         12P/N
+  ZeRO-2                  eP            eP/N            4P/N         12P/N
+  ZeRO-2 + opt offload    eP            - (buckets)     - (CPU)      - (CPU: 16P/N per rank)
+  ZeRO-3                  eP/N          eP/N            4P/N         12P/N       + 2eL gathered
+  ZeRO-3 + opt offload    eP/N          - (buckets)     - (CPU)      - (CPU)     + 2eL gathered
+  ZeRO-3 + opt/param off  - (CPU: eP/N) - (buckets)     - (CPU)      - (CPU)     + 2eL gathered
+  FSDP2 full / hybrid     4P/N          4P/N            -            8P/N        + 3eL gathered
+  FSDP2 shard-grad-op     4P/N + eP     4P/N            -            8P/N        (unsharded after forward)
+
+L = the largest module's own parameters (ZeRO-3 gathers module by module); FSDP gathers whole blocks
+(B) and keeps its root unit (R: embeddings, head) gathered: 3eL there stands for eR + 3eB.
+For hybrid shard N is the GPUs of one node. DeepSpeed keeps an fp32 master copy of its partition even for
+fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper's K=12 with mixed precision gives
+DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
+layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
+
+Activations per micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation"): each
+transformer layer keeps s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations; the a*s^2 attention-score
+term is absent with fused (flash / SDPA) attention; fp32 doubles it. The loss keeps the fp32
+log-softmax of the logits (4*s*b*V) and backward adds their gradient ((4 + e)*s*b*V); computed a slice of
+W ids at a time (training.chunked_loss, loss_slices.py) it keeps 12 bytes a position (the log-sum-exp and the
+target) and adds two fp32 slices (8*s*b*W) and the fp32 gradient of the head's input (4*s*b*h). With activation
+checkpointing each layer keeps only its input (s*b*h*e) and one layer's full activations exist during
+its recomputation.
+
+Communication per step relative to DDP's all-reduce of 2P elements: ZeRO-1/2 and shard-grad-op 1x
+(reduce-scatter + all-gather), ZeRO-3 and full shard 1.5x (parameters gathered in forward and again in
+backward); hybrid shard 1.5x inside a node but only 1/G of DDP's volume between nodes.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+from distsetup.planning import loss_slices
+from distsetup.planning.models import ModelShape
+from distsetup.planning.units import GB
+
+DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
+DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
+RUNTIME_BYTES = 1.0 * GB  # CUDA context, NCCL buffers, allocator slack (GPU only)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    num_nodes: int = 1
+    gpus_per_node: int = 1
+    gpu_memory: float = 80 * GB
+    cpu_memory: float | None = None  # per node; None = unknown (offload fit not judged)
+    headroom: float = 0.1  # fraction of GPU memory kept free (fragmentation, spikes)
+    runtime_bytes: float = RUNTIME_BYTES
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Workload:
+    precision: str = "bf16"  # fp32 | bf16 | fp16
+    seq_len: int = 2048
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None
+    flash_attention: bool = True
+    chunked_loss: str = "auto"  # training.chunked_loss: auto, always or never
+
+
+@dataclass(frozen=True)
+class Strategy:
+    key: str
+    label: str
+    framework: str  # ddp | deepspeed | fsdp
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    sharding_strategy: str | None = None
+    comm: float = 1.0  # volume per step relative to DDP
+
+    @property
+    def offload(self) -> int:
+        return int(self.offload_optimizer) + int(self.offload_param)
+
+    @property
+    def fsdp_sharding(self) -> str:
+        """The FSDP sharding strategy; only FSDP strategies have one."""
+        if self.sharding_strategy is None:
+            raise ValueError(f"strategy {self.key} is not an FSDP strategy.")
+        return self.sharding_strategy
+
+
+# In order of expected speed when memory is no object: least communication, then least offload.
+STRATEGIES = (
+    Strategy("ddp", "DDP", "ddp"),
+    Strategy("zero1", "ZeRO-1", "deepspeed", 1),
+    Strategy("zero2", "ZeRO-2", "deepspeed", 2),
+    Strategy("fsdp_shard_grad_op", "FSDP shard-grad-op", "fsdp", sharding_strategy="SHARD_GRAD_OP"),
+    Strategy("fsdp_hybrid_shard", "FSDP hybrid shard", "fsdp", sharding_strategy="HYBRID_SHARD", comm=1.5),
+    Strategy("zero3", "ZeRO-3", "deepspeed", 3, comm=1.5),
+    Strategy("fsdp_full_shard", "FSDP full shard", "fsdp", sharding_strategy="FULL_SHARD", comm=1.5),
+    Strategy("zero2_offload", "ZeRO-2 + optimizer offload", "deepspeed", 2, offload_optimizer=True),
+    Strategy("zero3_offload_optimizer", "ZeRO-3 + optimizer offload", "deepspeed", 3, offload_optimizer=True, comm=1.5),
+    Strategy(
+        "zero3_offload_all",
+        "ZeRO-3 + optimizer/param offload",
+        "deepspeed",
+        3,
+        offload_optimizer=True,
+        offload_param=True,
+        comm=1.5,
+    ),
+)
+BY_KEY = {s.key: s for s in STRATEGIES}
+
+
+def element_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes per GPU for one strategy; `activations*` are for `micro_batch` samples."""
+
+    strategy: str
+    label: str
+    params: float
+    grads: float
+    fp32_grads: float
+    optimizer: float
+    gathered: float
+    buffers: float
+    activations: float
+    activations_checkpointed: float
+    cpu_per_node: float
+    comm_vs_ddp: float
+    inter_node_comm_vs_ddp: float
+    micro_batch: int
+    usable: float
+    activation_checkpointing: bool = False
+    fits: bool = False
+
+    @property
+    def model_states(self) -> float:
+        """Parameters, gradients and optimizer states (what DeepSpeed's estimators count, less `gathered`)."""
+        return self.params + self.grads + self.fp32_grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        act = self.activations_checkpointed if self.activation_checkpointing else self.activations
+        return self.model_states + self.gathered + self.buffers + act
+
+    @property
+    def headroom(self) -> float:
+        return self.usable - self.total
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "model_states": self.model_states, "total": self.total, "headroom_bytes": self.headroom}
+
+
+def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> dict:
+    """Per-GPU bytes of parameters, gradients, fp32 gradients, optimizer states and gathered layers."""
+    P, e = model.params, element_bytes(precision)
+    n = hw.gpus_per_node if strategy.sharding_strategy == "HYBRID_SHARD" else hw.world_size
+    out = dict(params=0.0, grads=0.0, fp32_grads=0.0, optimizer=0.0, gathered=0.0, buffers=0.0, cpu=0.0)
+    if strategy.framework == "ddp":
+        out.update(params=4 * P, grads=4 * P, optimizer=8 * P, buffers=4 * P)  # DDP's bucket copy of grads
+    elif strategy.framework == "fsdp":
+        # root unit (kept gathered through forward), current + prefetched block, one block's unsharded grads
+        out.update(
+            params=4 * P / n, grads=4 * P / n, optimizer=8 * P / n, gathered=e * model.root + 3 * e * model.block
+        )
+        if strategy.sharding_strategy == "SHARD_GRAD_OP":
+            out["gathered"] = e * P + e * model.block  # kept unsharded from forward to backward
+    else:
+        stage = strategy.zero_stage
+        out["params"] = e * P / n if stage == 3 else e * P
+        out["grads"] = e * P if stage == 1 else e * P / n
+        out["fp32_grads"], out["optimizer"] = 4 * P / n, 12 * P / n
+        if stage == 3:
+            out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
+            out["buffers"] = e * min(DS_PREFETCH_BUCKET, P)
+        else:
+            out["buffers"] = 2 * e * min(DS_REDUCE_BUCKET, P)  # reduce + all-gather buckets
+        on_cpu = 0.0
+        if strategy.offload_optimizer:
+            on_cpu += out["fp32_grads"] + out["optimizer"]  # 16-bit grads are copied into the CPU fp32 ones
+            out.update(fp32_grads=0.0, optimizer=0.0, grads=0.0)
+        if strategy.offload_param:
+            on_cpu += out["params"]
+            out["params"] = 0.0
+        out["cpu"] = on_cpu * hw.gpus_per_node
+    if hw.runtime_bytes:
+        out["buffers"] += hw.runtime_bytes
+    return out
+
+
+def activation_bytes(
+    model: ModelShape, work: Workload, micro_batch: int, checkpointing: bool, peak: bool = True
+) -> float:
+    """Activation bytes per GPU: saved for backward, plus (peak=True) what exists only during backward.
+
+    Saved: each layer's activations (or only its input with checkpointing), the final norm's and the
+    head's inputs, and what the loss keeps: the fp32 log-softmax of the logits, or (sliced) a log-sum-exp and a
+    target per position. Peak adds one layer's recomputed activations (checkpointing) and the loss's backward: the
+    logits' gradient (fp32, then in the compute dtype), or two fp32 slices and the head input's fp32 gradient.
+    """
+    if not (model.hidden_size and model.num_layers):
+        return 0.0
+    s, b, h, layers = work.seq_len, micro_batch, model.hidden_size, model.num_layers
+    a = model.num_heads or max(1, h // 128)
+    e = element_bytes(work.precision)
+    per_layer = s * b * h * (34 + (0 if work.flash_attention else 5 * a * s / h)) * e / 2
+    head = 2 * s * b * h * e  # the final norm's input and the head's input
+    loss_saved, loss_peak = loss_bytes(s * b, h, model.vocab_size or 0, e, work.chunked_loss)
+    saved = (layers * s * b * h * e if checkpointing else layers * per_layer) + head + loss_saved
+    if not peak:
+        return saved
+    return saved + (per_layer if checkpointing else 0) + loss_peak
+
+
+def loss_bytes(positions: int, hidden: int, vocab: int, e: int, chunked_loss: str) -> tuple[float, float]:
+    """(bytes the token loss keeps for backward, bytes its backward adds) for `positions` targets."""
+    if not loss_slices.chunked(chunked_loss, vocab):
+        return 4 * positions * vocab, (4 + e) * positions * vocab
+    return 12 * positions, 8 * positions * loss_slices.slice_width(vocab) + 4 * positions * hidden
+
+
+def estimate(
+    strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload, micro_batch: int, checkpointing: bool = False
+) -> Estimate:
+    states = model_states(strategy, model, hw, work.precision)
+    comm_between_nodes = strategy.comm
+    if strategy.sharding_strategy == "HYBRID_SHARD":
+        comm_between_nodes = 1.0 / hw.gpus_per_node if hw.num_nodes > 1 else 0.0
+    elif hw.num_nodes == 1:
+        comm_between_nodes = 0.0
+    est = Estimate(
+        strategy=strategy.key,
+        label=strategy.label,
+        params=states["params"],
+        grads=states["grads"],
+        fp32_grads=states["fp32_grads"],
+        optimizer=states["optimizer"],
+        gathered=states["gathered"],
+        buffers=states["buffers"],
+        activations=activation_bytes(model, work, micro_batch, False),
+        activations_checkpointed=activation_bytes(model, work, micro_batch, True),
+        cpu_per_node=states["cpu"],
+        comm_vs_ddp=strategy.comm,
+        inter_node_comm_vs_ddp=comm_between_nodes,
+        micro_batch=micro_batch,
+        usable=hw.gpu_memory * (1 - hw.headroom),
+        activation_checkpointing=checkpointing,
+    )
+    cpu_ok = hw.cpu_memory is None or est.cpu_per_node <= hw.cpu_memory * (1 - hw.headroom)
+    return replace(est, fits=est.total <= est.usable and cpu_ok)

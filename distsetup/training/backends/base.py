@@ -1,0 +1,311 @@
+"""The interface every backend implements (wrap, backward, step, save, load, and the bytes they hold), and
+the `single` backend itself: one process holding the whole model. The others subclass it: DDP (ddp.py), FSDP2
+(fsdp.py) and DeepSpeed (deepspeed_backend.py); backends.py picks one by name.
+"""
+
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.nn as nn
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.batch import global_batch_of
+from distsetup.formats.checkpoint_folder import Marker, described, layout
+from distsetup.formats.runconfig import RunConfig
+from distsetup.training import memory
+from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
+from distsetup.training.checkpoint.named_state import named_state
+from distsetup.training.data.loader import Placement
+from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.model.build import ModelParts
+from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
+from distsetup.training.world import World, ranks
+
+T = TypeVar("T")
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices
+
+
+class Backend:
+    """One process holding the whole model: the interface, and the `single` backend itself."""
+
+    name = "single"
+    zero_stage: int | None = None
+
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+        self.cfg, self.world, self.device = cfg, world, device
+        t = cfg.training
+        self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
+        self.precision, self.lr, self.grad_clip = t.precision, t.lr, t.grad_clip
+        self.precision_source = "training.precision"  # the setting a user changes to change it
+        self.lr_from_file = False  # True where a backend file sets the lr (never scaled by training.scale_lr)
+        self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
+        self.memory: dict | None = None
+        self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
+        self._grad_bytes = 0
+        self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
+        self.placement = Placement(device)  # where batches go
+        self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
+
+    # -- the interface -------------------------------------------------------------------------------
+    def wrap(self, parts: ModelParts) -> None:
+        """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
+        self._prepare_blocks(parts.module, parts.blocks)
+        self._handle_conditional(parts.conditional)
+        self.model = self._place(parts.module.to(self.device), parts)
+        self._build_optimizer(self.model)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
+        """Forward and backward one micro-batch: `loss_of(model)` (objective.py) computes its loss. Returns it
+        detached, left on the device (reading it would make the host wait for the device); gradients are
+        synchronised on the last micro-batch only."""
+        with self._sync(last_micro), self._autocast():
+            micro = self._forward(loss_of)
+        scaled = self._averaged(micro.loss)
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return micro.detached()
+
+    def _averaged(self, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss / the accumulation steps: gradients summed over them average the micro-batches."""
+        return loss if self.accumulation == 1 else loss / self.accumulation
+
+    def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
+        """`compute(model)` of a validation micro-batch: no gradients, dropout off."""
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                return compute(self.model)
+        finally:
+            self.model.train()
+
+    def step(self) -> None:
+        """Clip, update, advance the schedule, drop the gradients."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self._measure_memory()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, path: Path) -> None:
+        """Rank 0 writes the full state in one file, atomically (DDP replicas are identical)."""
+        if self.world.is_main:
+            atomic_save(self._full_state(), path / "state.pt")
+
+    def start_save(self, path: Path) -> list[Future]:
+        """training.async_checkpoint: what save() writes, copied now (the loop waits only for that) and written by
+        a background thread; the futures complete once this rank's files are on disk."""
+        if not self.world.is_main:
+            return []
+        return [self._in_background(atomic_save, copied_to_cpu(self._full_state()), path / "state.pt")]
+
+    def _full_state(self) -> dict:
+        state = {
+            "model": self._plain_model().state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def _in_background(self, write, *args) -> Future:
+        """`write(*args)` on this process's one checkpoint thread: writes happen in the order they were asked."""
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        return self._writer.submit(write, *args)
+
+    def adopt(self, path: Path, marker: Marker) -> str | None:
+        """Before wrap(): prepare to resume checkpoint `path` (its COMPLETE marker: `marker`), written by any backend
+        at any world size; returns a line for the user when that takes a conversion."""
+        if self._loads_as_is(marker):
+            return None
+        self.converted_from = marker.files_layout
+        scale = ", fp16 loss scale" if marker.precision == self.precision == "fp16" else ""
+        return (
+            f"checkpoint {path.name} ({marker.written_by}, "
+            f"{ranks(marker.world_size)}) converted for this run ({described(self.name, self.zero_stage)}, "
+            f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler{scale}"
+        )
+
+    def _loads_as_is(self, marker: Marker) -> bool:
+        """Whether this backend loads a checkpoint with marker `marker` without converting it."""
+        return marker.files_layout == layout(self.name, self.zero_stage)
+
+    def load(self, path: Path) -> None:
+        """Restore model, optimizer and scheduler from checkpoint `path`."""
+        if self.converted_from is None:
+            self._load_own(path)
+        else:
+            self._load_named(named_state(path, self.converted_from, self._groups()))
+
+    def _load_named(self, state: dict) -> None:
+        """A named state (named_state.py) into model, optimizer, scheduler and fp16 loss scaler."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if "lr_lambdas" not in state["scheduler"]:  # a DeepSpeed file's own scheduler wrote it
+            raise DistsetupError(
+                "the checkpoint's learning-rate schedule is a DeepSpeed file's scheduler block, which this run's "
+                "warmup + cosine schedule cannot continue.",
+                "resume it with that DeepSpeed file.",
+            )
+        model = self._plain_model()
+        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True))
+        # the settings this optimizer has (DeepSpeed's CPU Adam keeps others), the checkpoint's values for them
+        groups = [
+            {**{k: v for k, v in own.items() if k != "params"}, **{k: v for k, v in saved.items() if k in own}}
+            | {"params": saved["params"]}
+            for own, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True)
+        ]
+        self._load_named_optimizer(state, self._with_own_kernels(groups))
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def _load_named_optimizer(self, state: dict, param_groups: list[dict]) -> None:
+        """A named state's optimizer state, in `param_groups` (by name; this optimizer's settings), into this one."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": param_groups}
+        set_optimizer_state_dict(
+            self._plain_model(), self.optimizer, optimizer, options=StateDictOptions(full_state_dict=True)
+        )
+
+    def _with_own_kernels(self, groups: list[dict]) -> list[dict]:
+        """A checkpoint's param groups with this run's kernel choices (fused on a GPU), not the writer's."""
+        return [
+            {**saved, **{k: own[k] for k in IMPLEMENTATION if k in own}}
+            for own, saved in zip(self.optimizer.param_groups, groups, strict=True)
+        ]
+
+    def _groups(self) -> list[list[str]]:
+        """The parameter names in each of the optimizer's param groups."""
+        return names_by_group(self._plain_model(), self.optimizer.param_groups)
+
+    def _load_own(self, path: Path) -> None:
+        state = torch.load(path / "state.pt", map_location=self.device, weights_only=False)
+        self._plain_model().load_state_dict(state["model"])
+        groups = self._with_own_kernels(state["optimizer"]["param_groups"])
+        self.optimizer.load_state_dict({**state["optimizer"], "param_groups": groups})
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def checkpoint_complete(self, path: Path) -> None:
+        """Rank 0, once checkpoint `path` is complete on every rank: tell its format's own tools so."""
+
+    def current_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def current_loss_scale(self) -> float | None:
+        """The fp16 loss scale the next backward multiplies the loss by; None out of fp16."""
+        return self.scaler.get_scale() if self.scaler else None
+
+    def check_device_support(self) -> None:
+        """Refuse, before any process group, a precision this device cannot train in."""
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and self.precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise DistsetupError(
+                f"{self.precision_source} asks for bf16, which needs an Ampere or newer GPU; this one is older.",
+                f"set {self.precision_source} to fp16 (DDP, DeepSpeed) or fp32.",
+            )
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _forward(self, loss_of: Callable[[nn.Module], MicroLoss]) -> MicroLoss:
+        """The micro-batch's loss; the first call also counts the bytes its forward saves for backward."""
+        if self.activation_bytes is not None:
+            return loss_of(self.model)
+        with memory.SavedActivations(self.model) as saved:
+            micro = loss_of(self.model)
+        self.activation_bytes = saved.bytes
+        return micro
+
+    def _build_optimizer(self, model: nn.Module) -> None:
+        t = self.cfg.training
+        self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
+        self.scheduler = lambda_scheduler(self.optimizer, t)
+
+    def _prepare_blocks(self, model, blocks) -> None:
+        """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
+        from distsetup.training.model.blocks import apply_activation_checkpointing, compile_blocks
+
+        if (self.checkpointing() != "none" or self.cfg.training.compile) and not blocks:
+            wanted = "training.activation_checkpointing" if self.checkpointing() != "none" else "training.compile"
+            raise DistsetupError(
+                f"{wanted} works block by block, and no block class of the model was found.",
+                f"name its repeated block classes in model.layer_classes, or turn {wanted} off.",
+            )
+        if self.checkpointing() != "none":
+            apply_activation_checkpointing(model, blocks, self.checkpointing())
+        if self.cfg.training.compile:
+            compile_blocks(model, blocks)
+
+    def summary(self) -> dict:
+        """Its part of summary.json."""
+        cuda = self.device.type == "cuda"
+        return {
+            "backend": self.name,
+            "zero_stage": self.zero_stage,
+            "precision": self.precision,
+            "memory": self.memory,
+            "peak_activation_bytes": self.activation_bytes,
+            "peak_device_bytes": torch.cuda.max_memory_allocated(self.device) if cuda else None,
+        }
+
+    def line(self) -> str:
+        """The run's backend line: the backend and the settled batch, precision, clipping, lr and recomputation."""
+        details = f" ({self.details()})" if self.details() else ""
+        world = self.world.size
+        return (
+            f"backend {self.name}{details} on {world} x {self.device.type}; global batch "
+            f"{global_batch_of(self.micro_batch, self.accumulation, world)} = micro {self.micro_batch} x accumulation "
+            f"{self.accumulation} x world {world}; {self.precision}; grad clip {self.grad_clip:g}; peak lr "
+            f"{self.lr:.6g}; activation checkpointing {self.checkpointing()}"
+        )
+
+    def details(self) -> str:
+        """What the backend line says after the backend's name: "ZeRO-2, optimizer offloaded to cpu"."""
+        return ""
+
+    def checkpointing(self) -> str:
+        """none, full or selective: activation checkpointing as this run asks for it."""
+        return self.cfg.training.activation_checkpointing
+
+    def _handle_conditional(self, layers: list[nn.Module]) -> None:
+        """What this backend needs for layers that run differently per rank (moe.py): one process needs nothing."""
+
+    def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
+        """The model as this backend trains it, once on its device."""
+        return model
+
+    def _plain_model(self) -> nn.Module:
+        return self.model
+
+    def _sync(self, last_micro: bool):
+        return contextlib.nullcontext()
+
+    def _autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=PRECISION_DTYPES[self.precision])
+
+    def _measure_memory(self) -> None:
+        """Once, after the first update, when parameters, gradients and optimizer state all exist."""
+        if self.memory is None:
+            params = list(self.model.parameters())
+            self.memory = {
+                "params": memory.tensor_bytes(params),
+                "grads": memory.grad_bytes(params),
+                "optimizer": memory.tensor_bytes(memory.state_tensors(self.optimizer.state)),
+            }

@@ -1,0 +1,340 @@
+"""DeepSpeed ZeRO 0-3 from a DeepSpeed file; DeepSpeed owns the optimizer step and the checkpoints.
+
+A ZeRO 1-3 run resumes any other checkpoint as DeepSpeed's universal folder (universal_folder.py), loaded with
+`checkpoint.load_universal`: one of ZeRO 1-3 at another world size or stage converted by DeepSpeed's own
+ds_to_universal, any other written from its named state. ZeRO-0 keeps the whole module and its optimizer in one
+file, which any world size of the same precision loads as it is: a torch optimizer in fp32, DeepSpeed's wrapper
+around one, with fp32 masters, in bf16 (zero0_wrapper.py). It takes other backends' state by parameter name, as the
+torch backends do.
+"""
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import Marker, layout
+from distsetup.formats.deepspeed import enabled_precisions, offload_device, zero_stage_of
+from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.settle import settle
+from distsetup.formats.validate import read_valid
+from distsetup.training import memory
+from distsetup.training.backends.base import PRECISION_DTYPES, Backend
+from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
+from distsetup.training.checkpoint.files import atomic_write_text
+from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
+from distsetup.training.checkpoint.streamed_io import MappedTorchFile
+from distsetup.training.data.loader import Placement
+from distsetup.training.model import moe
+from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
+from distsetup.training.world import World, ranks
+
+# What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
+# loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
+FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
+
+
+class DeepSpeedBackend(Backend):
+    name = "deepspeed"
+
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+        super().__init__(cfg, world, device)
+        file = cfg.distributed.deepspeed_config
+        assert file is not None  # the run config's rules ask for it with this backend
+        # refused where `distsetup validate --world_size N` finds a problem, so the batch identity holds
+        self.ds_config = read_valid(file, "deepspeed", world.size)
+        self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
+        t = cfg.training
+        settled = settle(cfg, self.ds_config, None, world.size, f"DeepSpeed file {cfg.distributed.deepspeed_config}")
+        if settled.problems:
+            problem = settled.problems[0]
+            raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
+        self.notes += settled.notes
+        self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
+        self.precision, self.grad_clip = settled.precision, settled.grad_clip
+        # what the file leaves out, DeepSpeed gets from the run config
+        self.ds_config.update(
+            train_micro_batch_size_per_gpu=settled.micro_batch,
+            gradient_accumulation_steps=settled.accumulation,
+            train_batch_size=settled.train_batch,
+            gradient_clipping=settled.grad_clip,
+        )
+        if self.precision != "fp32" and not enabled_precisions(self.ds_config):
+            self.ds_config[self.precision] = {"enabled": True}
+        self.zero_stage = zero_stage_of(self.ds_config)
+        self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
+        if self.precision != "fp32":  # the engine holds its weights in this dtype and casts no input
+            self.placement = Placement(device, PRECISION_DTYPES[self.precision])
+        if t.async_checkpoint:
+            self.notes.append(
+                "training.async_checkpoint: DeepSpeed checkpoints are written synchronously (its own background "
+                "writer, the decoupled checkpoint engine, needs its async_io op, which distsetup does not drive)"
+            )
+        block = self.ds_config.get("optimizer")
+        if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
+            self.lr = block.setdefault("params", {}).setdefault("lr", settled.lr)
+            self.lr_from_file = True
+            if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
+                self.notes.append(
+                    f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
+                    "written (scale it there with `distsetup deepspeed --scale_lr`)"
+                )
+
+    def details(self) -> str:
+        offloads = [
+            f"{block.removeprefix('offload_')} offloaded to {offload_device(self.ds_config, block)}"
+            for block in ("offload_optimizer", "offload_param")
+            if offload_device(self.ds_config, block) != "none"
+        ]
+        return ", ".join([f"ZeRO-{self.zero_stage}", *offloads])
+
+    def check_device_support(self):
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        supported = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
+        if self.precision in supported and not supported[self.precision]():
+            other = "bf16" if self.precision == "fp16" and accelerator.is_bf16_supported() else "fp32"
+            raise DistsetupError(
+                f"DeepSpeed file {self.cfg.distributed.deepspeed_config} enables {self.precision}, "
+                f"which DeepSpeed does not support on this {accelerator.device_name()} device.",
+                f"set {self.precision}.enabled to false (regenerate the file with "
+                f"{'--bf16' if other == 'bf16' else 'neither --fp16 nor --bf16'}) to train in "
+                f"{other}.",
+            )
+
+    def wrap(self, parts):
+        import deepspeed
+
+        model = parts.module
+        self._prepare_blocks(model, parts.blocks)
+        self._handle_conditional(parts.conditional)
+        t = self.cfg.training
+        groups = param_groups(model, t.weight_decay)
+        self.groups = names_by_group(model, groups)  # the optimizer's parameters by name (ZeRO flattens them)
+        self.scaler = None  # DeepSpeed scales fp16 losses itself
+        optimizer = None
+        if "optimizer" not in self.ds_config:
+            if self.offload:  # ZeRO-Offload steps on the CPU and needs DeepSpeed's CPU Adam
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                optimizer = DeepSpeedCPUAdam(groups, lr=self.lr, betas=tuple(t.betas), adamw_mode=True)
+            else:
+                optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
+        schedule = None
+        if "scheduler" not in self.ds_config:
+            schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=groups if optimizer is None else None,
+            lr_scheduler=schedule,
+            config=self.ds_config,
+        )
+        self.model = self.engine
+        if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
+            self._read_wrapper_of_the_other_form(self.own_checkpoint)
+
+    def _read_wrapper_of_the_other_form(self, path: Path) -> None:
+        """A ZeRO-0 bf16 checkpoint whose optimizer wrapper has the other form (the DeepSpeed file's optimizer block
+        added or removed since) loads by parameter name: DeepSpeed's own load would fail on it."""
+        saved_flat = zero0_wrapper.FLAT in MappedTorchFile(path / ZERO0_FILE).load()["optimizer"]
+        flat = hasattr(self.engine.optimizer, zero0_wrapper.FLAT)
+        if saved_flat != flat:
+            self.converted_from = "zero0"
+            self.notes.append(
+                f"checkpoint {path.name} holds {zero0_wrapper.FORMS[saved_flat]}, this run "
+                f"{zero0_wrapper.FORMS[flat]}: converted by parameter name"
+            )
+
+    def _handle_conditional(self, layers):
+        """ZeRO-3 gathers each module's parameters in its forward: ranks running different experts would wait for
+        each other's gathers, so each such layer is a leaf, gathered whole. ZeRO 1-2 reduce gradients in the order
+        they become ready, which differs between ranks that ran different experts (silently mixing them): every
+        expert takes part with weight 0. ZeRO-0 reduces every parameter's gradient, zeros for the unused."""
+        if not layers:
+            return
+        if self.zero_stage == 3:
+            from deepspeed.utils import set_z3_leaf_module
+
+            for layer in layers:
+                set_z3_leaf_module(layer, True)
+            how = "ZeRO-3 gathers each whole (a leaf module)"
+        elif self.zero_stage in (1, 2):
+            moe.give_every_expert_a_gradient(layers)
+            how = "every expert gets a zero gradient on every rank (ZeRO 1-2 reduce gradients as they become ready)"
+        else:
+            return
+        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
+
+    def _plain_model(self):
+        return self.engine.module
+
+    def _autocast(self):
+        return contextlib.nullcontext()  # the engine casts as its file says
+
+    def backward(self, loss_of, last_micro):
+        micro = self._forward(loss_of)
+        self.engine.backward(micro.loss)  # DeepSpeed divides by the accumulation steps itself
+        if not last_micro:
+            self.engine.step()  # only advances DeepSpeed's micro-step counter
+        return micro.detached()
+
+    def step(self):
+        if self.memory is None:
+            self._grad_bytes = self._held_grads()
+        self.engine.step()
+        self._measure_memory()
+
+    def save(self, path):
+        self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
+
+    def start_save(self, path):
+        self.save(path)  # synchronous: see the note in __init__
+        return []
+
+    def checkpoint_complete(self, path):
+        # DeepSpeed's `latest` tag, written only now (not by save_checkpoint, before every rank is done): its
+        # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
+        atomic_write_text(path.parent / "latest", path.name)
+
+    def _loads_as_is(self, marker: Marker) -> bool:
+        source, stage, size = marker.files_layout, marker.zero_stage, marker.world_size
+        # ZeRO-0's optimizer is a torch optimizer in fp32 and DeepSpeed's wrapper around one in bf16 and fp16
+        return (source == "zero0" == layout(self.name, self.zero_stage) and marker.precision == self.precision) or (
+            source == "zero" and (stage, size) == (self.zero_stage, self.world.size)
+        )
+
+    def adopt(self, path, marker):
+        self.marker = marker
+        if self._loads_as_is(marker):
+            self.own_checkpoint = path
+            return None
+        converting = f"checkpoint {path} needs converting ({marker.backend}, {ranks(marker.world_size)})"
+        if self.zero_stage and offload_device(self.ds_config, "offload_optimizer") == "nvme":
+            raise DistsetupError(
+                f"{converting}; a run that offloads its optimizer to NVMe cannot load DeepSpeed's universal format, "
+                "which conversions use.",
+                "offload to cpu for the resume, or resume with the checkpoint's own backend and world size.",
+            )
+        if "scheduler" in self.ds_config and marker.backend != "deepspeed":
+            raise DistsetupError(
+                f"{converting}; the scheduler block of DeepSpeed file {self.cfg.distributed.deepspeed_config} cannot "
+                "continue another backend's warmup + cosine schedule.",
+                "remove the scheduler block (distsetup's schedule then runs), or resume with the checkpoint's backend.",
+            )
+        if self.zero_stage:
+            self.ds_config["checkpoint"] = {**self.ds_config.get("checkpoint", {}), "load_universal": True}
+        if marker.files_layout == "universal" and self.zero_stage:  # `distsetup checkpoint convert` wrote it
+            self.converted_from = "universal"
+            return None
+        return super().adopt(path, marker)
+
+    def load(self, path):
+        if self.converted_from is None:
+            self._load_engine(path)
+        elif self.zero_stage == 0:  # the plain module and a torch optimizer (in bf16/fp16 wrapped), by name
+            super().load(path)
+            for counter, value in universal_folder.engine_counters(self.marker).items():
+                setattr(self.engine, counter, value)
+        elif self.converted_from == "universal":
+            self._load_universal(path)
+        else:
+            if self.converted_from == "zero":  # another world size or stage: DeepSpeed's own converter
+                write = lambda out: universal_folder.from_deepspeed(path, out)  # noqa: E731
+            else:  # single, DDP, FSDP or ZeRO-0: their named state written as a universal folder
+                write = lambda out: universal_folder.write(  # noqa: E731
+                    lazy_state(path, self.converted_from, self.groups), out, self.marker
+                )
+            universal = universal_folder.converted_on_rank0(path, write)
+            with universal_folder.removed_after_loading(universal, self.world.is_main):
+                self._load_universal(universal)
+
+    def _load_universal(self, folder: Path) -> None:
+        groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
+        optimizer = self.engine.optimizer
+        own = {key: getattr(optimizer, key) for key in FILE_SETTINGS if hasattr(optimizer, key)}
+        with universal_folder.plain_names_in(self.engine):
+            self._load_engine(folder)
+        self._mend_universal_load(groups)
+        count_steps_as_it_does(optimizer.optimizer)
+        for key, value in own.items():
+            setattr(optimizer, key, value)
+        if "loss_scaler" in own:  # ZeRO-1's BF16_Optimizer (bf16 with fp32 gradient accumulation) has none
+            saved = torch.load(folder / "zero" / "optimizer_state.pt", weights_only=False).get("loss_scaler")
+            loss_scale.restore(own["loss_scaler"], saved)
+
+    def _load_engine(self, folder: Path) -> None:
+        loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)
+        if loaded is None:
+            raise DistsetupError(f"DeepSpeed could not load checkpoint {folder}.", "start with --no_resume.")
+
+    def _mend_universal_load(self, groups: list[dict]) -> None:
+        """Undo what DeepSpeed 0.19's ZeRO-3 universal load gets wrong: it gives every parameter group the first
+        group's settings (the parameters without weight decay would take it) and one `step` tensor to every
+        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps
+        (optim.count_steps_as_it_does, called next, gives each sub-group its own)."""
+        if self.zero_stage == 3:
+            for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
+                group.update(settings)
+
+    def _load_named_optimizer(self, state, param_groups):
+        if self.zero_stage == 0 and self.precision != "fp32":  # DeepSpeed's wrapper, with fp32 masters
+            settings = [{k: v for k, v in group.items() if k != "params"} for group in param_groups]
+            zero0_wrapper.load(self.engine.optimizer, state, self.groups, settings)
+            count_steps_as_it_does(self.engine.optimizer.optimizer)
+        else:
+            super()._load_named_optimizer(state, param_groups)
+
+    def _groups(self):
+        return self.groups  # DeepSpeed's optimizer holds flat or fp32 copies of the parameters, not themselves
+
+    def current_lr(self):
+        return self.engine.get_lr()[0]
+
+    def current_loss_scale(self):
+        return float(self.engine.optimizer.loss_scale) if self.precision == "fp16" else None
+
+    # -- the bytes each ZeRO stage really holds ---------------------------------------------------
+    def _held_grads(self) -> int:
+        """Gradients at the accumulation boundary: full .grad (stages 0-1) or this rank's partitions."""
+        opt = self.engine.optimizer
+        tensors = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
+            tensors += memory.state_tensors(getattr(opt, name, None))
+        # ZeRO-Offload accumulates this rank's gradients on its CPU master partition.
+        tensors += [
+            t.grad
+            for t in memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+            if t.grad is not None
+        ]
+        tensors += memory.state_tensors(
+            getattr(opt, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None)
+        )
+        return memory.tensor_bytes(tensors)
+
+    def _measure_memory(self):
+        if self.memory is not None:
+            return
+        opt, params = self.engine.optimizer, list(self.engine.module.parameters())
+        if self.zero_stage == 3:
+            held = [p.ds_tensor for p in params] + [p.data for p in params if getattr(p, "ds_persist", False)]
+        else:
+            held = params
+        inner = getattr(opt, "optimizer", opt)
+        # fp32 master copies of this rank's partition (ZeRO keeps them even when training in fp32).
+        master = (
+            (
+                memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
+                + memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))
+            )
+            if self.zero_stage
+            else []
+        )
+        self.memory = {
+            "params": memory.tensor_bytes(held),
+            "grads": self._grad_bytes,
+            "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
+            "master_params": memory.tensor_bytes(master),
+        }

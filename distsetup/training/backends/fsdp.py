@@ -1,0 +1,246 @@
+"""FSDP2 (`fully_shard`) driven by the FSDP file that `distsetup fsdp` writes (Accelerate's key names)."""
+
+import contextlib
+import copy
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
+from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.settle import settle
+from distsetup.formats.validate import read_valid
+from distsetup.training.backends.base import PRECISION_DTYPES, Backend
+from distsetup.training.checkpoint.files import atomic_save
+from distsetup.training.model import moe
+from distsetup.training.model.blocks import in_place_of, layer_modules
+from distsetup.training.world import World
+
+
+def read_fsdp_settings(cfg: RunConfig) -> FsdpSpec:
+    """The FSDP settings written inline under `distributed:` (checked with the run config), else the FSDP file."""
+    inline = cfg.distributed.fsdp
+    return FsdpSpec.from_dict(inline) if inline else read_fsdp_file(cfg.distributed.fsdp_config)
+
+
+def read_fsdp_file(path: str | None) -> FsdpSpec:
+    """The FSDP file as a spec (the defaults for what it leaves out); none at all: full shard of each block."""
+    if not path:
+        return FsdpSpec()
+    spec = FsdpSpec.from_dict(read_valid(path, "fsdp"))
+    if spec.fsdp_version != 2:
+        raise DistsetupError(
+            f"{path} is an FSDP1 file; distsetup's trainer runs FSDP2 (fully_shard).",
+            "regenerate it with `distsetup fsdp --fsdp_version 2`.",
+        )
+    return spec
+
+
+class FSDPBackend(Backend):
+    name = "fsdp"
+
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+        super().__init__(cfg, world, device)
+        self.fsdp = read_fsdp_settings(cfg)
+        self.strategy = self.fsdp.sharding_strategy
+        settled = settle(cfg, None, self.fsdp, world.size)
+        self.notes += settled.notes
+        if settled.precision != self.precision:
+            self.precision, self.precision_source = settled.precision, settled.sources["precision"]
+        if self.precision not in TRAINER_PRECISIONS:
+            raise DistsetupError(*TRAINER_FP16_PROBLEM)
+        self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
+        self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
+        if len(self.mesh_shape) == 2:
+            self.notes.append(
+                f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard {self.mesh_shape[1]}"
+            )
+
+    def details(self) -> str:
+        return self.strategy
+
+    def wrap(self, parts):
+        model, blocks = parts.module.to(self.device), parts.blocks
+        units = self._units(model, blocks, parts.conditional)
+        self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
+        units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
+        kwargs = {
+            "mesh": self._mesh(),
+            "reshard_after_forward": self.fsdp.reshards_after_forward,
+            "mp_policy": self._mixed_precision(),
+            "offload_policy": self._offload(),
+        }
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
+        self.model = model
+        self._handle_conditional(parts.conditional)
+        if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
+            # one gloo group per async_save: each writes on a thread of its own, and two threads' collectives on
+            # one group could pair up differently on each rank
+            self._async_groups = {part: torch.distributed.new_group(backend="gloo") for part in ("model", "optim")}
+        self.scaler = None
+        self._build_optimizer(model)
+
+    def _units(self, model, blocks, conditional):
+        """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one
+        inside a layer that runs differently per rank (an expert), which one rank would gather and another not."""
+        policy = self.fsdp.auto_wrap_policy
+        if policy == "NO_WRAP":
+            return []
+        if policy == "SIZE_BASED_WRAP":
+            units = _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
+        elif names := self.fsdp.transformer_layer_cls_to_wrap:
+            units = layer_modules(model, list(names), "the FSDP file's fsdp_transformer_layer_cls_to_wrap")
+        else:
+            units = blocks
+        kept = [unit for unit in units if not moe.inside(unit, conditional)]
+        if len(kept) < len(units):
+            self.notes.append(
+                f"{len(units) - len(kept)} FSDP units inside {moe.described(conditional)} left to the unit around "
+                "them: a rank gathers only the experts it runs"
+            )
+        return kept
+
+    def _handle_conditional(self, layers):
+        """FSDP2 reduce-scatters the gradients each rank has: a rank that ran other experts would hand in others.
+        Where torch has it, FSDP2 gives the unused ones zeros itself; else every expert takes part with weight 0."""
+        if not layers:
+            return
+        if hasattr(self.model, "set_reduce_scatter_unused_params"):
+            self.model.set_reduce_scatter_unused_params(True)
+            how = "FSDP2 reduce-scatters zeros for the experts a rank did not run"
+        else:
+            moe.give_every_expert_a_gradient(layers)
+            how = "every expert gets a zero gradient on every rank"
+        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
+
+    def _mesh(self):
+        if len(self.mesh_shape) == 2:
+            return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("shard",))
+
+    def _autocast(self):
+        return contextlib.nullcontext()  # the mixed-precision policy casts
+
+    def checkpointing(self) -> str:
+        mode = self.cfg.training.activation_checkpointing
+        return "full" if mode == "none" and self.fsdp.activation_checkpointing else mode  # the FSDP file's flag
+
+    def _mixed_precision(self):
+        if self.precision == "fp32":
+            return MixedPrecisionPolicy()
+        reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
+        return MixedPrecisionPolicy(param_dtype=PRECISION_DTYPES[self.precision], reduce_dtype=reduce)
+
+    def _offload(self):
+        if not self.fsdp.cpu_offload:
+            return OffloadPolicy()
+        if self.device.type != "cuda":
+            self.notes.append("fsdp_offload_params ignored: parameters already live on the CPU")
+            return OffloadPolicy()
+        return CPUOffloadPolicy(pin_memory=True)
+
+    def backward(self, loss_of, last_micro):
+        self.model.set_requires_gradient_sync(last_micro)
+        micro = self._forward(loss_of)
+        self._averaged(micro.loss).backward()
+        return micro.detached()
+
+    def save(self, path):
+        if self.full_state_dict:
+            state = self._gathered_full_state()
+            if self.world.is_main:
+                atomic_save(state, path / "full_state.pt")
+            return
+        dcp.save(get_model_state_dict(self.model), checkpoint_id=path / "model")
+        dcp.save(get_optimizer_state_dict(self.model, self.optimizer), checkpoint_id=path / "optim")
+        if self.world.is_main:
+            atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
+
+    def start_save(self, path):
+        """DCP's async_save: it copies this rank's shards to the CPU, then writes them on a thread, coordinating
+        the ranks over gloo groups of its own (the training loop's collectives keep the default group). The
+        full state, gathered now, is written by rank 0's checkpoint thread."""
+        if self.full_state_dict:
+            state = self._gathered_full_state()  # fresh CPU tensors: nothing to copy again
+            return [self._in_background(atomic_save, state, path / "full_state.pt")] if self.world.is_main else []
+        parts = {
+            "model": get_model_state_dict(self.model),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+        writes = [
+            dcp.async_save(state, checkpoint_id=path / part, process_group=self._async_groups[part])
+            for part, state in parts.items()
+        ]
+        if self.world.is_main:
+            atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
+        return writes
+
+    def _gathered_full_state(self) -> dict:
+        """The whole model and optimizer state, gathered to rank 0's CPU (a collective: every rank calls it)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {
+            "model": get_model_state_dict(self.model, options=options),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),  # a background write outlives this step
+        }
+
+    def _load_own(self, path):
+        if (path / "full_state.pt").exists():
+            state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, state["model"], options=options)
+            optimizer = {
+                **state["optimizer"],
+                "param_groups": self._with_own_kernels(state["optimizer"]["param_groups"]),
+            }
+            set_optimizer_state_dict(self.model, self.optimizer, optimizer, options=options)
+        else:
+            model = get_model_state_dict(self.model)
+            dcp.load(model, checkpoint_id=path / "model")
+            set_model_state_dict(self.model, model)
+            optim = get_optimizer_state_dict(self.model, self.optimizer)
+            dcp.load(optim, checkpoint_id=path / "optim")
+            optim["param_groups"] = self._with_own_kernels(optim["param_groups"])
+            set_optimizer_state_dict(self.model, self.optimizer, optim)
+            state = torch.load(path / "scheduler.pt", weights_only=False)
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ...]:
+    """1-D over all ranks; HYBRID_* and NO_SHARD: 2-D (replicate, shard), sharded within a node
+    (LOCAL_WORLD_SIZE processes) and replicated across nodes; NO_SHARD shards over 1."""
+    if strategy != "NO_SHARD" and not strategy.startswith("HYBRID"):
+        return (world_size,)
+    shard = 1 if strategy == "NO_SHARD" else local_size
+    if world_size % shard:
+        raise DistsetupError(
+            f"{strategy} needs the world size ({world_size}) to be a multiple of the processes per node ({shard}).",
+            "launch the same number on every node.",
+        )
+    return (world_size // shard, shard)
+
+
+def _size_based_units(model, min_num_params: int) -> list:
+    """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
+    units: list[torch.nn.Module] = []
+    taken: set[int] = set()  # id() of the parameters already in a unit
+    for module in reversed(list(model.modules())[1:]):
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            continue  # containers have no forward of their own, so their parameters would never be gathered
+        own = [p for p in module.parameters() if id(p) not in taken]
+        if sum(p.numel() for p in own) >= min_num_params:
+            units.append(module)
+            taken.update(id(p) for p in own)
+    return units

@@ -1,0 +1,233 @@
+"""The newest complete checkpoint of any backend and world size as consolidated weights: a .pt for
+`train.py --export`, or with `distsetup checkpoint export` model.safetensors and model.json, or a Hugging Face
+folder; the last two are written one tensor at a time (training/checkpoint/weight_stream.py)."""
+
+import contextlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import Marker, checkpoints_folder, latest_complete
+from distsetup.training.checkpoint.files import atomic_save
+from distsetup.training.checkpoint.named_state import weight_stream
+from distsetup.training.checkpoint.safetensors_file import write_safetensors
+from distsetup.training.checkpoint.weight_stream import WeightStream
+from distsetup.training.model.build import require_transformers
+from distsetup.training.world import last_line
+
+EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def consolidated_state_dict(path: Path) -> dict:
+    """The full fp32 model state dict of checkpoint folder `path`, whatever backend wrote it, all in memory."""
+    return {name: tensor.clone() for name, tensor in weight_stream(path).tensors()}
+
+
+def newest_checkpoint(checkpoints: Path) -> Path:
+    path = latest_complete(checkpoints)
+    if path is None:
+        raise DistsetupError(
+            f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir."
+        )
+    return path
+
+
+def exported_dtype(kind: torch.dtype, dtype: str) -> torch.dtype:
+    """What a tensor of `kind` is exported as: floating point in the export's dtype (fp32 or bf16), others as is."""
+    return EXPORT_DTYPES[dtype] if kind.is_floating_point else kind
+
+
+def weights_as(path: Path, dtype: str) -> dict:
+    """The consolidated weights of checkpoint folder `path`, floating-point tensors in `dtype` (fp32 or bf16)."""
+    return {k: v.to(exported_dtype(v.dtype, dtype)) for k, v in consolidated_state_dict(path).items()}
+
+
+def _entries(stream: WeightStream, dtype: str) -> list[tuple[str, tuple, torch.dtype]]:
+    """(name, shape, dtype as written) of each tensor."""
+    return [(name, shape, exported_dtype(kind, dtype)) for name, (shape, kind) in stream.shapes.items()]
+
+
+def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]:
+    """Write the newest complete checkpoint's weights to `out`; returns (checkpoint used, tensors written)."""
+    path = newest_checkpoint(checkpoints)
+    state = weights_as(path, dtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_save(state, out)
+    return path, len(state)
+
+
+def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
+    """The newest complete checkpoint of `run` (any backend, any world size) as a folder `out` holding
+    model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
+    written whole into a new folder or not at all, one tensor at a time. Returns (checkpoint used, tensors)."""
+    path, model = checkpoint_and_model(run, out)
+    with read_errors(path, "export"):
+        stream = weight_stream(path)
+    entries = _entries(stream, dtype)
+
+    def write(folder: Path) -> None:
+        metadata = {"format": "pt", "dtype": dtype}
+        write_safetensors(folder / "model.safetensors", entries, stream.tensors(), metadata)
+        (folder / "model.json").write_text(json.dumps(model, indent=2) + "\n")
+
+    with read_errors(path, "export"):
+        write_new_folder(out, write)
+    return path, len(entries)
+
+
+# what a Hugging Face model folder holds besides its weights, copied as they are
+HF_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Path, int]:
+    """The newest complete checkpoint of an `hf` run as a Hugging Face folder that `from_pretrained` loads:
+    config.json (the model folder's, with the exported dtype), the tokenizer and generation files it holds, and
+    the weights sharded as `save_pretrained` shards them (model.safetensors, or numbered shards and an index
+    above `max_shard_size`). Written whole into a new folder or not at all."""
+    require_transformers()
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        if parse_size_to_int(max_shard_size) <= 0:
+            raise ValueError
+    except ValueError:
+        raise DistsetupError(f"--max_shard_size {max_shard_size} is not a size.", "write e.g. 5GB or 500MB.") from None
+    path, model = checkpoint_and_model(run, out)
+    if model.get("type") != "hf":
+        held = "the built-in GPT" if model.get("type") == "gpt" else f"model.builder {model.get('builder')}'s model"
+        raise DistsetupError(
+            f"{path} holds {held}; --format hf is for Hugging Face models (model.type hf).",
+            "export it without --format hf (model.safetensors with its own parameter names, and model.json).",
+        )
+    source = Path(model["hf_path"])
+    if not (source / "config.json").is_file():
+        raise DistsetupError(
+            f"model.hf_path {source} of the run has no config.json here.",
+            "run the export from the folder the training ran in (a relative hf_path is read from there).",
+        )
+    with read_errors(path, "export"):
+        config = json.loads((source / "config.json").read_text())
+        stream = weight_stream(path)
+        order, tied = _saved_names(source)
+    config["dtype"] = str(EXPORT_DTYPES[dtype]).removeprefix("torch.")  # transformers 5's key; 4.x read torch_dtype
+    config.pop("torch_dtype", None)
+    entries = [entry for entry in _entries(stream, dtype) if entry[0] not in tied]
+    entries.sort(key=lambda entry: order.get(entry[0], len(order)))  # the order save_pretrained fills its shards in
+    # sharded by huggingface_hub's rule, the one save_pretrained uses, from sizes alone (tensors on "meta")
+    split = split_torch_state_dict_into_shards(
+        {name: torch.empty(shape, dtype=kind, device="meta") for name, shape, kind in entries},
+        max_shard_size=max_shard_size,
+    )
+    by_name = {entry[0]: entry for entry in entries}
+
+    def write(folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for name in HF_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, folder / name)
+        for filename, names in split.filename_to_tensors.items():
+            shard = [by_name[name] for name in names]
+            write_safetensors(folder / filename, shard, stream.tensors(names), {"format": "pt"})
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+    with read_errors(path, "export"):
+        write_new_folder(out, write)
+    return path, len(entries)
+
+
+def _saved_names(source: Path) -> tuple[dict[str, int], set[str]]:
+    """For the model `source`'s config.json describes (built on the meta device: no memory, nothing downloaded):
+    each weight's place in the state dict save_pretrained shards for a model loaded with from_pretrained
+    (transformers 5 sorts the names as dotted paths, numbers in order; 4 keeps the model's order), and the tied
+    names it leaves out (a second name of a parameter: from_pretrained ties it again)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source, local_files_only=True))
+    names = list(model.state_dict())
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - dict(model.named_parameters()).keys()
+    try:
+        from transformers.core_model_loading import dot_natural_key
+    except ImportError:
+        pass
+    else:
+        names.sort(key=dot_natural_key)
+    return {name: place for place, name in enumerate(names)}, tied
+
+
+def checkpoint_and_model(run: Path, out: Path) -> tuple[Path, dict]:
+    """The newest complete checkpoint of `run` and the model section its marker stores; `out` must be new."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DistsetupError(f"-o {out} exists and is not an empty folder.", "name a new folder.")
+    path = newest_checkpoint(checkpoints_folder(run))
+    model = Marker.read(path).model
+    if not isinstance(model, dict):
+        raise DistsetupError(
+            f"{path} does not say which model it holds (written before distsetup stored it).",
+            "use `python -m distsetup.train --config CONFIG --export OUT.pt` for it.",
+        )
+    return path, model
+
+
+@contextlib.contextmanager
+def read_errors(path: Path, verb: str):
+    """Whatever a damaged checkpoint (or model folder) makes torch, DCP, DeepSpeed or transformers raise while
+    we `verb` it, as one line."""
+    try:
+        yield
+    except DistsetupError:
+        raise
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is no Exception
+        raise DistsetupError(
+            f"cannot {verb} checkpoint {path}: {last_line(e)}.",
+            f"move {path} aside to {verb} the checkpoint before it.",
+        ) from None
+
+
+def write_new_folder(out: Path, write) -> None:
+    """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole; removed on any failure."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        write(staging)
+        if out.is_dir():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def load_weights(model: torch.nn.Module, path: str) -> None:
+    """--init_from: an exported file into a freshly built model (strict: every key must match)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DistsetupError(
+            f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]}).",
+            "use the run config the export was trained with.",
+        )

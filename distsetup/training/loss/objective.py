@@ -1,0 +1,307 @@
+"""What a micro-batch's loss is: the one interface between the trainer and every model and data kind.
+
+- Token data (synthetic, files, chat, ...): the batch is (input ids, target ids), the model's forward(input_ids)
+  returns the logits [B, T, vocab] (or an object or dict holding `logits`, and an `aux_loss` to add), and the loss is
+  the mean cross-entropy over the counted targets. For a large vocabulary the built-in GPT's and a Hugging Face
+  model's output head computes it a slice of the vocabulary at a time instead (sliced.py, training.chunked_loss):
+  the logits never exist whole. A Hugging Face model is called as transformers trains it (no KV
+  cache) and an MoE one with its router logits: its load-balancing loss is added as transformers adds it,
+  `router_aux_loss_coef` x `aux_loss`; a python model's `aux_loss` is added as it is (weighted inside the model).
+- The user's own data (data.type python): training.loss(model, batch), or else model(**batch) (a dict) or
+  model(*batch) (a list or tuple), whose result is the loss or holds it as `.loss` (the Hugging Face convention).
+
+The first call checks what the user's code returned, in one line naming the setting to fix.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from distsetup.errors import DistsetupError
+from distsetup.planning import loss_slices
+from distsetup.training.data.datasets import IGNORE, loss_weights
+from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
+from distsetup.training.world import first_line, is_lost_contact
+
+
+@dataclass(frozen=True)
+class MicroLoss:
+    """One micro-batch's loss: `loss`, what backward takes; `parts`, the terms logged beside it (ce_loss, aux_loss)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+    def detached(self) -> "MicroLoss":
+        return MicroLoss(self.loss.detach(), {k: v.detach() for k, v in self.parts.items()})
+
+
+def mean_terms(micro_losses: list[MicroLoss]) -> dict[str, torch.Tensor]:
+    """A step's loss and its logged parts, each the mean over its micro-batches (still on the device)."""
+    terms = {"loss": torch.stack([micro.loss for micro in micro_losses]).mean()}
+    for name in micro_losses[0].parts:
+        terms[name] = torch.stack([micro.parts[name] for micro in micro_losses]).mean()
+    return terms
+
+
+class TokenObjective:
+    """Next-token cross-entropy of a model that returns logits (see the module's docstring)."""
+
+    unit = "tokens"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        model_type: str,
+        vocab_size: int,
+        masked: bool,
+        source: str,
+        head: LossHead | None = None,
+    ):
+        """`head`: the model's output head computing the loss in slices (loss_head), or None: from the logits."""
+        self.vocab_size, self.masked, self.source, self.head, self._checked = vocab_size, masked, source, head, False
+        self.forward_kwargs = forward_kwargs(model, model_type)
+        config: Any = getattr(model, "config", None)
+        self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
+
+    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+        """The micro-batch's mean cross-entropy x `weight` (step_weights), plus its auxiliary loss if any."""
+        x, y = batch
+        ce, aux = self._cross_entropy(model, x, y, "mean")
+        ce = weighted(ce, weight)
+        if aux is None:
+            return MicroLoss(ce, {})
+        parts = {"ce_loss": ce.detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux_loss
+        return MicroLoss(ce + self.aux_weight * aux, parts)
+
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed cross-entropy of a validation micro-batch over its counted targets, and their number."""
+        x, y = batch
+        return self._cross_entropy(model, x, y, "sum")[0], (y != IGNORE).sum()
+
+    def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
+        x, y = batch
+        logits, aux = self._forward(model, x, check=False)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        return ce if aux is None else ce + self.aux_weight * aux
+
+    def _cross_entropy(self, model: nn.Module, x, y, reduction: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The cross-entropy of the targets `y` (their mean or sum) and the model's auxiliary loss, if any."""
+        if self.head is None:
+            logits, aux = self._forward(model, x)
+            return F.cross_entropy(
+                logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction=reduction
+            ), aux
+        with targets_for(self.head, y):
+            outputs = model(x, **self.forward_kwargs)
+        total = field_of(outputs, "logits", outputs)  # what the head returned: the summed cross-entropy
+        return total if reduction == "sum" else total / (y != IGNORE).sum(), field_of(outputs, "aux_loss", None)
+
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+        """Each micro-batch's loss weight: 1, or where some targets carry no loss (instruction data), its share of the
+        step's counted targets (data.loss_weights)."""
+        if not self.masked:
+            return [1.0] * len(batches)
+        return loss_weights([y for _, y in batches], world_size, device)
+
+    def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        outputs = model(x, **self.forward_kwargs)
+        logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
+        if check and not self._checked:
+            self._check(logits, x)
+        return logits, aux
+
+    def _check(self, logits, x: torch.Tensor) -> None:
+        expected = f"[{x.shape[0]}, {x.shape[1]}, {self.vocab_size} or more]"
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != x.shape:
+            raise DistsetupError(
+                f"{self.source}'s model returned {shape} for input ids of shape {list(x.shape)}; with token data its "
+                f"forward(input_ids) returns the logits {expected}.",
+                "return the logits (or an object or dict with `logits`), or give data.type python and training.loss.",
+            )
+        if logits.shape[-1] < self.vocab_size:
+            raise DistsetupError(
+                f"{self.source}'s model returned logits over {logits.shape[-1]} ids, fewer than model.vocab_size "
+                f"{self.vocab_size} (the ids the data holds).",
+                "make its output layer model.vocab_size wide, or lower model.vocab_size.",
+            )
+        self._checked = True
+
+
+class PythonObjective:
+    """The loss of the user's own data: training.loss, or the model's own (see the module's docstring; a Hugging Face
+    model is called as for token data, its router loss in `.loss` where it is an MoE given labels)."""
+
+    unit = "samples"
+
+    def __init__(self, loss: Callable | None, loss_source: str | None, model_source: str, forward_kwargs: dict):
+        self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
+        self.forward_kwargs = forward_kwargs
+
+    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+        loss, aux = self._loss(model, batch)
+        return MicroLoss(weighted(loss, weight), {} if aux is None else {"aux_loss": aux.detach()})
+
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A validation micro-batch's mean loss x its samples, and its samples: summed over ranks and batches, the
+        mean over the whole validation set."""
+        loss, _ = self._loss(model, batch)
+        return loss.detach() * samples, torch.tensor(samples, device=loss.device)
+
+    def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
+        return self._compute(model, batch)[0]
+
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+        return [1.0] * len(batches)  # micro-batches of as many samples: their mean is the step's
+
+    def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._checked:
+            return self._compute(model, batch)
+        try:
+            loss, aux = self._compute(model, batch)
+        except Exception as e:
+            if not rejected_input(e):
+                raise
+            raise DistsetupError(*self._rejected(batch, e)) from e
+        self._check(loss)
+        return loss, aux
+
+    def _compute(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.loss is not None:
+            return self.loss(model, batch), None
+        if isinstance(batch, dict):
+            outputs = model(**batch, **self.forward_kwargs)
+        else:
+            outputs = model(*batch) if isinstance(batch, list | tuple) else model(batch)
+        return field_of(outputs, "loss", outputs), field_of(outputs, "aux_loss", None)
+
+    def _rejected(self, batch, error: Exception) -> tuple[str, str]:
+        what = f"{type(error).__name__}: {first_line(error)}"
+        if self.loss is not None:
+            return (
+                f"{self.loss_source} raised {what} on the first batch, {described(batch)}.",
+                f"fix {self.loss_source}.",
+            )
+        call = (
+            "model(**batch)"
+            if isinstance(batch, dict)
+            else "model(*batch)"
+            if isinstance(batch, list | tuple)
+            else "model(batch)"
+        )
+        return (
+            f"{self.model_source}'s model rejected the first batch, {described(batch)}, called as {call}: {what}.",
+            "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
+            "the forward shows here too: run it on one batch by hand for the traceback).",
+        )
+
+    def _check(self, loss) -> None:
+        source = self.loss_source or f"{self.model_source}'s model"
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            what = (
+                f"a {loss.dtype} tensor of shape {list(loss.shape)}"
+                if isinstance(loss, torch.Tensor)
+                else (f"a {type(loss).__name__}")
+            )
+            raise DistsetupError(
+                f"{source} returned {what} as the loss, not a floating-point scalar tensor.",
+                "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or an object "
+                "with it as .loss.",
+            )
+        if not torch.isfinite(loss).item():
+            raise DistsetupError(
+                f"{source} returned a loss of {loss.item()} at the first step.",
+                "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
+            )
+        self._checked = True
+
+
+def loss_head(model: nn.Module, m, mode: str) -> tuple[LossHead | None, str]:
+    """The built-in GPT's or a Hugging Face model's output head, made to compute the loss in slices where
+    training.chunked_loss `mode` asks for it for its vocabulary (see sliced.py), and the note that says what was
+    done; (None, "") for a python model or a small vocabulary."""
+    owner: Any = model  # get_output_embeddings is a transformers PreTrainedModel's
+    head: Any = owner.lm_head if m.type == "gpt" else owner.get_output_embeddings() if m.type == "hf" else None
+    vocab: int = getattr(head, "out_features", 0)
+    if head is None or not loss_slices.chunked(mode, vocab):
+        return None, ""
+    why = _unsliceable(model, m, head)
+    if why:
+        return None, f"loss: from the whole logits over {vocab} ids ({why})"
+    slices = -(-vocab // loss_slices.slice_width(vocab))
+    count = f"{slices} slices" if slices > 1 else "one slice"
+    return as_loss_head(head), f"loss: cross-entropy over the {vocab} ids in {count}, never their whole logits"
+
+
+def _unsliceable(model: nn.Module, m, head: nn.Module) -> str:
+    """Why the loss of `model` cannot be computed inside its head, or "": the head is no plain nn.Linear, or (a
+    Hugging Face model, asked with a forward of two tokens) the model changes the head's logits before returning
+    them (soft-capping or scaling)."""
+    if type(head) is not nn.Linear:
+        return f"its output head is a {type(head).__name__}, not an nn.Linear"
+    if m.type != "hf":
+        return ""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=head.weight.device)
+    if _returns_head_output(model, head, ids):
+        return ""
+    return f"{type(model).__name__} changes its logits after the output head"
+
+
+def _returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Tensor) -> bool:
+    """Whether the Hugging Face `model`(input_ids) returns as its logits exactly the object `head` returned."""
+    returned = []
+    handle = head.register_forward_hook(lambda module, args, output: returned.append(output))
+    try:
+        with torch.no_grad():
+            outputs = model(input_ids, **forward_kwargs(model, "hf"))
+    finally:
+        handle.remove()
+    return len(returned) == 1 and field_of(outputs, "logits", outputs) is returned[0]
+
+
+def forward_kwargs(model: nn.Module, model_type: str) -> dict:
+    """What a Hugging Face model is called with in training: no KV cache (training never reads one: building it costs
+    memory), and an MoE's router logits, from which it computes its load-balancing loss."""
+    if model_type != "hf":
+        return {}
+    kwargs: dict = {"use_cache": False}
+    if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
+        kwargs["output_router_logits"] = True
+    return kwargs
+
+
+def rejected_input(error: Exception) -> bool:
+    """Whether an error of the first step is the user's code refusing its input, said in one line (not a lost peer,
+    a device out of memory or torch.compile failing, which go on as they are)."""
+    compiling = type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
+    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling)
+
+
+def weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
+    """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data)."""
+    return loss if weight == 1.0 else loss * weight
+
+
+def field_of(outputs, name: str, default):
+    """outputs.name, or outputs[name] of a dict, or `default`."""
+    if isinstance(outputs, dict):
+        return outputs.get(name, default)
+    return getattr(outputs, name, default)
+
+
+def described(batch) -> str:
+    """The batch's structure with its tensors' shapes: {'image': [8, 3, 32, 32], 'label': [8]}."""
+    if isinstance(batch, torch.Tensor):
+        return str(list(batch.shape))
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{k!r}: {described(v)}" for k, v in batch.items()) + "}"
+    if isinstance(batch, list | tuple):
+        inner = ", ".join(described(v) for v in batch)
+        return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
+    return type(batch).__name__

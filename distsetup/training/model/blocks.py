@@ -1,0 +1,94 @@
+"""The model's repeated blocks (model.layer_classes): found by class name, and what is done to each of them before
+any sharding (activation checkpointing, then torch.compile)."""
+
+import functools
+
+import torch
+import torch.nn as nn
+
+from distsetup.errors import DistsetupError
+
+
+def layer_modules(model: nn.Module, class_names: list[str], setting: str = "model.layer_classes") -> list[nn.Module]:
+    """The model's blocks, found by class name; a name that finds nothing is an error naming `setting` (where the
+    names come from), not silent no-sharding."""
+    names = {n.strip() for n in class_names if n.strip()}
+    found = [mod for mod in model.modules() if type(mod).__name__ in names]
+    missing = names - {type(mod).__name__ for mod in found}
+    if missing:
+        raise DistsetupError(
+            f"{setting}: no module of class {', '.join(sorted(missing))} in {type(model).__name__}.",
+            f"name classes of the model's own blocks in {setting} (e.g. {_block_class_example(model)}).",
+        )
+    return found
+
+
+def _block_class_example(model: nn.Module) -> str:
+    """The class of the model's first container child, as an example of a block class it has."""
+    for module in model.modules():
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module):
+            return type(module[0]).__name__
+    return type(model).__name__
+
+
+def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module], mode: str = "full") -> None:
+    """Recompute each block's activations in backward instead of storing them: all of them (`full`), or all but
+    the outputs of its matmuls and attention (`selective`: PyTorch's selective activation checkpointing; what
+    is recomputed is cheap elementwise work, and backward runs no matmul twice)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wrapper = checkpoint_wrapper
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        wrapper = functools.partial(
+            checkpoint_wrapper, context_fn=lambda: create_selective_checkpoint_contexts(_keep_expensive_outputs)
+        )
+    ids = {id(b) for b in blocks}
+    apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in ids)
+
+
+def in_place_of(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The modules standing where `blocks` were: their activation-checkpointing wrappers, or the blocks."""
+    wrappers = {id(getattr(m, "_checkpoint_wrapped_module", None)): m for m in model.modules()}
+    return [wrappers.get(id(b), b) for b in blocks]
+
+
+def compile_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
+    """torch.compile each block (with its activation checkpointing) in place, as torchtitan does before sharding:
+    parameter names and the state dict stay as they were, and FSDP2 and ZeRO-3 keep their hooks between blocks."""
+    for unit in in_place_of(model, blocks):
+        unit.compile()
+
+
+def _keep_expensive_outputs(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _expensive_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@functools.cache
+def _expensive_ops() -> frozenset:
+    """Matmuls and attention kernels (those this build of torch has)."""
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ]
+    return frozenset(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))
+
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.",)  # what activation checkpointing adds to parameter names
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name without what wrappers (activation checkpointing) add to it."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name

@@ -1,0 +1,246 @@
+"""The model a run config's model section describes: the built-in GPT (gpt.py), a Hugging Face causal LM from a
+local folder, or the user's own module (model.type python: model.builder called with model.args). Each is trained
+as the module it is, so its parameters keep their own names in checkpoints and exports.
+
+`describe` builds it on the meta device first (no memory, no weights, nothing downloaded): before any process group
+the builder is checked, the block classes found and the parameters counted."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.runconfig import BUILTIN_BLOCK
+from distsetup.planning.models import gpt_params
+from distsetup.training import user_code
+from distsetup.training.model import moe
+from distsetup.training.model.blocks import layer_modules
+from distsetup.training.model.gpt import GPT
+from distsetup.training.world import first_line
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the model section's model is, learnt from a copy built on the meta device."""
+
+    layer_classes: list[str]  # its repeated blocks' classes (model.layer_classes, or found)
+    parameters: int
+    conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
+    notes: list[str] = field(default_factory=list)  # what rank 0 says about it
+
+
+@dataclass
+class ModelParts:
+    """A built model and what the backends need to know of it."""
+
+    module: nn.Module
+    blocks: list[nn.Module]  # the modules of the layer classes: FSDP2's units, what is checkpointed and compiled
+    conditional: list[nn.Module]  # the layers that run differently per rank (moe.py)
+
+
+def build(m) -> nn.Module:
+    """The model of model section `m`, on the current default device, in fp32 (the same seed on every rank gives
+    the same weights)."""
+    if m.type == "gpt":
+        return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
+    if m.type == "hf":
+        return _hf_model(m, with_weights=True)
+    try:
+        model = _call_builder(m)
+    except DistsetupError:
+        raise
+    except Exception as e:
+        raise DistsetupError(
+            f"model.builder {m.builder} raised {type(e).__name__}: {first_line(e)}.",
+            f"fix {m.builder} or model.args.",
+        ) from None
+    return model.float()
+
+
+def _call_builder(m) -> nn.Module:
+    """model.builder(**model.args), which must return an nn.Module; what the builder itself raises goes through."""
+    builder = user_code.load(m.builder, "model.builder")
+    user_code.check_takes(builder, "model.builder", **m.args)
+    model = builder(**m.args)
+    if not isinstance(model, nn.Module):
+        raise DistsetupError(
+            f"model.builder {m.builder} returned a {type(model).__name__}, not a torch.nn.Module.",
+            "return the model (an nn.Module) from it.",
+        )
+    return model
+
+
+def architecture_on_meta(m) -> nn.Module:
+    """The model of model section `m` built on the meta device: its parameters' names and shapes, no memory. A
+    builder's own exception goes through (some builders cannot build there: they read a weight's value)."""
+    with torch.device("meta"):
+        if m.type == "hf":
+            return _hf_model(m, with_weights=False)
+        if m.type == "python":
+            return _call_builder(m)
+        return build(m)
+
+
+def architecture(m) -> tuple[nn.Module, list[str]]:
+    """The model section `m`'s model to inspect: built on the meta device, or on the CPU where its builder cannot
+    build there (said in the note returned)."""
+    try:
+        return architecture_on_meta(m), []
+    except DistsetupError:
+        raise
+    except Exception as e:
+        note = f"model: checked on the CPU (model.builder cannot build on the meta device: {first_line(e)})"
+        return build(m), [note]
+
+
+def describe(m) -> Description:
+    """The model section `m`'s model, checked on a copy built on the meta device (on the CPU where its builder
+    cannot build there): the builder and its args, the block classes (model.layer_classes, or the model's own),
+    model.zero3_leaf_classes."""
+    if m.type == "gpt" and not m.layer_classes:  # its size is arithmetic: 2000 layers need no building to count
+        return Description([BUILTIN_BLOCK], gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd), "", [])
+    model, notes = architecture(m)
+    classes, found = layer_classes(model, m)
+    notes += found
+    layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    return Description(classes, sum(unique.values()), moe.described(layers), notes)
+
+
+def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
+    """The built `model` with its blocks (of `classes`) and its conditional layers, found."""
+    blocks = layer_modules(model, classes) if classes else []
+    return ModelParts(model, blocks, moe.conditional_layers(model, set(classes), m.zero3_leaf_classes))
+
+
+def layer_classes(model: nn.Module, m) -> tuple[list[str], list[str]]:
+    """(the classes of the model's repeated blocks, notes): model.layer_classes, each found in the model; else the
+    model's own (the built-in GPT's Block, a Hugging Face model's _no_split_modules, or the class of the children of
+    a python model's largest nn.ModuleList or nn.Sequential of one class of its own). [] where a python model has
+    none."""
+    if m.layer_classes:
+        layer_modules(model, m.layer_classes)  # each must name a class of the model
+        return list(m.layer_classes), []
+    if m.type == "gpt":
+        return [BUILTIN_BLOCK], []
+    present = {type(module).__name__ for module in model.modules()}
+    if m.type == "hf":
+        own = [name for name in getattr(model, "_no_split_modules", None) or [] if name in present]
+        if not own:
+            raise DistsetupError(f"{type(model).__name__} names no layer class.", "set model.layer_classes.")
+        return own, []
+    found = _largest_repeated(model)
+    if found is None:
+        note = (
+            f"model: {type(model).__name__} has no nn.ModuleList or nn.Sequential of one block class, so nothing is "
+            "sharded per block, checkpointed or compiled (name its blocks in model.layer_classes for that)"
+        )
+        return [], [note]
+    name, container = found
+    note = f"model: blocks of class {name} (the children of {container}, its largest list of one class)"
+    return [name], [note]
+
+
+def _largest_repeated(model: nn.Module) -> tuple[str, str] | None:
+    """(the class of the children, the container's name) of the model's nn.ModuleList or nn.Sequential of two or
+    more children of one class of the user's (not torch.nn's: blocks are found by class name, and every Conv2d or
+    Sequential of the model would be one) that holds the most parameters."""
+    best, most = None, -1
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
+            continue
+        classes = {type(child) for child in module}
+        size = sum(p.numel() for p in module.parameters())
+        if len(classes) == 1 and not moe.torch_class(next(iter(classes))) and size > most:
+            best, most = (next(iter(classes)).__name__, name or type(model).__name__), size
+    return best
+
+
+def require_transformers() -> None:
+    """Hugging Face models need transformers (and huggingface_hub, which it brings): the `hf` extra."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise DistsetupError("model type hf needs transformers.", "pip install 'distsetup[hf]'.") from None
+
+
+def _hf_model(m, with_weights: bool) -> nn.Module:
+    """A transformers causal LM from folder model.hf_path: its weights where it has some (and `with_weights`), else
+    fresh ones from its config.json; nothing is downloaded."""
+    require_transformers()
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(m.hf_path)
+    if not (path / "config.json").exists():
+        raise DistsetupError(
+            f"model.hf_path {path} has no config.json.",
+            "save one with e.g. LlamaConfig(...).save_pretrained(path); nothing is downloaded.",
+        )
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    fp32 = {_dtype_keyword(): torch.float32}
+    if with_weights and has_weights:
+        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **fp32)
+    else:
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True), **fp32)
+    if hf.config.vocab_size < m.vocab_size:
+        raise DistsetupError(
+            f"the hf model's vocab_size {hf.config.vocab_size} is below model.vocab_size {m.vocab_size}.",
+            "raise it in config.json or lower model.vocab_size.",
+        )
+    return hf
+
+
+def _dtype_keyword() -> str:
+    """transformers' name for the dtype to build in: `dtype` from 4.56 on (`torch_dtype`, before, is deprecated)."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def embedding_rows(m) -> tuple[int, str]:
+    """The rows of the embedding of the model section `m`'s model (the ids it can read) and where that is set."""
+    if m.type != "hf":
+        return m.vocab_size, "model.vocab_size"
+    require_transformers()
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(m.hf_path, local_files_only=True).vocab_size, f"{m.hf_path}'s vocab_size"
+    except (OSError, ValueError) as e:
+        raise DistsetupError(f"model.hf_path {m.hf_path}: {e}.", "point it at a folder with a config.json.") from None
+
+
+def check_model_fits(parameters: int, processes_per_node: int, setting: str) -> None:
+    """Every process of a node builds the whole model in CPU memory first (4 bytes a parameter): refuse, before
+    any process group, a model that cannot be built, rather than a traceback from the allocator or a visit from
+    the OOM killer. `setting`: what the user changes to make it smaller."""
+    needed, available = 4 * parameters * processes_per_node, available_memory()
+    if needed > available:
+        raise DistsetupError(
+            f"the model has {parameters:,} parameters: {processes_per_node} process(es) building it need "
+            f"{needed / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB of free memory.",
+            f"lower {setting}.",
+        )
+
+
+def size_settings(m) -> str:
+    """The settings that make the model section `m`'s model smaller."""
+    return {
+        "gpt": "model.n_embd, model.n_layer or model.vocab_size",
+        "hf": f"the sizes in {m.hf_path}/config.json",
+    }.get(m.type, "model.args")
+
+
+def available_memory() -> int:
+    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,142 @@
+"""`distsetup launcher`, for real: generated scripts train on CPU with 2 processes, on one node or two."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_inputs import DS_CONFIG, WEIRD
+from repo import REPO, free_port
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def write_project(root: Path, max_steps: int = 4) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ds.json").write_text(json.dumps(DS_CONFIG))
+    (root / "config.yaml").write_text(f"""\
+model: {{n_layer: 1, n_head: 2, n_embd: 32, block_size: 16}}
+data: {{num_samples: 256}}
+training: {{max_steps: {max_steps}, warmup_steps: 1, checkpoint_interval: 2, log_interval: 2, micro_batch_size: 4,
+           output_dir: {json.dumps(str(root / "out"))}}}
+distributed: {{backend: ddp}}
+""")
+    return root
+
+
+def run_env() -> dict:
+    return {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions")),
+    }
+
+
+def generate(run_cli, root: Path, *args, out_name: str = "run.sh") -> Path:
+    """A launch script for distsetup's trainer (python -m distsetup.train, the default)."""
+    out = root / out_name
+    result = run_cli("launcher", "--config", root / "config.yaml", "-o", out, *args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def assert_trained(root: Path, result, backend: str, steps: int = 4):
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    assert (summary["world_size"], summary["steps"], summary["backend"]) == (2, steps, backend), summary
+    assert list((root / "out" / "checkpoints").glob(f"step_{steps:07d}/COMPLETE")), "no final checkpoint"
+    return log
+
+
+@pytest.mark.parametrize(
+    "backend_args, method, backend",
+    [
+        (["--preflight"], "torchrun", "ddp"),
+        (["--use_fsdp"], "torchrun", "fsdp"),
+        (["--use_deepspeed", "--deepspeed_config", "DS"], "torchrun", "deepspeed"),
+        (["--use_deepspeed", "--deepspeed_config", "DS"], "deepspeed", "deepspeed"),
+        ([], "accelerate", "ddp"),
+    ],
+    ids=["torchrun-ddp-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"],
+)
+def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, backend):
+    root = write_project(tmp_path / WEIRD)  # the real run goes through the weird folder too
+    args = [str(root / "ds.json") if a == "DS" else a for a in backend_args]
+    script = generate(
+        run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method, "--master_port", free_port(), *args
+    )
+    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
+    log = assert_trained(root, result, backend)
+    assert "no GPUs found: starting 2 CPU process(es) per node" in log
+    if "--preflight" in backend_args:
+        assert "preflight OK: 2 ranks" in log
+
+
+def test_fsdp_file_named_as_yaml_would_misread_it_trains(run_cli, tmp_path):
+    """An FSDP file whose name YAML would misread reaches 2 real processes, its own setting (a full state dict) too."""
+    root = write_project(tmp_path / WEIRD)
+    name = "@f [s] a: b #c 'q\" yes.json"
+    (root / name).write_text(
+        json.dumps(
+            {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_state_dict_type": "FULL_STATE_DICT"}
+        )
+    )
+    script = generate(
+        run_cli,
+        root,
+        "--num_gpus_per_node",
+        "2",
+        "--use_fsdp",
+        "--fsdp_config",
+        root / name,
+        "--master_port",
+        free_port(),
+    )
+    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
+    assert_trained(root, result, "fsdp")
+    final = root / "out" / "checkpoints" / "step_0000004"
+    assert (final / "full_state.pt").exists(), sorted(p.name for p in final.iterdir())
+
+
+@pytest.mark.parametrize("method", ["torchrun", "deepspeed"])
+def test_two_node_scripts_form_one_world(run_cli, tmp_path, method):
+    root = write_project(tmp_path / "two nodes")
+    port = free_port()
+    backend = ["--use_deepspeed", "--deepspeed_config", root / "ds.json"] if method == "deepspeed" else []
+    scripts = [
+        generate(
+            run_cli,
+            root,
+            "--num_nodes",
+            2,
+            "--num_gpus_per_node",
+            1,
+            "--node_rank",
+            rank,
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            "--launch_method",
+            method,
+            *backend,
+            out_name=f"node{rank}.sh",
+        )
+        for rank in (0, 1)
+    ]
+    procs = [
+        subprocess.Popen(
+            ["bash", str(s)], cwd=root, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for s in scripts
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, out[-4000:]
+        assert f"node {rank} of 2" in out
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 4

@@ -1,0 +1,174 @@
+"""Your own model, data and loss (examples/pairwise_scorer: model.type python, data.type python, training.loss) under
+every backend: the same fp32 curve on 2 ranks as on one process (the same global batch), a DDP checkpoint resumed
+under FSDP2 on 1 rank and ZeRO-3 on 2 continuing it, samples loaded by DataLoader workers (the example's
+data.num_workers: 2) at the exact position, and the weights exported under the model's own names."""
+
+import functools
+import json
+import shutil
+
+import pytest
+import torch
+from repo import REPO
+from train_runs import SHARED, ds_file, final_weights, losses, train
+
+EXAMPLE = REPO / "examples" / "pairwise_scorer"
+STEPS, GLOBAL = 8, 16
+SMALL = (
+    "model.args={channels: 8, depth: 2}",
+    "data.args={pairs: 256, image_size: 8}",
+    f"training.max_steps={STEPS}",
+    "training.checkpoint_interval=4",
+    "training.log_interval=1",
+    "training.warmup_steps=2",
+)
+
+
+def deepspeed_file(folder, stage: int, ranks: int):
+    batch = {"train_micro_batch_size_per_gpu": GLOBAL // ranks, "gradient_accumulation_steps": 1}
+    path = folder / f"zero{stage}.json"
+    path.write_text(json.dumps({**ds_file(stage), **batch, "train_batch_size": GLOBAL}))
+    return [f"distributed.deepspeed_config={path}"]
+
+
+# name -> (processes, backend, more overrides); 2-process runs split the global batch of 16 pairs in micro-batches of
+# 8; activation checkpointing recomputes the blocks of model.layer_classes (ConvBlock) without changing a number
+RUNS = {
+    "single": (1, "single", ["training.peak_tflops=0.5"]),  # a peak: MFU from the FLOPs counted on the meta device
+    "ddp": (2, "ddp", []),
+    "fsdp": (2, "fsdp", ["training.activation_checkpointing=full"]),
+    "zero2": (2, "zero2", []),
+    "zero3": (2, "zero3", ["training.activation_checkpointing=selective"]),
+}
+
+
+def overrides(folder, ranks: int, backend: str) -> list[str]:
+    if backend.startswith("zero"):
+        chosen = ["distributed.backend=deepspeed", *deepspeed_file(folder, int(backend[-1]), ranks)]
+    else:
+        chosen = [f"distributed.backend={backend}"]
+    return [
+        *SMALL,
+        *chosen,
+        f"training.micro_batch_size={GLOBAL // ranks}",
+        f"training.output_dir={folder / 'out'}",
+    ]
+
+
+@functools.cache
+def scorer_run(name: str):
+    ranks, backend, more = RUNS[name]
+    folder = SHARED / f"scorer_{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = train(EXAMPLE / "config.yaml", ranks, *overrides(folder, ranks, backend), *more)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return folder / "out", result.stdout
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "zero2", "zero3"])
+def test_the_scorer_trains_on_two_ranks_as_on_one_process(name):
+    single, _ = scorer_run("single")
+    out, stdout = scorer_run(name)
+    reference, curve = losses(single), losses(out)
+    assert len(curve) == STEPS
+    torch.testing.assert_close(torch.tensor(curve), torch.tensor(reference), rtol=1e-4, atol=0)
+    theirs, ours = final_weights(single), final_weights(out)
+    assert theirs.keys() == ours.keys()
+    for key, value in ours.items():  # 8 steps of lr 3e-3 move each weight by about 2e-2: a wrong step shows
+        torch.testing.assert_close(value, theirs[key], rtol=1e-4, atol=1e-6, msg=key)
+    evals = [row for row in metrics(out) if "val_loss" in row]
+    reference_eval = [row for row in metrics(single) if "val_loss" in row]
+    assert len(evals) == 1 and "val_perplexity" not in evals[0]  # the mean loss over the whole validation split
+    assert evals[0]["val_loss"] == pytest.approx(reference_eval[0]["val_loss"], rel=1e-4)
+    trained = [row for row in metrics(out) if "loss" in row]
+    assert all(row["samples_per_s"] > 0 and "tokens_per_s" not in row for row in trained)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_per_s"] > 0 and summary["mfu"] is None  # a CPU without training.peak_tflops
+    without = json.loads((scorer_run("ddp")[0] / "summary.json").read_text())["peak_activation_bytes"]
+    recomputed = "activation_checkpointing" in " ".join(RUNS[name][2])  # its blocks' activations are not kept
+    assert recomputed == (summary["peak_activation_bytes"] < without / 2)
+
+
+def test_mfu_of_your_own_model_counts_its_flops_with_pytorchs_counter(monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    single, _ = scorer_run("single")
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from scorer import build_dataset, build_model, pairwise_loss
+
+    dataset = build_dataset("train", pairs=256, image_size=8)
+    batch = torch.utils.data.default_collate([dataset[i] for i in range(GLOBAL)])
+    with FlopCounterMode(display=False) as counter:
+        pairwise_loss(build_model(channels=8, depth=2), batch).backward()
+    summary = json.loads((single / "summary.json").read_text())
+    assert summary["flops_per_sample"] == counter.get_total_flops() / GLOBAL > 0
+    logged = [row for row in metrics(single) if "loss" in row]
+    for row in logged:
+        assert row["mfu"] == pytest.approx(row["samples_per_s"] * summary["flops_per_sample"] / 0.5e12)
+
+
+@pytest.mark.parametrize("ranks, backend", [(1, "fsdp"), (2, "zero3")])
+def test_a_ddp_checkpoint_of_the_scorer_resumes_under_another_backend_and_world_size(tmp_path, ranks, backend):
+    ddp, _ = scorer_run("ddp")
+    uninterrupted = losses(scorer_run("single")[0])
+    shutil.copytree(ddp / "checkpoints" / "step_0000004", tmp_path / "out" / "checkpoints" / "step_0000004")
+    result = train(EXAMPLE / "config.yaml", ranks, *overrides(tmp_path, ranks, backend))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "converted for this run" in result.stdout and "resumed from" in result.stdout
+    resumed = losses(tmp_path / "out")
+    assert len(resumed) == STEPS - 4  # steps 5-8 only: the run went on from the checkpoint
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(uninterrupted[4:]), rtol=1e-4, atol=0)
+
+
+def test_the_scorer_is_exported_under_its_own_parameter_names(run_cli, tmp_path, monkeypatch):
+    out, _ = scorer_run("zero3")
+    result = run_cli("checkpoint", "export", out, "-o", tmp_path / "exported")
+    assert result.exit_code == 0, result.output
+    from safetensors.torch import load_file
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from scorer import build_model
+
+    model = build_model(channels=8, depth=2)
+    weights = load_file(tmp_path / "exported" / "model.safetensors")
+    model.load_state_dict(weights, strict=True)  # the model's own names: no wrapper prefix
+    assert json.loads((tmp_path / "exported" / "model.json").read_text())["builder"] == "scorer:build_model"
+    refused = run_cli("checkpoint", "export", out, "-o", tmp_path / "hf", "--format", "hf")
+    assert refused.exit_code == 1 and "model.builder scorer:build_model's model" in refused.output
+
+
+def test_checkpoint_convert_builds_your_model_from_the_folder_it_trained_from(run_cli, tmp_path):
+    """convert names the optimizer's state by parameter, for which it builds the model (on the meta device) with
+    model.builder, found where the training found it: this test runs in another folder."""
+    ddp, _ = scorer_run("ddp")
+    result = run_cli("checkpoint", "convert", ddp, "--to", "fsdp", "-o", tmp_path / "converted")
+    assert result.exit_code == 0, result.output
+    converted = tmp_path / "converted" / "checkpoints" / "step_0000008"
+    assert (converted / "model").is_dir() and (converted / "optim").is_dir()
+    for key, value in final_weights(tmp_path / "converted").items():
+        torch.testing.assert_close(value, final_weights(ddp)[key], rtol=0, atol=0)
+
+
+def test_your_own_model_takes_float_inputs_under_a_bf16_deepspeed_engine(tmp_path):
+    """The engine holds bf16 weights and casts no input: the pairs' images (float32 from the dataset) are cast to
+    bf16 for it, as the HF Trainer casts them (without, the first convolution refuses float32 input)."""
+    from deepspeed.accelerator import get_accelerator
+
+    config = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL, "gradient_accumulation_steps": 1}
+    config.update(train_batch_size=GLOBAL, bf16={"enabled": True})
+    (tmp_path / "bf16.json").write_text(json.dumps(config))
+    chosen = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'bf16.json'}"]
+    chosen.append(f"training.micro_batch_size={GLOBAL}")  # the example's own 32 would contradict the file
+    result = train(
+        EXAMPLE / "config.yaml", 1, *SMALL, *chosen, "training.max_steps=3", f"training.output_dir={tmp_path}"
+    )
+    if not get_accelerator().is_bf16_supported():  # this CPU: refused in one line, before any process group
+        assert result.returncode == 1 and "enables bf16, which DeepSpeed does not support" in result.stderr
+        return
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and 0.5 < summary["final_loss"] < 0.9  # about ln 2 at the start

@@ -1,0 +1,202 @@
+"""Real processes for SLURM: torchrun honours the grace period the requeue script exports, and jobs on a real
+two-node SLURM cluster on loopback (tests/support/slurm_cluster.py) run as one world, from another folder too,
+and checkpoint and resume when requeued."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from launch_inputs import WEIRD
+from shell_checks import shellcheck
+from slurm_scripts import GRACE, build
+
+VENV = Path(sys.executable).parent.parent
+
+
+def test_torchrun_honours_the_grace_period(tmp_path):
+    """The variable the requeue script exports makes torchrun wait before SIGKILL: a worker that needs
+    3 s after SIGTERM finishes with the script's grace period, and is killed with a 1 s one."""
+    grace = int(GRACE.search(build(requeue=True, signal_seconds=20)).group(1))
+    assert grace == 10
+    worker = tmp_path / "worker.sh"
+    worker.write_text(
+        '#!/bin/bash\ntrap \'sleep 3; touch "$1.done"; exit 0\' TERM\ntouch "$1.ready"\n'
+        "while true; do sleep 0.1; done\n"
+    )
+    worker.chmod(0o755)
+    procs = {}
+    for name, timeout in (("grace", grace), ("short", 1)):
+        env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(timeout), "OMP_NUM_THREADS": "1"}
+        procs[name] = subprocess.Popen(
+            ["torchrun", "--standalone", "--nproc_per_node", "1", "--no_python", str(worker), str(tmp_path / name)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    deadline = time.monotonic() + 120
+    for name, proc in procs.items():
+        while not (tmp_path / f"{name}.ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs.values():
+        proc.communicate(timeout=60)
+    assert (tmp_path / "grace.done").exists()
+    assert not (tmp_path / "short.done").exists()
+
+
+# --- a real two-node SLURM cluster ---------------------------------------------------------------
+
+
+def slurm_project(root: Path, max_steps: int, checkpoint_interval: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(f"""\
+model: {{n_layer: 1, n_head: 2, n_embd: 32, block_size: 16}}
+data: {{num_samples: 512}}
+training: {{max_steps: {max_steps}, warmup_steps: 1, checkpoint_interval: {checkpoint_interval}, log_interval: 5,
+           micro_batch_size: 4, output_dir: {json.dumps(str(root / "out"))}}}
+distributed: {{backend: ddp}}
+""")
+    return root
+
+
+def submit(run_cli, cluster, root: Path, *args) -> str:
+    """A two-node job running distsetup's trainer (python -m distsetup.train), submitted from `root`."""
+    script = root / "job.sh"
+    result = run_cli(
+        "slurm",
+        "--config",
+        root / "config.yaml",
+        "--num_nodes",
+        2,
+        "--num_gpus_per_node",
+        1,
+        "--venv",
+        VENV,
+        "--cpus_per_task",
+        1,
+        "--time_limit",
+        10,
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "-o",
+        script,
+        *args,
+    )
+    assert result.exit_code == 0, result.output
+    shellcheck([script])
+    return cluster.run("sbatch", "--parsable", str(script), cwd=root).stdout.strip().split(";")[0]
+
+
+def job_log(root: Path, job_id: str, name: str = "distsetup") -> str:
+    return (root / f"{name}-{job_id}.out").read_text(errors="replace")
+
+
+@pytest.mark.parametrize("method", ["deepspeed"])
+def test_two_node_job_is_one_world(run_cli, cluster, tmp_path, method):
+    """The deepspeed launcher here; torchrun's two-node job is the one `distsetup init` writes
+    (tests/processes/test_init_trains.py),
+    in a folder whose name needs quoting, as this one."""
+    root = slurm_project(tmp_path / WEIRD, max_steps=6, checkpoint_interval=3)
+    ds = root / "ds.json"
+    ds.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 8,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 1,
+                "zero_optimization": {"stage": 1},
+            }
+        )
+    )
+    backend = ["--use_deepspeed", "--deepspeed_config", ds] if method == "deepspeed" else []
+    job = submit(
+        run_cli,
+        cluster,
+        root,
+        "--preflight",
+        "--job_name",
+        'two "nodes"',  # sbatch reads the quoting
+        "--launch_method",
+        method,
+        *backend,
+    )
+    state = cluster.wait_job(job, timeout=150)
+    log = job_log(root, job, name='two "nodes"')
+    assert state["JobState"] == "COMPLETED", log[-4000:]
+    assert state["NodeList"] == "n[1-2]"
+    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
+    assert "preflight OK: 2 ranks" in log
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6
+    assert summary["backend"] == ("deepspeed" if method == "deepspeed" else "ddp")
+    assert (root / "out" / "checkpoints" / "step_0000006" / "COMPLETE").exists()
+
+
+def test_job_submitted_from_another_folder_trains(run_cli, cluster, tmp_path, monkeypatch):
+    """A job written in the project with relative paths and submitted from another folder (`cd jobs && sbatch
+    ../scripts/slurm_job.sh`) trains on both nodes, its output where the run config says."""
+    root = slurm_project(tmp_path / "project", max_steps=2, checkpoint_interval=2)
+    config = (root / "config.yaml").read_text().replace(json.dumps(str(root / "out")), "out")  # relative too
+    (root / "config.yaml").write_text(config)
+    monkeypatch.chdir(root)
+    result = run_cli(
+        "slurm",
+        "--config",
+        "config.yaml",
+        "--num_nodes",
+        2,
+        "--num_gpus_per_node",
+        1,
+        "--venv",
+        VENV,
+        "--cpus_per_task",
+        1,
+        "--time_limit",
+        10,
+        "--env",
+        "OMP_NUM_THREADS=1",
+    )
+    assert result.exit_code == 0, result.output
+    shellcheck([root / "scripts" / "slurm_job.sh"])
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    job = cluster.run("sbatch", "--parsable", "../project/scripts/slurm_job.sh", cwd=jobs).stdout.split(";")[0].strip()
+    state = cluster.wait_job(job, timeout=150)
+    log = job_log(jobs, job)  # SLURM writes the log where sbatch ran
+    assert state["JobState"] == "COMPLETED", log[-4000:]
+    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
+    summary = json.loads((root / "out" / "summary.json").read_text())  # output_dir: relative to the project
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    assert not (jobs / "out").exists()
+
+
+def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
+    root = slurm_project(tmp_path / "requeue", max_steps=200, checkpoint_interval=5)
+    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 60)
+    checkpoints = root / "out" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "step_0000005" / "COMPLETE").exists():  # training is under way
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.2)
+    # What SLURM does before the time limit (--signal=B:USR1@60): signal the batch shell.
+    cluster.run("scancel", "--signal=USR1", "--batch", job)
+    state = cluster.wait_job(job, timeout=200)
+    log = job_log(root, job)
+    assert state["JobState"] == "COMPLETED", log[-4000:]
+    assert state["Restarts"] == "1", log[-4000:]
+    preempted = [line for line in log.splitlines() if line.startswith("preempted: checkpoint at step ")]
+    assert len(preempted) == 1, log[-4000:]
+    step = int(preempted[0].rsplit(" ", 1)[1])
+    assert 5 <= step < 200
+    assert (checkpoints / f"step_{step:07d}" / "COMPLETE").exists()
+    assert "distsetup: requeueing job" in log
+    assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    assert summary["steps"] == 200 and summary["world_size"] == 2

@@ -1,0 +1,52 @@
+"""A tiny Llama built locally from LlamaConfig: a ZeRO-3 run of it exports as a Hugging Face folder that
+from_pretrained loads, with the same logits. (It trains under every backend, FSDP2 sharded per LlamaDecoderLayer:
+tests/processes/test_finetune.py; its layer class is checked in tests/unit/test_hf_layer_class.py.)"""
+
+import json
+
+import pytest
+import yaml
+from train_runs import train, write_llama_config
+
+pytest.importorskip("transformers")
+
+
+def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_the_same_logits(run_cli, tmp_path):
+    import torch
+    from train_runs import ds_file
+    from transformers import AutoModelForCausalLM
+
+    from distsetup.formats.checkpoint_folder import latest_complete
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.checkpoint.export import consolidated_state_dict
+    from distsetup.training.model import build as models
+
+    config = write_llama_config(tmp_path, "LlamaDecoderLayer", tie_word_embeddings=True)  # one weight, two names
+    run = yaml.safe_load(config.read_text())
+    batch = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 16}
+    (tmp_path / "ds.json").write_text(json.dumps({**ds_file(3), **batch}))  # micro_batch_size 8 on 2 ranks
+    run["training"].update(max_steps=4, checkpoint_interval=4)
+    run["distributed"] = {"backend": "deepspeed", "deepspeed_config": str(tmp_path / "ds.json")}
+    config.write_text(yaml.safe_dump(run))
+    result = train(config, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    exported = tmp_path / "exported"
+    result = run_cli(
+        "checkpoint", "export", tmp_path / "out", "-o", exported, "--format", "hf", "--max_shard_size", "60KB"
+    )
+    assert result.exit_code == 0, result.output
+    loaded, info = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched key
+
+    trained = models.build(load_run_config(config).model)
+    trained.load_state_dict(consolidated_state_dict(latest_complete(tmp_path / "out" / "checkpoints")), strict=True)
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(loaded(input_ids=tokens).logits, trained(tokens).logits, rtol=0, atol=1e-5)
+
+    # sharded as save_pretrained shards the same weights: the same files, and each tensor in the same one
+    loaded.save_pretrained(tmp_path / "by_transformers", max_shard_size="60KB")
+    ours = json.loads((exported / "model.safetensors.index.json").read_text())["weight_map"]
+    theirs = json.loads((tmp_path / "by_transformers" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert ours == theirs and len(set(ours.values())) > 1

@@ -1,0 +1,183 @@
+"""Faults: preempt one rank with a signal, damage a checkpoint, stop or starve a rank; start again, end with the same
+weights (kill -9 at random moments, resumed to the same weights: test_faults.py)."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from train_runs import (
+    INTERVAL,
+    REPO,
+    STEPS,
+    command,
+    environment,
+    final_weights,
+    losses,
+    shared_run,
+    start,
+    train,
+    wait_for,
+    worker_pids,
+    write_run_config,
+)
+
+
+def assert_same_weights(resumed: dict, uninterrupted: dict):
+    assert resumed.keys() == uninterrupted.keys()
+    for key in uninterrupted:
+        assert torch.equal(resumed[key], uninterrupted[key]), f"{key} differs after resume"
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2"])
+def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
+    config = write_run_config(tmp_path, name)
+    out = tmp_path / "out"
+    run = start(config, 2)
+    wait_for(out / "checkpoints" / f"step_{INTERVAL:07d}" / "COMPLETE", run)
+    os.kill(worker_pids(run.pid)[-1], signal.SIGTERM)
+    run.wait(timeout=180)
+    log = run.log.read_text()
+    stopped = re.search(r"preempted: checkpoint at step (\d+)", log)
+    assert stopped, log[-3000:]
+    step = int(stopped.group(1))
+    assert INTERVAL <= step < STEPS and (out / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", log)
+    # torchrun SIGTERMs the peers once the first rank has exited (75): each must still exit 75 itself.
+    assert codes and set(codes) == {"75"}, codes
+
+    resumed = train(config, 2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"(step {step})" in resumed.stdout
+    assert_same_weights(final_weights(out), final_weights(shared_run(name)))
+
+
+def test_sigusr1_single_process_exits_75(tmp_path):
+    config = write_run_config(tmp_path, "single", checkpoint_interval=5)
+    run = start(config, 1)
+    wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
+    run.send_signal(signal.SIGUSR1)
+    assert run.wait(timeout=120) == 75
+    assert "preempted: checkpoint at step" in run.log.read_text()
+
+
+def _damage_truncate(folder):
+    state = folder / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+
+
+DAMAGE = {
+    "truncated state.pt": _damage_truncate,
+    "garbage in COMPLETE": lambda folder: (folder / "COMPLETE").write_text("\x00garbage"),
+    "{} in COMPLETE": lambda folder: (folder / "COMPLETE").write_text("{}"),
+    "missing file": lambda folder: (folder / "rng_rank0.pt").unlink(),
+    "junk in rng_rank0.pt": lambda folder: (folder / "rng_rank0.pt").write_bytes(b"junk"),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_single_run(tmp_path_factory):
+    """A finished one-process run with checkpoints at steps 10, 20 and 30."""
+    folder = tmp_path_factory.mktemp("single")
+    config = write_run_config(folder, "single")
+    assert train(config, 1).returncode == 0
+    return config
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, finished_single_run, damage):
+    out = tmp_path / "out"
+    shutil.copytree(finished_single_run.parent / "out", out)
+    DAMAGE[damage](out / "checkpoints" / f"step_{STEPS:07d}")
+    (out / "checkpoints" / "step_backup").mkdir()  # a folder a user made by hand: not a checkpoint
+    (out / "checkpoints" / "step_backup" / "COMPLETE").write_text("{}")
+    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    passed_over = [line for line in result.stdout.splitlines() if line.startswith("passed over damaged checkpoint")]
+    assert len(passed_over) == 1 and f"step_{STEPS:07d}" in passed_over[0], result.stdout[-2000:]
+    assert f"(step {STEPS - INTERVAL})" in result.stdout
+    assert len(losses(out)) == STEPS + 2
+
+
+def test_content_damage_of_the_same_size_is_one_line_naming_the_folder(tmp_path, finished_single_run):
+    out = tmp_path / "out"
+    shutil.copytree(finished_single_run.parent / "out", out)
+    rng = out / "checkpoints" / f"step_{STEPS:07d}" / "rng_rank0.pt"
+    rng.write_bytes(b"\xff" * rng.stat().st_size)
+    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"cannot load checkpoint {rng.parent}" in lines[0] and "--no_resume" in lines[0]
+
+
+def test_one_output_dir_holds_one_run_and_a_killed_run_leaves_it_free(tmp_path):
+    config = write_run_config(tmp_path, "ddp", checkpoint_interval=5, max_steps=10_000)
+    first = start(config, 2)
+    wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", first)
+    second = train(config, 1, "distributed.backend=single", "training.seed=99")
+    lines = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert second.returncode == 1 and len(lines) == 1, second.stderr[-2000:]
+    assert "is in use by another run" in lines[0] and f"pid {worker_pids(first.pid)[0]}" in lines[0]
+    assert first.poll() is None  # the first run goes on untouched
+
+    os.kill(worker_pids(first.pid)[0], signal.SIGKILL)  # rank 0, the lock holder, dies without cleaning up
+    first.wait(timeout=180)
+    resumed = train(config, 2, "training.max_steps=12")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(r"resumed from \S+step_\d+ \(step \d+\)", resumed.stdout)
+
+
+def test_a_stopped_deepspeed_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    """DeepSpeed reduces over groups of its own, which took torch's 30-minute default instead of the run's."""
+    config = write_run_config(tmp_path, "zero2", checkpoint_interval=5, max_steps=100_000, log_interval=50)
+    run = start(config, 2, "distributed.timeout_minutes=0.3")
+    wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
+    stopped = worker_pids(run.pid)[-1]
+    os.kill(stopped, signal.SIGSTOP)
+    began = time.monotonic()
+    lost = re.compile(r"error: rank 0 of 2 lost contact with the other ranks at step \d+ .*distributed.timeout_minutes")
+    try:
+        while not lost.search(run.log.read_text()) and run.poll() is None and time.monotonic() - began < 120:
+            time.sleep(0.5)
+        waited = time.monotonic() - began
+    finally:  # torchrun would give the stopped rank 30 s more before SIGKILL: not this test's subject
+        os.kill(stopped, signal.SIGKILL)
+        run.kill()
+        run.wait()
+    log = run.log.read_text()
+    assert lost.search(log), log[-3000:]
+    assert waited < 48  # the 18 s timeout, not torch's 30 minutes
+    assert "[rank0]: Traceback" not in log
+
+
+def test_full_disk_during_a_checkpoint_is_one_line_with_the_free_space(tmp_path):
+    """The output folder on a 256 KiB tmpfs (a private mount namespace, gone with the process): the first
+    checkpoint (about 0.5 MiB) cannot be written."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    config = write_run_config(tmp_path, "single", checkpoint_interval=2, max_steps=4)
+    result = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=256k tmpfs "$1" && shift && exec "$@"',
+            "sh",
+            str(disk),
+            *command(config, 1, f"training.output_dir={disk / 'out'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        cwd=REPO,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"cannot write checkpoint {disk / 'out' / 'checkpoints' / 'step_0000002'}" in lines[0]
+    assert re.search(r"; \d+\.\d MiB free on that disk", lines[0]), lines[0]

@@ -1,0 +1,73 @@
+"""Backends as they set themselves up, in one process: FSDP's size-based wrap units and its 2-D mesh for hybrid
+sharding, DeepSpeed's file lr, used as written, and the built-in model's block class they shard by name."""
+
+import json
+
+import pytest
+import torch
+from train_runs import MODEL, ds_file
+
+
+def test_size_based_wrap_takes_modules_with_enough_parameters_and_skips_containers():
+    from distsetup.training.backends.fsdp import _size_based_units
+    from distsetup.training.model.gpt import GPT
+
+    model = GPT(256, MODEL["block_size"], MODEL["n_layer"], MODEL["n_head"], MODEL["n_embd"], 0.0)
+    units = _size_based_units(model, 5000)  # h = 32: an MLP has 8352, attention 4224, wte/lm_head 8192
+    assert sorted(type(u).__name__ for u in units) == ["Embedding", "Linear", "MLP", "MLP"]
+    assert model.blocks not in units  # a ModuleList has no forward: FSDP would never gather it
+    assert all(sum(p.numel() for p in u.parameters()) >= 5000 for u in units)
+
+
+@pytest.mark.parametrize(
+    "strategy, world, local, shape",
+    [
+        ("HYBRID_SHARD", 2, 1, (2, 1)),
+        ("HYBRID_SHARD", 2, 2, (1, 2)),
+        ("HYBRID_SHARD_ZERO2", 8, 4, (2, 4)),
+        ("NO_SHARD", 4, 2, (4, 1)),
+        ("FULL_SHARD", 4, 2, (4,)),
+    ],
+)
+def test_mesh_shape_follows_processes_per_node(strategy, world, local, shape):
+    from distsetup.training.backends.fsdp import mesh_shape
+
+    assert mesh_shape(strategy, world, local) == shape
+
+
+def test_hybrid_shard_needs_equal_nodes():
+    from distsetup.errors import DistsetupError
+    from distsetup.training.backends.fsdp import mesh_shape
+
+    with pytest.raises(DistsetupError, match="multiple of the processes per node"):
+        mesh_shape("HYBRID_SHARD", 3, 2)
+
+
+def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_path):
+    """`distsetup deepspeed --scale_lr` scales the file's lr; the trainer scaled it a second time."""
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends.deepspeed import DeepSpeedBackend
+    from distsetup.training.world import World
+
+    ds = {**ds_file(1), "optimizer": {"type": "AdamW", "params": {"lr": 0.004}}}  # batch 16 = 8 x 1 x 2
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    cfg = load_run_config(
+        None,
+        [
+            "distributed.backend=deepspeed",
+            f"distributed.deepspeed_config={tmp_path / 'ds.json'}",
+            "training.scale_lr=linear",
+            "training.base_batch_size=4",
+        ],
+    )
+    backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    assert backend.lr == 0.004 and backend.ds_config["optimizer"]["params"]["lr"] == 0.004
+    assert any("training.scale_lr linear not applied" in note for note in backend.notes), backend.notes
+
+
+def test_the_built_in_models_block_is_the_class_its_constant_names():
+    """formats.runconfig.BUILTIN_BLOCK is what FSDP's files, the planner and the trainer name the GPT's block by."""
+    from distsetup.formats.runconfig import BUILTIN_BLOCK
+    from distsetup.training.model.gpt import GPT
+
+    assert {type(block).__name__ for block in GPT(64, 16, 2, 2, 16, 0.0).blocks} == {BUILTIN_BLOCK}

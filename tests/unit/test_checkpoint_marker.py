@@ -1,0 +1,49 @@
+"""A checkpoint's COMPLETE marker as one typed object: written and read back the same, read by any distsetup
+(keys it does not know left out), and what it says about the files' layout."""
+
+import json
+
+import pytest
+
+from distsetup.formats.checkpoint_folder import MARKER, Marker, damage, file_sizes, step_dir
+
+
+def test_a_marker_reads_back_as_it_was_written(tmp_path):
+    folder = step_dir(tmp_path, 7)
+    folder.mkdir()
+    (folder / "state.pt").write_bytes(b"weights")
+    written = Marker(
+        "deepspeed",
+        step=7,
+        world_size=4,
+        zero_stage=3,
+        precision="bf16",
+        model={"type": "gpt", "n_layer": 2},
+        loss=2.5,
+        sampler={"epoch": 0, "samples": 56, "global_batch": 8},
+        files=file_sizes(folder),
+    )
+    (folder / MARKER).write_text(written.to_json())
+    assert Marker.read(folder) == written and damage(folder, 7) is None
+    assert (written.files_layout, written.written_by, written.global_batch) == ("zero", "deepspeed ZeRO-3", 8)
+    assert "layout" not in json.loads(written.to_json())  # only a converted checkpoint says its layout
+
+
+def test_a_converted_marker_names_its_layout_and_unknown_keys_are_left_out():
+    raw = {"backend": "deepspeed", "step": 3, "world_size": 2, "layout": "universal", "from_the_future": 1}
+    marker = Marker.from_json(raw)
+    assert marker.files_layout == "universal" and marker.zero_stage is None
+    assert Marker.from_json({"backend": "ddp", "step": 1, "world_size": 2}).files_layout == "state.pt"
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        ({"backend": "ddp", "step": 1}, "lacks backend, step, world_size"),
+        ([1, 2], "lacks backend, step, world_size"),
+        ({"backend": "ddp", "step": 1, "world_size": 2, "files": [1]}, "files are not a mapping"),
+    ],
+)
+def test_a_marker_that_is_not_ours_says_why(raw, problem):
+    with pytest.raises(ValueError, match=problem):
+        Marker.from_json(raw)

@@ -1,0 +1,222 @@
+"""Each program that reads a file distsetup writes, asked what it understood: Accelerate (its launcher's flags
+and environment, and the FullyShardedDataParallelPlugin its processes build from them) and the HF Trainer
+(TrainingArguments' FSDP plugin arguments). On CPU, where neither runs FSDP, through the objects they build.
+DeepSpeed's own readers (DeepSpeedConfig, zero_to_fp32) are asked in unit/test_deepspeed_config.py and
+processes/test_train_export.py; the HF Trainer's own ZeRO-3 run is processes/test_hf_trainer_saves_zero3_weights.py."""
+
+import json
+import os
+from unittest import mock
+
+import pytest
+from shell_checks import run_script
+
+from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.fsdp_rules import fsdp_problems
+
+accelerate_launch = pytest.importorskip("accelerate.commands.launch")
+transformers = pytest.importorskip("transformers")
+
+FSDP_FLAGS = {
+    "fsdp2-shard-grad-op-offload-bf16": [
+        "--sharding_strategy",
+        "SHARD_GRAD_OP",
+        "--cpu_offload",
+        "--mixed_precision",
+        "BFLOAT16",
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer",
+    ],
+    "fsdp2-size-based-full-state": [
+        "--auto_wrap_policy",
+        "SIZE_BASED_WRAP",
+        "--min_num_params",
+        "1000",
+        "--state_dict_type",
+        "FULL_STATE_DICT",
+        "--activation_checkpointing",
+    ],
+    "fsdp1-shard-grad-op": [
+        "--fsdp_version",
+        "1",
+        "--sharding_strategy",
+        "SHARD_GRAD_OP",
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer",
+    ],
+}
+
+
+def accelerate_environment(argv: list[str]) -> dict:
+    """The environment `accelerate launch ARGV` gives its processes, as its launch_command prepares it on a GPU
+    machine (on CPU it would take its CPU launcher instead)."""
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args, defaults, _ = accelerate_launch._validate_launch_command(
+        accelerate_launch.launch_command_parser().parse_args(argv)
+    )
+    if args.use_deepspeed:
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config if defaults else [])
+        return prepare_deepspeed_cmd_env(args)[1]
+    return prepare_multi_gpu_env(args)
+
+
+def built_in(env: dict, plugin_class):
+    """The plugin an Accelerate process builds from `env`."""
+    with mock.patch.dict(os.environ, env, clear=True):
+        return plugin_class()
+
+
+def write_fsdp_file(run_cli, folder, flags) -> tuple[dict, FsdpSpec]:
+    result = run_cli("fsdp", *flags, "-o", folder / "fsdp.json")
+    assert result.exit_code == 0, result.output
+    config = json.loads((folder / "fsdp.json").read_text())
+    return config, FsdpSpec.from_dict(config)
+
+
+@pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
+def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch, flags):
+    """`--launch_method accelerate --use_fsdp --script user.py` passes every FSDP setting on (not plain DDP)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy, ShardingStrategy, StateDictType
+
+    monkeypatch.chdir(tmp_path)
+    _, meant = write_fsdp_file(run_cli, tmp_path, flags)
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_fsdp", "--fsdp_config", "fsdp.json", "--script", "user.py"),
+        *("--num_gpus_per_node", "2", "-o", "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    assert argv[0] == "launch" and argv[-1] == "user.py"
+
+    env = accelerate_environment(argv[1:])
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    assert env["ACCELERATE_MIXED_PRECISION"] == meant.precision.replace("fp32", "no")
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    assert plugin.fsdp_version == meant.fsdp_version
+    assert plugin.state_dict_type == StateDictType[meant.state_dict_type]
+    assert plugin.activation_checkpointing == meant.activation_checkpointing
+    if meant.fsdp_version == 2:
+        assert plugin.reshard_after_forward == meant.reshards_after_forward
+        assert isinstance(plugin.cpu_offload, CPUOffloadPolicy) == meant.cpu_offload
+    else:
+        assert plugin.sharding_strategy == ShardingStrategy[meant.sharding_strategy]
+        assert plugin.cpu_offload.offload_params == meant.cpu_offload
+    if meant.auto_wrap_policy == "SIZE_BASED_WRAP":
+        assert plugin.min_num_params == meant.min_num_params
+    else:
+        assert plugin.transformer_cls_names_to_wrap == list(meant.transformer_layer_cls_to_wrap)
+
+
+def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_cli, tmp_path):
+    """A user who pastes the file into an Accelerate config YAML (`fsdp_config:`) gets the same meaning; the
+    precision goes at the YAML's top level, where Accelerate reads it."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    config, meant = write_fsdp_file(run_cli, tmp_path, FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"])
+    accelerate_config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "mixed_precision": config["mixed_precision"],
+        "fsdp_config": config,
+        "num_machines": 1,
+        "num_processes": 2,
+        "machine_rank": 0,
+    }
+    (tmp_path / "accelerate.yaml").write_text(json.dumps(accelerate_config))  # JSON is YAML
+    env = accelerate_environment(["--config_file", str(tmp_path / "accelerate.yaml"), "user.py"])
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    assert plugin.reshard_after_forward == meant.reshards_after_forward is False
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+
+
+def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cli, tmp_path, monkeypatch):
+    """The DeepSpeed file reaches Accelerate's DeepSpeedPlugin whole, from any folder the script starts in."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    monkeypatch.chdir(tmp_path)
+    flags = ["--zero_stage", "2", "--offload_optimizer", "cpu", "--hf_auto", "-o", "ds.json"]
+    assert run_cli("deepspeed", *flags).exit_code == 0
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_deepspeed", "--deepspeed_config", "ds.json", "--script", "user.py"),
+        *("--num_gpus_per_node", "2", "-o", "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    env = accelerate_environment(argv[1:])
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+    plugin = built_in(env, DeepSpeedPlugin)
+    written = json.loads((tmp_path / "ds.json").read_text())
+    understood = dict(plugin.deepspeed_config)
+    assert understood.pop("steps_per_print") == float("inf")  # Accelerate silences DeepSpeed's log (README)
+    assert understood == {key: value for key, value in written.items() if key != "steps_per_print"}
+    assert plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu"
+
+
+@pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
+def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, flags):
+    """The Trainer reads cpu_offload (not offload_params) and, for FSDP1, the sharding strategy from
+    reshard_after_forward: the file gives both, so an offloading file trains offloaded and a SHARD_GRAD_OP file as
+    SHARD_GRAD_OP."""
+    _, meant = write_fsdp_file(run_cli, tmp_path, flags)
+    arguments = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), fsdp=True, fsdp_config=str(tmp_path / "fsdp.json"), report_to=[]
+    )
+    understood = arguments.fsdp_plugin_args
+    assert understood["fsdp_version"] == meant.fsdp_version
+    assert understood.get("cpu_offload", False) == meant.cpu_offload
+    assert understood["auto_wrap_policy"] == meant.auto_wrap_policy
+    assert understood["state_dict_type"] == meant.state_dict_type
+    assert understood.get("activation_checkpointing", False) == meant.activation_checkpointing
+    if meant.fsdp_version == 2:
+        assert understood["reshard_after_forward"] == meant.reshards_after_forward
+    else:  # the strategy's name, in any case (Accelerate upper-cases it)
+        assert understood["reshard_after_forward"].upper() == meant.sharding_strategy
+    if meant.auto_wrap_policy == "SIZE_BASED_WRAP":
+        assert understood["min_num_params"] == meant.min_num_params
+    else:
+        assert understood["transformer_cls_names_to_wrap"] == ",".join(meant.transformer_layer_cls_to_wrap)
+
+
+def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_read_apart():
+    """`validate` knows the Trainer's own key names (fsdp_cpu_offload is no unknown key)."""
+    base = {"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "NO_WRAP"}
+    assert fsdp_problems({**base, "fsdp_cpu_offload": True}) == []
+    assert FsdpSpec.from_dict({**base, "fsdp_cpu_offload": True}).cpu_offload
+    apart = {**base, "fsdp_cpu_offload": True, "fsdp_offload_params": False}
+    assert [p.path for p in fsdp_problems(apart)] == ["fsdp_cpu_offload"]
+    strategy_in_fsdp2 = {**base, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}
+    assert [p.path for p in fsdp_problems(strategy_in_fsdp2)] == ["fsdp_reshard_after_forward"]
+    fsdp1 = {**base, "fsdp_version": 1, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}
+    assert fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}) == []
+    assert FsdpSpec.from_dict({**fsdp1, "fsdp_reshard_after_forward": "SHARD_GRAD_OP"}).sharding_strategy == (
+        "SHARD_GRAD_OP"
+    )
+    assert [p.path for p in fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "FULL_SHARD"})] == [
+        "fsdp_reshard_after_forward"
+    ]
+
+
+def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
+    flags = FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"]
+    write_fsdp_file(run_cli, tmp_path, flags)
+    result = run_cli("validate", tmp_path / "fsdp.json")
+    assert result.exit_code == 0, result.output
+    notes = {line.split(": note: ")[1].split(":")[0]: line for line in result.stdout.splitlines() if ": note: " in line}
+    assert set(notes) == {
+        "fsdp_offload_params",
+        "fsdp_cpu_offload",
+        "fsdp_sharding_strategy",
+        "mixed_precision",
+        "fsdp_reduce_dtype",
+    }
+    assert "the HF Trainer reads fsdp_cpu_offload" in notes["fsdp_offload_params"]
+    assert "distsetup's trainer only" in notes["mixed_precision"]

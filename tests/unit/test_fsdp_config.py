@@ -1,0 +1,163 @@
+import dataclasses
+import json
+
+import pytest
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.fsdp import KEYS, RESHARDS_AFTER_FORWARD, SHARDING_STRATEGIES, FsdpSpec, build_fsdp_config
+from distsetup.formats.fsdp_rules import check_fsdp_spec, fsdp_findings, fsdp_problems
+
+
+def fsdp(run_cli, *args):
+    result = run_cli("fsdp", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_quick_start_writes_accelerate_keys(run_cli, tmp_path):
+    out = tmp_path / "config" / "fsdp_config.json"
+    result = run_cli("fsdp", "--sharding_strategy", "FULL_SHARD", "--mixed_precision", "BFLOAT16", "--output", out)
+    assert result.exit_code == 0
+    config = json.loads(out.read_text())
+    assert config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert config["fsdp_reshard_after_forward"] is True
+    assert config["mixed_precision"] == "bf16" and config["fsdp_reduce_dtype"] == "float32"
+    assert config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert config["fsdp_transformer_layer_cls_to_wrap"] == "Block"
+    assert all(k.startswith("fsdp_") or k == "mixed_precision" for k in config)
+    assert fsdp_problems(config) == []
+
+
+@pytest.mark.parametrize("strategy", SHARDING_STRATEGIES)
+def test_every_strategy_validates_and_maps_to_reshard(run_cli, strategy):
+    config = fsdp(run_cli, "--sharding-strategy", strategy)
+    assert config["fsdp_reshard_after_forward"] is RESHARDS_AFTER_FORWARD[strategy]
+    assert fsdp_problems(config) == []
+
+
+def test_layer_classes_repeatable_or_comma_separated(run_cli):
+    config = fsdp(
+        run_cli,
+        "--transformer_layer_cls_to_wrap",
+        "LlamaDecoderLayer,MistralDecoderLayer",
+        "--transformer-layer-cls-to-wrap",
+        "Block",
+    )
+    assert config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer,MistralDecoderLayer,Block"
+
+
+def test_fsdp1_writes_its_own_knobs(run_cli):
+    config = fsdp(
+        run_cli,
+        "--fsdp_version",
+        "1",
+        "--backward_prefetch",
+        "BACKWARD_POST",
+        "--forward_prefetch",
+        "--mixed_precision",
+        "FLOAT16",
+        "--buffer_dtype",
+        "float16",
+        "--cpu_ram_efficient_loading",
+    )
+    assert config["fsdp_backward_prefetch"] == "BACKWARD_POST" and config["fsdp_forward_prefetch"] is True
+    assert config["fsdp_buffer_dtype"] == "float16" and config["mixed_precision"] == "fp16"
+    assert config["fsdp_sync_module_states"] is True  # Accelerate needs it with cpu_ram_efficient_loading
+    # the HF Trainer's FSDP1 reads its sharding strategy here, Accelerate's from fsdp_sharding_strategy
+    assert config["fsdp_reshard_after_forward"] == config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    assert fsdp_problems(config) == []
+
+
+def test_size_based_wrap(run_cli):
+    config = fsdp(run_cli, "--auto_wrap_policy", "SIZE_BASED_WRAP", "--min_num_params", "1000000", "--cpu_offload")
+    assert config["fsdp_min_num_params"] == 1_000_000 and config["fsdp_offload_params"] is True
+    assert "fsdp_transformer_layer_cls_to_wrap" not in config
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backward_prefetch", "BACKWARD_PRE"], "--backward_prefetch means nothing with --fsdp_version 2"),
+        (["--use_orig_params"], "--use_orig_params means nothing with --fsdp_version 2"),
+        (["--buffer_dtype", "float32", "--mixed_precision", "BFLOAT16"], "--buffer_dtype means nothing"),
+        (["--auto_wrap_policy", "SIZE_BASED_WRAP"], "needs --min_num_params"),
+        (["--auto_wrap_policy", "NO_WRAP", "--transformer_layer_cls_to_wrap", "Block"], "only used with TRANSFORMER"),
+        (["--reduce_dtype", "bfloat16"], "means nothing without --mixed_precision"),
+        (["--sharding_strategy", "ZERO3"], "--sharding_strategy"),
+    ],
+)
+def test_options_meaningless_together_are_errors(run_cli, tmp_path, args, message):
+    out = tmp_path / "fsdp.json"
+    result = run_cli("fsdp", *args, "-o", out)
+    assert result.exit_code != 0 and message in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("strategy", ["NO_SHARD", "HYBRID_SHARD"])
+def test_fsdp2_strategies_accelerate_reads_differently_are_flagged(run_cli, strategy):
+    result = run_cli("fsdp", "--sharding_strategy", strategy)
+    assert result.exit_code == 0 and "Warning:" in result.stderr and "Accelerate" in result.stderr
+    assert "Warning" not in run_cli("fsdp", "--sharding_strategy", "FULL_SHARD").stderr
+
+
+SPECS = [
+    FsdpSpec(transformer_layer_cls_to_wrap=("Block",)),
+    FsdpSpec(
+        transformer_layer_cls_to_wrap=("Block", "Embedding"),
+        sharding_strategy="SHARD_GRAD_OP",
+        mixed_precision="BFLOAT16",
+        reduce_dtype="bfloat16",
+        cpu_offload=True,
+    ),
+    FsdpSpec(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1000, state_dict_type="FULL_STATE_DICT"),
+    FsdpSpec(
+        fsdp_version=1,
+        auto_wrap_policy="NO_WRAP",
+        backward_prefetch="BACKWARD_POST",
+        buffer_dtype="float16",
+        mixed_precision="FLOAT16",
+        cpu_ram_efficient_loading=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_written_file_reads_back_as_the_spec_it_was_written_from(spec):
+    """FsdpSpec is the file's one model: written, read back (as the trainer and doctor read it), written again."""
+    config = build_fsdp_config(spec)
+    assert fsdp_problems(config) == []
+    read = FsdpSpec.from_dict(config)
+    assert build_fsdp_config(read) == config
+    assert read.precision == {"no": "fp32", "FLOAT16": "fp16", "BFLOAT16": "bf16"}[spec.mixed_precision]
+    assert read.reshards_after_forward == RESHARDS_AFTER_FORWARD[spec.sharding_strategy]
+
+
+@pytest.mark.parametrize(
+    "changes, option",
+    [
+        ({"fsdp_version": 2, "use_orig_params": True}, "use_orig_params"),
+        ({"auto_wrap_policy": "SIZE_BASED_WRAP"}, "min_num_params"),
+        ({"auto_wrap_policy": "NO_WRAP", "min_num_params": 10}, "min_num_params"),
+        ({"reduce_dtype": "float32"}, "reduce_dtype"),
+        ({"fsdp_version": 1, "cpu_ram_efficient_loading": True, "sync_module_states": False}, "sync_module_states"),
+    ],
+)
+def test_the_rules_are_one_rule_for_flags_and_files(changes, option):
+    """What `distsetup fsdp` refuses in flags, `validate` reports in a file's keys, from the same rule: as a
+    problem, or as a note where the setting is only unused (no reader refuses it)."""
+    spec = FsdpSpec(**{"transformer_layer_cls_to_wrap": ("Block",), **changes})
+    if changes.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
+        spec = dataclasses.replace(spec, transformer_layer_cls_to_wrap=())
+    with pytest.raises(DistsetupError, match=f"--{option}"):
+        check_fsdp_spec(spec)
+    config = {**build_fsdp_config(dataclasses.replace(spec, **{option: None})), **_file_values(spec, option)}
+    problems, notes = fsdp_findings(config)
+    unused = changes.get("auto_wrap_policy") == "NO_WRAP"
+    assert (KEYS[option] in [p.path for p in problems]) != unused
+    assert any(note.startswith(f"{KEYS[option]} is only used with") for note in notes) == unused
+
+
+def _file_values(spec: FsdpSpec, option: str) -> dict:
+    """The file's key and value for `option` of `spec` (the one build_fsdp_config may leave out)."""
+    value = getattr(spec, option)
+    return {} if value is None else {KEYS[option]: value}

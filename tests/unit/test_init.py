@@ -1,0 +1,242 @@
+"""`distsetup init`: answers from a person at a terminal (a real pseudo-terminal), from flags with --yes, and
+from what it detects; bad answers are asked again in a terminal, and are one line with nothing written otherwise.
+(The files it writes, trained on CPU processes and on the test SLURM cluster:
+tests/processes/test_init_trains.py.)"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pexpect
+import pytest
+from init_terminal import environment, files_in, spawn_init
+from repo import heavy_imports
+
+from distsetup.cli.commands.init import Questions, ask_everything
+from distsetup.cli.init_setup import Answers, build_setup
+from distsetup.cli.machine import Machine
+from distsetup.planning.gpus import GpuInfo
+
+
+def gpu(index: int, gib: int = 80, capability=(9, 0)) -> GpuInfo:
+    memory = gib * 2**30
+    return GpuInfo(index, "NVIDIA H100", memory, 0, memory, 0, compute_capability=capability)
+
+
+def answers_with_defaults(machine: Machine, **given) -> Answers:
+    return ask_everything(Questions({"max_steps": 1000, **given}, yes=True), machine)
+
+
+def test_ctrl_c_during_the_questions_writes_nothing(tmp_path):
+    init = spawn_init(tmp_path)
+    init.expect_exact("Model: a built-in size")
+    init.sendline("")
+    init.expect_exact("Training data")
+    init.sendintr()
+    init.expect(pexpect.EOF)
+    init.close()
+    assert init.exitstatus == 1 and "Aborted!" in init.before
+    assert files_in(tmp_path) == [] and list(tmp_path.iterdir()) == []
+
+
+def test_without_a_terminal_and_without_yes_it_says_so_and_writes_nothing(tmp_path):
+    closed = subprocess.run(
+        [sys.executable, "-m", "distsetup", "init"],
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert closed.returncode == 1
+    error = [line for line in closed.stderr.splitlines() if line.startswith("Error")]
+    assert error == [
+        "Error: distsetup init would ask for --model, and stdin is not a terminal. HINT: add --yes (defaults for "
+        "every answer not given as a flag), or run it in a terminal."
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_files_are_kept_without_force_and_replaced_with_it(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("mine\n")
+    refused = run_cli("init", "--yes")
+    assert refused.exit_code == 1 and "config/config.yaml exists" in refused.stderr
+    assert (tmp_path / "config" / "config.yaml").read_text() == "mine\n"
+    assert files_in(tmp_path) == ["config/config.yaml"]
+
+    (tmp_path / "config" / "config.yaml").unlink()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "run_training.sh").write_text("mine\n")
+    refused = run_cli("init", "--yes")  # found only once the answers say which script: still nothing written
+    assert refused.exit_code == 1 and "scripts/run_training.sh exists" in refused.stderr
+    assert files_in(tmp_path) == ["scripts/run_training.sh"]
+
+    forced = run_cli("init", "--yes", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "mine" not in (tmp_path / "scripts" / "run_training.sh").read_text()
+    assert files_in(tmp_path) == ["config/config.yaml", "scripts/run_training.sh"]
+
+
+def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scripts").write_text("a file where the scripts folder would go\n")
+    result = run_cli("init", "--yes")
+    assert result.exit_code == 1 and "run distsetup init in a folder you can write to" in result.stderr
+    assert files_in(tmp_path) == ["scripts"] and not (tmp_path / "config").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "folder"], "--model folder has no config.json."),
+        (["--model", "nowhere"], "--model nowhere is neither a built-in size nor a folder."),
+        (["--num_gpus_per_node", "0"], "--num_gpus_per_node: 0 is not in the range 1<=x<=1024."),
+        (["--num_nodes", "0"], "--num_nodes: 0 is not in the range"),
+        (
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--time_limit", "25:99:00"],
+            "--time_limit: time limit '25:99:00' is not one SLURM accepts.",
+        ),
+        (["--gpu_memory", "lots"], "--gpu_memory: cannot read 'lots' as an amount of memory."),
+        (["--data", "missing.jsonl"], "--data: no file missing.jsonl."),
+        (["--global_batch_size", "3"], "--global_batch_size 3 is not divisible by the 2 processes"),
+        (["--data", ","], "--data ',' names no file."),
+        (["--scheduler", "slurm"], "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes."),
+        (["--model", "folder-7b", "--seq_len", "8192"], "--seq_len 8192 is longer than folder-7b allows"),
+        (
+            ["--model", "xl", "--gpu_memory", "1GB", "--num_gpus_per_node", "1"],
+            "nothing fits: xl (1.48B parameters, bf16, sequence 1024) on 1 node(s) x 1 GPU(s) of 1GB. HINT: what "
+            "would: even one layer",
+        ),
+    ],
+)
+def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder-7b").mkdir()
+    (tmp_path / "folder-7b" / "config.json").write_text(json.dumps(LLAMA_7B))
+    result = run_cli("init", "--yes", *args)
+    assert result.exit_code == 1
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert files_in(tmp_path) == ["folder-7b/config.json"]
+
+
+def test_defaults_come_from_the_gpus_and_the_slurm_allocation():
+    h100s = Machine(gpus=(gpu(0), gpu(1)))
+    local = answers_with_defaults(h100s)
+    assert (local.num_gpus_per_node, local.precision, local.scheduler, local.global_batch_size) == (
+        2,
+        "bf16",
+        "local",
+        16,
+    )
+    assert local.gpu_memory == f"{80 * 2**30 / 1e9:.1f}GB"
+    v100s = Machine(gpus=(gpu(0, 32, (7, 0)), gpu(1, 16, (7, 0))))
+    assert answers_with_defaults(v100s).precision == "fp16"  # no bf16 before Ampere
+    assert answers_with_defaults(v100s).gpu_memory == f"{16 * 2**30 / 1e9:.1f}GB"  # the smallest GPU
+    cpu = answers_with_defaults(Machine(no_gpu_reason="no driver", cpu_count=8))
+    assert (cpu.gpu_memory, cpu.precision, cpu.num_gpus_per_node) == (None, "fp32", 2)
+    allocation = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NUM_NODES": "4",
+        "SLURM_GPUS_ON_NODE": "8",
+        "SLURM_JOB_PARTITION": "gpu",
+        "SLURM_JOB_ACCOUNT": "ml",
+    }
+    job = answers_with_defaults(Machine(gpus=(gpu(0),), slurm=allocation, venv="/opt/venv"))
+    assert (job.scheduler, job.num_nodes, job.num_gpus_per_node, job.global_batch_size) == ("slurm", 4, 8, 256)
+    assert (job.partition, job.account, job.venv, job.time_limit) == ("gpu", "ml", "/opt/venv", "24:00:00")
+    assert answers_with_defaults(Machine(gpus=(gpu(0),), slurm=allocation), num_nodes=2).num_nodes == 2  # flags win
+
+
+def test_gpu_setup_writes_the_file_distsetup_plan_recommends(run_cli, tmp_path, monkeypatch):
+    """init and `distsetup plan` choose alike: the same planner, the same builders."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--model", "xl", "--gpu_memory", "24GB", "--num_gpus_per_node", "8", "--global_batch_size", "64"]
+    result = run_cli("init", "--yes", *args)
+    assert result.exit_code == 0, result.output
+    (written,) = [p for p in (tmp_path / "config").glob("*.json")]
+    plan = run_cli(
+        "plan",
+        "--config",
+        "config/config.yaml",
+        "--num_gpus_per_node",
+        8,
+        "--gpu_memory",
+        "24GB",
+        "--global_batch_size",
+        64,
+        "--json",
+        "--write",
+        tmp_path / "planned",
+    )
+    assert plan.exit_code == 0, plan.output
+    assert json.loads((tmp_path / "planned" / written.name).read_text()) == json.loads(written.read_text())
+    recommendation = json.loads(plan.stdout)["recommendation"]
+    config = (tmp_path / "config" / "config.yaml").read_text()
+    assert f"micro_batch_size: {recommendation['micro_batch_size']}\n" in config
+    assert f"gradient_accumulation_steps: {recommendation['gradient_accumulation_steps']}\n" in config
+    assert f"Strategy: {recommendation['label']}" in result.stdout
+    assert run_cli("validate", "config/config.yaml", "--world_size", 8).exit_code == 0
+
+
+LLAMA_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+
+
+def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_7B))
+    answers = Answers(str(folder), (), "slurm", 2, 8, "80GB", "bf16", 128, time_limit="24:00:00")
+    setup = build_setup(answers, str(tmp_path))
+    config = setup.files["config/config.yaml"][0]
+    assert f"hf_path: {folder}\n" in config and "block_size: 2048\n" in config  # the context, at most 2048
+    assert "6,738.4M parameters" in setup.summary[0]  # Llama-2-7B's count
+    assert "tokenizer:" not in config  # a folder without tokenizer files: byte-level text
+    (folder / "tokenizer.json").write_text("{}")
+    config = build_setup(answers, str(tmp_path)).files["config/config.yaml"][0]
+    assert f"tokenizer: {folder}\n" in config  # the model's own tokenizer
+    fsdp = [text for path, (text, _) in setup.files.items() if path.endswith("fsdp_config.json")]
+    if fsdp:  # the planner's call; where it is FSDP, the model's own decoder layer is wrapped
+        assert json.loads(fsdp[0])["fsdp_transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+    assert setup.next_command == "sbatch scripts/slurm_job.sh"
+
+
+def test_fp16_never_gets_fsdp_which_the_trainer_cannot_scale(run_cli, tmp_path, monkeypatch):
+    """At bf16 the planner's choice for this case is FSDP; at fp16 (GPUs before Ampere) it must be another."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--yes", "--model", "xl", "--gpu_memory", "16GB", "--num_gpus_per_node", "4"]
+    assert run_cli("init", *args, "--precision", "bf16").exit_code == 0
+    assert (tmp_path / "config" / "fsdp_config.json").exists()
+    assert run_cli("init", *args, "--precision", "fp16", "--force").exit_code == 0
+    config = (tmp_path / "config" / "config.yaml").read_text()
+    assert "backend: fsdp" not in config and "precision: fp16" in config
+    fsdp_fp16 = config.replace("backend: deepspeed", "backend: fsdp").replace("deepspeed_config:", "fsdp_config:")
+    (tmp_path / "config" / "config.yaml").write_text(fsdp_fp16.replace("ds_config.json", "fsdp_config.json"))
+    refused = run_cli("validate", "config/config.yaml", "--json")
+    assert [p["path"] for p in json.loads(refused.stdout)] == ["training.precision"]
+
+
+def test_the_summary_says_why_with_numbers_that_hold(tmp_path):
+    """Each faster strategy it names needs more than the usable memory: that is why it was passed over."""
+    answers = Answers("xl", (), "local", 1, 4, "16GB", "bf16", 32)
+    (why,) = [line for line in build_setup(answers, str(tmp_path)).summary if line.startswith("Strategy:")]
+    usable = float(re.search(r"fits (\d+\.\d) GB usable", why).group(1))
+    needs = [float(n) for n in re.findall(r" (\d+\.\d) GB", why.split("faster ones need more")[1])]
+    assert needs and all(n > usable for n in needs), why
+
+
+def test_init_never_imports_torch_or_the_clients(tmp_path):
+    args = ["init", "--yes", "--gpu_memory", "80GB", "--model", "xl"]
+    assert heavy_imports(args, ("torch", "deepspeed", "transformers", "accelerate"), cwd=tmp_path) == ([], 0)

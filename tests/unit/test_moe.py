@@ -1,0 +1,105 @@
+"""Mixtures of experts in one process. A Hugging Face MoE's reported loss is transformers' own (cross-entropy plus
+router_aux_loss_coef x the load-balancing loss), and its MFU counts the experts each token runs. A user's MoE whose
+experts run only when tokens reach them (examples/switch_moe) is found by itself, and each of its experts gets a
+gradient, zero where it did not run. (Trained on 2 processes: tests/processes/test_moe_runs.py.)"""
+
+import copy
+
+import pytest
+import torch
+from repo import REPO
+
+from distsetup.errors import DistsetupError
+from distsetup.training.model import moe
+
+SWITCH = REPO / "examples" / "switch_moe"
+HF_MOE = REPO / "examples" / "hf_moe"
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    monkeypatch.syspath_prepend(str(SWITCH))
+    import switch
+
+    return switch
+
+
+def test_layers_whose_experts_run_per_token_are_found_and_a_list_of_blocks_is_not(switch):
+    from distsetup.training.model.gpt import GPT
+
+    model = switch.build_model(layers=3)
+    found = moe.conditional_layers(model, {"Block"}, [])
+    assert found == [block.moe for block in model.blocks]
+    assert moe.conditional_layers(GPT(64, 16, 2, 2, 16, 0.0), {"Block"}, []) == []
+    assert moe.conditional_layers(model, {"Block"}, ["Block"]) == list(model.blocks)  # named: outermost only
+    with pytest.raises(DistsetupError, match="model.zero3_leaf_classes: no module of class Nope"):
+        moe.conditional_layers(model, {"Block"}, ["Nope"])
+
+
+def test_heads_and_the_model_itself_are_no_experts(switch):
+    class Heads(torch.nn.Module):  # a multi-task model: every head runs every step
+        def __init__(self):
+            super().__init__()
+            self.trunk = torch.nn.Linear(8, 8)
+            self.heads = torch.nn.ModuleList(torch.nn.Linear(8, 2) for _ in range(3))
+
+    assert moe.conditional_layers(Heads(), set(), []) == []
+    layer = switch.SwitchFFN(width=8, experts=4, capacity_factor=1.0)  # experts held by the root: no leaf to gather
+    assert moe.conditional_layers(layer, set(), []) == []
+    experts_of_layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    wrapped = torch.nn.Module()
+    wrapped.moe = torch.nn.Module()
+    wrapped.moe.experts = torch.nn.ModuleList(copy.deepcopy(experts_of_layers) for _ in range(4))
+    assert moe.conditional_layers(wrapped, set(), []) == [wrapped.moe]  # experts that are Sequentials of layers
+
+
+def test_every_expert_gets_a_zero_gradient_where_it_did_not_run(switch):
+    layer = switch.SwitchFFN(width=8, experts=4, capacity_factor=1.0)
+    layer.routed_to = lambda expert, choice: torch.arange(len(choice)) if expert == 0 else torch.arange(0)
+    x = torch.randn(2, 3, 8)
+    layer(x).sum().backward()
+    assert layer.experts[0].up.weight.grad is not None and layer.experts[1].up.weight.grad is None
+    layer.zero_grad(set_to_none=True)
+    moe.give_every_expert_a_gradient([layer])
+    out = layer(x)
+    out.sum().backward()
+    for expert in layer.experts[1:]:
+        assert all(p.grad is not None and not p.grad.any() for p in expert.parameters())
+    assert layer.experts[0].up.weight.grad.any()
+
+
+def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss():
+    pytest.importorskip("transformers")
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.loss.objective import TokenObjective
+    from distsetup.training.model import build as models
+
+    cfg = load_run_config(None, ["model.type=hf", f"model.hf_path={HF_MOE / 'model'}", "model.vocab_size=316"])
+    torch.manual_seed(0)
+    mixtral = models.build(cfg.model)
+    x, y = torch.randint(0, 316, (2, 2, 16)).unbind(0)
+    y[0, :5] = -100  # targets that carry no loss, as in chat data
+    objective = TokenObjective(mixtral, "hf", 316, masked=True, source="model.type hf")
+    ours = objective.micro_loss(mixtral, (x, y))
+    theirs = mixtral(input_ids=x, labels=y, shift_labels=y, output_router_logits=True)
+    coefficient = mixtral.config.router_aux_loss_coef
+    assert coefficient > 0 and theirs.aux_loss > 0
+    torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(ours.parts["aux_loss"], theirs.aux_loss.detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.parts["ce_loss"] + coefficient * ours.parts["aux_loss"], theirs.loss.detach())
+
+
+def test_mfu_of_a_hugging_face_moe_counts_the_experts_each_token_runs():
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.model.throughput import flops_per_token
+
+    config = AutoConfig.from_pretrained(HF_MOE / "model")  # 8 experts, 2 per token
+    with torch.device("meta"):
+        mixtral = AutoModelForCausalLM.from_config(config)
+    experts = sum(p.numel() for name, p in mixtral.named_parameters() if ".experts." in name)
+    dense = sum(p.numel() for p in mixtral.parameters()) - experts - mixtral.model.embed_tokens.weight.numel()
+    assert experts > dense and all(p.dim() == 3 for n, p in mixtral.named_parameters() if ".experts." in n)
+    expected = 6 * (dense + experts * 2 / 8) + 12 * config.num_hidden_layers * config.hidden_size * 64
+    assert flops_per_token(mixtral, 64) == expected

@@ -1,0 +1,171 @@
+"""The configs users bring from the guides and the HF Trainer: other tools' names read with their meaning, each said
+in a note; two spellings that disagree, and ambiguous names, refused; suggestions in other tools' words;
+`validate --fix`; the Accelerate DeepSpeed block held to the DeepSpeed file's fp16 rule."""
+
+import dataclasses
+import json
+import re
+
+import pytest
+import yaml
+from guide_configs import FREE_TRANSFORMER
+from repo import REPO
+
+from distsetup.formats.other_names import ELSEWHERE, HF, OTHER_NAMES
+from distsetup.formats.reading import parse_yaml
+from distsetup.formats.runconfig import SECTIONS, TrainingConfig
+from distsetup.formats.runconfig_load import check_run_config, load_run_config
+
+
+def training_arguments_fields() -> set[str]:
+    from transformers import TrainingArguments
+
+    return {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def test_the_hf_trainers_names_are_its_own_field_names():
+    fields = training_arguments_fields()
+    ours = {key for (_, key), other in OTHER_NAMES.items() if other.origin == HF}
+    ours |= {key for key, (origin, _) in ELSEWHERE.items() if origin == HF}
+    assert ours - fields == set()
+    # the Trainer's names the issue lists are each read here, under that name or under another
+    listed = {"learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs"}
+    listed |= {"max_grad_norm", "bf16", "fp16", "gradient_checkpointing", "logging_steps", "save_steps"}
+    listed |= {"eval_steps", "warmup_steps", "weight_decay", "seed", "output_dir"}
+    same = {f.name for f in dataclasses.fields(TrainingConfig)}
+    assert listed <= fields and all(name in same or ("training", name) in OTHER_NAMES for name in listed)
+    for (section, _), other in OTHER_NAMES.items():  # each is read as a key that exists
+        target_section, key = other.ours.split(".")
+        assert section in SECTIONS and key in {f.name for f in dataclasses.fields(SECTIONS[target_section])}
+
+
+def test_the_free_transformer_guide_block_is_read_with_its_meaning():
+    raw = parse_yaml(FREE_TRANSFORMER)  # as distsetup reads it: 2e-4 is a number
+    checked = check_run_config(raw)
+    assert checked.problems == []
+    t, fsdp = raw["training"], raw["distributed"]["fsdp"]
+    assert (t["micro_batch_size"], t["lr"], t["grad_clip"]) == (4, 2e-4, 1.0)
+    assert (t["precision"], t["activation_checkpointing"]) == ("bf16", "full")
+    assert fsdp["fsdp_sharding_strategy"] == "FULL_SHARD" and fsdp["mixed_precision"] == "bf16"
+    assert (
+        fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP" and fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    )
+    said = " ".join(checked.notes)
+    for name in ("learning_rate", "batch_size", "bf16", "gradient_checkpointing", "gradient_clip_norm"):
+        assert f"training.{name} (" in said
+    # FSDP1's knobs are said, not dropped silently: FSDP2 has no such argument
+    for unused in ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_buffer_dtype", "fsdp_min_num_params"):
+        assert f"distributed.{unused} is" in said
+    assert checked.written["training.lr"] == "training.learning_rate"
+
+
+@pytest.mark.parametrize(
+    "training, path, words",
+    [
+        ({"lr": 1e-3, "learning_rate": 2e-4}, "training.learning_rate", "training.lr 0.001"),
+        ({"bf16": True, "precision": "fp16"}, "training.bf16", "different values"),
+        (
+            {"batch_size": 4, "per_device_train_batch_size": 8},
+            "training.batch_size",
+            "training.batch_size 4 and training.per_device_train_batch_size 8",
+        ),
+        ({"train_batch_size": 64}, "training.train_batch_size", "global batch"),
+    ],
+)
+def test_two_spellings_that_disagree_and_ambiguous_names_are_problems(training, path, words):
+    problems = {p.path: p for p in check_run_config({"training": training}).problems}
+    assert path in problems and words in str(problems[path]), problems
+
+
+def test_the_same_setting_in_both_spellings_and_the_same_value_is_read_once():
+    checked = check_run_config(raw := {"training": {"lr": 2e-4, "learning_rate": 2e-4, "bf16": False}})
+    assert checked.problems == [] and raw["training"] == {"lr": 2e-4}
+    assert any("training.bf16: false" in note for note in checked.notes)
+
+
+@pytest.mark.parametrize(
+    "section, key, words",
+    [
+        ("training", "lr_scheduler_type", "lr_scheduler_type has no equivalent: distsetup's trainer warms up"),
+        ("training", "warmup_ratio", "warmup_ratio is training.warmup_steps here"),
+        ("training", "mixed_precision", "mixed_precision is training.precision here"),
+        ("distributed", "zero_stage", "zero_stage is zero_optimization.stage of the DeepSpeed file"),
+        ("distributed", "learning_rate", "learning_rate is training.lr here"),  # a known name in another section
+    ],
+)
+def test_unknown_keys_that_other_tools_know_get_their_place_here(section, key, words):
+    (problem,) = check_run_config({section: {key: 1}}).problems
+    assert problem.path == f"{section}.{key}" and problem.fix.startswith(words) and "valid keys" not in problem.fix
+
+
+def test_validate_prints_a_note_per_name_and_passes(run_cli, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(FREE_TRANSFORMER)
+    result = run_cli("validate", config)
+    notes = [line for line in result.stdout.splitlines() if ": note: " in line]
+    assert result.exit_code == 0 and len(notes) == 14, result.stdout
+
+
+def test_fix_rewrites_into_distsetups_keys_keeping_comments_and_order(run_cli, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(FREE_TRANSFORMER)
+    result = run_cli("validate", "--fix", config)
+    assert result.exit_code == 0, result.output
+    text = config.read_text()
+    assert re.search(r"\n  micro_batch_size: 4 +# per GPU\n", text) and "FULL_STATE_DICT   # one file on save\n" in text
+    assert list(yaml.safe_load(text)["training"]) == [
+        "micro_batch_size",
+        "lr",
+        "activation_checkpointing",
+        "precision",
+        "grad_clip",
+    ]
+    assert yaml.safe_load(text)["distributed"]["fsdp"] == {
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_reduce_dtype": "float32",
+        "mixed_precision": "bf16",
+    }
+    again = run_cli("validate", config)
+    assert again.exit_code == 0 and ": note: " not in again.stdout  # clean: nothing left to read another way
+    assert load_run_config(config).training.lr == 2e-4
+
+
+def test_fix_writes_nothing_while_a_problem_remains(run_cli, tmp_path):
+    config = tmp_path / "config.yaml"
+    text = "training:\n  learning_rate: 2e-4   # the guide's\n  lr_scheduler_type: cosine\n"
+    config.write_text(text)
+    result = run_cli("validate", "--fix", config)
+    assert result.exit_code == 1 and config.read_text() == text
+    assert result.stderr.startswith("Error: ") and "lr_scheduler_type" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_accelerate_deepspeed_block_in_fp16_at_zero_0_is_the_deepspeed_files_problem(run_cli, tmp_path):
+    accelerate = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"zero_stage": 0},
+        "mixed_precision": "fp16",
+        "num_machines": 1,
+        "num_processes": 2,
+    }
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(accelerate))
+    result = run_cli("validate", path, "--json")
+    problems = {p["path"]: p for p in json.loads(result.stdout)}
+    assert result.exit_code == 1 and "does not loss-scale fp16" in problems["mixed_precision"]["message"]
+    path.write_text(yaml.safe_dump({**accelerate, "deepspeed_config": {"zero_stage": 1}}))
+    assert run_cli("validate", path).exit_code == 0
+
+
+@pytest.mark.parametrize("flags", [(), ("--model", "medium", "--gpu_memory", "24GB", "--precision", "bf16")])
+def test_init_and_the_shipped_config_keep_distsetups_own_spelling(run_cli, tmp_path, monkeypatch, flags):
+    shipped = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert check_run_config(shipped).notes == []
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("init", "--yes", *flags).exit_code == 0
+    written = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
+    checked = check_run_config(written, tmp_path / "config")
+    assert checked.notes == [] and checked.problems == []

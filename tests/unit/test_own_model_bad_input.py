@@ -1,0 +1,175 @@
+"""The user's own code that cannot be used is one line naming the setting and the fix: checked before any process
+group where it can be (the model is built on the meta device first), else at the first step."""
+
+import textwrap
+
+import pytest
+import torch
+from train_runs import train
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.runconfig import DataConfig, ModelConfig
+from distsetup.formats.runconfig_load import load_run_config
+from distsetup.training.data.datasets import python_datasets
+from distsetup.training.loss.objective import PythonObjective, TokenObjective
+from distsetup.training.model import build as models
+
+USER_CODE = """
+import torch
+import torch.nn as nn
+
+NOT_A_FUNCTION = 3
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+class Net(nn.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x.mean()
+
+def build(depth=2):
+    return Net(depth)
+
+def build_number():
+    return 3
+
+def build_broken(depth=2):
+    raise ValueError("depth must be even")
+
+class NoLength(torch.utils.data.Dataset):
+    def __getitem__(self, index):
+        return torch.zeros(4)
+
+def no_length(split):
+    return NoLength()
+
+def tensors(split, size=8):
+    return [torch.full((4,), float(i)) for i in range(size)] if split == "train" else None
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch) -> str:
+    """The name of a module of USER_CODE importable in this test (a name of its own: no other test's cached one)."""
+    name = f"user_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_CODE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+@pytest.mark.parametrize(
+    "builder, args, layer_classes, message",
+    [
+        ("no_such_module:build", {}, [], "model.builder: cannot import no_such_module (ModuleNotFoundError"),
+        ("{m}:missing", {}, [], "model.builder: {m} has no missing."),
+        ("{m}:NOT_A_FUNCTION", {}, [], "model.builder: {m}:NOT_A_FUNCTION is a int, not a function."),
+        ("{m}:build", {"width": 3}, [], "cannot be called with (width=3): got an unexpected keyword argument 'width'"),
+        ("{m}:build_number", {}, [], "model.builder {m}:build_number returned a int, not a torch.nn.Module."),
+        ("{m}:build_broken", {}, [], "model.builder {m}:build_broken raised ValueError: depth must be even."),
+        ("{m}:build", {}, ["Block", "ConvBlock"], "model.layer_classes: no module of class ConvBlock in Net."),
+    ],
+)
+def test_a_model_builder_that_cannot_build_is_one_line_before_any_process_group(
+    user_module, builder, args, layer_classes, message
+):
+    section = ModelConfig(type="python", builder=builder.format(m=user_module), args=args, layer_classes=layer_classes)
+    with pytest.raises(DistsetupError) as raised:
+        models.describe(section)
+    assert message.format(m=user_module) in str(raised.value)
+
+
+def test_the_blocks_default_to_the_largest_list_of_one_class_and_are_said(user_module):
+    description = models.describe(ModelConfig(type="python", builder=f"{user_module}:build", args={"depth": 3}))
+    assert description.layer_classes == ["Block"] and description.parameters == 3 * 20
+    assert description.notes == ["model: blocks of class Block (the children of blocks, its largest list of one class)"]
+
+
+def test_torch_classes_are_never_the_default_blocks():
+    """Blocks are found by class name: a Sequential of Sequentials, or of Conv2d, would make every one of the model's
+    Sequentials (Conv2ds) an FSDP unit."""
+    layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.ReLU()) for _ in range(3)))
+    classes, notes = models.layer_classes(layers, ModelConfig(type="python", builder="m:f"))
+    assert classes == [] and "has no nn.ModuleList or nn.Sequential of one block class" in notes[0]
+
+
+def test_user_data_must_be_a_map_style_dataset(user_module):
+    with pytest.raises(DistsetupError, match="returned NoLength for split 'train', not a map-style dataset"):
+        python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"), seed=0)
+    with pytest.raises(DistsetupError, match=r"cannot be called with \('train', rows=3\)"):
+        python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"rows": 3}), seed=0)
+    data = python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"size": 5}), seed=0)
+    assert len(data.train) == 5 and data.val is None
+    assert torch.equal(data.collate([data.train[1], data.train[2]]), torch.tensor([[1.0] * 4, [2.0] * 4]))
+
+
+def linear_model():
+    return torch.nn.Linear(4, 1)
+
+
+@pytest.mark.parametrize(
+    "loss, batch, message",
+    [
+        (None, {"images": torch.zeros(2, 4)}, "model.builder m:f's model rejected the first batch, {'images': [2, 4]}"),
+        (None, (torch.zeros(2, 4),), "model.builder m:f's model returned a torch.float32 tensor of shape [2, 1] as"),
+        (lambda model, batch: torch.tensor(3), (torch.zeros(2, 4),), "a torch.int64 tensor of shape [] as the loss"),
+        (lambda model, batch: model(batch[0]).sum() * float("nan"), (torch.zeros(2, 4),), "returned a loss of nan"),
+        (
+            lambda model, batch: batch[5],
+            (torch.zeros(2, 4),),
+            "training.loss m:loss raised IndexError: tuple index out of range on the first batch, ([2, 4]).",
+        ),
+    ],
+)
+def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, message):
+    objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f", {})
+    with pytest.raises(DistsetupError) as raised:
+        objective.micro_loss(linear_model(), batch)
+    assert message in str(raised.value)
+
+
+def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():
+    def out_of_memory(model, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    objective = PythonObjective(out_of_memory, "training.loss m:loss", "model.builder m:f", {})
+    with pytest.raises(torch.OutOfMemoryError):
+        objective.micro_loss(linear_model(), (torch.zeros(2, 4),))
+
+
+def test_token_data_needs_logits_from_the_model():
+    objective = TokenObjective(linear_model(), "python", 4, masked=False, source="model.builder m:f")
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(DistsetupError, match=r"returned \[2, 3\] for input ids of shape \[2, 3\]; with token data"):
+        objective.micro_loss(lambda x: torch.zeros(2, 3), (ids, ids))
+    with pytest.raises(DistsetupError, match="logits over 2 ids, fewer than model.vocab_size 4"):
+        objective.micro_loss(lambda x: {"logits": torch.zeros(2, 3, 2, requires_grad=True)}, (ids, ids))
+
+
+def test_the_trainer_stops_before_training_with_the_line(tmp_path, user_module):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"model: {{type: python, builder: '{user_module}:build_number'}}\n"
+        f"data: {{type: python, builder: '{user_module}:tensors'}}\n"
+        f"training: {{output_dir: {tmp_path / 'out'}}}\n"
+        "distributed: {backend: single}\n"
+    )
+    load_run_config(config)  # a valid run config: the builder's module is next to it
+    result = train(config, 1)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert lines == [
+        f"error: model.builder {user_module}:build_number returned a int, not a torch.nn.Module. HINT: return the "
+        "model (an nn.Module) from it."
+    ]
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

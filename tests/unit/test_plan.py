@@ -1,0 +1,418 @@
+"""The planner against the ZeRO paper, DeepSpeed's own estimators and the built-in model. (Against real runs:
+tests/processes/test_plan_against_runs.py.)"""
+
+import json
+import shlex
+from dataclasses import replace
+
+import pytest
+from repo import REPO, heavy_imports
+
+from distsetup.planning.estimates import (
+    BY_KEY,
+    STRATEGIES,
+    Hardware,
+    Workload,
+    activation_bytes,
+    estimate,
+    model_states,
+)
+from distsetup.planning.models import ModelShape, gpt_params
+from distsetup.planning.planner import candidates, plan
+from distsetup.planning.units import GB, parse_count, parse_memory
+
+NO_RUNTIME = dict(runtime_bytes=0)  # model states only, as the paper and DeepSpeed's estimators count them
+
+
+# -- model states: the ZeRO paper and DeepSpeed's estimators ---------------------------------------------
+
+
+@pytest.mark.parametrize("key, paper_gb", [("ddp", 120), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+def test_zero_paper_example_7_5b_on_64_gpus(key, paper_gb):
+    """Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12, mixed-precision Adam."""
+    states = model_states(BY_KEY[key], ModelShape(int(7.5e9)), Hardware(8, 8, **NO_RUNTIME), "bf16")
+    paper_terms = states["params"] + states["grads"] + states["optimizer"]  # the paper has no fp32 grad copy
+    assert round(paper_terms / GB, 1) == paper_gb
+
+
+SETUPS = [(int(7.5e9), 8, 1), (int(1.3e9), 4, 1), (int(70e9), 8, 4), (int(350e6), 2, 1)]
+
+
+@pytest.mark.parametrize("params, gpus_per_node, nodes", SETUPS)
+def test_zero2_matches_deepspeed_estimator(params, gpus_per_node, nodes):
+    """DeepSpeed counts 2P (16-bit params) + 18P/G (16-bit grads, fp32 grads, fp32 params, Adam m and v)."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as ds_zero2
+
+    hw = Hardware(nodes, gpus_per_node, **NO_RUNTIME)
+    _, ds_gpu = ds_zero2(params, gpus_per_node, nodes, cpu_offload=False, additional_buffer_factor=1.0)
+    ours = estimate(BY_KEY["zero2"], ModelShape(params), hw, Workload("bf16"), 1)
+    assert ours.model_states == pytest.approx(ds_gpu, rel=0.05)
+    ds_cpu, ds_gpu = ds_zero2(params, gpus_per_node, nodes, cpu_offload=True, additional_buffer_factor=1.0)
+    offload = estimate(BY_KEY["zero2_offload"], ModelShape(params), hw, Workload("bf16"), 1)
+    assert offload.model_states == pytest.approx(ds_gpu, rel=0.05)
+    if nodes == 1 and gpus_per_node <= 4:  # above 4 GPUs DeepSpeed's CPU figure is the 4P-per-process load peak
+        assert offload.cpu_per_node == pytest.approx(ds_cpu, rel=0.05)
+
+
+@pytest.mark.parametrize("params, gpus_per_node, nodes", SETUPS)
+@pytest.mark.parametrize(
+    "key, offload_opt, offload_param",
+    [("zero3", False, False), ("zero3_offload_optimizer", True, False), ("zero3_offload_all", True, True)],
+)
+def test_zero3_matches_deepspeed_estimator(params, gpus_per_node, nodes, key, offload_opt, offload_param):
+    """DeepSpeed's ZeRO-3 figure: 4L (gathered 16-bit params + grads of the largest layer) + 2P/G (16-bit
+    params) + 16P/G (fp32 grads, fp32 params, Adam m and v); it leaves out the 16-bit gradient partition,
+    so that term of ours is left out here. CPU per node: 16P or 18P / nodes with zero.Init."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as ds_zero3
+
+    hidden = 8192 if params > 1e10 else 4096
+    model = ModelShape(params, hidden_size=hidden, num_layers=32, vocab_size=32000)
+    ds_cpu, ds_gpu, _ = ds_zero3(
+        params,
+        model.largest_module,
+        gpus_per_node,
+        nodes,
+        cpu_offload=offload_opt,
+        cpu_offload_params=offload_param,
+        zero_init=True,
+        additional_buffer_factor=1.0,
+    )
+    ours = estimate(BY_KEY[key], model, Hardware(nodes, gpus_per_node, **NO_RUNTIME), Workload("bf16"), 1)
+    assert ours.model_states - ours.grads + ours.gathered == pytest.approx(ds_gpu, rel=0.05)
+    if offload_opt:
+        assert ours.cpu_per_node == pytest.approx(ds_cpu, rel=0.05)
+
+
+def test_precision_changes_bytes_per_parameter():
+    P, hw = 10**9, Hardware(1, 8, **NO_RUNTIME)
+    fp32 = model_states(BY_KEY["zero2"], ModelShape(P), hw, "fp32")
+    bf16 = model_states(BY_KEY["zero2"], ModelShape(P), hw, "bf16")
+    assert (fp32["params"], bf16["params"]) == (4 * P, 2 * P)
+    assert fp32["optimizer"] == bf16["optimizer"] == 12 * P / 8
+    ddp = model_states(BY_KEY["ddp"], ModelShape(P), hw, "fp32")
+    assert (ddp["params"], ddp["grads"], ddp["optimizer"]) == (4 * P, 4 * P, 8 * P)
+
+
+# -- activations: the formula against the built-in model's saved tensors -------------------------------
+
+
+def _saved_activation_bytes(model, x, y, sliced: bool) -> int:
+    """Bytes of every tensor autograd keeps for backward, parameters excluded, each storage once; the loss from
+    the whole logits (GPT's own) or computed in slices inside the head (as the trainer does)."""
+    import torch
+
+    from distsetup.training.loss.sliced import as_loss_head, targets_for
+
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if sliced:
+            head = as_loss_head(model.lm_head)
+            with targets_for(head, y):
+                model(x)
+        else:
+            model(x, y)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("shape", [(256, 64, 2, 4, 64, 8), (1024, 256, 4, 8, 256, 2), (8192, 128, 3, 4, 96, 2)])
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("chunked_loss", ["never", "always"])
+def test_activation_formula_matches_built_in_model(shape, checkpointing, chunked_loss):
+    torch = pytest.importorskip("torch")
+    from distsetup.training.model.blocks import apply_activation_checkpointing
+    from distsetup.training.model.gpt import GPT
+
+    vocab, seq, layers, heads, hidden, batch = shape
+    torch.manual_seed(0)
+    model = GPT(vocab, seq, layers, heads, hidden, 0.0)
+    if checkpointing:
+        apply_activation_checkpointing(model, list(model.blocks))
+    x, y = torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq))
+    measured = _saved_activation_bytes(model, x, y, sliced=chunked_loss == "always")
+    work = Workload("fp32", seq, chunked_loss=chunked_loss)
+    predicted = activation_bytes(ModelShape(1, hidden, layers, heads, vocab), work, batch, checkpointing, peak=False)
+    assert predicted == pytest.approx(measured, rel=0.25)
+
+
+# -- the recommendation --------------------------------------------------------------------------------
+
+SEVEN_B = ModelShape(parse_count("7B"), hidden_size=4096, num_layers=32, num_heads=32, vocab_size=32000)
+
+
+@pytest.mark.parametrize("gpu_memory, gpus", [("80GB", 8), ("40GB", 8), ("24GB", 8), ("80GB", 2), ("200GB", 4)])
+def test_recommendation_is_the_first_strategy_that_fits(gpu_memory, gpus):
+    hw, work = Hardware(1, gpus, parse_memory(gpu_memory)), Workload("bf16", 4096, global_batch_size=64)
+    result = plan(SEVEN_B, hw, work)
+    assert result.choice is not None and result.choice.fits
+    order = candidates(hw)
+    chosen = BY_KEY[result.choice.strategy]
+    assert result.micro_batch * result.accumulation * hw.world_size == 64
+    # every faster choice (earlier, same or less offload, without recomputation) does not fit micro-batch 1
+    for s in order[: order.index(chosen)]:
+        if s.offload <= chosen.offload:
+            assert not estimate(s, SEVEN_B, hw, work, 1, result.choice.activation_checkpointing).fits
+    # the micro-batch is the largest dividing the per-GPU batch that fits
+    per_gpu = 64 // gpus
+    bigger = [m for m in range(result.micro_batch + 1, per_gpu + 1) if per_gpu % m == 0]
+    if bigger:
+        assert not estimate(chosen, SEVEN_B, hw, work, bigger[0], result.choice.activation_checkpointing).fits
+
+
+def test_nothing_fits_says_what_would():
+    hw, work = Hardware(1, 2, parse_memory("24GB")), Workload("bf16", 2048, micro_batch_size=4)
+    huge = ModelShape(parse_count("70B"), hidden_size=8192, num_layers=80, num_heads=64, vocab_size=32000)
+    result = plan(huge, hw, replace(work), allowed=tuple(s.key for s in STRATEGIES if not s.offload))
+    assert result.choice is None
+    more = [a for a in result.advice if a.startswith("more GPUs")]
+    assert more, result.advice
+    nodes = int(more[0].split(" on ")[1].split(" nodes")[0])
+    bigger = plan(huge, replace(hw, num_nodes=nodes), Workload("bf16", 2048, micro_batch_size=1))
+    assert bigger.choice is not None
+    assert (
+        plan(
+            huge,
+            replace(hw, num_nodes=nodes // 2),
+            Workload("bf16", 2048, micro_batch_size=1),
+            allowed=("zero3", "fsdp_full_shard"),
+        ).choice
+        is None
+    )
+
+
+def test_printed_command_writes_the_same_file_as_write(run_cli, tmp_path):
+    args = [
+        "plan",
+        "--params",
+        "7B",
+        "--hidden_size",
+        "4096",
+        "--num_layers",
+        "32",
+        "--vocab_size",
+        "32000",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "40GB",
+        "--seq_len",
+        "2048",
+        "--bf16",
+        "--global_batch_size",
+        "256",
+    ]
+    result = run_cli(*args, "--json", "--write", tmp_path / "written")
+    assert result.exit_code == 0, result.output
+    plan_json = json.loads(result.stdout)
+    command = shlex.split(plan_json["command"])
+    framework = "fsdp" if plan_json["recommendation"]["label"].startswith("FSDP") else "deepspeed"
+    assert command[:2] == ["distsetup", framework]
+    name = command[-1].split("/")[-1]
+    again = run_cli(*command[1:-1], str(tmp_path / "by_command" / name))
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "written" / name).read_text()) == json.loads(
+        (tmp_path / "by_command" / name).read_text()
+    )
+    rec = plan_json["recommendation"]
+    assert rec["micro_batch_size"] * rec["gradient_accumulation_steps"] * 8 == 256
+
+
+def test_table_output_and_fsdp_command(run_cli):
+    result = run_cli(
+        "plan",
+        "--params",
+        "1B",
+        "--hidden-size",
+        "2048",
+        "--num-layers",
+        "16",
+        "--vocab-size",
+        "32000",
+        "--num-gpus",
+        "4",
+        "--gpu-memory",
+        "24GB",
+        "--bf16",
+        "--strategy",
+        "fsdp_full_shard",
+        "--strategy",
+        "fsdp_shard_grad_op",
+    )
+    assert result.exit_code == 0, result.output
+    assert "Recommended: FSDP" in result.stdout
+    assert "Next: distsetup fsdp --sharding_strategy" in result.stdout
+    for s in STRATEGIES:
+        assert s.label in result.stdout
+
+
+def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
+    pytest.importorskip("torch")
+    from distsetup.training.model.gpt import GPT
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n"
+        "training: {micro_batch_size: 4, gradient_accumulation_steps: 2, precision: bf16}\n"
+    )
+    result = run_cli("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    real = sum(p.numel() for p in GPT(512, 128, 3, 4, 96, 0.0).parameters())
+    assert out["model"]["params"] == real == gpt_params(512, 128, 3, 96)
+    assert out["workload"]["precision"] == "bf16" and out["workload"]["seq_len"] == 128
+    assert out["recommendation"]["global_batch_size"] == 4 * 2 * 2
+
+
+def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
+    pytest.importorskip("torch")
+    example = REPO / "examples" / "pairwise_scorer"
+    result = run_cli("plan", "--config", example / "config.yaml", "--num_gpus", "8", "--gpu_memory", "80GB", "--json")
+    assert result.exit_code == 0, result.output
+    monkeypatch.syspath_prepend(str(example))
+    from scorer import build_model
+
+    model = build_model(channels=32, depth=4)  # the example's model.args
+    assert json.loads(result.stdout)["model"]["params"] == sum(p.numel() for p in model.parameters())
+    assert json.loads(result.stdout)["model"]["layer_cls"] == "ConvBlock"
+    assert "activations are not counted for model.type python" in result.stderr
+
+
+def test_plan_never_imports_torch():
+    args = ["plan", "--params", "13B", "--num_gpus", "8", "--gpu_memory", "80GB", "--hidden_size", "5120"]
+    args += ["--num_layers", "40", "--vocab_size", "32000"]
+    assert heavy_imports(args, ("torch", "deepspeed", "pynvml")) == ([], 0)
+
+
+def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli):
+    result = run_cli("plan", "--params", "1B", "--num_gpus", "2")
+    if result.exit_code == 0:  # a machine with GPUs: their memory was used
+        assert "GPU(s) of" in result.stdout
+    else:
+        assert "no NVIDIA GPU" in result.output or "nvidia-ml-py" in result.output
+
+
+def test_bad_sizes_are_errors(run_cli):
+    assert run_cli("plan", "--params", "seven", "--gpu_memory", "80GB").exit_code == 1
+    assert run_cli("plan", "--params", "7B", "--gpu_memory", "80 parsecs").exit_code == 1
+    assert parse_memory("24GiB") == 24 * 2**30 and parse_count("1.3e9") == 1_300_000_000
+
+
+def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
+    pytest.importorskip("transformers")
+    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.planning.models import hf_shape_from_json
+
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 256,
+                "intermediate_size": 688,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "vocab_size": 1000,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({"model": {"type": "hf", "hf_path": str(tmp_path), "vocab_size": 256}}))
+    exact = count_on_meta(load_run_config(cfg))
+    analytic = hf_shape_from_json(tmp_path / "config.json", None)
+    assert analytic.params == exact.params and analytic.block == exact.block
+    assert exact.layer_cls == analytic.layer_cls == "LlamaDecoderLayer"
+
+
+# -- `distsetup deepspeed --scale_lr`: the lr scaled from a base batch to the global one ----------------------
+
+
+@pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
+def test_deepspeed_command_writes_the_scaled_lr(run_cli, rule, factor):
+    result = run_cli(
+        "deepspeed",
+        "--zero_stage",
+        "1",
+        "--world_size",
+        "8",
+        "--micro_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--lr",
+        "1e-4",
+        "--scheduler",
+        "WarmupLR",
+        "--scale_lr",
+        rule,
+        "--base_batch_size",
+        "16",
+    )
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)
+    assert config["train_batch_size"] == 64
+    assert config["optimizer"]["params"]["lr"] == pytest.approx(1e-4 * factor)
+    assert config["scheduler"]["params"]["warmup_max_lr"] == pytest.approx(1e-4 * factor)
+    assert f"scaled {rule} from base batch 16 to global batch 64" in result.stderr
+
+
+def test_deepspeed_scale_lr_needs_base_batch_and_world_size(run_cli):
+    assert "--base_batch_size" in run_cli("deepspeed", "--world_size", "2", "--scale_lr", "linear").output
+    assert "world size" in run_cli("deepspeed", "--scale_lr", "linear", "--base_batch_size", "8").output
+
+
+def test_params_alone_assumes_a_published_shape_and_says_so(run_cli):
+    from distsetup.planning.models import assumed_shape
+
+    assert assumed_shape(7_000_000_000)[:2] == (4096, 32)
+    assert assumed_shape(120_000_000)[:2] == (768, 12)
+    result = run_cli(
+        "plan",
+        "--params",
+        "7B",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "80GB",
+        "--seq_len",
+        "4096",
+        "--micro_batch_size",
+        "2",
+        "--bf16",
+        "--json",
+    )
+    assert "activations assume hidden 4096, 32 layers" in result.stderr
+    plan = json.loads(result.stdout)
+    zero3 = next(e for e in plan["estimates"] if e["strategy"] == "zero3")
+    assert zero3["activations"] > 10e9  # s=4096, b=2, h=4096, 32 layers in bf16
+    assert zero3["gathered"] < 0.1 * 2 * 7e9  # gathered per module, not the whole model
+
+
+def test_fsdp_recommendation_wraps_the_users_layer_class(run_cli):
+    args = [
+        "plan",
+        "--params",
+        "7B",
+        "--num_gpus",
+        "8",
+        "--gpu_memory",
+        "80GB",
+        "--seq_len",
+        "4096",
+        "--micro_batch_size",
+        "2",
+        "--bf16",
+        "--strategy",
+        "fsdp_full_shard",
+    ]
+    result = run_cli(*args)
+    assert "--transformer_layer_cls_to_wrap Block" in result.stdout and "give --layer_cls" in result.stderr
+    result = run_cli(*args, "--layer_cls", "LlamaDecoderLayer")
+    assert "--transformer_layer_cls_to_wrap LlamaDecoderLayer" in result.stdout and "--layer_cls" not in result.stderr

@@ -1,0 +1,101 @@
+import dataclasses
+import json
+
+import pytest
+from repo import REPO
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.problems import load_schema
+from distsetup.formats.runconfig import SECTIONS, RunConfig, run_config_schema
+from distsetup.formats.runconfig_load import load_run_config
+
+
+def write_yaml(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_example_load():
+    assert load_run_config(None) == RunConfig()
+    example = load_run_config(REPO / "config" / "config.yaml")
+    assert example.distributed.backend == "ddp" and example.training.lr == 1e-3
+
+
+def test_shipped_schema_is_generated_from_the_dataclasses():
+    """`make schemas` regenerates it; fields and schema can never drift apart."""
+    assert load_schema("run_config") == json.loads(json.dumps(run_config_schema()))
+    for name, cls in SECTIONS.items():
+        assert set(load_schema("run_config")["properties"][name]["properties"]) == {
+            f.name for f in dataclasses.fields(cls)
+        }
+
+
+def test_overrides_parse_values_as_yaml(tmp_path):
+    config = load_run_config(
+        write_yaml(tmp_path, "training:\n  lr: 3e-4\n"),
+        ["training.max_steps=7", "model.n_layer=3", "training.betas=[0.8, 0.9]"],
+    )
+    assert config.training.lr == 3e-4 and config.training.max_steps == 7
+    assert config.model.n_layer == 3 and config.training.betas == [0.8, 0.9]
+
+
+def test_guides_keys_select_the_backend(tmp_path):
+    (tmp_path / "ds.json").write_text("{}")
+    path = write_yaml(tmp_path, "distributed:\n  use_deepspeed: true\n  deepspeed_config: ds.json\n")
+    assert load_run_config(path).distributed.backend == "deepspeed"
+    path = write_yaml(tmp_path, "distributed:\n  use_fsdp: true\n")
+    assert load_run_config(path).distributed.backend == "fsdp"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("trainig:\n  lr: 1\n", "did you mean 'training'"),
+        ("training:\n  precision: bf32\n", "training.precision"),
+        ("training:\n  micro_batch_size: 0\n", "training.micro_batch_size"),
+        ("distributed:\n  backend: deepspeed\n", "needs a DeepSpeed file"),
+        ("distributed:\n  use_deepspeed: true\n  use_fsdp: true\n", "both true"),
+        ("model:\n  n_embd: 30\n  n_head: 4\n", "not a multiple of n_head"),
+        ("training:\n  scale_lr: linear\n", "needs base_batch_size"),
+        ("distributed:\n  backend: fsdp\n  fsdp_config: nowhere.json\n", "does not exist"),
+        ("model:\n  type: python\n", "model.type python needs builder"),
+        ("model:\n  builder: config:build\n", r"builder is read only with model.type python \(this is gpt\)"),
+        ("data:\n  collate: config:collate\n", "collate is read only with data.type python"),
+        ("data:\n  type: python\n  builder: nope_module:build\n", "module nope_module is neither in the run config"),
+        ("model:\n  layer_cls: Block\n  layer_classes: [Other]\n", "name different classes"),
+        ("- a list\n", "mapping of sections"),
+        ("training: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_is_one_clear_error(tmp_path, text, message):
+    with pytest.raises(DistsetupError, match=message) as info:
+        load_run_config(write_yaml(tmp_path, text))
+    assert "\n" not in info.value.message
+
+
+def test_missing_file_and_bad_override():
+    with pytest.raises(DistsetupError, match="cannot read run config"):
+        load_run_config("no/such/config.yaml")
+    with pytest.raises(DistsetupError, match="section.key=value"):
+        load_run_config(None, ["lr=1"])
+
+
+def test_override_that_is_not_yaml_is_one_clear_error():
+    with pytest.raises(DistsetupError, match="not valid YAML"):
+        load_run_config(None, ["distributed.fsdp_config=[x].json"])
+    with pytest.raises(DistsetupError, match="not valid YAML"):
+        load_run_config(None, ["distributed.deepspeed_config=@ds.json"])
+
+
+def test_explicit_backend_wins_over_the_guides_keys_and_a_mismatch_is_reported(tmp_path):
+    path = write_yaml(tmp_path, "distributed:\n  backend: single\n  use_fsdp: true\n")
+    with pytest.raises(DistsetupError, match="use_fsdp is true but backend is single"):
+        load_run_config(path)
+
+
+def test_every_backend_a_run_config_names_is_one_the_trainer_has():
+    from distsetup.formats.runconfig import BACKENDS
+    from distsetup.training.backends import BACKENDS as TRAINER_BACKENDS
+
+    assert tuple(TRAINER_BACKENDS) == BACKENDS

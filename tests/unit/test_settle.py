@@ -1,0 +1,98 @@
+"""settle(): the batch, precision, clipping and lr a run trains with, from the run config and its backend file
+together. The backend trains with settle()'s values and doctor reports them; a batch both files give differently
+stops the trainer before its process group, and the launcher before it writes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from guide_configs import TINY, llm_guide
+from repo import REPO
+from train_runs import environment
+
+from distsetup.formats.reading import parse_yaml
+from distsetup.formats.runconfig_load import load_run_config
+from distsetup.formats.settle import settle
+from distsetup.training.backends import make_backend
+from distsetup.training.backends.fsdp import read_fsdp_settings
+from distsetup.training.world import World
+
+
+def test_a_batch_both_files_write_differently_stops_the_run_and_the_launcher(run_cli, tmp_path):
+    config = llm_guide(run_cli, tmp_path, accumulation_in_file=1)  # the file says 1, the run config 16
+    result = subprocess.run(
+        [sys.executable, "src/train.py", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=environment(),
+        cwd=REPO,
+        timeout=120,
+    )
+    (error,) = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "backend" not in result.stdout  # before the process group
+    assert "distributed.gradient_accumulation_steps is 16" in error and "gradient_accumulation_steps is 1" in error
+    assert "remove one of the two" in error
+    launched = run_cli("launcher", "--config", config, "--num_gpus_per_node", "2", "--output", tmp_path / "run.sh")
+    assert launched.exit_code == 1 and "gradient_accumulation_steps is 1" in launched.stderr
+    assert not (tmp_path / "run.sh").exists()
+
+
+PAIRINGS = {  # backend, its file (or inline FSDP settings) -> the run config's training section
+    "no batch, no precision": (
+        "deepspeed",
+        {"zero_optimization": {"stage": 1}},
+        {"micro_batch_size": 2, "precision": "bf16"},
+    ),
+    "file batch and precision": (
+        "deepspeed",
+        {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "bf16": {"enabled": True}},
+        {"lr": 1e-3},
+    ),
+    "file train batch only": ("deepspeed", {"train_batch_size": 16, "gradient_clipping": 0.5}, {"micro_batch_size": 4}),
+    "file optimizer": ("deepspeed", {"optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}}, {"learning_rate": 1e-3}),
+    "fsdp file bf16, run config fp32": ("fsdp", {"mixed_precision": "bf16"}, {"precision": "fp32", "grad_clip": 0.5}),
+    "fsdp file fp32, run config bf16": ("fsdp", {"mixed_precision": "no"}, {"bf16": True, "micro_batch_size": 3}),
+    "fsdp inline bf16": ("fsdp inline", {"fsdp_mixed_precision": True, "fsdp_param_dtype": "bfloat16"}, {"lr": 2e-4}),
+}
+
+
+def pairing_config(folder, name: str):
+    """The run config of a pairing, with its backend file beside it (or its FSDP settings inline)."""
+    backend, file, training = PAIRINGS[name]
+    distributed: dict = {"backend": backend.split()[0]}
+    if backend == "deepspeed":
+        (folder / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, **file}))
+        distributed["deepspeed_config"] = "ds.json"
+    elif backend == "fsdp":
+        (folder / "fsdp.json").write_text(
+            json.dumps({"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", **file})
+        )
+        distributed["fsdp_config"] = "fsdp.json"
+    else:
+        distributed.update(file)
+    (folder / "config.yaml").write_text(yaml.safe_dump({**TINY, "training": training, "distributed": distributed}))
+    return folder / "config.yaml"
+
+
+@pytest.mark.parametrize("name", sorted(PAIRINGS))
+def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_cli, tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the backend reads its file relative to the working directory
+    cfg = load_run_config(pairing_config(tmp_path, name))
+    backend_name = cfg.distributed.backend
+    ds = parse_yaml((tmp_path / "ds.json").read_text()) if backend_name == "deepspeed" else None
+    fsdp = read_fsdp_settings(cfg) if backend_name == "fsdp" else None
+    settled = settle(cfg, ds, fsdp, 2)
+    backend = make_backend(backend_name, cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    assert (backend.micro_batch, backend.accumulation) == (settled.micro_batch, settled.accumulation)
+    assert (backend.precision, backend.grad_clip, backend.lr) == (settled.precision, settled.grad_clip, settled.lr)
+    line = backend.line()
+    assert f"micro {settled.micro_batch} x accumulation {settled.accumulation} x world 2; {settled.precision};" in line
+    doctor = run_cli("doctor", "--json", "--config", tmp_path / "config.yaml", "--world_size", "2")
+    (ok,) = [f["message"] for f in json.loads(doctor.stdout) if f["message"].startswith("global batch")]
+    assert ok.startswith(
+        f"global batch {settled.train_batch} = micro {settled.micro_batch} x accumulation {settled.accumulation} "
+        f"x world size 2; {settled.precision}; grad clip {settled.grad_clip:g}; lr {settled.lr:g}"
+    )

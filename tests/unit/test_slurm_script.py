@@ -1,0 +1,179 @@
+"""The SLURM job script: one world across nodes with per-node values expanding on each node, its sections, set-up
+and requeue lines, the folder it enters, golden files, and shellcheck over a grid of scripts and their per-node
+programs."""
+
+import itertools
+
+import pytest
+from golden_files import GOLDEN_DIR, check_golden
+from launch_inputs import WEIRD
+from shell_checks import shellcheck, srun_program
+from slurm_scripts import build, spec
+
+from distsetup.scripts.launch_plan import EnvSpec
+from distsetup.scripts.sbatch import build_slurm_script
+
+# --- the script ----------------------------------------------------------------------------------
+
+
+def test_one_world_across_nodes_with_per_node_values_expanding_on_each_node():
+    text = build()
+    program = srun_program(text)
+    assert 'srun "${SRUN_ARGS[@]}" bash -c \'' in text
+    assert "--ntasks-per-node=1" in text
+    assert 'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
+    assert 'export MASTER_ADDR="${HOSTS[0]:?' in text
+    assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in text
+    assert 'NODE_RANK="$SLURM_NODEID"' in program  # inside the single quotes: expands per node
+    outside = text.replace(program[len("#!/bin/bash\n") :], "")
+    assert not [line for line in outside.splitlines() if "SLURM_NODEID" in line and not line.startswith("#")]
+    assert '--nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE"' in program
+    assert '--rdzv_id "$RDZV_ID"' in program and 'export RDZV_ID="$SLURM_JOB_ID"' in text
+    assert "'" not in program  # nothing can end the quoting early
+
+
+def test_fixed_port_and_sections():
+    text = build(launch={"master_port": 29500})
+    assert "export MASTER_PORT=29500" in text
+    headers = [line for line in text.splitlines() if line.startswith("# --- ")]
+    assert headers == ["# --- parameters ---", "# --- environment ---", "# --- command ---"]
+    assert text.index("#SBATCH") < text.index("set -euo pipefail")
+
+
+def test_deepspeed_launcher_per_node_with_hostfile_and_no_ssh():
+    program = srun_program(
+        build(launch={"launch_method": "deepspeed", "backend": "deepspeed", "deepspeed_config": "ds.json"})
+    )
+    assert '--no_ssh --node_rank "$NODE_RANK"' in program
+    assert 'echo "$host slots=$NPROC_PER_NODE"' in program
+    assert "--num_gpus" not in program  # never `srun deepspeed --num_gpus=8` alone
+
+
+def test_setup_lines():
+    text = build(
+        modules=("cuda/12.4", "nccl"),
+        venv=f"{WEIRD}/.venv",
+        launch={"env": EnvSpec(extra=(("WANDB_MODE", "offline"), ("NOTE", WEIRD)))},
+    )
+    assert "module load cuda/12.4\nmodule load nccl\n" in text
+    assert "source 'we ird '\"'\"'dir\" $x/.venv'/bin/activate" in text
+    assert "export WANDB_MODE=offline" in text
+    assert "conda activate 'my env'" in build(conda_env="my env")
+
+
+def test_job_enters_the_folder_it_was_written_in_before_anything_else():
+    """SLURM runs the batch script in the folder sbatch ran in: the script enters the folder distsetup ran in before
+    the set-up lines (a relative --venv means the same) and on every node, so `cd jobs && sbatch
+    ../scripts/slurm_job.sh` finds src/train.py and every relative path."""
+    text = build(venv=".venv", modules=("cuda/12.4",), launch={"workdir": f"/{WEIRD}"})
+    assert "export WORKDIR='/we ird '\"'\"'dir\" $x'" in text
+    assert text.index('cd "$WORKDIR" ||') < text.index("module load") < text.index("source .venv/bin/activate")
+    assert 'cd "$WORKDIR"' in srun_program(text)
+    assert "MODULE=distsetup.train" in text and 'exec "${LAUNCH[@]}" -m "$MODULE" "$@"' in srun_program(text)
+
+
+def test_requeue_trap_forwards_term_and_requeues():
+    text = build(requeue=True)
+    assert "trap forward_preemption USR1" in text
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert text.rstrip().endswith('wait "$SRUN_PID"')
+    assert 'exec "${LAUNCH[@]}"' in srun_program(text)  # the launcher itself receives the TERM
+
+
+GOLDEN = {
+    "slurm_torchrun_ddp.sh": dict(nodes=4, gpus=8, time_limit="48:00:00", partition="gpu"),
+    "slurm_deepspeed_launcher_requeue.sh": dict(
+        nodes=2,
+        gpus=8,
+        launch={
+            "launch_method": "deepspeed",
+            "backend": "deepspeed",
+            "deepspeed_config": "config/ds_config.json",
+            "preflight": True,
+        },
+        requeue=True,
+        signal_seconds=300,
+        time_limit="1-00:00:00",
+        account="ml",
+        modules=("cuda/12.4",),
+        conda_env="train",
+        mem_per_gpu="64G",
+        cpus_per_task=64,
+        gpu_request="gpus-per-node",
+    ),
+    "slurm_torchrun_requeue.sh": dict(
+        nodes=2, gpus=8, requeue=True, signal_seconds=600, time_limit="UNLIMITED", cpus_per_task=64
+    ),
+    "slurm_fsdp_env_venv.sh": dict(
+        nodes=2,
+        gpus=4,
+        launch={
+            "backend": "fsdp",
+            "fsdp_config": "config/fsdp.json",
+            "env": EnvSpec(
+                omp_num_threads=8, nccl_debug="INFO", nccl_socket_ifname="ib0", extra=(("HF_HOME", "/scratch/hf"),)
+            ),
+        },
+        venv=".venv",
+        exclusive=True,
+        extra_sbatch=(("reservation", "big"),),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden(name):
+    kwargs = dict(GOLDEN[name])
+    kwargs["launch"] = {**kwargs.get("launch", {}), "workdir": "/home/user/project"}  # what the command writes
+    check_golden(name, build_slurm_script(spec(**kwargs), command_line="distsetup slurm ..."))
+
+
+def grid():
+    for method, backend, requeue, preflight, setup, port in itertools.product(
+        ("torchrun", "deepspeed", "accelerate"),
+        ("ddp", "fsdp", "deepspeed"),
+        (False, True),
+        (False, True),
+        ("venv", "conda", None),
+        (None, 29500),
+    ):
+        yield spec(
+            nodes=3,
+            gpus=2,
+            requeue=requeue,
+            time_limit="2:00:00",
+            job_name=WEIRD,
+            log_output=f"{WEIRD}/%j.out",
+            venv=f"{WEIRD}/venv" if setup == "venv" else None,
+            conda_env=WEIRD if setup == "conda" else None,
+            modules=("cuda/12.4",),
+            extra_sbatch=(("comment", WEIRD),),
+            launch={
+                "launch_method": method,
+                "backend": backend,
+                "script": f"{WEIRD}/train.py",
+                "deepspeed_config": f"{WEIRD}/ds.json" if backend == "deepspeed" else None,
+                "fsdp_config": f"{WEIRD}/f.json" if backend == "fsdp" else None,
+                "preflight": preflight,
+                "master_port": port,
+                "env": EnvSpec(2, "INFO", None, True, 30, 1, (("W", WEIRD),)),
+                "workdir": f"/{WEIRD}" if port else None,
+            },
+        )
+
+
+def test_shellcheck_grid_and_per_node_programs(tmp_path):
+    paths = []
+    for i, s in enumerate(grid()):
+        text = build_slurm_script(s, command_line=f"distsetup slurm --job_name '{WEIRD}'")
+        for name, content in ((f"job_{i}.sh", text), (f"node_{i}.sh", srun_program(text))):
+            path = tmp_path / name
+            path.write_text(content)
+            paths.append(path)
+    assert len(paths) == 2 * 216
+    shellcheck(paths)
+
+
+def test_shellcheck_golden_files():
+    shellcheck(sorted(GOLDEN_DIR.glob("slurm_*.sh")))

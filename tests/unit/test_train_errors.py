@@ -1,0 +1,124 @@
+"""Bad input ends with one clear line and a non-zero status before any training starts."""
+
+import json
+
+from train_runs import GLOBAL_BATCH, assert_clean_error, ds_file, train, write_run_config
+
+
+def test_missing_config(tmp_path):
+    result = train(tmp_path / "nope.yaml")
+    assert_clean_error(result, "nope.yaml")
+
+
+def test_invalid_config(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "training.learning_rate=0.1")
+    assert_clean_error(result, "learning_rate")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_deepspeed_batch_identity_checked_for_the_real_world_size(tmp_path):
+    bad = ds_file(2)  # train_batch_size 16 = 8 x 1 x 2, but a plain run has world size 1
+    (tmp_path / "ds.json").write_text(json.dumps(bad))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    line = assert_clean_error(
+        result,
+        f"train_batch_size: {GLOBAL_BATCH} != train_micro_batch_size_per_gpu {GLOBAL_BATCH // 2}",
+        "world size 1",
+    )
+    assert f"= {GLOBAL_BATCH // 2}" in line
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_single_backend_refuses_several_processes(tmp_path, monkeypatch):
+    config = write_run_config(tmp_path, "single")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    import train_runs
+
+    monkeypatch.setattr(train_runs, "environment", lambda: {**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    result = train(config, 1)
+    assert_clean_error(result, "backend single", "WORLD_SIZE is 2")
+
+
+def test_empty_strings_are_not_files(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    assert_clean_error(train(config, 1, "--deepspeed", ""), "--deepspeed is empty")
+    assert_clean_error(train(config, 1, "--export", tmp_path), "--export", "is a folder")
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_cannot_be_a_folder(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    (tmp_path / "taken").write_text("a file, not a folder")
+    assert_clean_error(train(config, 1, f"training.output_dir={tmp_path / 'taken'}"), "training.output_dir", "taken")
+    assert (tmp_path / "taken").read_text() == "a file, not a folder"
+    assert_clean_error(train(config, 1, "training.output_dir=/proc/distsetup-run"), "training.output_dir", "/proc")
+
+
+def test_empty_data_file(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "data.type=files", f"data.paths=[{json.dumps(str(tmp_path / 'empty.txt'))}]")
+    assert_clean_error(result, "empty.txt", "empty")
+
+
+def test_init_from_a_file_that_is_no_weights_file(tmp_path):
+    (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 40)
+    config = write_run_config(tmp_path, "single")
+    assert_clean_error(train(config, 1, "--init_from", tmp_path / "random.pt"), "--init_from", "random.pt")
+
+
+def test_model_too_large_to_build_is_one_line(tmp_path):
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "model.n_layer=2000", "model.n_embd=16384", "model.n_head=128")
+    assert_clean_error(result, "parameters", "model.n_embd")
+
+
+def test_mistyped_deepspeed_key_is_refused_not_ignored(tmp_path):
+    typo = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}  # the identity holds for 1 process
+    typo["zero_optimizaton"] = typo.pop("zero_optimization")  # DeepSpeed itself would run ZeRO-0 silently
+    (tmp_path / "ds.json").write_text(json.dumps(typo))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "zero_optimizaton", "zero_optimization")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_zero0_in_fp16_which_deepspeed_does_not_loss_scale_is_refused(tmp_path):
+    fp16 = {**ds_file(0), "train_micro_batch_size_per_gpu": GLOBAL_BATCH, "fp16": {"enabled": True}}
+    (tmp_path / "ds.json").write_text(json.dumps(fp16))
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "--deepspeed", tmp_path / "ds.json")
+    assert_clean_error(result, "ZeRO stage 0", "does not loss-scale fp16", "zero_optimization.stage to 1")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
+    (tmp_path / "fsdp.json").write_text(
+        json.dumps(
+            {
+                "fsdp_version": 2,
+                "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+                "fsdp_min_num_params": -7,
+                "fsdp_offload_params": "yes",
+            }
+        )
+    )
+    config = write_run_config(tmp_path, "single")
+    result = train(config, 1, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}")
+    assert_clean_error(result, "fsdp.json", "fsdp_", "distsetup validate")
+
+
+def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp_path):
+    """An error during training closes the progress bar (the error line starts a line of its own) and the metrics
+    file. Here the checkpoint of step 2 cannot be written: a file is where it goes."""
+    config = write_run_config(tmp_path, "single")
+    checkpoints = tmp_path / "out" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_0000002").write_text("in the way")
+    result = train(config, 1, "training.max_steps=4", "training.checkpoint_interval=2", "training.log_interval=1")
+    assert_clean_error(result, "cannot write checkpoint", "step_0000002")
+    logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2]

@@ -1,0 +1,115 @@
+"""Rank 0's metrics (JSONL, TensorBoard when installed) and the timer behind tokens_per_s."""
+
+import importlib.util
+import json
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from distsetup.errors import DistsetupError
+from distsetup.training.metrics import MetricsLog, StepTimer, reporters
+from distsetup.training.world import StepAgreement
+
+
+def test_jsonl_always_and_no_tensorboard_folder_without_tensorboard(tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "tensorboard" else real_find_spec(name)
+    )
+    assert reporters(None) == []  # unset: TensorBoard only where it is installed
+    with pytest.raises(DistsetupError, match="training.report_to names tensorboard, which is not installed"):
+        reporters(["tensorboard"])
+    log = MetricsLog(tmp_path, enabled=True, report_to=reporters(None))
+    log.write(1, loss=2.5, lr=1e-3)
+    log.write(2, loss=2.0, lr=2e-3)
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 2.0, "lr": 2e-3}]
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):
+    calls = []
+
+    class SummaryWriter:
+        def __init__(self, log_dir):
+            calls.append(("dir", log_dir))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            calls.append(("closed",))
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
+    log.write(3, loss=1.5, lr=4e-4, mfu=None)  # an unknown figure is left out
+    log.close()
+    assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3), ("closed",)]
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    log = MetricsLog(tmp_path, enabled=False)
+    log.write(1, loss=1.0)
+    log.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed")
+def test_real_tensorboard_writes_event_files(tmp_path):
+    log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
+    log.write(1, loss=1.0)
+    log.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_timer_leaves_checkpoint_time_out():
+    begin = time.perf_counter()
+    timer = StepTimer(window=2)
+    for seconds in (0.05, 0.02, 0.03):  # the first step also writes a checkpoint
+        time.sleep(seconds)
+        timer.step_done()
+        if seconds == 0.05:
+            with timer.checkpointing():
+                time.sleep(0.2)
+    wall = time.perf_counter() - begin
+    assert timer.checkpoint_seconds >= 0.2
+    assert timer.train_seconds + timer.checkpoint_seconds == pytest.approx(wall, abs=0.02)
+    second, third = timer.recent_steps  # the window keeps the latest two
+    assert 0.02 <= second < 0.2 and 0.03 <= third < 0.2  # the checkpoint's 0.2 s is in neither
+    assert timer.median_step_seconds == (second + third) / 2
+
+
+def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
+    agreement = StepAgreement(world_size=1, device=torch.device("cpu"), every_seconds=1.0)
+    assert agreement.due(1)
+    terms = {"loss": torch.tensor(3.0), "aux_loss": torch.tensor(0.5, dtype=torch.bfloat16)}
+    settled = agreement.settle(1, terms, False, 0.05, False)
+    assert settled == ({"loss": 3.0, "aux_loss": 0.5}, False, True)
+    assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
+    assert agreement.settle(21, {"loss": torch.tensor(1.0)}, True, 3.0, True) == ({"loss": 1.0}, True, False)
+    assert agreement.due(22)  # steps longer than the period: every step
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_lookups(tmp_path, tied):
+    pytest.importorskip("transformers")
+    from text_data import write_llama
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.model.throughput import flops_per_token, mfu
+
+    config = AutoConfig.from_pretrained(write_llama(tmp_path, vocab_size=300))
+    config.tie_word_embeddings = tied
+    hf = AutoModelForCausalLM.from_config(config)
+    head = 300 * 32  # the output head multiplies, tied to the embedding lookup or not
+    multiplied = sum(p.numel() for p in hf.model.parameters()) - hf.model.embed_tokens.weight.numel() + head
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == tied
+    assert flops_per_token(hf, 64) == 6 * multiplied + 12 * 2 * 32 * 64
+    assert mfu(1000.0, 2e9, 2, 1.0) == pytest.approx(1.0) and mfu(1000.0, 2e9, 2, None) is None

@@ -1,0 +1,201 @@
+"""`distsetup validate` on the files users bring from elsewhere: Accelerate config YAMLs written by hand with
+the classic mistakes, TrainingArguments beside a DeepSpeed file and their values of the wrong type, and what
+`--resolve` needs. (Against Accelerate and transformers themselves:
+tests/processes/test_validate_against_clients.py.)"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from brought_files import BASE_DS, write
+from repo import REPO
+
+
+def problem_paths(run_cli, path: Path, *args) -> list[str]:
+    result = run_cli("validate", path, "--json", *args)
+    assert result.exit_code in (0, 1), result.output
+    return [p["path"] for p in json.loads(result.stdout)]
+
+
+MULTI_NODE = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "MULTI_GPU",
+    "mixed_precision": "bf16",
+    "num_machines": 2,
+    "machine_rank": 0,
+    "num_processes": 16,
+    "main_process_ip": "10.0.0.1",
+    "main_process_port": 29500,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"),
+    [
+        ({"num_processes": 8}, "num_processes", "not 2 machine(s) x 8 GPUs = 16 (it counts processes over all"),
+        ({"num_processes": "16"}, "num_processes", "write num_processes: 16 without quotes"),
+        ({"machine_rank": 2}, "machine_rank", "is not a rank of 2 machine(s)"),
+        ({"main_process_ip": None}, "main_process_ip", "the other machines cannot find the main one"),
+        ({"distributed_type": "MULTI_GPUS"}, "distributed_type", "did you mean 'MULTI_GPU'?"),
+        ({"num_process": 16}, "num_process", "did you mean 'num_processes'?"),
+        ({"mixed_precision": "bfloat16"}, "mixed_precision", "use no, fp16, bf16 or fp8"),
+        (
+            {"fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD"}},
+            "fsdp_config",
+            "is ignored: distributed_type is MULTI_GPU",
+        ),
+        (
+            {"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARDS"}},
+            "fsdp_config.fsdp_sharding_strategy",
+            "",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2, "offload_param_device": "cpu"}},
+            "deepspeed_config.offload_param_device",
+            "DeepSpeed uses it at stage 3 only",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 0, "offload_optimizer_device": "cpu"}},
+            "deepspeed_config.offload_optimizer_device",
+            "DeepSpeed uses it at stages 1, 2, 3 only",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "nvme"},
+            },
+            "deepspeed_config.offload_optimizer_nvme_path",
+            "add deepspeed_config.offload_optimizer_nvme_path",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero_stage": 2},
+                "mixed_precision": None,
+            },
+            "deepspeed_config.zero_stage",
+            "set it in the DeepSpeed file and remove it here",
+        ),
+        (
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": "ds.json"}},
+            "mixed_precision",  # the top-level one, beside a DeepSpeed file
+            "set it in the DeepSpeed file",
+        ),
+        (
+            {
+                "distributed_type": "DEEPSPEED",
+                "deepspeed_config": {"deepspeed_config_file": "bad_ds.json"},
+                "mixed_precision": None,
+            },
+            "deepspeed_config.deepspeed_config_file -> bf16.enabled",
+            "fp16 and bf16 are both enabled",
+        ),
+    ],
+)
+def test_classic_accelerate_mistakes_are_named_with_their_key_and_fix(run_cli, tmp_path, change, path, words):
+    write(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}})
+    write(
+        tmp_path / "bad_ds.json",
+        {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "fp16": {"enabled": True}},
+    )
+    config = {key: value for key, value in {**MULTI_NODE, **change}.items() if value is not None}
+    file = write(tmp_path / "accelerate.yaml", config)
+    result = run_cli("validate", file, "--num_gpus_per_node", 8)
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stdout.splitlines() if f": {path}: " in line]
+    assert len(lines) == 1 and words in lines[0], result.stdout
+    assert problem_paths(run_cli, file, "--num_gpus_per_node", 8) == [path]  # that mistake alone
+
+
+def test_the_correct_multi_node_file_passes_and_the_default_path_gets_a_note(run_cli, tmp_path, monkeypatch):
+    assert problem_paths(run_cli, write(tmp_path / "a.yaml", MULTI_NODE), "--num_gpus_per_node", 8) == []
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
+    default.parent.mkdir(parents=True)
+    write(default, MULTI_NODE)
+    result = run_cli("validate", default)
+    assert result.exit_code == 0
+    assert (
+        "note: this is Accelerate's default config: `accelerate launch` without --config_file uses it" in result.stdout
+    )
+
+
+def test_training_arguments_of_the_wrong_type_are_named(run_cli, tmp_path):
+    file = write(tmp_path / "args.yaml", {"output_dir": "out", "per_device_train_batch_size": "8", "bf16": "true"})
+    result = run_cli("validate", file)
+    assert result.exit_code == 1
+    assert problem_paths(run_cli, file) == ["per_device_train_batch_size", "bf16"]
+    assert "write per_device_train_batch_size: 8 without quotes" in result.stdout
+
+
+def test_resolve_says_what_it_needs(run_cli, tmp_path):
+    ds_file = tmp_path / "ds_hf.json"
+    assert run_cli("deepspeed", "--zero_stage", 3, "--hf_auto", "-o", ds_file).exit_code == 0
+    shown = run_cli("validate", ds_file, "--hf", "--resolve", "--micro_batch_size", 4)
+    assert "resolve: train_micro_batch_size_per_gpu = 4 (per_device_train_batch_size)" in shown.stdout
+    assert "resolve: train_batch_size = ? (give --world_size)" in shown.stdout
+    assert "resolve: zero_optimization.reduce_bucket_size = ? (give --hidden_size)" in shown.stdout
+    not_deepspeed = run_cli(
+        "validate", write(tmp_path / "f.json", {"fsdp_sharding_strategy": "FULL_SHARD"}), "--resolve"
+    )
+    assert not_deepspeed.exit_code == 1 and "--resolve needs a DeepSpeed file" in not_deepspeed.stderr
+
+
+def test_validate_of_a_yaml_run_config_is_unchanged(run_cli):
+    assert run_cli("validate", REPO / "config" / "config.yaml").exit_code == 0
+    assert os.path.exists(REPO / "config" / "config.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "paths"),
+    [
+        ({"num_machines": None, "machine_rank": None, "main_process_ip": None}, ["num_processes"]),
+        ({"distributed_type": ["MULTI_GPU"]}, ["distributed_type"]),
+        ({"mixed_precision": {"a": 1}}, ["mixed_precision"]),
+        ({1: "x"}, ["1"]),
+        ({"fsdp_config": ["a"]}, ["fsdp_config"]),
+        ({"distributed_type": "DEEPSPEED", "deepspeed_config": "zero3"}, ["deepspeed_config"]),
+        ({"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": True}}, ["deepspeed_config.zero_stage"]),
+        ({"num_machines": True}, ["num_machines"]),
+    ],
+)
+def test_odd_accelerate_values_are_problems_not_tracebacks(run_cli, tmp_path, change, paths):
+    config = {key: value for key, value in {**MULTI_NODE, **change}.items() if value is not None}
+    assert problem_paths(run_cli, write(tmp_path / "odd.yaml", config), "--num_gpus_per_node", 8) == paths
+
+
+def test_num_processes_against_the_world_size(run_cli, tmp_path):
+    file = write(tmp_path / "a.yaml", MULTI_NODE)
+    assert problem_paths(run_cli, file, "--world_size", 16) == []
+    result = run_cli("validate", file, "--world_size", 8)
+    assert "num_processes: 16 is not the world size 8 = 8." in result.stdout
+
+
+def test_training_arguments_in_yaml_are_read_as_pyyaml_reads_them(run_cli, tmp_path):
+    """HfArgumentParser.parse_yaml_file uses yaml.safe_load: `3e-5` is a string there, not a number."""
+    file = tmp_path / "args.yaml"
+    file.write_text("output_dir: out\nper_device_train_batch_size: 4\nlearning_rate: 3e-5\nwarmup_steps: '0.1'\n")
+    result = run_cli("validate", file)
+    assert problem_paths(run_cli, file) == ["learning_rate", "warmup_steps"]
+    assert "write learning_rate: 3.0e-05 without quotes." in result.stdout
+    assert yaml.safe_load("learning_rate: 3.0e-05")["learning_rate"] == 3e-5  # the fix is a number to PyYAML
+
+
+def test_values_of_the_wrong_type_are_not_compared_or_resolved(run_cli, tmp_path):
+    # BASE_DS differs from TrainingArguments' defaults in several values: none is compared while types are wrong
+    write(tmp_path / "ds.json", {**BASE_DS, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})
+    file = write(
+        tmp_path / "training_args.json",
+        {"output_dir": "out", "deepspeed": "ds.json", "max_steps": "100", "gradient_accumulation_steps": "2"},
+    )
+    assert problem_paths(run_cli, file, "--world_size", 1) == ["gradient_accumulation_steps", "max_steps"]
+    resolved = run_cli("validate", file, "--resolve", "--world_size", 1)
+    assert resolved.exit_code == 1 and "has values of the wrong type" in resolved.stderr
+
+
+def test_kind_run_config_reads_yaml_whatever_the_name(run_cli, tmp_path):
+    file = tmp_path / "rc.txt"
+    file.write_text("training: {max_steps: 5}\n")
+    assert run_cli("validate", file, "--kind", "run_config").exit_code == 0
