@@ -56,8 +56,6 @@ def load_config(args):
             f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
         )
     overrides = list(args.overrides)
-    if steps := os.environ.get("DISTSETUP_MAX_STEPS"):  # a smoke run's length (the docs' tests) over any other
-        overrides.append(f"training.max_steps={steps}")
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
     cfg = load_run_config(args.config, overrides)

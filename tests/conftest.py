@@ -38,7 +38,7 @@ TIER_MARKERS = {"processes": ("slow",), "gpu": ("gpu", "slow")}
 def pytest_collection_modifyitems(config, items):
     """Mark each test by its folder; without a GPU, deselect the GPU tier (deselected, not skipped: CI fails skips)."""
     for item in items:
-        path = Path(item.path)
+        path = Path(item.path).resolve()
         tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
         for marker in TIER_MARKERS.get(tier, ()):
             item.add_marker(marker)

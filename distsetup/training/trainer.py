@@ -9,11 +9,13 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, resume_point
 from distsetup.formats.lr_scaling import scaled_lr
@@ -26,14 +28,7 @@ from distsetup.training.checkpoint.export import load_weights
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import Placement, StepLoader, fetched, placed
-from distsetup.training.loss.objective import (
-    MicroLoss,
-    PythonObjective,
-    TokenObjective,
-    forward_kwargs,
-    loss_head,
-    mean_terms,
-)
+from distsetup.training.loss.objective import MicroLoss, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
@@ -50,6 +45,17 @@ from distsetup.training.world import (
     pick_device,
     read_world,
 )
+
+STEP_CAP = "DISTSETUP_MAX_STEPS"  # a smoke run's length (the docs' tests): the run config's steps, capped
+
+
+def step_cap() -> int | None:
+    value = os.environ.get(STEP_CAP)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DistsetupError(f"{STEP_CAP} is {value!r}.", "set it to a whole number of steps, 1 or more, or unset it.")
+    return int(value)
 
 
 class Trainer:
@@ -84,6 +90,7 @@ class Trainer:
             if not self.lock.unsupported:  # without a lock another run could be loading one
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption()
+        self.step_cap = step_cap()
         self.step, self.loss = 0, float("nan")
         self.metrics: MetricsLog | None = None
         self.loader: StepLoader | None = None
@@ -236,6 +243,9 @@ class Trainer:
             per_epoch = len(self.data.train) // self.global_batch
             t.max_steps = t.epochs * per_epoch
             self.say(f"{t.epochs} epochs of {per_epoch} steps: {t.max_steps} steps")
+        if self.step_cap is not None and t.max_steps > self.step_cap:
+            t.max_steps = self.step_cap
+            self.say(f"{STEP_CAP} caps the run at {t.max_steps} steps")
 
     def _build_model(self) -> None:
         """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
@@ -243,7 +253,11 @@ class Trainer:
         torch.manual_seed(t.seed)
         module = models.build(m)
         parts = models.parts(module, m, self.model_description.layer_classes)
-        self.objective = self._objective(module)
+        self.objective, note = objective_for(
+            module, self.cfg, self.data.tokens, self.data.train.masked, self.loss_function
+        )
+        if note:
+            self.say(f"note: {note}")
         self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)
         self.flops = self._flops_per_item(module)  # before sharding: the whole model
         if self.args.init_from:
@@ -252,17 +266,6 @@ class Trainer:
         for note in self.backend.notes:  # after wrap(): it adds notes of its own
             self.say(f"note: {note}")
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
-
-    def _objective(self, module) -> TokenObjective | PythonObjective:
-        m = self.cfg.model
-        source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
-        if self.data.tokens and self.loss_function is None:
-            head, note = loss_head(module, m, self.t.chunked_loss)
-            if note:
-                self.say(f"note: {note}")
-            return TokenObjective(module, m.type, m.vocab_size, self.data.train.masked, source, head)
-        loss_source = self.t.loss and f"training.loss {self.t.loss}"
-        return PythonObjective(self.loss_function, loss_source, source, forward_kwargs(module, m.type))
 
     def _flops_per_item(self, module) -> float | None:
         """Training FLOPs per token (or sample) for MFU: the transformer formula for the built-in GPT and Hugging

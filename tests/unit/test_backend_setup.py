@@ -71,3 +71,18 @@ def test_the_built_in_models_block_is_the_class_its_constant_names():
     from distsetup.training.model.gpt import GPT
 
     assert {type(block).__name__ for block in GPT(64, 16, 2, 2, 16, 0.0).blocks} == {BUILTIN_BLOCK}
+
+
+def test_ddp_broadcasts_buffers_only_where_training_may_change_them():
+    """Rank 0's buffers are broadcast before each forward only where they can drift apart: running statistics, or
+    the user's own module; the built-in GPT's causal mask is a constant every rank builds alike."""
+    from distsetup.training.backends.ddp import buffers_may_change
+    from distsetup.training.model.gpt import GPT
+
+    gpt = GPT(64, 16, 2, 2, 16, 0.0)
+    assert not buffers_may_change(gpt, "gpt")
+    assert not buffers_may_change(gpt, "hf")
+    assert buffers_may_change(gpt, "python")
+    normed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    assert buffers_may_change(normed, "hf") and buffers_may_change(normed, "gpt")
+    assert not buffers_may_change(torch.nn.Sequential(torch.nn.BatchNorm1d(4, track_running_stats=False)), "gpt")

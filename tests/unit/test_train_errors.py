@@ -122,3 +122,19 @@ def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp
     assert_clean_error(result, "cannot write checkpoint", "step_0000002")
     logged = [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2]
+
+
+def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch):
+    import pytest
+
+    from distsetup.errors import DistsetupError
+    from distsetup.training.trainer import STEP_CAP, step_cap
+
+    monkeypatch.setenv(STEP_CAP, "")
+    assert step_cap() is None
+    monkeypatch.setenv(STEP_CAP, "12")
+    assert step_cap() == 12
+    for value in ("0", "-3", "1e3", "ten"):
+        monkeypatch.setenv(STEP_CAP, value)
+        with pytest.raises(DistsetupError, match=f"DISTSETUP_MAX_STEPS is '{value}'"):
+            step_cap()

@@ -1,6 +1,6 @@
 """The interface every backend implements (wrap, backward, step, save, load, and the bytes they hold), and
 the `single` backend itself: one process holding the whole model. The others subclass it: DDP (ddp.py), FSDP2
-(fsdp.py) and DeepSpeed (deepspeed_backend.py); backends.py picks one by name.
+(fsdp.py) and DeepSpeed (deepspeed.py); the package's make_backend picks one by name.
 """
 
 import contextlib

@@ -9,7 +9,7 @@ the model-states file the scheduler, the step counters, the parameters' shapes (
 share a parameter (tied weights), and the module's buffers. distsetup's universal folders name parameters
 without what wrappers add (activation checkpointing), and the engine loads them under those names. A universal
 load restores parameters and optimizer state only (a DeepSpeed run keeps the buffers its model was built with;
-deepspeed_backend.py sets the fp16 loss scale after it); the torch backends read the buffers too.
+backends/deepspeed.py sets the fp16 loss scale after it); the torch backends read the buffers too.
 """
 
 import argparse

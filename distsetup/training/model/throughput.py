@@ -91,8 +91,9 @@ def counted_flops(m: ModelConfig, loss_of: Callable[[nn.Module], torch.Tensor]) 
     from distsetup.training.model.build import architecture_on_meta
 
     try:
+        model = architecture_on_meta(m)  # built before counting: a builder's own work is no training FLOP
         with FlopCounterMode(display=False) as counter:
-            loss_of(architecture_on_meta(m)).backward()
+            loss_of(model).backward()
     except Exception as e:
         return None, f"{type(e).__name__}: {first_line(e)}"
     return float(counter.get_total_flops()), ""
