@@ -253,9 +253,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         module = models.build(m)
         parts = models.parts(module, m, self.model_description.layer_classes)
-        self.objective, note = objective_for(
-            module, self.cfg, self.data.tokens, self.data.train.masked, self.loss_function
-        )
+        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function)
         if note:
             self.say(f"note: {note}")
         self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)

@@ -1,6 +1,7 @@
 """DistributedDataParallel: every rank holds the whole model; gradients are all-reduced in backward."""
 
 import contextlib
+import inspect
 
 import torch.nn as nn
 
@@ -30,7 +31,7 @@ class DDPBackend(Backend):
             device_ids=ids,
             gradient_as_bucket_view=True,
             find_unused_parameters=bool(parts.conditional),
-            broadcast_buffers=buffers_may_change(model, self.cfg.model.type),
+            **buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type)),
         )
 
     def _plain_model(self):
@@ -47,3 +48,11 @@ def buffers_may_change(model: nn.Module, model_type: str) -> bool:
     Hugging Face causal LM's buffers (causal masks, rotary frequencies) are constants every rank builds alike."""
     running_stats = any(getattr(module, "track_running_stats", False) for module in model.modules())
     return model_type == "python" or running_stats
+
+
+def buffer_sync(ddp_class, before_each_forward: bool) -> dict:
+    """DDP's argument for broadcasting buffers before each forward: forward_sync_buffers from torch 2.13 (which
+    warns about broadcast_buffers, deprecated there), broadcast_buffers before it."""
+    if "forward_sync_buffers" in inspect.signature(ddp_class).parameters:
+        return {"forward_sync_buffers": before_each_forward}
+    return {"broadcast_buffers": before_each_forward}

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.planning import loss_slices
-from distsetup.training.data.datasets import IGNORE, loss_weights
+from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
 from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
 from distsetup.training.world import first_line, is_lost_contact
 
@@ -267,16 +267,16 @@ def _returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Ten
 
 
 def objective_for(
-    module: nn.Module, cfg: RunConfig, tokens: bool, masked: bool, loss_function: Callable | None
+    module: nn.Module, cfg: RunConfig, data: Datasets, loss_function: Callable | None
 ) -> tuple["TokenObjective | PythonObjective", str]:
     """The objective a run trains `module` by, and a note on how its loss is computed (or ""): token data's
     next-token loss from the model's logits (sliced where training.chunked_loss says), else the model's own loss or
     training.loss on the user's batches."""
     m, t = cfg.model, cfg.training
     source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
-    if tokens and loss_function is None:
+    if data.tokens and loss_function is None:  # token data: its train set says whether targets are masked
         head, note = loss_head(module, m, t.chunked_loss)
-        return TokenObjective(module, m.type, m.vocab_size, masked, source, head), note
+        return TokenObjective(module, m.type, m.vocab_size, data.train.masked, source, head), note
     loss_source = t.loss and f"training.loss {t.loss}"
     return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type)), ""
 
