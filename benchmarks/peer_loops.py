@@ -1,8 +1,7 @@
 """What a user would run instead of distsetup's trainer, for benchmarks/peers.py: the HF Trainer, or a plain
 Accelerate loop, training the Hugging Face model in --model on the same synthetic tokens, batch, AdamW, clipping,
 warmup + cosine schedule and steps. Run under torchrun (one process per GPU, else CPU processes with gloo); rank 0
-prints one JSON line: the Unix time each optimizer step ended, and how the tool ran the model (Accelerate and the
-HF Trainer fall back from FSDP to DDP on a CPU)."""
+prints one JSON line: the Unix time each optimizer step ended, and how the tool ran the model."""
 
 import argparse
 import json
@@ -79,6 +78,8 @@ def accelerate_loop(a, dataset) -> tuple[list[float], str]:
     accelerator = Accelerator(
         cpu=ON_CPU, fsdp_plugin=fsdp, mixed_precision="bf16" if a.precision == "bf16" else "no"
     )  # cpu=True: else each CPU process trains alone (DistributedType.NO)
+    if fsdp is not None and ON_CPU:
+        fsdp_on_cpu(fsdp)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     decayed = [p for p in model.parameters() if p.dim() >= 2]
@@ -102,7 +103,18 @@ def accelerate_loop(a, dataset) -> tuple[list[float], str]:
         optimizer.zero_grad(set_to_none=True)
         loss.item()  # the step's work done (on a GPU: waited for)
         ends.append(time.time())
-    return ends, str(accelerator.distributed_type.value).lower()
+    sharded = isinstance(model, torch.distributed.fsdp.FSDPModule)
+    return ends, "fsdp2" if sharded else str(accelerator.distributed_type.value).lower()
+
+
+def fsdp_on_cpu(plugin) -> None:
+    """Accelerate 1.x takes an FSDP plugin only on accelerators (on a CPU it runs DDP): its state set to FSDP, its
+    own FSDP2 path (fsdp2_prepare_model: fully_shard per layer, then the root) runs on CPU processes with gloo."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    state = AcceleratorState()
+    state.distributed_type, state.fsdp_plugin = DistributedType.FSDP, plugin
 
 
 def main():

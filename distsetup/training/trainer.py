@@ -9,13 +9,11 @@ import argparse
 import dataclasses
 import functools
 import json
-import os
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, resume_point
 from distsetup.formats.lr_scaling import scaled_lr
@@ -33,6 +31,7 @@ from distsetup.training.metrics import MetricsLog, StepTimer, reporters, wandb_s
 from distsetup.training.model import build as models
 from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
 from distsetup.training.preemption import PREEMPTED, Preemption
+from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
 from distsetup.training.world import (
     StepAgreement,
@@ -45,17 +44,6 @@ from distsetup.training.world import (
     pick_device,
     read_world,
 )
-
-STEP_CAP = "DISTSETUP_MAX_STEPS"  # a smoke run's length (the docs' tests): the run config's steps, capped
-
-
-def step_cap() -> int | None:
-    value = os.environ.get(STEP_CAP)
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise DistsetupError(f"{STEP_CAP} is {value!r}.", "set it to a whole number of steps, 1 or more, or unset it.")
-    return int(value)
 
 
 class Trainer:
@@ -82,6 +70,7 @@ class Trainer:
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
         self.report_to = reporters(self.t.report_to)
+        self.step_cap = step_cap()
         self.out_dir = Path(self.t.output_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.lock = OutputDirLock(self.out_dir)
@@ -90,7 +79,6 @@ class Trainer:
             if not self.lock.unsupported:  # without a lock another run could be loading one
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption()
-        self.step_cap = step_cap()
         self.step, self.loss = 0, float("nan")
         self.metrics: MetricsLog | None = None
         self.loader: StepLoader | None = None
@@ -239,13 +227,10 @@ class Trainer:
         self.sampler = ShardedSampler(
             len(self.data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
         )
-        if t.epochs is not None:  # before wrap(): the learning-rate schedule spans the whole run
-            per_epoch = len(self.data.train) // self.global_batch
-            t.max_steps = t.epochs * per_epoch
-            self.say(f"{t.epochs} epochs of {per_epoch} steps: {t.max_steps} steps")
-        if self.step_cap is not None and t.max_steps > self.step_cap:
-            t.max_steps = self.step_cap
-            self.say(f"{STEP_CAP} caps the run at {t.max_steps} steps")
+        # before wrap(): the learning-rate schedule spans the whole run
+        t.max_steps, said = run_steps(t.max_steps, t.epochs, len(self.data.train) // self.global_batch, self.step_cap)
+        for line in said:
+            self.say(line)
 
     def _build_model(self) -> None:
         """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
@@ -284,13 +269,15 @@ class Trainer:
 
     def _load(self, resume: Path) -> None:
         marker = ckpt.load_checkpoint(self.backend, resume, self.world)
-        self.sampler.load_state_dict(marker.sampler or {})
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
-        saved_batch = marker.global_batch
-        if saved_batch != self.global_batch:
+        if marker.sampler is None:  # a marker written by hand, or by a distsetup that did not store it
+            self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")
+            return
+        self.sampler.load_state_dict(marker.sampler)
+        if marker.global_batch != self.global_batch:
             self.say(
-                f"note: the checkpoint's global batch was {saved_batch}, this run's is {self.global_batch}: "
+                f"note: the checkpoint's global batch was {marker.global_batch}, this run's is {self.global_batch}: "
                 f"continuing from sample {self.sampler.position} of epoch {self.sampler.epoch}"
             )
 

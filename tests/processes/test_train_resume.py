@@ -1,6 +1,7 @@
 """Faults: preempt one rank with a signal, damage a checkpoint, stop or starve a rank; start again, end with the same
 weights (kill -9 at random moments, resumed to the same weights: test_faults.py)."""
 
+import json
 import os
 import re
 import shutil
@@ -100,6 +101,17 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, finish
     passed_over = [line for line in result.stdout.splitlines() if line.startswith("passed over damaged checkpoint")]
     assert len(passed_over) == 1 and f"step_{STEPS:07d}" in passed_over[0], result.stdout[-2000:]
     assert f"(step {STEPS - INTERVAL})" in result.stdout
+    assert len(losses(out)) == STEPS + 2
+
+
+def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_path, finished_single_run):
+    out = tmp_path / "out"
+    shutil.copytree(finished_single_run.parent / "out", out)
+    marker = out / "checkpoints" / f"step_{STEPS:07d}" / "COMPLETE"
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "sampler"}))
+    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"(step {STEPS})" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]
     assert len(losses(out)) == STEPS + 2
 
 

@@ -75,3 +75,24 @@ def test_a_failed_background_write_is_one_line_and_leaves_the_checkpoint_incompl
         pending.finish(world, backend)
     assert f"cannot write checkpoint {step_dir(root, 1)}: Parent directory" in str(raised.value)
     assert latest_complete(root) is None
+
+
+def test_dcp_failures_are_one_line_without_importing_dcp_up_front(tmp_path):
+    """DCP's CheckpointException is no Exception: disk_errors and read_errors still turn it into the one line, and a
+    KeyboardInterrupt still goes through."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from distsetup.training.checkpoint.export import read_errors
+    from distsetup.training.checkpoint.files import disk_errors, is_dcp_failure
+
+    failure = CheckpointException("save", {0: (ValueError("disk gone"), None)})
+    assert is_dcp_failure(failure) and not is_dcp_failure(RuntimeError("other"))
+    with pytest.raises(DistsetupError, match="cannot write checkpoint"):
+        with disk_errors(tmp_path):
+            raise failure
+    with pytest.raises(DistsetupError, match="cannot load checkpoint"):
+        with read_errors(tmp_path, "load"):
+            raise failure
+    with pytest.raises(KeyboardInterrupt):
+        with disk_errors(tmp_path):
+            raise KeyboardInterrupt

@@ -124,11 +124,11 @@ def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp
     assert logged == [1, 2]
 
 
-def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch):
+def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):
     import pytest
 
     from distsetup.errors import DistsetupError
-    from distsetup.training.trainer import STEP_CAP, step_cap
+    from distsetup.training.run_length import STEP_CAP, run_steps, step_cap
 
     monkeypatch.setenv(STEP_CAP, "")
     assert step_cap() is None
@@ -138,3 +138,9 @@ def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch):
         monkeypatch.setenv(STEP_CAP, value)
         with pytest.raises(DistsetupError, match=f"DISTSETUP_MAX_STEPS is '{value}'"):
             step_cap()
+    assert run_steps(100, None, 7, None) == (100, [])
+    assert run_steps(100, 3, 7, 12)[0] == 12 and run_steps(100, 3, 7, 50)[0] == 21  # epochs first, then the cap
+    # refused before the run takes its output folder (and its lock)
+    result = train(write_run_config(tmp_path, "single"), 1, env={STEP_CAP: "ten"})
+    assert_clean_error(result, STEP_CAP, "whole number")
+    assert not (tmp_path / "out").exists()

@@ -74,15 +74,14 @@ class FSDPBackend(Backend):
         units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
-        kwargs = {
-            "mesh": self._mesh(),
-            "reshard_after_forward": self.fsdp.reshards_after_forward,
-            "mp_policy": self._mixed_precision(),
-            "offload_policy": self._offload(),
-        }
-        for unit in units:
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)  # the root last: it holds what no block took (embeddings, head)
+        kwargs = {"mesh": self._mesh(), "mp_policy": self._mixed_precision(), "offload_policy": self._offload()}
+        reshards = self.fsdp.reshards_after_forward
+        for position, unit in enumerate(units, start=1):
+            # the last unit's backward follows its forward at once: resharding it would gather it again (torchtitan)
+            fully_shard(unit, reshard_after_forward=reshards and position < len(units), **kwargs)
+        # the root last: it holds what no block took (embeddings, head); FSDP2 keeps the root gathered between
+        # forward and backward itself
+        fully_shard(model, reshard_after_forward=reshards, **kwargs)
         self.model = model
         self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here

@@ -1,0 +1,31 @@
+"""How many optimizer steps a run takes: training.max_steps, or training.epochs over the training set; the
+environment's DISTSETUP_MAX_STEPS caps either (a smoke run's length: the docs' tests run their commands so)."""
+
+import os
+
+from distsetup.errors import DistsetupError
+
+STEP_CAP = "DISTSETUP_MAX_STEPS"
+
+
+def step_cap() -> int | None:
+    """DISTSETUP_MAX_STEPS, or None where it is unset or empty."""
+    value = os.environ.get(STEP_CAP)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DistsetupError(f"{STEP_CAP} is {value!r}.", "set it to a whole number of steps, 1 or more, or unset it.")
+    return int(value)
+
+
+def run_steps(max_steps: int, epochs: int | None, per_epoch: int, cap: int | None) -> tuple[int, list[str]]:
+    """The run's steps (training.max_steps, or `epochs` x the `per_epoch` steps of one pass over the training set,
+    at most `cap`) and a line for the user on each of those two choices that applied."""
+    steps, said = max_steps, []
+    if epochs is not None:
+        steps = epochs * per_epoch
+        said.append(f"{epochs} epochs of {per_epoch} steps: {steps} steps")
+    if cap is not None and steps > cap:
+        steps = cap
+        said.append(f"{STEP_CAP} caps the run at {steps} steps")
+    return steps, said
