@@ -103,7 +103,9 @@ def accelerate_loop(a, dataset) -> tuple[list[float], str]:
         optimizer.zero_grad(set_to_none=True)
         loss.item()  # the step's work done (on a GPU: waited for)
         ends.append(time.time())
-    sharded = isinstance(model, torch.distributed.fsdp.FSDPModule)
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = isinstance(model, FSDPModule)
     return ends, "fsdp2" if sharded else str(accelerator.distributed_type.value).lower()
 
 

@@ -52,6 +52,7 @@ class Trainer:
         model (built on the meta device: its builder, blocks and size), the user's loss and data functions, the
         reporters; then this run takes its output folder's lock."""
         self.cfg, self.args, self.t = cfg, args, cfg.training
+        self.step_cap = step_cap()
         self.world = world = read_world()
         self.say = print if world.is_main else (lambda *a, **k: None)
         self.device = pick_device(world)
@@ -70,7 +71,6 @@ class Trainer:
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
         self.report_to = reporters(self.t.report_to)
-        self.step_cap = step_cap()
         self.out_dir = Path(self.t.output_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.lock = OutputDirLock(self.out_dir)
@@ -271,7 +271,7 @@ class Trainer:
         marker = ckpt.load_checkpoint(self.backend, resume, self.world)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
-        if marker.sampler is None:  # a marker written by hand, or by a distsetup that did not store it
+        if not marker.sampler:  # a marker written by hand, or by a distsetup that did not store it
             self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")
             return
         self.sampler.load_state_dict(marker.sampler)

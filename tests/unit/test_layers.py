@@ -5,8 +5,8 @@ From the bottom up:
 - errors: DistsetupError, which every layer raises;
 - formats: the DeepSpeed file, the FSDP file, the run config (read, build, check, write);
 - scripts (launch plan, sbatch, templates) and planning (memory planner, GPUs), side by side;
-- training (they import torch), itself in layers: its base modules (world, user_code, run_lock, preemption,
-  metrics, memory) and distsetup.preflight; model/ and optim; data/; loss/ and checkpoint/, side by side;
+- training (they import torch), itself in layers: its base modules (world, user_code, run_lock, run_length,
+  preemption, metrics, memory) and distsetup.preflight; model/ and optim; data/; loss/ and checkpoint/, side by side;
   backends/; the trainer and distsetup.train;
 - cli: the Click group, its commands, and the option, writer and launch-option modules they share.
 

@@ -75,13 +75,14 @@ class FSDPBackend(Backend):
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
         kwargs = {"mesh": self._mesh(), "mp_policy": self._mixed_precision(), "offload_policy": self._offload()}
-        reshards = self.fsdp.reshards_after_forward
-        for position, unit in enumerate(units, start=1):
-            # the last unit's backward follows its forward at once: resharding it would gather it again (torchtitan)
-            fully_shard(unit, reshard_after_forward=reshards and position < len(units), **kwargs)
-        # the root last: it holds what no block took (embeddings, head); FSDP2 keeps the root gathered between
-        # forward and backward itself
-        fully_shard(model, reshard_after_forward=reshards, **kwargs)
+        reshards, last = self.fsdp.reshards_after_forward, last_in_module_order(model, units)
+        for unit in units:
+            # the last unit's backward comes first, right after its forward: resharding it in between would only
+            # gather it again (torchtitan's policy)
+            fully_shard(unit, reshard_after_forward=reshards and unit is not last, **kwargs)
+        # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
+        # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
+        fully_shard(model, reshard_after_forward=False, **kwargs)
         self.model = model
         self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
@@ -229,6 +230,12 @@ def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ..
             "launch the same number on every node.",
         )
     return (world_size // shard, shard)
+
+
+def last_in_module_order(model: torch.nn.Module, units: list) -> torch.nn.Module | None:
+    """The unit that comes last among the model's modules: a transformer's last block, the last to run forward."""
+    order = {id(module): position for position, module in enumerate(model.modules())}
+    return max(units, key=lambda unit: order[id(unit)], default=None)
 
 
 def _size_based_units(model, min_num_params: int) -> list:

@@ -12,7 +12,7 @@ import torch
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import Marker, checkpoints_folder, latest_complete
-from distsetup.training.checkpoint.files import atomic_save, is_dcp_failure
+from distsetup.training.checkpoint.files import and_dcp_failures, atomic_save
 from distsetup.training.checkpoint.named_state import weight_stream
 from distsetup.training.checkpoint.safetensors_file import write_safetensors
 from distsetup.training.checkpoint.weight_stream import WeightStream
@@ -194,9 +194,7 @@ def read_errors(path: Path, verb: str):
         yield
     except DistsetupError:
         raise
-    except BaseException as e:
-        if not (isinstance(e, Exception) or is_dcp_failure(e)):
-            raise
+    except and_dcp_failures(Exception) as e:
         raise DistsetupError(
             f"cannot {verb} checkpoint {path}: {last_line(e)}.",
             f"move {path} aside to {verb} the checkpoint before it.",

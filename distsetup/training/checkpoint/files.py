@@ -165,11 +165,12 @@ def remove_older(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def is_dcp_failure(error: BaseException) -> bool:
-    """Whether `error` is torch.distributed.checkpoint's CheckpointException (a BaseException, no Exception). Read
-    from DCP only where the run has imported it: a run that never saves through DCP saves its import, 1.5 s."""
+def and_dcp_failures(*kinds: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """`kinds` and DCP's CheckpointException (a BaseException, no Exception) where the run has imported DCP: a run
+    that never saves through DCP does not pay for its import (1.5 s). An `except` clause evaluates it when an error
+    reaches it."""
     api = sys.modules.get("torch.distributed.checkpoint.api")
-    return api is not None and isinstance(error, api.CheckpointException)
+    return (*kinds, api.CheckpointException) if api else kinds
 
 
 @contextlib.contextmanager
@@ -177,9 +178,9 @@ def disk_errors(path: Path):
     """A failed write (a full disk, a quota, a folder gone) as one line naming the folder and the free space."""
     try:
         yield
-    except BaseException as e:  # torch.save raises RuntimeError; DCP its CheckpointException
-        if not (isinstance(e, (OSError, RuntimeError)) or is_dcp_failure(e)) or is_lost_contact(e):
-            raise  # a lost peer: DeepSpeed and DCP save through collectives
+    except and_dcp_failures(OSError, RuntimeError) as e:  # torch.save: RuntimeError
+        if is_lost_contact(e):  # DeepSpeed and DCP save through collectives: a peer died, not the disk
+            raise
         reason = e.strerror if isinstance(e, OSError) and e.strerror else last_line(e)
         raise DistsetupError(
             f"cannot write checkpoint {path}: {reason}; {free_space(path)} free on that disk.",
@@ -214,9 +215,9 @@ def load_checkpoint(backend, path: Path, world: World) -> Marker:
             set_rng_state(torch.load(rng_file, weights_only=False))
     except DistsetupError:
         raise
-    except BaseException as e:  # whatever a damaged file makes torch, pickle, DCP or DeepSpeed raise
-        if not (isinstance(e, Exception) or is_dcp_failure(e)) or is_lost_contact(e):
-            raise  # a lost peer: DeepSpeed and DCP load through collectives
+    except and_dcp_failures(Exception) as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
+        if is_lost_contact(e):  # DeepSpeed and DCP load through collectives: a peer died, not the checkpoint
+            raise
         raise DistsetupError(
             f"cannot load checkpoint {path}: {last_line(e)}.",
             f"move {path} aside to resume from the checkpoint before it, or start afresh with --no_resume.",
