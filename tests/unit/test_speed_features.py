@@ -1,6 +1,7 @@
 """The speed features on the CPU, in one process: selective activation checkpointing recomputes no matmul yet gives
-the same gradients, and training.activation_checkpointing still reads its old boolean spelling. (torch.compile's
-runs: tests/processes/test_compiled_runs.py.)"""
+the same gradients, training.activation_checkpointing still reads its old boolean spelling, and DeepSpeed sets up
+without torch.compile's work for functions it never calls. (torch.compile's runs:
+tests/processes/test_compiled_runs.py.)"""
 
 import pytest
 import torch
@@ -37,3 +38,34 @@ def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient():
 def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     cfg = load_run_config(None, [f"training.activation_checkpointing={str(written).lower()}"])
     assert cfg.training.activation_checkpointing == read
+
+
+def test_deepspeed_sets_up_without_torch_compile_work_until_a_compiled_function_runs():
+    """DeepSpeed's ZeRO imports its Muon optimizer, whose torch.compile decorators import torch._inductor (3 s of each
+    rank's start): inside compile_deferred nothing is compiled or imported for them until one is called, the call
+    compiles it as torch.compile does (once), and torch.compile is itself again afterwards."""
+    import subprocess
+    import sys
+
+    from torch._dynamo.testing import CompileCounter
+
+    from distsetup.training.backends.deferred_compile import compile_deferred
+
+    imports_muon = (
+        "import sys\nfrom distsetup.training.backends.deferred_compile import compile_deferred\n"
+        "with compile_deferred():\n    import deepspeed.runtime.zero.muon.muon_optimizer\n"
+        "sys.exit('torch._inductor.compile_fx' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", imports_muon], capture_output=True).returncode == 0
+    eager, counter = torch.compile, CompileCounter()
+    with compile_deferred():
+
+        @torch.compile(backend=counter)
+        def double(x):
+            return x * 2
+
+        module = torch.compile(torch.nn.Linear(2, 2), backend=counter)
+    assert torch.compile is eager
+    assert isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1

@@ -21,6 +21,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training import memory
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
+from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.files import atomic_write_text
 from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
@@ -125,13 +126,14 @@ class DeepSpeedBackend(Backend):
         schedule = None
         if "scheduler" not in self.ds_config:
             schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            model_parameters=groups if optimizer is None else None,
-            lr_scheduler=schedule,
-            config=self.ds_config,
-        )
+        with compile_deferred():
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=model,
+                optimizer=optimizer,
+                model_parameters=groups if optimizer is None else None,
+                lr_scheduler=schedule,
+                config=self.ds_config,
+            )
         self.model = self.engine
         if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
             self._read_wrapper_of_the_other_form(self.own_checkpoint)
