@@ -8,7 +8,8 @@ One rule for every tool: a step's time is the interval between two consecutive o
 itself marks them (distsetup's summary.json `step_seconds`, the HF Trainer's `on_step_end` callback, the loop's
 own line after `optimizer.step()`); each run's median over the steps after the fifth. Time to first step: from
 the benchmark starting the command to the first step's end (Unix time). Rounds alternate; each round's peer figure
-is divided by distsetup's of the same round and the ratios' median is reported (>= 1: distsetup is faster)."""
+is divided by distsetup's of the same round and the ratios' median is reported, with their range (>= 1: distsetup
+is faster)."""
 
 import argparse
 import json
@@ -149,6 +150,11 @@ def steady(run: dict) -> float:
     return statistics.median(run["steps"][5:])
 
 
+def median_and_range(ratios: list[float]) -> str:
+    """The rounds' median ratio, their lowest and highest in brackets: how far one table's figure can be trusted."""
+    return f"{statistics.median(ratios):.3g} ({min(ratios):.3g}-{max(ratios):.3g})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
@@ -175,9 +181,9 @@ def main() -> None:
                         tool,
                         runs[0]["ran"],
                         statistics.median(steady(run) for run in runs),
-                        "" if tool == "distsetup" else statistics.median(step_ratios),
+                        "" if tool == "distsetup" else median_and_range(step_ratios),
                         statistics.median(run["first"] for run in runs),
-                        "" if tool == "distsetup" else statistics.median(first_ratios),
+                        "" if tool == "distsetup" else median_and_range(first_ratios),
                     ]
                 )
     text = table(
@@ -195,7 +201,8 @@ def main() -> None:
     text += (
         f"\n\nTiny Llama {LAYERS} x {HIDDEN}, vocabulary {VOCAB}, sequence {SEQ}, micro-batch {MICRO} per process, "
         f"2 processes, fp32, AdamW, clipping 1.0, {a.steps} steps; medians over {a.repeats} alternating rounds; "
-        "ratios >= 1: distsetup is faster. 'ran as' is what each tool did with the request (on a CPU Accelerate "
+        "ratios >= 1: distsetup is faster (the median of the rounds' ratios, their lowest and highest in "
+        "brackets). 'ran as' is what each tool did with the request (on a CPU Accelerate "
         "takes no FSDP plugin: peer_loops.py sets its state to FSDP, and its own FSDP2 path runs)."
     )
     record("distsetup against the HF Trainer and Accelerate", text)

@@ -3,6 +3,8 @@ the same gradients, training.activation_checkpointing still reads its old boolea
 without torch.compile's work for functions it never calls. (torch.compile's runs:
 tests/processes/test_compiled_runs.py.)"""
 
+import json
+
 import pytest
 import torch
 
@@ -69,3 +71,33 @@ def test_deepspeed_sets_up_without_torch_compile_work_until_a_compiled_function_
     assert isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1
+
+
+def test_the_trainer_asks_for_huge_pages_for_large_cpu_tensors_unless_told_not_to():
+    """Before the trainer imports torch it sets THP_MEM_ALLOC_ENABLE, and torch then advises huge pages for a 64 MiB
+    tensor (the 'hg' flag of its mapping in /proc/self/smaps: set whatever the kernel's THP mode); a value the user
+    set (0) is kept."""
+    import os
+    import subprocess
+    import sys
+
+    flags_of_a_large_tensor = """
+import json, re
+from distsetup.train import ask_for_huge_pages
+ask_for_huge_pages()
+import torch
+large = torch.ones(16 * 2**20)  # kept: freed, it would be unmapped
+address = large.data_ptr()
+for mapping in re.split(r"\\n(?=[0-9a-f]+-[0-9a-f]+ )", open("/proc/self/smaps").read()):
+    low, high = (int(end, 16) for end in mapping.split()[0].split("-"))
+    if low <= address < high:
+        print(json.dumps(re.search(r"VmFlags: (.*)", mapping).group(1).split()))
+"""
+
+    def flags(**setting) -> list[str]:
+        env = {key: value for key, value in os.environ.items() if key != "THP_MEM_ALLOC_ENABLE"} | setting
+        run = subprocess.run([sys.executable, "-c", flags_of_a_large_tensor], env=env, capture_output=True, text=True)
+        return json.loads(run.stdout)
+
+    assert "hg" in flags()
+    assert "hg" not in flags(THP_MEM_ALLOC_ENABLE="0")
