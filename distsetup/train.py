@@ -102,13 +102,10 @@ def export(cfg: RunConfig, args: argparse.Namespace) -> int:
 
 
 def ask_for_huge_pages() -> None:
-    """Large CPU tensors in transparent huge pages, unless THP_MEM_ALLOC_ENABLE says otherwise. glibc maps a block over
-    its threshold (at most 32 MiB) fresh from the kernel and unmaps it when it is freed, so every step's largest
-    tensors (the logits and their gradient, DeepSpeed's flat buffers) fault in all their 4 KiB pages again; in a
-    virtual machine that costs more than the arithmetic on them (a cross-entropy over [1024, 8192] logits, forward
-    and backward: 150 ms, 55 ms in huge pages). Where this variable is 1, torch advises huge pages (2 MiB: 512 times
-    fewer faults) for its CPU tensors of 2 MiB or more; it reads it once, at its first allocation, so it is set
-    before torch is imported. Memory still goes back to the system when freed; a GPU run's CPU tensors are few."""
+    """Large CPU tensors in transparent huge pages, unless THP_MEM_ALLOC_ENABLE is set already. glibc maps each large
+    tensor fresh from the kernel and unmaps it when freed, so a CPU run faults in its 4 KiB pages every step, which
+    costs more than the arithmetic on the logits (docs/benchmarks.md). torch reads the variable once, at its first
+    allocation: it must be set before torch is imported."""
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 

@@ -4,11 +4,17 @@ without torch.compile's work for functions it never calls. (torch.compile's runs
 tests/processes/test_compiled_runs.py.)"""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
 from distsetup.formats.runconfig_load import load_run_config
+from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.model.blocks import apply_activation_checkpointing
 from distsetup.training.model.gpt import GPT
 
@@ -42,23 +48,21 @@ def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     assert cfg.training.activation_checkpointing == read
 
 
-def test_deepspeed_sets_up_without_torch_compile_work_until_a_compiled_function_runs():
+def test_deepspeed_sets_up_without_importing_inductor_for_functions_it_never_calls():
     """DeepSpeed's ZeRO imports its Muon optimizer, whose torch.compile decorators import torch._inductor (3 s of each
-    rank's start): inside compile_deferred nothing is compiled or imported for them until one is called, the call
-    compiles it as torch.compile does (once), and torch.compile is itself again afterwards."""
-    import subprocess
-    import sys
-
-    from torch._dynamo.testing import CompileCounter
-
-    from distsetup.training.backends.deferred_compile import compile_deferred
-
+    rank's start): not inside compile_deferred."""
     imports_muon = (
         "import sys\nfrom distsetup.training.backends.deferred_compile import compile_deferred\n"
         "with compile_deferred():\n    import deepspeed.runtime.zero.muon.muon_optimizer\n"
-        "sys.exit('torch._inductor.compile_fx' in sys.modules)"
+        "print('torch._inductor.compile_fx' in sys.modules)"
     )
-    assert subprocess.run([sys.executable, "-c", imports_muon], capture_output=True).returncode == 0
+    run = subprocess.run([sys.executable, "-c", imports_muon], capture_output=True, text=True)
+    assert run.stdout.strip().splitlines()[-1] == "False", run.stderr[-2000:]  # DeepSpeed logs to stdout first
+
+
+def test_a_deferred_function_compiles_at_its_first_call_as_torch_compile_would():
+    """Compiled once, at the first call (one frame, also where one deferred function calls another, as torch.compile's
+    own are inlined); a module is compiled at once; torch.compile is itself again afterwards."""
     eager, counter = torch.compile, CompileCounter()
     with compile_deferred():
 
@@ -66,38 +70,44 @@ def test_deepspeed_sets_up_without_torch_compile_work_until_a_compiled_function_
         def double(x):
             return x * 2
 
+        @torch.compile(backend=counter)
+        def double_plus_one(x):
+            return double(x) + 1
+
         module = torch.compile(torch.nn.Linear(2, 2), backend=counter)
     assert torch.compile is eager
     assert isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
-    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1
-    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 1
+    for _ in range(2):
+        assert torch.equal(double_plus_one(torch.ones(3)), torch.full((3,), 3.0))
+    assert counter.frame_count == 1
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)) and counter.frame_count == 2
 
 
-def test_the_trainer_asks_for_huge_pages_for_large_cpu_tensors_unless_told_not_to():
-    """Before the trainer imports torch it sets THP_MEM_ALLOC_ENABLE, and torch then advises huge pages for a 64 MiB
-    tensor (the 'hg' flag of its mapping in /proc/self/smaps: set whatever the kernel's THP mode); a value the user
-    set (0) is kept."""
-    import os
-    import subprocess
-    import sys
-
-    flags_of_a_large_tensor = """
-import json, re
+FLAGS_OF_A_LARGE_TENSOR = """
+import json, re, sys
 from distsetup.train import ask_for_huge_pages
+assert "torch" not in sys.modules, "distsetup.train imported torch before it could ask for huge pages"
 ask_for_huge_pages()
 import torch
 large = torch.ones(16 * 2**20)  # kept: freed, it would be unmapped
-address = large.data_ptr()
 for mapping in re.split(r"\\n(?=[0-9a-f]+-[0-9a-f]+ )", open("/proc/self/smaps").read()):
     low, high = (int(end, 16) for end in mapping.split()[0].split("-"))
-    if low <= address < high:
+    if low <= large.data_ptr() < high:
         print(json.dumps(re.search(r"VmFlags: (.*)", mapping).group(1).split()))
 """
 
-    def flags(**setting) -> list[str]:
-        env = {key: value for key, value in os.environ.items() if key != "THP_MEM_ALLOC_ENABLE"} | setting
-        run = subprocess.run([sys.executable, "-c", flags_of_a_large_tensor], env=env, capture_output=True, text=True)
-        return json.loads(run.stdout)
 
-    assert "hg" in flags()
-    assert "hg" not in flags(THP_MEM_ALLOC_ENABLE="0")
+def large_tensor_flags(**setting) -> list[str]:
+    env = {key: value for key, value in os.environ.items() if key != "THP_MEM_ALLOC_ENABLE"} | setting
+    run = subprocess.run([sys.executable, "-c", FLAGS_OF_A_LARGE_TENSOR], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+def test_the_trainer_asks_for_huge_pages_for_large_cpu_tensors_unless_told_not_to():
+    """The trainer's module leaves torch unimported, sets THP_MEM_ALLOC_ENABLE, and torch then advises huge pages for
+    a 64 MiB tensor (the 'hg' flag of its mapping: set whatever the kernel's THP mode, where the kernel has THP at
+    all); a value the user set (0) is kept."""
+    kernel_has_thp = Path("/sys/kernel/mm/transparent_hugepage").is_dir()
+    assert ("hg" in large_tensor_flags()) == kernel_has_thp
+    assert "hg" not in large_tensor_flags(THP_MEM_ALLOC_ENABLE="0")

@@ -4,8 +4,9 @@ DeepSpeed 0.19's ZeRO optimizers import its Muon optimizer whatever the run's op
 that module decorates its update functions with torch.compile when it is imported. Building the inductor backend
 for a decorator imports torch._inductor: about 3 s of every rank's start on a CPU (4 s where torch._dynamo is not
 imported yet), for functions that only a Muon run calls. Inside `compile_deferred()`, torch.compile given a plain
-function returns one that compiles it at its first call. torch.compile traces at the first call anyway, so a Muon
-run compiles the same functions with the same options; a module is compiled at once, as before.
+function returns one that compiles it at its first call; anything else (a module, a bound method) is compiled at
+once. torch.compile traces at the first call anyway, so a Muon run compiles the same functions with the same
+options; what torch.compile itself would refuse at decoration is refused at that first call instead.
 """
 
 import contextlib
@@ -40,6 +41,8 @@ def _at_first_call(compile_it: Callable[[], Callable], function: Callable) -> Ca
     @functools.wraps(function)
     def call(*args, **kwargs):
         nonlocal compiled
+        if torch.compiler.is_compiling():  # traced inside another compiled function, as torch.compile's own are
+            return function(*args, **kwargs)
         if compiled is None:
             compiled = compile_it()
         return compiled(*args, **kwargs)
