@@ -1,7 +1,7 @@
-"""The speed features on the CPU, in one process: selective activation checkpointing recomputes no matmul yet gives
-the same gradients, training.activation_checkpointing still reads its old boolean spelling, and DeepSpeed sets up
-without torch.compile's work for functions it never calls. (torch.compile's runs:
-tests/processes/test_compiled_runs.py.)"""
+"""The speed features on the CPU: selective activation checkpointing recomputes no matmul yet gives the same
+gradients, training.activation_checkpointing still reads its old boolean spelling, DeepSpeed sets up without
+torch.compile's work for functions it never calls, and the trainer asks for huge pages for large CPU tensors (the
+import checks in a fresh interpreter each). (torch.compile's runs: tests/processes/test_compiled_runs.py.)"""
 
 import json
 import os
