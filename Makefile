@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 # The venv's tools first (its ninja, not the system's: their build logs disagree and force rebuilds).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv ops constraints lint docs test test-fast demo bench bench-gpu schemas presets clean
+.PHONY: venv ops constraints lint docs test test-fast demo bench bench-gpu gpu-kit gpu-check gpu-check-dry schemas presets clean
 
 # Processes for the demo: GPUs on a GPU machine, CPU processes (gloo) otherwise.
 DEMO_PROCS ?= 2
@@ -73,6 +73,20 @@ bench: venv
 # Benchmark 4, on a machine with a CUDA GPU and a CUDA build of torch: tokens/s and MFU of a 1B model.
 bench-gpu: venv
 	cd benchmarks && ../$(PY) gpu_throughput.py
+
+# The GPU check (gpu/): `make gpu-kit` here fills .whl/ with the wheels a lent GPU machine lacks (it reaches no
+# registry); there, `make gpu-check OUT=folder` (or `python3 gpu/check.py folder` where make is missing) installs them
+# and measures everything in about 8 minutes; `make gpu-check-dry` runs the same stages here on the CPU.
+OUT ?= gpu-check-out
+KIT ?= .whl
+gpu-kit: venv
+	$(PY) gpu/kit.py --dest $(KIT)
+
+gpu-check:
+	$(PYTHON) gpu/check.py $(OUT)
+
+gpu-check-dry: venv ops
+	$(PY) gpu/dry_run.py $(OUT)
 
 schemas: venv
 	$(PY) -m distsetup.formats.runconfig > distsetup/formats/schemas/run_config.schema.json

@@ -71,10 +71,14 @@ def record(title: str, text: str) -> None:
 def launch(nproc: int, argv: list) -> str:
     """stdout of `torchrun --standalone` running `argv` in `nproc` processes (the cores shared among them)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
-    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}", *map(str, argv)]
+    # torchrun as a module: the GPU check's interpreter may have no torchrun script beside it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, argv)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        said = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # the trainer's own line
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n" + "\n".join(said)
+        )
     return result.stdout
 
 

@@ -4,7 +4,8 @@ tests/unit/       fast: in-process (Click's CliRunner), or one plain interpreter
                   one-process train.py run): `pytest tests/unit`, the same tests as `-m 'not slow'`
 tests/processes/  start processes (torchrun, the deepspeed launcher, accelerate, sbatch on a test SLURM cluster) or
                   import a client (transformers, Accelerate): marked `slow` here
-tests/gpu/        need a CUDA GPU: marked `gpu` (and `slow`) here, and deselected where torch sees no GPU
+tests/gpu/        need a CUDA GPU: marked `gpu` (and `slow`) here, and deselected where torch sees no GPU, except
+                  in the GPU check's dry run (GPU_CHECK_DRY=1: gpu/check.py), which runs them on the CPU
 tests/support/    helpers and data, imported as top-level modules (setup.cfg: pythonpath = tests/support)
 """
 
@@ -43,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
         for marker in TIER_MARKERS.get(tier, ()):
             item.add_marker(marker)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu and not cuda_available():
+    if gpu and not cuda_available() and os.environ.get("GPU_CHECK_DRY") != "1":  # the dry run: on the CPU
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
 

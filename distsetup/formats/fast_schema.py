@@ -23,7 +23,7 @@ KNOWN_KEYWORDS = {
     "maxItems",
     "minLength",
 }
-PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+PYTHON_TYPES = {"array": list, "string": str, "boolean": bool, "null": type(None)}
 
 
 def conforms(value, schema: dict) -> bool:
@@ -62,6 +62,8 @@ def _is_type(value, name: str) -> bool:
         return _is_number(value)
     if name == "integer":
         return type(value) is int or (type(value) is float and value.is_integer())
+    if name == "object":  # a dict subclass too, as jsonschema's is_object: read_json's objects note duplicate keys
+        return isinstance(value, dict)
     return name in PYTHON_TYPES and type(value) is PYTHON_TYPES[name]
 
 

@@ -9,7 +9,7 @@ import statistics
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
@@ -115,16 +115,20 @@ def wandb_run(out_dir: Path, settings: dict):
 class StepTimer:
     """Seconds spent in training steps, checkpoint writes and evaluations left out: in all (what throughput divides
     by) and for each of the latest steps (their median is the steady pace, without the first step's one-off
-    costs)."""
+    costs). `synchronize` waits for the device's queued work (world.synchronizer): called before every reading of
+    the clock, it charges a GPU's work to the step that queued it, not to the checkpoint or evaluation after it."""
 
-    def __init__(self, window: int = 1000):
+    def __init__(self, synchronize: Callable[[], None] = lambda: None, window: int = 1000):
+        self.synchronize = synchronize
         self.train_seconds = self.checkpoint_seconds = self.eval_seconds = 0.0
         self.checkpoint_stalls: list[float] = []  # seconds the loop waited, per checkpoint (and the final wait)
         self.recent_steps: deque[float] = deque(maxlen=window)
         self.first_step_done_at: float | None = None  # Unix time: how long a run takes to start, from outside
+        synchronize()  # the set-up's work (a checkpoint's load) is no step's
         self._step_began, self._paused = time.perf_counter(), 0.0
 
     def step_done(self) -> None:
+        self.synchronize()
         if self.first_step_done_at is None:
             self.first_step_done_at = time.time()
         now = time.perf_counter()
@@ -165,9 +169,11 @@ class StepTimer:
     @contextlib.contextmanager
     def _pause(self):
         """Time left out of the current step; yields a list that holds the seconds once the block is over."""
+        self.synchronize()  # the step's work, still queued, is the step's
         began, seconds = time.perf_counter(), [0.0]
         try:
             yield seconds
+            self.synchronize()  # and the block's is the block's (a block that failed is not waited for)
         finally:
             seconds[0] = time.perf_counter() - began
             self._paused += seconds[0]

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from distsetup.training.world import (
     lost_contact,
     pick_device,
     read_world,
+    synchronizer,
 )
 
 
@@ -58,6 +60,7 @@ class Trainer:
         self.device = pick_device(world)
         self.backend = backend = make_backend(cfg.distributed.backend, cfg, world, self.device)
         backend.check_device_support()
+        backend.set_up_device()
         self.global_batch = global_batch_of(backend.micro_batch, backend.accumulation, world.size)
         self.lr_scaled = self.t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
         if self.lr_scaled:
@@ -90,7 +93,13 @@ class Trainer:
     def run(self) -> int:
         """Join the process group, set up, train; the process group and the lock go whatever happens."""
         status = 1  # what the run exits with
-        init_process_group(self.world, self.backend.name, self.device, self.cfg.distributed.timeout_minutes)
+        init_process_group(
+            self.world,
+            self.backend.name,
+            self.device,
+            self.cfg.distributed.timeout_minutes,
+            cpu_collectives=self.backend.needs_cpu_collectives(),
+        )
         try:
             self._set_up()
             status = self.train()
@@ -152,7 +161,7 @@ class Trainer:
         self.bar.update(1)
         return micro_losses, loss_scale
 
-    def forward_backward(self, batches: list, weights: list[float]) -> list[MicroLoss]:
+    def forward_backward(self, batches: list, weights: Sequence[float | torch.Tensor]) -> list[MicroLoss]:
         """Forward and backward each micro-batch; the backend synchronises gradients on the last one."""
         last = len(batches) - 1
         return [
@@ -179,9 +188,12 @@ class Trainer:
             self.out_dir, self.world.is_main, self.report_to, wandb_settings(self.cfg, resume is not None)
         )
         self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
-        self.timer, self.first_step = StepTimer(), self.step  # the timer leaves checkpoints and evaluations out
+        # the timer leaves checkpoints and evaluations out, and waits for the GPU's queued work wherever it reads time
+        self.timer, self.first_step = StepTimer(synchronizer(self.device)), self.step
         self.logged = (self.step, 0.0)  # the step and training seconds of the last log line: throughput since then
         self.agreement = StepAgreement(self.world.size, self.device)
+        if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def _resume_decision(self) -> Path | None:
         """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system

@@ -4,7 +4,7 @@ import datetime
 import functools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,7 +35,8 @@ SRUN_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK"
 
 
 def read_world(srun_stands_in: bool = False) -> World:
-    """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process). With
+    """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process; the
+    deepspeed launcher sets LOCAL_SIZE instead, and without either every rank is taken to share one node). With
     `srun_stands_in` (preflight, which srun may start without torchrun), srun's own names stand in for those a
     launcher did not set; the trainer never reads them: inside an allocation they describe the job, not its ranks."""
 
@@ -48,7 +49,7 @@ def read_world(srun_stands_in: bool = False) -> World:
         rank=number("RANK", 0),
         local_rank=number("LOCAL_RANK", 0),
         size=size,
-        local_size=number("LOCAL_WORLD_SIZE", size),
+        local_size=number("LOCAL_WORLD_SIZE", number("LOCAL_SIZE", size)),
     )
 
 
@@ -60,14 +61,53 @@ def pick_device(world: World) -> torch.device:
     return torch.device("cpu")
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """What waits for the work queued on `device`: torch.cuda.synchronize on a GPU (CUDA runs it asynchronously, so
+    a clock read without it times the queueing), nothing on the CPU."""
+    if device.type == "cuda":
+        return functools.partial(torch.cuda.synchronize, device)
+    return lambda: None
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def init_process_group(world: World, backend: str, device: torch.device, timeout_minutes: float) -> None:
-    """Join the job's process group (NCCL on GPUs, gloo on CPU); `single` runs without one."""
+def process_group_backend(device: torch.device, cpu_collectives: bool) -> str:
+    """torch's backend for the job's process group: gloo on the CPU; NCCL on GPUs, with gloo beside it for the
+    collectives on CPU tensors that `cpu_collectives` says the run makes (FSDP's CPU offload clips gradients that
+    live on the CPU, which NCCL cannot reduce: pytorch#148532), as torchtitan does when it offloads."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+
+
+# TORCH_NCCL_ASYNC_ERROR_HANDLING: what NCCL's watchdog does when a collective fails or times out. torchrun sets 1
+# (TearDown) where its own environment has none, and torch's own default is 3 (SkipCleanUp; ProcessGroupNCCL.hpp):
+# both end the process from the watchdog thread, before the rank can say which rank it lost. 2 (CleanUpOnly) aborts
+# the communicators and leaves the process alive: the collective's error (a DistBackendError) reaches the trainer,
+# which says it in one line and exits (train.exit_now).
+NCCL_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")  # torch reads them in this order
+
+
+def nccl_error_handling(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment to add before an NCCL group is made: CleanUpOnly, unless the user chose a mode. torchrun's
+    own 1 (set in each rank's environment when the launching shell had none) is not a choice; a value torchrun passes
+    on from the shell reads the same, so a user who wants the process torn down with torchrun sets 3."""
+    value = next((environ[name] for name in NCCL_ERROR_HANDLING if environ.get(name)), None)
+    torchrun_default = value == "1" and "TORCHELASTIC_RUN_ID" in environ
+    if value is None or torchrun_default:
+        return {NCCL_ERROR_HANDLING[0]: "2"}
+    return {}
+
+
+def init_process_group(
+    world: World, backend: str, device: torch.device, timeout_minutes: float, cpu_collectives: bool = False
+) -> None:
+    """Join the job's process group (NCCL on GPUs, with gloo for `cpu_collectives`; gloo on CPU); `single` runs
+    without one."""
     if backend == "single":
         if world.size > 1:
             raise DistsetupError(
@@ -87,9 +127,11 @@ def init_process_group(world: World, backend: str, device: torch.device, timeout
         ("LOCAL_WORLD_SIZE", world.local_size),
     ):
         os.environ.setdefault(key, str(value))
+    if device.type == "cuda":  # read when an NCCL group is made: this one and every group made after it
+        os.environ.update(nccl_error_handling(os.environ))
     timeout = datetime.timedelta(minutes=timeout_minutes)
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo", rank=world.rank, world_size=world.size, timeout=timeout
+        process_group_backend(device, cpu_collectives), rank=world.rank, world_size=world.size, timeout=timeout
     )
     # Groups made later (DeepSpeed's data-parallel group, FSDP's 2-D mesh) take torch's default timeout
     # (30 minutes), not ours: a stopped rank would hang them that long. Make ours their default too.

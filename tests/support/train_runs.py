@@ -128,8 +128,10 @@ def write_config(
 def command(config: Path, nproc: int, *args) -> list[str]:
     if nproc == 1:
         return [sys.executable, str(TRAIN), "--config", str(config), *map(str, args)]
-    return [
-        str(BIN / "torchrun"),
+    return [  # torchrun as a module: the GPU check's interpreter may have no torchrun script beside it
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
         "--standalone",
         "--nproc_per_node",
         str(nproc),

@@ -14,7 +14,7 @@ from distsetup.planning import loss_slices
 from distsetup.planning.loss_slices import slice_width
 from distsetup.training.data.datasets import IGNORE
 from distsetup.training.loss.objective import TokenObjective, loss_head
-from distsetup.training.loss.sliced import LossHead, sliced_cross_entropy
+from distsetup.training.loss.sliced import LossHead, _subtract_targets, sliced_cross_entropy
 from distsetup.training.model.gpt import GPT
 
 VOCAB = 9000  # three slices of at least MIN_SLICE ids, the last one narrower
@@ -46,6 +46,45 @@ def test_sliced_cross_entropy_is_the_plain_one_in_fp32(bias):
     torch.testing.assert_close(sliced, plain, rtol=1e-6, atol=0)
     for a, b in zip(sliced_grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def slice_edges() -> torch.Tensor:
+    """Targets at the first and the last id of each slice of VOCAB ids, each followed by an IGNORE."""
+    width = slice_width(VOCAB)
+    edges = [id for start in range(0, VOCAB, width) for id in (start, min(start + width, VOCAB) - 1)]
+    return torch.tensor([id for edge in edges for id in (edge, IGNORE)])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_sliced_cross_entropy_at_the_slices_edges_is_the_plain_one(bias):
+    torch.manual_seed(0)
+    targets = slice_edges()
+    hidden = torch.randn(len(targets), 32, requires_grad=True)
+    head = nn.Linear(32, VOCAB, bias=bias)
+    (plain, plain_grads), (sliced, sliced_grads) = plain_and_sliced(hidden, head, targets)
+    torch.testing.assert_close(sliced, plain, rtol=1e-6, atol=0)
+    for a, b in zip(sliced_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert (sliced_grads[0][targets == IGNORE] == 0).all()
+
+
+def test_the_target_is_subtracted_as_by_indexing_its_rows_bit_for_bit():
+    """The backward's one-hot subtraction (a masked scatter_add_, which needs no rows' indices) gives what the
+    indexing of the rows whose target falls in the slice (.nonzero(), a read back from the device) gave."""
+    torch.manual_seed(0)
+    targets = slice_edges()
+    safe = torch.where(targets != IGNORE, targets, 0)  # as the loss makes them: an ignored target is id 0
+    width = slice_width(VOCAB)
+    for start in range(0, VOCAB, width):
+        softmax = torch.rand(len(safe), min(width, VOCAB - start))
+        softmax[:, :2] = 0.0  # x - 1.0 and x + -0.0 at exact zeros too
+        rows = ((safe >= start) & (safe < start + softmax.shape[1])).nonzero().squeeze(1)
+        indexed = softmax.clone()
+        indexed[rows, safe[rows] - start] -= 1.0
+        scattered = softmax.clone()
+        _subtract_targets(scattered, safe, start)
+        assert len(rows) > 0 and torch.equal(scattered, indexed)
+        assert torch.equal(scattered.signbit(), indexed.signbit())
 
 
 def test_sliced_cross_entropy_in_bf16_keeps_the_dtypes_and_the_values():

@@ -4,7 +4,8 @@ the `single` backend itself: one process holding the whole model. The others sub
 """
 
 import contextlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +31,22 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices
 
 
+def device_supports(device: torch.device, precision: str) -> bool:
+    """Whether `device` trains in `precision`, by the one rule every backend applies: on a GPU, bf16 only where the GPU
+    has it (Ampere or newer), not emulated (torch.cuda.is_bf16_supported's default lets a V100 or T4 emulate it, far
+    slower)."""
+    on_gpu = device.type == "cuda"
+    return not (on_gpu and precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def tf32_matmuls(device: torch.device, precision: str, environ: Mapping[str, str]) -> bool:
+    """Whether an fp32 run's matmuls go to TF32: on an Ampere or newer GPU, unless NVIDIA_TF32_OVERRIDE=0 (which makes
+    cuBLAS and cuDNN compute full fp32 whatever torch asks)."""
+    if device.type != "cuda" or precision != "fp32" or environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 class Backend:
     """One process holding the whole model: the interface, and the `single` backend itself."""
 
@@ -50,6 +67,7 @@ class Backend:
         self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
         self.placement = Placement(device)  # where batches go
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
+        self.tf32 = False  # fp32 matmuls in TF32 (set_up_device)
 
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, parts: ModelParts) -> None:
@@ -214,12 +232,26 @@ class Backend:
 
     def check_device_support(self) -> None:
         """Refuse, before any process group, a precision this device cannot train in."""
-        on_gpu = self.device.type == "cuda"
-        if on_gpu and self.precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        if not device_supports(self.device, self.precision):
             raise DistsetupError(
                 f"{self.precision_source} asks for bf16, which needs an Ampere or newer GPU; this one is older.",
                 f"set {self.precision_source} to fp16 (DDP, DeepSpeed) or fp32.",
             )
+
+    def set_up_device(self) -> None:
+        """Once the precision is settled and supported: an fp32 run's matmuls in TF32 on a GPU that has it (Ampere or
+        newer; nanoGPT's choice, and what Lightning asks fp32 users for), unless NVIDIA_TF32_OVERRIDE=0 keeps full fp32.
+        Through set_float32_matmul_precision: torch 2.13 refuses to read its older flags (get_float32_matmul_precision,
+        matmul.allow_tf32, which Inductor reads) once matmul.fp32_precision has been set. cuDNN convolutions use TF32
+        by torch's own default already."""
+        self.tf32 = tf32_matmuls(self.device, self.precision, os.environ)
+        if self.tf32:
+            torch.set_float32_matmul_precision("high")
+
+    def needs_cpu_collectives(self) -> bool:
+        """Whether the run reduces tensors that live on the CPU over the job's process group, which then needs gloo
+        beside NCCL (world.process_group_backend)."""
+        return False
 
     # -- helpers --------------------------------------------------------------------------------------
     def _forward(self, loss_of: Callable[[nn.Module], MicroLoss]) -> MicroLoss:
@@ -270,7 +302,8 @@ class Backend:
         return (
             f"backend {self.name}{details} on {world} x {self.device.type}; global batch "
             f"{global_batch_of(self.micro_batch, self.accumulation, world)} = micro {self.micro_batch} x accumulation "
-            f"{self.accumulation} x world {world}; {self.precision}; grad clip {self.grad_clip:g}; peak lr "
+            f"{self.accumulation} x world {world}; {self.precision}{' (TF32 matmuls)' if self.tf32 else ''}; "
+            f"grad clip {self.grad_clip:g}; peak lr "
             f"{self.lr:.6g}; activation checkpointing {self.checkpointing()}"
         )
 

@@ -20,7 +20,7 @@ from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training import memory
-from distsetup.training.backends.base import PRECISION_DTYPES, Backend
+from distsetup.training.backends.base import PRECISION_DTYPES, Backend, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.files import atomic_write_text
@@ -94,9 +94,14 @@ class DeepSpeedBackend(Backend):
         from deepspeed.accelerator import get_accelerator
 
         accelerator = get_accelerator()
-        supported = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
-        if self.precision in supported and not supported[self.precision]():
-            other = "bf16" if self.precision == "fp16" and accelerator.is_bf16_supported() else "fp32"
+        checks = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
+
+        def supported(precision: str) -> bool:
+            # DeepSpeed's CUDA accelerator counts emulated bf16 (a V100, a T4) in: the rule of every backend too
+            return checks[precision]() and device_supports(self.device, precision)
+
+        if self.precision in checks and not supported(self.precision):
+            other = "bf16" if self.precision == "fp16" and supported("bf16") else "fp32"
             raise DistsetupError(
                 f"DeepSpeed file {self.cfg.distributed.deepspeed_config} enables {self.precision}, "
                 f"which DeepSpeed does not support on this {accelerator.device_name()} device.",
@@ -264,8 +269,8 @@ class DeepSpeedBackend(Backend):
         for key, value in own.items():
             setattr(optimizer, key, value)
         if "loss_scaler" in own:  # ZeRO-1's BF16_Optimizer (bf16 with fp32 gradient accumulation) has none
-            saved = torch.load(folder / "zero" / "optimizer_state.pt", weights_only=False).get("loss_scaler")
-            loss_scale.restore(own["loss_scaler"], saved)
+            saved = torch.load(folder / "zero" / "optimizer_state.pt", map_location="cpu", weights_only=False)
+            loss_scale.restore(own["loss_scaler"], saved.get("loss_scaler"))
 
     def _load_engine(self, folder: Path) -> None:
         loaded, _ = self.engine.load_checkpoint(str(folder.parent), tag=folder.name)

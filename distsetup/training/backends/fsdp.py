@@ -143,6 +143,10 @@ class FSDPBackend(Backend):
         reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
         return MixedPrecisionPolicy(param_dtype=PRECISION_DTYPES[self.precision], reduce_dtype=reduce)
 
+    def needs_cpu_collectives(self) -> bool:
+        """Offloaded to the CPU, the gradients that clipping reduces live there (as CPU DTensors)."""
+        return self.fsdp.cpu_offload and self.device.type == "cuda"
+
     def _offload(self):
         if not self.fsdp.cpu_offload:
             return OffloadPolicy()
@@ -214,7 +218,7 @@ class FSDPBackend(Backend):
             dcp.load(optim, checkpoint_id=path / "optim")
             optim["param_groups"] = self._with_own_kernels(optim["param_groups"])
             set_optimizer_state_dict(self.model, self.optimizer, optim)
-            state = torch.load(path / "scheduler.pt", weights_only=False)
+            state = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
 
 

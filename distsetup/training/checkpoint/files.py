@@ -212,7 +212,7 @@ def load_checkpoint(backend, path: Path, world: World) -> Marker:
     try:
         backend.load(path)
         if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
     except DistsetupError:
         raise
     except and_dcp_failures(Exception) as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise

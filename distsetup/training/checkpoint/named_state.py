@@ -130,7 +130,7 @@ def _from_dcp(path: Path, groups: list[list[str]] | None) -> dict:
         }
 
     model = dcp.FileSystemReader(str(path / "model")).read_metadata().state_dict_metadata
-    scheduler = torch.load(path / "scheduler.pt", weights_only=False)["scheduler"]
+    scheduler = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False)["scheduler"]
     state = {"model": lazy_tensors(model, path / "model"), "optimizer": None, "scheduler": scheduler, "scaler": None}
     if groups is None:
         return state

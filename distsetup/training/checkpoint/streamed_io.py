@@ -127,7 +127,7 @@ def save_streamed(state, file: Path) -> None:
         for i, leaf in enumerate(leaves):
             if place is None or written > MAPPED_BYTES:
                 place, written = None, 0  # the old map goes before the new one comes
-                mapped = tree_flatten(torch.load(file, mmap=True, weights_only=False))[0]
+                mapped = tree_flatten(torch.load(file, map_location="cpu", mmap=True, weights_only=False))[0]
                 place = [t for t in mapped if isinstance(t, torch.Tensor)]
             tensor = read(leaf)
             place[i].copy_(tensor)

@@ -112,13 +112,13 @@ def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
     if groups is None:
         return state
-    optimizer_state = torch.load(zero / "optimizer_state.pt", weights_only=False)
+    optimizer_state = _load(zero / "optimizer_state.pt")
     settings = optimizer_state["param_groups"]
     if len(settings) != len(groups):
         raise ValueError(f"{len(settings)} optimizer param groups, where this run has {len(groups)}")
     moments = {
         name: {
-            "step": torch.tensor(float(torch.load(zero / name / "step.pt", weights_only=False))),
+            "step": torch.tensor(float(_load(zero / name / "step.pt"))),
             **{key: lazy(name, key) for key in MOMENTS},
         }
         for name in (name for names in groups for name in names)
@@ -207,6 +207,12 @@ def _shapes(model_states: dict) -> dict[str, tuple[int, ...]]:
     return {name: tuple(shape) for shapes in model_states["param_shapes"] for name, shape in shapes.items()}
 
 
+def _load(file: Path):
+    """A file of DeepSpeed's checkpoint, its tensors on the CPU: a GPU rank would otherwise put a whole module on its
+    GPU beside the live engine, and a CPU-only machine could not read a GPU run's files."""
+    return torch.load(file, map_location="cpu", weights_only=False)
+
+
 def _model_states(folder: Path) -> dict:
     """The model-states file, its tensors mapped (ds_to_universal's keeps a ZeRO 1-2 source's whole module there)."""
     return torch.load(folder / MODEL_STATES[0], map_location="cpu", weights_only=False, mmap=True)
@@ -214,7 +220,7 @@ def _model_states(folder: Path) -> dict:
 
 def _param(folder: Path, key: str, shape) -> torch.Tensor:
     """One parameter's `key` (fp32, exp_avg, exp_avg_sq) in its shape (from ZeRO-3, ds_to_universal writes it flat)."""
-    loaded = torch.load(folder / f"{key}.pt", map_location="cpu", weights_only=False)
+    loaded = _load(folder / f"{key}.pt")
     return (loaded["param"] if isinstance(loaded, dict) else loaded).detach().view(shape)  # ZeRO 1-2's require grad
 
 
@@ -225,7 +231,7 @@ def _with_plain_names(converted: Path) -> None:
         if folder.is_dir() and plain_name(folder.name) != folder.name:
             folder.rename(folder.with_name(plain_name(folder.name)))
     for file in MODEL_STATES:
-        model_states = torch.load(converted / file, weights_only=False)
+        model_states = _load(converted / file)
         model_states["param_shapes"] = [
             {plain_name(name): shape for name, shape in shapes.items()} for shapes in model_states["param_shapes"]
         ]
@@ -247,12 +253,12 @@ def _readable_by_every_stage(converted: Path) -> None:
         if not (converted / name).exists():
             shutil.copyfile(sorted(converted.glob("*model_states.pt"))[0], converted / name)
     zero = converted / "zero"
-    state = torch.load(zero / "optimizer_state.pt", weights_only=False)
+    state = _load(zero / "optimizer_state.pt")
     inner = state.get("optimizer_state_dict")
     if inner is not None:  # from ZeRO-3: one step for all parameters
         step, groups = inner["state"][0]["step"], inner["param_groups"]
     else:  # from ZeRO 1-2: a step beside each parameter, all equal
-        step, groups = torch.load(next(zero.glob("*/step.pt")), weights_only=False), state["param_groups"]
+        step, groups = _load(next(zero.glob("*/step.pt"))), state["param_groups"]
     state.setdefault("optimizer_state_dict", {"state": {0: {"step": step}}, "param_groups": groups})
     state.setdefault("param_groups", groups)
     state.setdefault("ds_version", deepspeed.__version__)
@@ -261,5 +267,5 @@ def _readable_by_every_stage(converted: Path) -> None:
         if not (folder / "step.pt").exists():
             torch.save(step, folder / "step.pt")
         for file in folder.glob("*.pt"):  # ZeRO-3 writes bare tensors, ZeRO 1-2 read {"param": tensor}
-            if file.name != "step.pt" and isinstance(tensor := torch.load(file, weights_only=False), torch.Tensor):
+            if file.name != "step.pt" and isinstance(tensor := _load(file), torch.Tensor):
                 torch.save({"param": tensor}, file)

@@ -68,16 +68,19 @@ class TokenBlocks:
         return x, y
 
 
-def loss_weights(targets: list[torch.Tensor], world_size: int, device: torch.device) -> list[float]:
+def loss_weights(targets: list[torch.Tensor], world_size: int, device: torch.device) -> torch.Tensor:
     """Each micro-batch's loss weight for a step whose micro-batches count different numbers of targets
     (instruction data): the backends average the micro-batches' mean losses over micro-batches and ranks, which
     would weigh a micro-batch of 3 counted targets as much as one of 300; weighted, the step's loss (and gradient)
-    is the mean over every counted target of the step, on every rank. One all-reduce of a number per step."""
+    is the mean over every counted target of the step, on every rank. One all-reduce of a number per step.
+
+    A float64 tensor [micro-batches] on `device`, never read back: on a GPU the host queues the step's work without
+    waiting for these counts."""
     counted = torch.stack([(y != IGNORE).sum() for y in targets]).double().to(device)
     total = counted.sum()
     if dist.is_initialized():
         dist.all_reduce(total)
-    return (counted * (len(targets) * world_size) / total).tolist()
+    return counted * (len(targets) * world_size) / total
 
 
 def as_fetched(batch):

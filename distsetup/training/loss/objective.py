@@ -13,7 +13,7 @@
 The first call checks what the user's code returned, in one line naming the setting to fix.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,7 @@ class TokenObjective:
         config: Any = getattr(model, "config", None)
         self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
 
-    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+    def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
         """The micro-batch's mean cross-entropy x `weight` (step_weights), plus its auxiliary loss if any."""
         x, y = batch
         ce, aux = self._cross_entropy(model, x, y, "mean")
@@ -102,12 +102,13 @@ class TokenObjective:
         total = field_of(outputs, "logits", outputs)  # what the head returned: the summed cross-entropy
         return total if reduction == "sum" else total / (y != IGNORE).sum(), field_of(outputs, "aux_loss", None)
 
-    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> Sequence[float | torch.Tensor]:
         """Each micro-batch's loss weight: 1, or where some targets carry no loss (instruction data), its share of the
-        step's counted targets (data.loss_weights)."""
+        step's counted targets (data.loss_weights), a 0-d tensor on the device (reading it would make the host wait
+        for the device)."""
         if not self.masked:
             return [1.0] * len(batches)
-        return loss_weights([y for _, y in batches], world_size, device)
+        return loss_weights([y for _, y in batches], world_size, device).unbind()
 
     def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
         outputs = model(x, **self.forward_kwargs)
@@ -144,7 +145,7 @@ class PythonObjective:
         self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
         self.forward_kwargs = forward_kwargs
 
-    def micro_loss(self, model: nn.Module, batch, weight: float = 1.0) -> MicroLoss:
+    def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
         loss, aux = self._loss(model, batch)
         return MicroLoss(weighted(loss, weight), {} if aux is None else {"aux_loss": aux.detach()})
 
@@ -158,7 +159,7 @@ class PythonObjective:
         """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
         return self._compute(model, batch)[0]
 
-    def step_weights(self, batches: list, world_size: int, device: torch.device) -> list[float]:
+    def step_weights(self, batches: list, world_size: int, device: torch.device) -> Sequence[float | torch.Tensor]:
         return [1.0] * len(batches)  # micro-batches of as many samples: their mean is the step's
 
     def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -299,8 +300,12 @@ def rejected_input(error: Exception) -> bool:
     return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling)
 
 
-def weighted(loss: torch.Tensor, weight: float) -> torch.Tensor:
-    """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data)."""
+def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
+    """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data). A tensor
+    weight (step_weights of masked data) is never compared or read, which would make the host wait for the device;
+    it is cast to the loss's dtype, as a Python float is (the same product, and the loss keeps its dtype)."""
+    if isinstance(weight, torch.Tensor):
+        return loss * weight.to(loss.dtype)
     return loss if weight == 1.0 else loss * weight
 
 

@@ -27,6 +27,22 @@ def _slice_logits(hidden, weight, bias, start: int, stop: int) -> torch.Tensor:
     return F.linear(hidden, weight[start:stop].to(dtype), part).float()
 
 
+def _in_slice(safe: torch.Tensor, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which targets `safe` [N] fall in the slice of ids start:start + width, and each one's column in it [N, 1]
+    (clamped into the slice where it falls outside: a column to gather or scatter at, its value then unused). Masks,
+    not the rows' indices: finding those (nonzero, boolean indexing) makes the host wait for the device."""
+    inside = (safe >= start) & (safe < start + width)
+    return inside, (safe - start).clamp(0, width - 1).unsqueeze(1)
+
+
+def _subtract_targets(grad: torch.Tensor, safe: torch.Tensor, start: int) -> None:
+    """grad [N, width], the softmax of the slice of ids start:start + width, minus the one-hot of the targets `safe`
+    that fall in it, in place: 1 subtracted at each such target (x + -1.0 is x - 1.0 exactly), -0.0 added at a
+    clamped column of the other rows (x + -0.0 is x)."""
+    inside, column = _in_slice(safe, start, grad.shape[1])
+    grad.scatter_add_(1, column, inside.unsqueeze(1).to(grad.dtype).neg())
+
+
 class _SlicedCrossEntropy(torch.autograd.Function):
     """The summed cross-entropy of hidden [N, d] @ weight[V, d].T (+ bias) against targets [N] (IGNORE: not
     counted), its matrix products in `dtype` in forward and backward alike (autocast's, which backward runs
@@ -43,8 +59,7 @@ class _SlicedCrossEntropy(torch.autograd.Function):
         for start in range(0, weight.shape[0], width):
             logits = _slice_logits(computed, weight, bias, start, start + width)
             lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
-            inside = (safe >= start) & (safe < start + logits.shape[1])
-            column = (safe - start).clamp(0, logits.shape[1] - 1).unsqueeze(1)
+            inside, column = _in_slice(safe, start, logits.shape[1])
             target_logit += torch.where(inside, logits.gather(1, column).squeeze(1), 0.0)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         return ((lse - target_logit) * counted).sum()
@@ -64,8 +79,7 @@ class _SlicedCrossEntropy(torch.autograd.Function):
             grad = _slice_logits(computed, weight, bias, start, start + ctx.width)
             stop = start + grad.shape[1]
             grad.sub_(lse.unsqueeze(1)).exp_()  # the softmax, in place
-            rows = ((safe >= start) & (safe < stop)).nonzero().squeeze(1)
-            grad[rows, safe[rows] - start] -= 1.0
+            _subtract_targets(grad, safe, start)
             grad.mul_(scale)
             if grad_hidden is not None:
                 grad_hidden += grad.to(ctx.dtype) @ weight[start:stop].to(ctx.dtype)
