@@ -273,9 +273,9 @@ def environment_lines(env: EnvSpec) -> list[dict]:
         var("NCCL_IB_DISABLE", ib, "1", "1 = no InfiniBand (use TCP sockets)"),
         var(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-            None if env.timeout_minutes is None else 1,
-            "1",
-            "a collective that times out ends the job instead of hanging",
+            None if env.timeout_minutes is None else 2,
+            "2",
+            "a collective that times out raises in each rank, which says so, instead of hanging (1, 3: NCCL ends it)",
         ),
         var(
             "CUDA_DEVICE_MAX_CONNECTIONS",

@@ -27,7 +27,7 @@ cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
 # export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
-# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a collective that times out ends the job instead of hanging
+# export TORCH_NCCL_ASYNC_ERROR_HANDLING=2  # a collective that times out raises in each rank, which says so, instead of hanging (1, 3: NCCL ends it)
 # export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
 gpu_count() {
   if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
