@@ -175,7 +175,7 @@ def test_environment_block_is_commented_unless_set():
         "export NCCL_DEBUG=INFO",
         "export NCCL_SOCKET_IFNAME=eth0",
         "export NCCL_IB_DISABLE=1",
-        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=2",
         "export CUDA_DEVICE_MAX_CONNECTIONS=1",
     ):
         assert line in on
