@@ -7,6 +7,7 @@ DDP, FSDP2 or DeepSpeed ZeRO 0-3.
     python -m distsetup.train --config config/config.yaml training.max_steps=50        # any key: section.key=value
     python -m distsetup.train --config config/config.yaml --export runs/demo/model.pt --export_dtype bf16
     python -m distsetup.train --config config/config.yaml distributed.backend=single --init_from runs/demo/model.pt
+    python -m distsetup.train --config config/config.yaml --check   # read the config as a run would; nothing runs
 
 `src/train.py` (the name the guides use) runs the same: `torchrun --nproc_per_node 2 src/train.py ...`.
 
@@ -22,12 +23,19 @@ user's signal) ends there, its checkpoint ready for the next `sbatch`, which res
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import load_run_config
+from distsetup.training.launch_env import World, read_world
+
+if TYPE_CHECKING:
+    from distsetup.training.trainer import Trainer
 
 
 def parse_args(argv=None):
@@ -42,6 +50,12 @@ def parse_args(argv=None):
     p.add_argument("--export", metavar="OUT.pt", help="write the newest checkpoint's weights to OUT.pt and exit")
     p.add_argument("--export_dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--init_from", metavar="FILE.pt", help="start from weights written by --export")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="read the run config with these arguments as a run would, then exit: 0, or 1 with one line saying the "
+        "problem (the launch scripts run it once before they start any process)",
+    )
     return p.parse_intermixed_args(argv)  # overrides may follow options, as launcher scripts pass them
 
 
@@ -75,12 +89,47 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
+        if args.check:
+            return 0
         if args.export:
             return export(cfg, args)
-        return train(cfg, args)
-    except DistsetupError as e:
-        print(f"error: {e.format_message()}", file=sys.stderr)
-        return e.exit_code
+        trainer = prepare(cfg, args)
+    except DistsetupError as e:  # found before any process group: in the input, which every rank reads alike
+        return say(e) if args.check else say_once_per_node(e)
+    try:
+        return trainer.run()
+    except DistsetupError as e:  # this rank's own (a lost peer, a checkpoint): every rank says its own
+        return say(e)
+
+
+def say(error: DistsetupError) -> int:
+    """The error in one line; the status to exit with."""
+    print(f"error: {error.format_message()}", file=sys.stderr, flush=True)
+    return error.exit_code
+
+
+# How long a silent rank gives the rank that says an error to say it and exit (the launcher then stops this one).
+SPEAKER_HEAD_START_S = 10.0
+
+
+def say_once_per_node(error: DistsetupError) -> int:
+    """An error every rank finds alike before the process group (the run config, a builder that cannot be
+    imported), said by one rank per node rather than by every rank (speaks_for_its_node). The others exit with the
+    same status, silently, once the launcher (torchrun, the deepspeed launcher), seeing that rank gone, stops them
+    with SIGTERM; exiting first, they would have it stop that rank before it said anything. A rank still running
+    after SPEAKER_HEAD_START_S says its error itself: then it was its own (the first rank went on)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from now on
+        signal.signal(sig, lambda *_: exit_now(error.exit_code))
+    if not speaks_for_its_node(read_world()):
+        time.sleep(SPEAKER_HEAD_START_S)
+    return say(error)
+
+
+def speaks_for_its_node(world: World) -> bool:
+    """Whether this rank says the errors every rank finds alike: the first of its node (LOCAL_RANK 0). Where no
+    launcher set LOCAL_RANK, read_world takes every rank to share one node (local size = world size) and gives each
+    local rank 0: there rank 0 alone."""
+    return world.local_rank == 0 and (world.rank == 0 or world.local_size < world.size)
 
 
 def exit_now(status: int) -> None:
@@ -113,13 +162,14 @@ def ask_for_huge_pages() -> None:
 _RUNS: list = []
 
 
-def train(cfg: RunConfig, args: argparse.Namespace) -> int:
+def prepare(cfg: RunConfig, args: argparse.Namespace) -> "Trainer":
+    """The run, with every check that can fail before the process group done (distsetup.training.trainer.Trainer)."""
     ask_for_huge_pages()
     from distsetup.training.trainer import Trainer
 
     trainer = Trainer(cfg, args)
     _RUNS.append(trainer)
-    return trainer.run()
+    return trainer
 
 
 def run(argv=None) -> None:

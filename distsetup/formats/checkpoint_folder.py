@@ -5,6 +5,7 @@ whose files no longer have the sizes it lists is passed over for the one before 
 and the trainer read folders through this module."""
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -45,26 +46,34 @@ class Marker:
     layout: str | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
     converted_from: str | None = None
     files: dict[str, int] = field(default_factory=dict)
+    other_keys: dict[str, Any] = field(default_factory=dict)  # read with keys it does not know (another distsetup's)
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("backend", "step", "world_size")
 
     @classmethod
     def from_json(cls, raw: Any) -> "Marker":
-        """A marker read back; keys it does not know (an older or newer distsetup's) are left out."""
+        """A marker read back; keys it does not know (an older or newer distsetup's) are kept aside, in other_keys,
+        and written again by to_json."""
         if not isinstance(raw, dict) or any(key not in raw for key in cls.REQUIRED):
             raise ValueError(f"{MARKER} lacks {', '.join(cls.REQUIRED)}")
         if not isinstance(raw.get("files") or {}, dict):
             raise ValueError(f"{MARKER}'s files are not a mapping of names to sizes")
-        known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in raw.items() if key in known and value is not None})
+        known = {f.name for f in fields(cls)} - {"other_keys"}
+        own = {key: value for key, value in raw.items() if key in known and value is not None}
+        return cls(**own, other_keys={key: value for key, value in raw.items() if key not in known})
 
     @classmethod
     def read(cls, folder: Path) -> "Marker":
         return cls.from_json(json.loads((folder / MARKER).read_text()))
 
     def to_json(self) -> str:
+        """Its keys (a loss that is NaN or infinite as null: JSON has no such numbers), then the other keys it was read
+        with."""
         optional = ("user_code", "layout", "converted_from")
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None or k not in optional}, indent=2)
+        own = {k: v for k, v in asdict(self).items() if k != "other_keys" and (v is not None or k not in optional)}
+        if isinstance(own["loss"], float) and not math.isfinite(own["loss"]):
+            own["loss"] = None
+        return json.dumps(own | {k: v for k, v in self.other_keys.items() if k not in own}, indent=2)
 
     @property
     def files_layout(self) -> str:
@@ -77,13 +86,26 @@ class Marker:
 
     @property
     def global_batch(self) -> int | None:
-        return (self.sampler or {}).get("global_batch")
+        return self.sampler.get("global_batch") if isinstance(self.sampler, dict) else None
+
+    @property
+    def data_position(self) -> dict | None:
+        """The sampler's state where it says where the data resumes: the epoch and the samples read in it (an older
+        marker: steps of its global batch); None where the marker holds none, or only part of one."""
+        state = self.sampler
+        if not isinstance(state, dict) or not _whole_numbers(state, "epoch"):
+            return None
+        return state if _whole_numbers(state, "samples") or _whole_numbers(state, "position", "global_batch") else None
 
     @property
     def legacy_hf_names(self) -> bool:
         """Whether it keeps a Hugging Face model under the names of the wrapper distsetup trained it in before it
         trained every model as itself (its stored model section still says layer_cls)."""
         return isinstance(self.model, dict) and self.model.get("type") == "hf" and "layer_classes" not in self.model
+
+
+def _whole_numbers(state: dict, *keys: str) -> bool:
+    return all(isinstance(state.get(key), int) and not isinstance(state.get(key), bool) for key in keys)
 
 
 def step_dir(root: Path, step: int) -> Path:

@@ -1,13 +1,14 @@
 """Other tools' names for run-config settings: the HF Trainer's (TrainingArguments), Accelerate's, DeepSpeed's and
 the guides users copy from. Each known name is either read as distsetup's own key (OTHER_NAMES, with a note saying
 so) or, where distsetup has no such key, answered with where the setting lives here (ELSEWHERE). One table:
-`read_other_names` applies it to a run config, `hint` words the suggestion for an unknown key, and
+`read_other_names` applies it to a run config, `hint` words the suggestion for an unknown key (another tool's name,
+or a typo of one: `lerning_rate` is answered with what `learning_rate` is read as), and
 tests/unit/test_other_names.py holds the HF Trainer's names to TrainingArguments' own fields."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from distsetup.formats.problems import Problem
+from distsetup.formats.problems import Problem, closest
 
 HF = "the HF Trainer's"
 GUIDES = "the guides'"
@@ -112,14 +113,41 @@ ELSEWHERE = {
 }
 
 
-def hint(section: str, key: str) -> str | None:
-    """The suggestion for an unknown run-config key that another tool knows, or None."""
+def hint(section: str, key: str, known: Collection[str] = ()) -> str | None:
+    """The suggestion for an unknown run-config key in `section` (whose own keys are `known`): where another tool's
+    name is read or lives here; for a typo, the closest of the section's own keys and the other tools' names, said
+    with what that name is read as; None where nothing is close."""
+    said = _said(section, key)
+    if said is not None:
+        return said
+    meant = {name: f"did you mean '{name}'? {_said(section, name)}" for name in OTHER_TOOLS_NAMES}
+    meant |= {
+        k: f"did you mean '{k}' (read as {_here(o.ours, section)})?"
+        for (s, k), o in OTHER_NAMES.items()
+        if s == section
+    }
+    meant |= {name: f"did you mean '{name}'?" for name in known}
+    typo_of = closest(key, meant)
+    return None if typo_of is None else meant[typo_of]
+
+
+def _said(section: str, key: str) -> str | None:
+    """What is said of another tool's name written in `section`: what it is read as, or where it lives here."""
     known = OTHER_NAMES.get((section, key)) or next((o for (_, k), o in OTHER_NAMES.items() if k == key), None)
     if known is not None:  # a known name in another section
         return f"{key} is {known.ours} here."
     if key in ELSEWHERE:
         return f"{key} {ELSEWHERE[key][1]}."
     return None
+
+
+def _here(ours: str, section: str) -> str:
+    """distsetup's key as said in `section`: lr in training, training.gradient_accumulation_steps elsewhere."""
+    target_section, key = ours.split(".")
+    return key if target_section == section else ours
+
+
+OTHER_TOOLS_NAMES = frozenset({key for _, key in OTHER_NAMES} | set(ELSEWHERE))
 
 
 def read_other_names(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:

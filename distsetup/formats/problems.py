@@ -3,7 +3,7 @@
 import difflib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -41,12 +41,23 @@ def join_path(parts) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts).replace(".[", "[")
 
 
+def closest(word: str, choices) -> str | None:
+    """The choice `word` is most likely a typo of, or None where none is close."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def suggest(word: str, choices) -> str:
     """'did you mean X?' for a close match, else the list of valid choices."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    if close:
-        return f"did you mean '{close[0]}'?"
+    close = closest(word, choices)
+    if close is not None:
+        return f"did you mean '{close}'?"
     return "valid keys: " + ", ".join(sorted(choices)) + "."
+
+
+# What a format says of an unknown key beyond its own keys: hint(section, key, the section's own keys) -> the fix, or
+# None for suggest's.
+Hint = Callable[[str, str, Collection[str]], str | None]
 
 
 @cache
@@ -64,9 +75,10 @@ def non_finite_problems(data, path=()) -> list[Problem]:
     return [p for key, value in children for p in non_finite_problems(value, path + (key,))]
 
 
-def schema_problems(data, schema_name: str, hint: Callable[[str, str], str | None] | None = None) -> list[Problem]:
+def schema_problems(data, schema_name: str, hint: Hint | None = None) -> list[Problem]:
     """Every place `data` breaks the named schema or holds a non-finite number; unknown keys come with
-    `hint(section, key)` where it knows the key (another tool's name), else a close-match suggestion."""
+    `hint(section, key, known)` where it has one (another tool's name, or a typo of one), else a close-match
+    suggestion."""
     problems = non_finite_problems(data)
     schema = load_schema(schema_name)
     if conforms(data, schema):
@@ -81,7 +93,7 @@ def schema_problems(data, schema_name: str, hint: Callable[[str, str], str | Non
         if error.validator == "additionalProperties":
             known = error.schema.get("properties", {})
             for key in sorted(set(error.instance) - set(known)):
-                said = hint(join_path(path), str(key)) if hint else None
+                said = hint(join_path(path), str(key), known) if hint else None
                 problems.append(Problem(join_path(path + [key]), f"unknown key '{key}'.", said or suggest(key, known)))
         else:
             problems.append(Problem(join_path(path), *_describe(error)))

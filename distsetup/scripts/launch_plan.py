@@ -298,6 +298,9 @@ def launch_context(spec: LaunchSpec) -> dict:
         "launch_method": spec.launch_method,
         "target": spec.target,
         "is_module": spec.script is None,
+        # distsetup's trainer checks the run config and its arguments once before the launch (--check); a user's
+        # program owns its arguments
+        "check_config": spec.runs_default_trainer,
         "workdir": spec.workdir,
         "train_args": train_args(spec),
         "num_nodes": spec.num_nodes,

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import math
 import statistics
 import time
 import uuid
@@ -41,6 +42,23 @@ def wandb_settings(cfg: RunConfig, resumed: bool) -> dict:
     return {"project": t.wandb_project, "name": t.run_name, "tags": t.wandb_tags, "config": config, "resumed": resumed}
 
 
+def as_json(value, **options) -> str:
+    """`value` as JSON text that every JSON reader takes: NaN and infinities (no loss yet; a loss that diverged) as
+    null, since JSON has no such numbers (json.dumps would write a bare NaN, which only Python's reader accepts)."""
+    return json.dumps(finite(value), allow_nan=False, **options)
+
+
+def finite(value):
+    """`value` with each float that is NaN or infinite, in its dicts, lists and tuples too, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
 class MetricsLog:
     """Rank 0's record of the run: one JSON line per logged step in metrics.jsonl, and the same values in
     TensorBoard (output_dir/tensorboard) and W&B (output_dir/wandb; offline with WANDB_MODE=offline) as
@@ -54,12 +72,12 @@ class MetricsLog:
         self.wandb = wandb_run(out_dir, wandb_settings or {}) if enabled and "wandb" in report_to else None
 
     def write(self, step: int, section: str = "train", /, **values: float | None) -> None:
-        """One line of `values` at `step` (None: not known, left out); the reporters file them under `section`
-        (train, eval)."""
+        """One line of `values` at `step` (None: not known, left out; NaN or infinite, a loss that diverged: null
+        there, as JSON has no such numbers); the reporters file them under `section` (train, eval)."""
         if self.jsonl is None:
             return
         known = {key: value for key, value in values.items() if value is not None}
-        self.jsonl.write(json.dumps({"step": step, **known}) + "\n")
+        self.jsonl.write(as_json({"step": step, **known}) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
             for key, value in known.items():

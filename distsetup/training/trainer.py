@@ -8,7 +8,6 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 import argparse
 import dataclasses
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from distsetup.training.data.datasets import Datasets, ShardedSampler, build_dat
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import Placement, StepLoader, fetched, placed
 from distsetup.training.loss.objective import MicroLoss, mean_terms, objective_for
-from distsetup.training.metrics import MetricsLog, StepTimer, reporters, wandb_settings
+from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
 from distsetup.training.preemption import PREEMPTED, Preemption
@@ -283,10 +282,11 @@ class Trainer:
         marker = ckpt.load_checkpoint(self.backend, resume, self.world)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
-        if not marker.sampler:  # a marker written by hand, or by a distsetup that did not store it
+        position = marker.data_position  # None: a marker written by hand, or by a distsetup that stored none
+        if position is None:
             self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")
             return
-        self.sampler.load_state_dict(marker.sampler)
+        self.sampler.load_state_dict(position)
         if marker.global_batch != self.global_batch:
             self.say(
                 f"note: the checkpoint's global batch was {marker.global_batch}, this run's is {self.global_batch}: "
@@ -399,7 +399,8 @@ class Trainer:
             **self.timer.summary(),
             **self.backend.summary(),
         }
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
+        (self.out_dir / "summary.json").write_text(as_json(summary, indent=2))
         self.metrics.summarize(summary)
         self.say(
             f"done: {self.step} steps, final loss {self.loss:.4f}, {per_s:.0f} {unit}/s; "

@@ -141,7 +141,8 @@ def test_two_node_job_is_one_world(run_cli, cluster, tmp_path, method):
 
 def test_job_submitted_from_another_folder_trains(run_cli, cluster, tmp_path, monkeypatch):
     """A job written in the project with relative paths and submitted from another folder (`cd jobs && sbatch
-    ../scripts/slurm_job.sh`) trains on both nodes, its output where the run config says."""
+    ../scripts/slurm_job.sh`) trains on both nodes, its output where the run config says; submitted with a bad
+    argument first, it stops in its batch shell with one line."""
     root = slurm_project(tmp_path / "project", max_steps=2, checkpoint_interval=2)
     config = (root / "config.yaml").read_text().replace(json.dumps(str(root / "out")), "out")  # relative too
     (root / "config.yaml").write_text(config)
@@ -167,7 +168,15 @@ def test_job_submitted_from_another_folder_trains(run_cli, cluster, tmp_path, mo
     shellcheck([root / "scripts" / "slurm_job.sh"])
     jobs = tmp_path / "jobs"
     jobs.mkdir()
+    # The batch shell checks the run config and the arguments once, before srun: a bad one is one line, no node starts
+    bad = cluster.run("sbatch", "--parsable", "../project/scripts/slurm_job.sh", "training.lerning_rate=0.1", cwd=jobs)
     job = cluster.run("sbatch", "--parsable", "../project/scripts/slurm_job.sh", cwd=jobs).stdout.split(";")[0].strip()
+    bad_job = bad.stdout.split(";")[0].strip()
+    bad_state, bad_log = cluster.wait_job(bad_job, timeout=150), job_log(jobs, bad_job)
+    assert bad_state["JobState"] == "FAILED", bad_log[-4000:]
+    said = [line for line in bad_log.splitlines() if "lerning_rate" in line]
+    assert len(said) == 1 and said[0].startswith("error: run config problem"), bad_log[-4000:]
+    assert "node_rank" not in bad_log and "torchrun" not in bad_log, bad_log[-4000:]
     state = cluster.wait_job(job, timeout=150)
     log = job_log(jobs, job)  # SLURM writes the log where sbatch ran
     assert state["JobState"] == "COMPLETED", log[-4000:]

@@ -1,6 +1,7 @@
 """`distsetup init` at a real pseudo-terminal (pexpect), and the files it leaves behind."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,13 @@ def environment() -> dict:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "200"}
 
 
+def as_at_a_terminal() -> None:
+    """In the child, before it runs: Ctrl-C interrupts it, as at a person's terminal, even where the tests run with
+    SIGINT ignored (under nohup, or in a non-interactive shell's background job), which the child would inherit and
+    Python would then keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_init(folder: Path, *args: str) -> pexpect.spawn:
     return pexpect.spawn(
         sys.executable,
@@ -24,4 +32,5 @@ def spawn_init(folder: Path, *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=60,
         dimensions=(50, 200),
+        preexec_fn=as_at_a_terminal,
     )

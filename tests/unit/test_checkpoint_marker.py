@@ -1,5 +1,6 @@
 """A checkpoint's COMPLETE marker as one typed object: written and read back the same, read by any distsetup
-(keys it does not know left out), and what it says about the files' layout."""
+(keys it does not know kept aside and written again), valid JSON whatever the loss, a data position whole or none,
+and what it says about the files' layout."""
 
 import json
 
@@ -29,11 +30,39 @@ def test_a_marker_reads_back_as_it_was_written(tmp_path):
     assert "layout" not in json.loads(written.to_json())  # only a converted checkpoint says its layout
 
 
-def test_a_converted_marker_names_its_layout_and_unknown_keys_are_left_out():
+def test_a_converted_marker_names_its_layout_and_unknown_keys_are_kept_aside():
     raw = {"backend": "deepspeed", "step": 3, "world_size": 2, "layout": "universal", "from_the_future": 1}
     marker = Marker.from_json(raw)
     assert marker.files_layout == "universal" and marker.zero_stage is None
+    assert marker.other_keys == {"from_the_future": 1} and not hasattr(marker, "from_the_future")
+    assert json.loads(marker.to_json())["from_the_future"] == 1  # written again (distsetup checkpoint convert)
     assert Marker.from_json({"backend": "ddp", "step": 1, "world_size": 2}).files_layout == "state.pt"
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_loss_that_is_not_a_number_is_written_as_null(loss):
+    text = Marker("ddp", step=1, world_size=2, loss=loss).to_json()
+    assert json.loads(text, parse_constant=lambda constant: pytest.fail(f"{constant} in {text}"))["loss"] is None
+
+
+@pytest.mark.parametrize(
+    "sampler, position",
+    [
+        ({"epoch": 1, "samples": 48, "global_batch": 8}, True),
+        ({"epoch": 1, "position": 6, "global_batch": 8}, True),  # an older one: steps of its global batch
+        (None, False),
+        ({"epoch": 1}, False),
+        ({"samples": 48}, False),
+        ({"epoch": 1, "position": 6}, False),
+        ({"epoch": "1", "samples": 48}, False),
+        ([1, 48], False),
+    ],
+)
+def test_the_data_position_is_there_whole_or_not_at_all(sampler, position):
+    raw = {"backend": "ddp", "step": 6, "world_size": 2, "sampler": sampler}
+    marker = Marker.from_json(raw)
+    assert marker.data_position == (sampler if position else None)
+    assert marker.global_batch == (sampler.get("global_batch") if isinstance(sampler, dict) else None)
 
 
 @pytest.mark.parametrize(

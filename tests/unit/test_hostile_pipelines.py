@@ -38,14 +38,17 @@ def test_slurm_script_survives_a_long_host_list(tmp_path, method):
     (fake / "scontrol").write_text(FAKE_SCONTROL)
     (fake / "scontrol").chmod(0o755)
     env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "4000", "SLURM_JOB_NODELIST": "gpu[00000-03999]"}
-    result = run_script(text, tmp_path, "srun", env=env, show_env=("MASTER_ADDR",))
+    (tmp_path / "config.yaml").write_text("training:\n  max_steps: 2\n")  # the script checks it before srun
+    result = run_script(text, tmp_path, "srun", env=env, show_env=("MASTER_ADDR",), cwd=tmp_path)
     assert result.returncode == 0, f"exit {result.returncode}: {result.stderr}"
     assert "MASTER_ADDR=gpu00000" in result.stdout
 
 
 def test_no_template_pipes_into_a_reader_that_stops_early():
     """`cmd | head`, `| grep -q`, `| grep -m`: the reader exits before cmd is done; under pipefail, 141."""
-    for template in (REPO / "templates").glob("*.j2"):
+    templates = sorted((REPO / "templates").glob("*.j2"))
+    assert templates, f"no *.j2 template in {REPO / 'templates'}: nothing was checked"
+    for template in templates:
         for number, line in enumerate(template.read_text().splitlines(), 1):
             pipes = [] if line.lstrip().startswith(("#", "{#")) else line.split("|")[1:]
             assert not any(

@@ -94,7 +94,8 @@ def test_default_target_is_the_packaged_trainer_as_a_module(tmp_path, method, fl
     means nothing from another folder."""
     text = build(config="c.yaml", launch_method=method, nproc_per_node=2)
     assert "MODULE=distsetup.train" in text and "src/train.py" not in text
-    argv = run_script(text, tmp_path, method).stdout.splitlines()
+    (tmp_path / "c.yaml").write_text("training:\n  max_steps: 2\n")  # the script checks it before the launch
+    argv = run_script(text, tmp_path, method, cwd=tmp_path).stdout.splitlines()
     assert argv[argv.index("distsetup.train") - 1 :] == [
         flag,
         "distsetup.train",
@@ -193,6 +194,7 @@ def test_script_enters_the_folder_it_was_written_in(tmp_path):
     work = tmp_path / WEIRD
     work.mkdir()
     text = build(config="config.yaml", nproc_per_node=1, workdir=str(work))
+    (work / "config.yaml").write_text("training:\n  max_steps: 2\n")  # the script checks it before the launch
     assert text.index("WORKDIR=") < text.index("# --- environment ---") < text.index('cd "$WORKDIR"')
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -1,9 +1,13 @@
 """Mixtures of experts in one process. A Hugging Face MoE's reported loss is transformers' own (cross-entropy plus
 router_aux_loss_coef x the load-balancing loss), and its MFU counts the experts each token runs. A user's MoE whose
 experts run only when tokens reach them (examples/switch_moe) is found by itself, and each of its experts gets a
-gradient, zero where it did not run. (Trained on 2 processes: tests/processes/test_moe_runs.py.)"""
+gradient, zero where it did not run. The layer found is the innermost that picks which experts run: transformers'
+Switch Transformer's SwitchTransformersExperts, not the SwitchTransformersSparseMLP around it, whose router changes
+its input in place, which DeepSpeed's leaf hook refuses: said in one line naming the layer, not blaming the data.
+(Trained on 2 processes: tests/processes/test_moe_runs.py.)"""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -51,6 +55,99 @@ def test_heads_and_the_model_itself_are_no_experts(switch):
     wrapped.moe = torch.nn.Module()
     wrapped.moe.experts = torch.nn.ModuleList(copy.deepcopy(experts_of_layers) for _ in range(4))
     assert moe.conditional_layers(wrapped, set(), []) == [wrapped.moe]  # experts that are Sequentials of layers
+
+
+def test_an_expert_container_with_a_forward_of_its_own_is_the_layer_itself():
+    class Experts(torch.nn.ModuleList):  # calls only the experts its tokens reach
+        def forward(self, x, choice):
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(self):
+                if (choice == e).any():
+                    out[choice == e] = expert(x[choice == e])
+            return out
+
+    class MoE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = torch.nn.Linear(8, 3)
+            self.experts = Experts(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(3))
+
+        def forward(self, x):
+            return self.experts(x, self.router(x).argmax(-1))
+
+    layer = MoE()
+    assert moe.conditional_layers(layer, set(), []) == [layer.experts]  # inside the root: a leaf of its own
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), MoE(), MoE())
+    assert moe.conditional_layers(model, set(), []) == [model[1].experts, model[2].experts]
+    assert moe.conditional_layers(model, set(), ["MoE"]) == [model[1], model[2]]  # named: outermost only
+
+
+def hf_switch_batch() -> dict:
+    ids = torch.randint(1, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids}
+
+
+def test_the_leaf_of_a_transformers_switch_transformer_is_its_experts_container(switch):
+    """DeepSpeed's ZeRO-3 hooks each leaf with register_full_backward_hook (stage3.py's reduce_leaf_module_grads)."""
+    import moe_per_rank
+    from transformers.models.switch_transformers import modeling_switch_transformers as hf
+
+    from distsetup.training.loss.objective import rejected_input
+
+    model = moe_per_rank.build_hf_switch().train()
+    sparse = [m for m in model.modules() if isinstance(m, hf.SwitchTransformersSparseMLP)]
+    layers = moe.conditional_layers(model, {"SwitchTransformersBlock"}, [])
+    assert len(sparse) == 2 and layers == [m.experts for m in sparse]
+    assert all(isinstance(layer, hf.SwitchTransformersExperts) and moe.runs_itself(layer) for layer in layers)
+    hooked = [layer.register_full_backward_hook(lambda *_: None) for layer in layers]
+    model(**hf_switch_batch()).loss.backward()
+    for layer in layers:  # one process is rank 0: its tokens reach expert_0 alone
+        assert all(p.grad is not None and p.grad.any() for p in layer["expert_0"].parameters())
+        assert all(p.grad is None for p in layer["expert_1"].parameters())
+    for handle in hooked:
+        handle.remove()
+
+    named = moe.conditional_layers(model, {"SwitchTransformersBlock"}, ["SwitchTransformersSparseMLP"])
+    assert named == sparse  # named, the layer around the experts: its router jitters its input in place
+    for layer in named:
+        layer.register_full_backward_hook(lambda *_: None)
+    with pytest.raises(RuntimeError, match="BackwardHookFunction is a view and is being modified inplace") as caught:
+        model(**hf_switch_batch())
+    assert moe.leaf_hook_refused(caught.value) and not rejected_input(caught.value)
+    assert not moe.leaf_hook_refused(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_a_zero3_leaf_whose_input_is_changed_in_place_is_named_not_the_data(switch, tmp_path):
+    import moe_per_rank
+    from train_runs import ds_file
+
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends.deepspeed import DeepSpeedBackend
+    from distsetup.training.loss.objective import PythonObjective
+    from distsetup.training.world import World
+
+    (tmp_path / "ds.json").write_text(json.dumps(ds_file(3)))
+    cfg = load_run_config(
+        None,
+        [
+            "distributed.backend=deepspeed",
+            f"distributed.deepspeed_config={tmp_path / 'ds.json'}",
+            "model.zero3_leaf_classes=[SwitchTransformersSparseMLP]",
+        ],
+    )
+    backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    model = moe_per_rank.build_hf_switch().train()
+    layers = moe.conditional_layers(model, {"SwitchTransformersBlock"}, cfg.model.zero3_leaf_classes)
+    backend._handle_conditional(layers)  # what wrap does before deepspeed.initialize, which then hooks each leaf:
+    for layer in layers:
+        layer.register_full_backward_hook(lambda *_: None)
+    backend.model = model  # the engine calls it as it is
+    objective = PythonObjective(None, None, "model.builder moe_per_rank:build_hf_switch", {})
+    with pytest.raises(DistsetupError) as caught:
+        backend.backward(lambda m: objective.micro_loss(m, hf_switch_batch()), last_micro=True)
+    message = str(caught.value)
+    assert message.startswith("DeepSpeed ZeRO-3 cannot hook its leaf layer SwitchTransformersSparseMLP (x2): ")
+    assert "model.zero3_leaf_classes" in message and "data.builder" not in message and "\n" not in message
 
 
 def test_every_expert_gets_a_zero_gradient_where_it_did_not_run(switch):

@@ -98,6 +98,33 @@ def test_unknown_keys_that_other_tools_know_get_their_place_here(section, key, w
     assert problem.path == f"{section}.{key}" and problem.fix.startswith(words) and "valid keys" not in problem.fix
 
 
+@pytest.mark.parametrize(
+    "section, key, fix",
+    [
+        ("training", "micro_batch_sise", "did you mean 'micro_batch_size'?"),
+        ("training", "learning_rte", "did you mean 'learning_rate' (read as lr)?"),
+        ("training", "lerning_rate", "did you mean 'learning_rate' (read as lr)?"),
+        (
+            "distributed",
+            "gradient_accumulation_step",
+            "did you mean 'gradient_accumulation_steps' (read as training.gradient_accumulation_steps)?",
+        ),
+        ("model", "seq_lenn", "did you mean 'seq_len'? seq_len is model.block_size here."),  # a name read nowhere
+    ],
+)
+def test_typos_are_matched_against_other_tools_names_too_and_say_what_that_name_is_read_as(section, key, fix):
+    (problem,) = check_run_config({section: {key: 1}}).problems
+    assert problem.fix == fix
+    if key == "lerning_rate":
+        assert str(problem) == "training.lerning_rate: unknown key 'lerning_rate'. Fix: " + fix
+
+
+def test_a_key_close_to_no_name_gets_the_list_of_valid_keys():
+    (problem,) = check_run_config({"training": {"xyzzy_foo": 1}}).problems
+    valid = sorted(f.name for f in dataclasses.fields(TrainingConfig))
+    assert problem.fix == "valid keys: " + ", ".join(valid) + "."
+
+
 def test_validate_prints_a_note_per_name_and_passes(run_cli, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(FREE_TRANSFORMER)

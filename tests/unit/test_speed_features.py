@@ -48,16 +48,44 @@ def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     assert cfg.training.activation_checkpointing == read
 
 
+DEEPSPEED_SET_UP = """
+import json, os, socket, sys, tempfile
+from pathlib import Path
+import torch
+from distsetup.formats.runconfig_load import load_run_config
+from distsetup.training.backends.deepspeed import DeepSpeedBackend
+from distsetup.training.model import build as models
+from distsetup.training.world import World
+
+folder = Path(tempfile.mkdtemp())
+batch = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2}
+(folder / "ds.json").write_text(json.dumps({**batch, "zero_optimization": {"stage": 2}}))
+settings = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2", "model.block_size=8", "training.micro_batch_size=2"]
+chosen = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={folder / 'ds.json'}"]
+cfg = load_run_config(None, [*settings, *chosen])
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+backend.wrap(models.parts(models.build(cfg.model), cfg.model, ["Block"]))
+torch.distributed.destroy_process_group()
+print(json.dumps([type(backend.engine.optimizer).__name__, "torch._inductor.compile_fx" in sys.modules]))
+"""
+
+
 def test_deepspeed_sets_up_without_importing_inductor_for_functions_it_never_calls():
     """DeepSpeed's ZeRO imports its Muon optimizer, whose torch.compile decorators import torch._inductor (3 s of each
-    rank's start): not inside compile_deferred."""
-    imports_muon = (
-        "import sys\nfrom distsetup.training.backends.deferred_compile import compile_deferred\n"
-        "with compile_deferred():\n    import deepspeed.runtime.zero.muon.muon_optimizer\n"
-        "print('torch._inductor.compile_fx' in sys.modules)"
-    )
-    run = subprocess.run([sys.executable, "-c", imports_muon], capture_output=True, text=True)
-    assert run.stdout.strip().splitlines()[-1] == "False", run.stderr[-2000:]  # DeepSpeed logs to stdout first
+    rank's start): the DeepSpeed backend's set-up (deepspeed.initialize, one process) runs inside compile_deferred,
+    and nothing imports it."""
+    from train_runs import environment
+
+    run = subprocess.run([sys.executable, "-c", DEEPSPEED_SET_UP], env=environment(), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    optimizer, inductor_imported = json.loads(run.stdout.strip().splitlines()[-1])  # DeepSpeed logs to stdout first
+    assert optimizer == "DeepSpeedZeroOptimizer"  # ZeRO-2's, which imports the Muon optimizer
+    assert not inductor_imported
 
 
 def test_a_deferred_function_compiles_at_its_first_call_as_torch_compile_would():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.training.metrics import MetricsLog, StepTimer, reporters
+from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters
 from distsetup.training.world import StepAgreement
 
 
@@ -29,6 +29,32 @@ def test_jsonl_always_and_no_tensorboard_folder_without_tensorboard(tmp_path, mo
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 1, "loss": 2.5, "lr": 1e-3}, {"step": 2, "loss": 2.0, "lr": 2e-3}]
     assert not (tmp_path / "tensorboard").exists()
+
+
+def strict_json(text: str):
+    """JSON as any reader but Python's reads it: no NaN, no Infinity."""
+
+    def refused(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refused)
+
+
+def test_a_loss_that_is_not_a_number_is_null_in_metrics_jsonl_and_the_summary(tmp_path):
+    """A diverged loss (NaN, inf) in metrics.jsonl, and no loss at all in summary.json (the trainer's final_loss
+    before any step): null, valid JSON, never a bare NaN."""
+    log = MetricsLog(tmp_path, enabled=True)
+    log.write(1, loss=float("nan"), lr=1e-3, grad_norm=float("inf"))
+    log.write(2, "eval", val_loss=2.0)
+    log.close()
+    rows = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": None, "lr": 1e-3, "grad_norm": None}, {"step": 2, "val_loss": 2.0}]
+    summary = {"final_loss": float("nan"), "evals": [{"step": 2, "val_perplexity": float("inf")}], "steps": 2}
+    assert strict_json(as_json(summary, indent=2)) == {
+        "final_loss": None,
+        "evals": [{"step": 2, "val_perplexity": None}],
+        "steps": 2,
+    }
 
 
 def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):

@@ -38,6 +38,7 @@ FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
 
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
+    leaves: tuple[torch.nn.Module, ...] = ()  # the ZeRO-3 leaf layers (_handle_conditional)
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         super().__init__(cfg, world, device)
@@ -167,6 +168,7 @@ class DeepSpeedBackend(Backend):
 
             for layer in layers:
                 set_z3_leaf_module(layer, True)
+            self.leaves = tuple(layers)
             how = "ZeRO-3 gathers each whole (a leaf module)"
         elif self.zero_stage in (1, 2):
             moe.give_every_expert_a_gradient(layers)
@@ -182,7 +184,12 @@ class DeepSpeedBackend(Backend):
         return contextlib.nullcontext()  # the engine casts as its file says
 
     def backward(self, loss_of, last_micro):
-        micro = self._forward(loss_of)
+        try:
+            micro = self._forward(loss_of)
+        except RuntimeError as e:  # a model changing its leaves' input in place: say which leaf, not a traceback
+            if self.leaves and moe.leaf_hook_refused(e):
+                raise DistsetupError(*moe.leaf_hook_problem(list(self.leaves))) from e
+            raise
         self.engine.backward(micro.loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter

@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import dataclasses
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -14,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.utils import _apply_to_tensors
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
@@ -83,6 +85,8 @@ class FSDPBackend(Backend):
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)
+        # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
+        model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
         self.model = model
         self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
@@ -254,3 +258,52 @@ def _size_based_units(model, min_num_params: int) -> list:
             units.append(module)
             taken.update(id(p) for p in own)
     return units
+
+
+class _NotAView(torch.autograd.Function):
+    """`tensor` itself, no copy (its storage and version counter), as a tensor autograd does not count as a view: the
+    hooks registered on it then survive an in-place op on it, as on any other tensor. Gradients pass unchanged."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        return tensor.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def root_output_not_a_view(module, args, kwargs, output):
+    """A forward hook on the root, run before FSDP2's: each view among the root's outputs (a user's model ending in
+    `squeeze(-1)`, an LLM's logits from a 3-D Linear) handed on as a tensor that is no view, at no memory cost.
+
+    FSDP2 registers its pre-backward hook (which gathers the root's parameters and queues the end of backward) on each
+    output tensor, and warns of every view there: an in-place op on a view replaces the view's autograd node, and the
+    hook with it. On a tensor that is no view, an in-place op keeps the hook (torch's rule for non-views); the version
+    counter is the view's own, so a value that backward needs and the op overwrote is still an error, as without
+    FSDP2. Left as they are (FSDP2 still warns): views whose base another output or an input also reaches, since
+    autograd would then no longer see that they share values."""
+    if not torch.is_grad_enabled():
+        return None
+    outputs = _tensors(output)
+    views = [t for t in outputs if t.requires_grad and t._base is not None]
+    if not views:
+        return None
+    reached = [id(t if t._base is None else t._base) for t in [*outputs, *_tensors((args, kwargs))]]
+    alone = {id(view) for view in views if reached.count(id(view._base)) == 1}
+    return _apply_to_tensors(lambda t: _NotAView.apply(t) if id(t) in alone else t, output) if alone else None
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    """The tensors in `tree`, in the containers torch's _apply_to_tensors goes into (FSDP2 casts outputs with it)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        items = [getattr(tree, field.name) for field in dataclasses.fields(tree)]
+    elif isinstance(tree, dict):
+        items = list(tree.values())
+    elif isinstance(tree, (list, tuple, set)):
+        items = list(tree)
+    else:
+        return []
+    return [tensor for item in items for tensor in _tensors(item)]

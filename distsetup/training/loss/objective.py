@@ -26,6 +26,7 @@ from distsetup.formats.runconfig import RunConfig
 from distsetup.planning import loss_slices
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
 from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
+from distsetup.training.model import moe
 from distsetup.training.world import first_line, is_lost_contact
 
 
@@ -295,9 +296,11 @@ def forward_kwargs(model: nn.Module, model_type: str) -> dict:
 
 def rejected_input(error: Exception) -> bool:
     """Whether an error of the first step is the user's code refusing its input, said in one line (not a lost peer,
-    a device out of memory or torch.compile failing, which go on as they are)."""
+    a device out of memory, torch.compile failing or a ZeRO-3 leaf's hook refusing an in-place change, which go on as
+    they are)."""
     compiling = type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
-    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling)
+    hooked = moe.leaf_hook_refused(error)  # the DeepSpeed backend names the layer
+    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling or hooked)
 
 
 def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:

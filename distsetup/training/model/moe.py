@@ -6,6 +6,12 @@ looks for unused parameters; FSDP2 and DeepSpeed ZeRO 1-2 reduce whatever gradie
 line up between ranks (silently mixing them: measured here, ZeRO-2 and FSDP2 trained other numbers than DDP);
 ZeRO-3 gathers a module's parameters in its forward, so ranks gathering different experts wait for each other
 forever (deepspeedai/DeepSpeed#4808) unless the layer is one "leaf" gathered whole.
+
+That layer is the innermost module that holds the experts and picks which of them run: their container where it has a
+forward of its own (transformers' SwitchTransformersExperts, an nn.ModuleDict), else the module around a plain
+nn.ModuleList or nn.ModuleDict. Never a layer further out: DeepSpeed's leaf hooks the leaf's input and output, and the
+code around the experts may change its input in place (the Switch router's jitter noise, `hidden_states *= ...`),
+which the hook refuses ("Output 0 of BackwardHookFunction is a view and is being modified inplace").
 """
 
 import torch
@@ -36,15 +42,20 @@ def torch_class(cls: type) -> bool:
 
 def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: list[str]) -> list[nn.Module]:
     """The layers of `model` that may run differently on each rank: those holding experts (expert_container; a list
-    of the model's blocks is no experts) and those of model.zero3_leaf_classes, outermost first, none inside
+    of the model's blocks is no experts), each the innermost that picks which experts run (runs_itself: the
+    container, else the module around it), and those of model.zero3_leaf_classes, outermost first, none inside
     another, never the model itself (gathered whole by ZeRO-3, it would not be sharded at all)."""
     named = set(leaf_classes)
-    found = []
-    for module in list(model.modules())[1:]:
-        container = expert_container(module)
-        holds_experts = container is not None and type(next(iter(container.children()))).__name__ not in block_classes
-        if holds_experts or type(module).__name__ in named:
+    found: list[nn.Module] = []
+    for module in model.modules():
+        if module is not model and type(module).__name__ in named:
             found.append(module)
+        container = expert_container(module)
+        if container is None or type(next(iter(container.children()))).__name__ in block_classes:
+            continue
+        layer = container if runs_itself(container) else module
+        if layer is not model and not any(layer is seen for seen in found):
+            found.append(layer)
     missing = named - {type(m).__name__ for m in found}
     if missing:
         raise DistsetupError(
@@ -53,6 +64,30 @@ def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: 
         )
     inner = {id(sub) for layer in found for sub in layer.modules() if sub is not layer}
     return [layer for layer in found if id(layer) not in inner]
+
+
+def runs_itself(container: nn.Module) -> bool:
+    """Whether an expert container has a forward of its own (a plain nn.ModuleList or nn.ModuleDict has none: the
+    module around it calls the experts)."""
+    return type(container).forward is not nn.Module.forward
+
+
+def leaf_hook_refused(error: BaseException) -> bool:
+    """Whether `error` is DeepSpeed's ZeRO-3 leaf hook refusing an in-place change of the leaf's input or output
+    (torch's BackwardHookFunction, behind register_full_backward_hook): the model's layer, not the data."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and "of BackwardHookFunction is a view and is being modified inplace" in text
+
+
+def leaf_hook_problem(leaves: list[nn.Module]) -> tuple[str, str]:
+    """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers."""
+    classes = ", ".join(sorted({type(layer).__name__ for layer in leaves}))
+    return (
+        f"DeepSpeed ZeRO-3 cannot hook its leaf layer {described(leaves)}: code inside or around it changes the "
+        "layer's input or output in place (BackwardHookFunction: a view modified inplace), whatever the data.",
+        f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of {classes}, "
+        "or change that tensor out of place (x = x * ...).",
+    )
 
 
 def described(layers: list[nn.Module]) -> str:

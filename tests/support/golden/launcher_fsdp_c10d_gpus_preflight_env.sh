@@ -49,6 +49,12 @@ elif [[ "$GPUS_FOUND" -lt "$NPROC_PER_NODE" ]]; then
 fi
 
 # --- command ---
+# The run config and the arguments, checked once before anything starts: a problem is one line, not one per process.
+# It runs on the interpreter torchrun runs the trainer on: the python3 beside it (a venv's or conda env's).
+PYTHON="$(command -v torchrun || true)"
+PYTHON="${PYTHON%/*}/python3"
+[[ -x "$PYTHON" ]] || PYTHON=python3
+"$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
 echo "distsetup: one of $NNODES node(s) (c10d assigns node ranks), $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")

@@ -55,6 +55,12 @@ set -u
 # export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
 
 # --- command ---
+# The run config and the arguments, checked once before anything starts: a problem is one line, not one per process.
+# It runs on the interpreter deepspeed runs the trainer on: the python3 beside it (a venv's or conda env's).
+PYTHON="$(command -v deepspeed || true)"
+PYTHON="${PYTHON%/*}/python3"
+[[ -x "$PYTHON" ]] || PYTHON=python3
+"$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
 echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
 SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then

@@ -45,6 +45,12 @@ cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=570  # seconds to checkpoint after SIGTERM before SIGKILL (default 30)
 
 # --- command ---
+# The run config and the arguments, checked once before anything starts: a problem is one line, not one per process.
+# It runs on the interpreter torchrun runs the trainer on: the python3 beside it (a venv's or conda env's).
+PYTHON="$(command -v torchrun || true)"
+PYTHON="${PYTHON%/*}/python3"
+[[ -x "$PYTHON" ]] || PYTHON=python3
+"$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
 echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
 SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then

@@ -1,0 +1,49 @@
+"""One error, once: a bad run config under torchrun at 2 processes is one line (the first rank says it, the other
+exits with the same status, silently), and a launcher script whose run config was edited since it was written says
+the problem in one line and starts no torchrun."""
+
+import subprocess
+
+from train_runs import command, environment, write_run_config
+
+TYPO = "lerning_rate"
+
+
+def test_a_bad_run_config_is_said_once_by_two_ranks_under_torchrun(tmp_path):
+    config = write_run_config(tmp_path, "ddp")
+    config.write_text(config.read_text().replace("training:\n", f"training:\n  {TYPO}: 0.1\n", 1))
+    result = subprocess.run(
+        command(config, 2), capture_output=True, text=True, timeout=300, env=environment(), cwd=tmp_path
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    said = [line for line in output.splitlines() if TYPO in line]
+    assert len(said) == 1, output[-3000:]
+    assert said[0].startswith("error: run config problem") and "did you mean 'learning_rate' (read as lr)?" in said[0]
+    assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1
+    # both ranks exit with the error's status (torchrun's summary), the silent one too
+    assert [line.split(":")[1].split()[0] for line in output.splitlines() if line.strip().startswith("exitcode")] == [
+        "1",
+        "1",
+    ], output[-3000:]
+
+
+def test_a_launcher_script_checks_its_run_config_before_starting_torchrun(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = write_run_config(tmp_path, "ddp", max_steps=2)
+    result = run_cli("launcher", "--config", "config.yaml", "--num_gpus_per_node", 2, "-o", "run.sh")
+    assert result.exit_code == 0, result.output
+    good = config.read_text()
+    config.write_text(good.replace("training:\n", f"training:\n  {TYPO}: 0.1\n", 1))  # edited since
+    for text, args in ((config.read_text(), ()), (good, (f"training.{TYPO}=0.1",))):  # or a bad argument
+        config.write_text(text)
+        run = subprocess.run(
+            ["bash", "run.sh", *args], capture_output=True, text=True, timeout=120, env=environment(), cwd=tmp_path
+        )
+        output = run.stdout + run.stderr
+        assert run.returncode == 1, output
+        said = [line for line in output.splitlines() if TYPO in line]
+        assert len(said) == 1 and said[0].startswith("error: run config problem"), output
+        for launched in ("torchrun", "ChildFailedError", "Traceback", "distsetup: node"):
+            assert launched not in output, output
+    assert not (tmp_path / "out").exists()

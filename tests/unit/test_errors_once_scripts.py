@@ -1,0 +1,63 @@
+"""The scripts distsetup writes check the run config once when they start, before any launcher: with the trainer's
+--check, on the interpreter the launcher runs the trainer on; the SLURM job in its batch shell, before srun. Scripts
+run under bash with fake launchers that print what they were given. (run_training.sh with the real torchrun:
+tests/processes/test_errors_once_runs.py.)"""
+
+import sys
+from pathlib import Path
+
+import pytest
+from shell_checks import fake_tools, run_script, srun_program
+from slurm_scripts import build as build_slurm
+
+from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script
+
+CHECK = '--check "${TRAIN_ARGS[@]}" "$@"'
+BAD = "training:\n  lerning_rate: 0.1\n"
+VENV = Path(sys.executable).parent.parent
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("method", ["torchrun", "deepspeed"])
+def test_slurm_job_checks_the_run_config_once_in_the_batch_shell_before_srun(tmp_path, method):
+    launch = {"launch_method": method, "workdir": str(tmp_path)}
+    if method == "deepspeed":
+        launch.update(backend="deepspeed", deepspeed_config="ds.json")
+    text = build_slurm(nodes=2, gpus=2, venv=str(VENV), launch=launch)
+    assert text.count(CHECK) == 1 and CHECK not in srun_program(text)  # once, not on every node
+    assert text.index('cd "$WORKDIR"') < text.index("/bin/activate") < text.index(CHECK)
+    assert text.index(CHECK) < text.index('srun "${SRUN_ARGS[@]}"')
+    (tmp_path / "config.yaml").write_text(BAD)  # edited since the script was written
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+    result = run_script(text, tmp_path, "srun", "scontrol", env=env, args=["training.max_steps=3"])
+    assert result.returncode == 1
+    (line,) = error_lines(result.stderr)
+    assert "training.lerning_rate" in line and "did you mean 'learning_rate' (read as lr)?" in line
+    assert result.stdout == ""  # srun never ran
+    assert "distsetup: job 7" not in result.stderr
+
+
+def test_the_check_runs_on_the_python_beside_the_launcher_with_the_launchs_arguments(tmp_path):
+    """The launcher runs the trainer on its own interpreter: that of a venv or conda env sits beside it."""
+    text = build_launcher_script(LaunchSpec(config="c.yaml", nproc_per_node=2), command_line="distsetup launcher")
+    fake = fake_tools(tmp_path, "torchrun")
+    (fake / "python3").write_text('#!/bin/bash\necho "python3 beside torchrun"\nprintf "%s\\n" "$@"\n')
+    (fake / "python3").chmod(0o755)
+    result = run_script(text, tmp_path, "torchrun", args=["training.max_steps=3"])
+    assert result.returncode == 0, result.stderr
+    argv = result.stdout.splitlines()
+    check = ["python3 beside torchrun", "-m", "distsetup.train", "--check"]
+    assert argv[: len(check) + 4] == [*check, "--config", "c.yaml", "distributed.backend=ddp", "training.max_steps=3"]
+    assert argv.index("--nproc_per_node") > len(check)  # then the launch
+
+
+def test_a_users_own_program_gets_no_check_and_the_trainers_old_path_does():
+    """A user's script or module owns its arguments; src/train.py (the trainer's old path) takes --check."""
+    for target in ({"script": "mine.py"}, {"module": "pkg.train"}):
+        assert "--check" not in build_launcher_script(LaunchSpec(config="c.yaml", **target), command_line="d")
+        assert "--check" not in build_slurm(launch=dict(target))
+    text = build_launcher_script(LaunchSpec(config="c.yaml", script="src/train.py"), command_line="d")
+    assert f'"$PYTHON" "$SCRIPT" {CHECK}' in text
