@@ -73,8 +73,8 @@ class ModelConfig:
     zero3_leaf_classes: list[str] = setting(
         [],
         "classes ZeRO-3 gathers whole and every backend treats as run conditionally (an MoE layer whose experts "
-        "differ between ranks); found by themselves: the container of like experts where it has a forward of its own (it "
-        "picks which run), else the module holding a plain nn.ModuleList/ModuleDict of them",
+        "differ between ranks); found by themselves: the container of like experts where it has a forward of its "
+        "own (it picks which run), else the module holding a plain nn.ModuleList/ModuleDict of them",
     )
     tokenizer: str | None = setting(
         None, "local Hugging Face tokenizer folder (AutoTokenizer; nothing is downloaded); default: bytes (UTF-8)"
