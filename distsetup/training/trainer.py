@@ -68,7 +68,11 @@ class Trainer:
         config_folder = Path(args.config).parent if args.config else None
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
-        models.check_model_fits(self.model_description.parameters, world.local_size, models.size_settings(cfg.model))
+        self.only_rank0_builds_whole = backend.fills_shards_from_rank0 and self.model_description.builds_on_meta
+        # the processes of this node that build the whole model: rank 0 alone (on its node) where the others build it
+        # on the meta device
+        builders = int(world.rank == world.local_rank) if self.only_rank0_builds_whole else world.local_size
+        models.check_model_fits(self.model_description.parameters, builders, models.size_settings(cfg.model))
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
@@ -244,10 +248,16 @@ class Trainer:
             self.say(line)
 
     def _build_model(self) -> None:
-        """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
+        """The model (the same seed on every rank: the same initial weights; on the meta device where rank 0's values
+        fill this rank's shards), its objective and FLOPs, wrapped."""
         m, t = self.cfg.model, self.t
         torch.manual_seed(t.seed)
-        module = models.build(m)
+        # where the backend fills each rank's shards from rank 0's copy (FSDP2), the others build no weights; a builder
+        # that cannot build on the meta device (it reads a weight) is built whole on every rank, as before
+        on_meta = self.only_rank0_builds_whole and not self.world.is_main
+        module = models.architecture_on_meta(m) if on_meta else models.build(m)
+        if self.backend.fills_shards_from_rank0 and not self.model_description.builds_on_meta:
+            self.say("note: the model cannot be built on the meta device: every rank builds it whole before sharding")
         parts = models.parts(module, m, self.model_description.layer_classes)
         self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function)
         if note:

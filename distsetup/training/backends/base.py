@@ -52,6 +52,9 @@ class Backend:
 
     name = "single"
     zero_stage: int | None = None
+    # Whether wrap() fills each rank's part of the model from rank 0's copy, so that the others build the model on
+    # the meta device and never hold it whole (FSDP2).
+    fills_shards_from_rank0 = False
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         self.cfg, self.world, self.device = cfg, world, device

@@ -24,7 +24,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
-from distsetup.training.model import moe
+from distsetup.training.model import from_rank0, moe
 from distsetup.training.model.blocks import in_place_of, layer_modules
 from distsetup.training.world import World
 
@@ -50,6 +50,7 @@ def read_fsdp_file(path: str | None) -> FsdpSpec:
 
 class FSDPBackend(Backend):
     name = "fsdp"
+    fills_shards_from_rank0 = True
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         super().__init__(cfg, world, device)
@@ -72,7 +73,12 @@ class FSDPBackend(Backend):
         return self.strategy
 
     def wrap(self, parts):
-        model, blocks = parts.module.to(self.device), parts.blocks
+        """Shard the model before anything is allocated whole: each rank's model goes to the meta device (rank 0 keeps
+        its values on the CPU; the others built none), is sharded there, gets only its own shards on its device and
+        takes rank 0's values into them (from_rank0.py)."""
+        model, blocks = parts.module, parts.blocks
+        whole = from_rank0.whole_values(model, self.world.is_main)
+        from_rank0.to_meta(model)
         units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
@@ -85,6 +91,11 @@ class FSDPBackend(Backend):
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)
+        ties = from_rank0.tied_parameters(model)
+        model.to_empty(device=self.device)
+        from_rank0.tie_again(ties)
+        from_rank0.fill_from_rank0(model, whole)
+        del whole
         # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
         model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
         self.model = model

@@ -216,9 +216,10 @@ def write_new_folder(out: Path, write) -> None:
 
 
 def load_weights(model: torch.nn.Module, path: str) -> None:
-    """--init_from: an exported file into a freshly built model (strict: every key must match)."""
+    """--init_from: an exported file into a freshly built model (strict: every key must match). Mapped, not read:
+    a model on the meta device (a rank that FSDP2 fills from rank 0) only checks the keys."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
         detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")

@@ -30,6 +30,7 @@ class Description:
     parameters: int
     conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
     notes: list[str] = field(default_factory=list)  # what rank 0 says about it
+    builds_on_meta: bool = True  # whether its builder builds it on the meta device (one that reads a weight cannot)
 
 
 @dataclass
@@ -103,11 +104,12 @@ def describe(m) -> Description:
     if m.type == "gpt" and not m.layer_classes:  # its size is arithmetic: 2000 layers need no building to count
         return Description([BUILTIN_BLOCK], gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd), "", [])
     model, notes = architecture(m)
+    on_meta = all(p.is_meta for p in model.parameters())
     classes, found = layer_classes(model, m)
     notes += found
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
     unique = {id(p): p.numel() for p in model.parameters()}
-    return Description(classes, sum(unique.values()), moe.described(layers), notes)
+    return Description(classes, sum(unique.values()), moe.described(layers), notes, on_meta)
 
 
 def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
@@ -215,9 +217,10 @@ def embedding_rows(m) -> tuple[int, str]:
 
 
 def check_model_fits(parameters: int, processes_per_node: int, setting: str) -> None:
-    """Every process of a node builds the whole model in CPU memory first (4 bytes a parameter): refuse, before
-    any process group, a model that cannot be built, rather than a traceback from the allocator or a visit from
-    the OOM killer. `setting`: what the user changes to make it smaller."""
+    """`processes_per_node` of this node build the whole model in CPU memory first (4 bytes a parameter): every one,
+    or under FSDP2 only rank 0 (the others build it on the meta device): refuse, before any process group, a model
+    that cannot be built, rather than a traceback from the allocator or a visit from the OOM killer. `setting`: what
+    the user changes to make it smaller."""
     needed, available = 4 * parameters * processes_per_node, available_memory()
     if needed > available:
         raise DistsetupError(

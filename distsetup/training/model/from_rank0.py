@@ -1,0 +1,88 @@
+"""A sharded model's values from rank 0's copy, so that no other rank ever holds the model whole (FSDP2).
+
+Rank 0 builds the model on the CPU (with the run's seed, or with pretrained weights); every other rank builds it on
+the meta device. Each rank then moves its model to the meta device, shards it, allocates only its own shards on its
+device (`to_empty`), and rank 0's tensors are broadcast into them one at a time (torch.distributed.checkpoint's
+`broadcast_from_rank0`, as Accelerate's cpu_ram_efficient_loading and torchtitan do). The initial weights are then
+those of a one-process run, bit for bit.
+
+What a state dict leaves out is handled here too: `to_empty` leaves every buffer uninitialised, and non-persistent
+buffers (rotary `inv_freq`, causal masks) are in no state dict, so every buffer is broadcast as well; and a weight
+tied by attribute (an embedding shared with the output head) is one Parameter object, which moving to the meta device
+would split in two, so the ties are made again.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class WholeValues:
+    """Rank 0's model as it was built: its state dict and every buffer (persistent or not), on the CPU."""
+
+    state: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+
+Ties = list[list[tuple[nn.Module, str]]]  # each: the (module, attribute) places of one shared Parameter
+
+
+def whole_values(model: nn.Module, is_main: bool) -> WholeValues | None:
+    """Rank 0's values, kept before the model goes to the meta device; None on the other ranks."""
+    if not is_main:
+        return None
+    return WholeValues(dict(model.state_dict()), dict(model.named_buffers()))
+
+
+def tied_parameters(model: nn.Module) -> Ties:
+    """The Parameters that several modules hold (by attribute), each with every place it is held."""
+    places: dict[int, list[tuple[nn.Module, str]]] = defaultdict(list)
+    for module in model.modules():
+        for name, parameter in module._parameters.items():
+            if parameter is not None:
+                places[id(parameter)].append((module, name))
+    return [held for held in places.values() if len(held) > 1]
+
+
+def tie_again(ties: Ties) -> None:
+    """Make each group of `ties` one Parameter again (the first place's)."""
+    for (first_module, first_name), *others in ties:
+        shared = first_module._parameters[first_name]
+        for module, name in others:
+            module._parameters[name] = shared
+
+
+def to_meta(model: nn.Module) -> None:
+    """The model's tensors to the meta device (its sharding allocates nothing whole), its ties kept."""
+    ties = tied_parameters(model)
+    model.to("meta")
+    tie_again(ties)
+
+
+def fill_from_rank0(model: nn.Module, whole: WholeValues | None) -> None:
+    """Rank 0's values (`whole`; None elsewhere) into every rank's allocated shards and buffers: a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    state: dict = whole.state if whole is not None else {}  # the others' values come from rank 0
+    set_model_state_dict(model, state, options=options)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            value = whole.buffers[unwrapped(name)].to(buffer.device, buffer.dtype) if whole is not None else buffer
+            dist.broadcast(value, src=0)
+            if value is not buffer:
+                buffer.copy_(value)
+
+
+WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # activation checkpointing's and torch.compile's
+
+
+def unwrapped(name: str) -> str:
+    """A tensor's name in the model as built, before activation checkpointing or compile wrapped its blocks."""
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name

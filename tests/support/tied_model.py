@@ -1,0 +1,49 @@
+"""A user's own language model with what sharding from rank 0 must keep (tests/processes/test_fsdp_from_rank0.py):
+an output head tied to the embedding by attribute, a non-persistent buffer the forward checks, and a persistent one.
+Its builder notes, in the file BUILT_LOG names, on which device each rank built it."""
+
+import os
+
+import torch
+import torch.nn as nn
+
+POSITIONS = 64
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm, self.mix = nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.tanh(self.mix(self.norm(x)))
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int, width: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied, as GPT-2 and many Hugging Face models do
+        self.register_buffer("positions", self.expected_positions(), persistent=False)  # in no state dict
+        self.register_buffer("scale", torch.full((1,), 0.5))
+
+    @staticmethod
+    def expected_positions(device=None) -> torch.Tensor:
+        return torch.arange(POSITIONS, device=device, dtype=torch.float32) / POSITIONS
+
+    def forward(self, idx):
+        if not torch.equal(self.positions, self.expected_positions(idx.device)):
+            raise RuntimeError("the non-persistent buffer `positions` was not restored")
+        x = self.embed(idx) * self.scale + self.positions[: idx.shape[1], None]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def build(vocab: int = 64, width: int = 16, layers: int = 2) -> TiedLM:
+    if log := os.environ.get("BUILT_LOG"):
+        with open(log, "a") as f:
+            f.write(f"{os.environ.get('RANK', '0')} {torch.get_default_device().type}\n")
+    return TiedLM(vocab, width, layers)
