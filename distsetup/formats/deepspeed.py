@@ -36,6 +36,28 @@ STAGES = {
     "stage3_gather_16bit_weights_on_model_save": (3,),
 }
 
+# ZeRO's buffers sized from the model's hidden size h, as the HF integration's "auto" sizes them (transformers'
+# integrations/deepspeed.py): key -> (factor, power of h). DeepSpeed's own defaults are sizes for no model in
+# particular: a reduce bucket of 5e8 elements (2 GB in fp32 on every rank), a prefetch bucket of 5e7.
+MODEL_SIZED = {
+    "reduce_bucket_size": (1.0, 2),
+    "stage3_prefetch_bucket_size": (0.9, 2),
+    "stage3_param_persistence_threshold": (10.0, 1),
+}
+
+
+def model_sized(key: str, hidden_size: int) -> int:
+    """The size of ZeRO buffer `key` (MODEL_SIZED) for a model of hidden size `hidden_size`."""
+    factor, power = MODEL_SIZED[key]
+    return int(factor * hidden_size**power)
+
+
+def unset_sizes(zero: dict, hidden_size: int) -> dict[str, int]:
+    """The model-sized values of the buffers a zero_optimization block leaves unset, at the stages they mean
+    something at."""
+    stage = zero.get("stage", 0)
+    return {key: model_sized(key, hidden_size) for key in MODEL_SIZED if key not in zero and stage in STAGES[key]}
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:

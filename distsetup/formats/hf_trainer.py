@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from distsetup.formats.batch import global_batch_of
-from distsetup.formats.deepspeed import zero_stage_of
+from distsetup.formats.deepspeed import model_sized, zero_stage_of
 from distsetup.formats.problems import Problem, wrong_type
 
 
@@ -90,8 +90,8 @@ def _warmup(t: TrainerValues, c: Context):
     return None if steps is None else max(1, math.ceil(steps * t.warmup_steps))
 
 
-def _hidden(factor: float):
-    return lambda t, c: None if c.hidden_size is None else int(factor * c.hidden_size * c.hidden_size)
+def _hidden(key: str):
+    return lambda t, c: None if c.hidden_size is None else model_sized(key, c.hidden_size)
 
 
 FILLS = (
@@ -107,17 +107,22 @@ FILLS = (
     Fill("scheduler.params.warmup_max_lr", lambda t, c: t.learning_rate, "learning_rate"),
     Fill("fp16.enabled", lambda t, c: t.fp16 or t.fp16_full_eval, "fp16|fp16_full_eval"),
     Fill("bf16.enabled", lambda t, c: t.bf16 or t.bf16_full_eval, "bf16|bf16_full_eval"),
-    Fill("zero_optimization.reduce_bucket_size", _hidden(1), "hidden_size x hidden_size", must_match=False),
+    Fill(
+        "zero_optimization.reduce_bucket_size",
+        _hidden("reduce_bucket_size"),
+        "hidden_size x hidden_size",
+        must_match=False,
+    ),
     Fill(
         "zero_optimization.stage3_prefetch_bucket_size",
-        _hidden(0.9),
+        _hidden("stage3_prefetch_bucket_size"),
         "0.9 x hidden_size x hidden_size",
         must_match=False,
         zero3_only=True,
     ),
     Fill(
         "zero_optimization.stage3_param_persistence_threshold",
-        lambda t, c: None if c.hidden_size is None else 10 * c.hidden_size,
+        _hidden("stage3_param_persistence_threshold"),
         "10 x hidden_size",
         must_match=False,
         zero3_only=True,

@@ -39,6 +39,7 @@ backward); hybrid shard 1.5x inside a node but only 1/G of DDP's volume between 
 
 from dataclasses import asdict, dataclass, replace
 
+from distsetup.formats.deepspeed import model_sized
 from distsetup.planning import loss_slices
 from distsetup.planning.models import ModelShape
 from distsetup.planning.units import GB
@@ -163,6 +164,14 @@ class Estimate:
         return {**asdict(self), "model_states": self.model_states, "total": self.total, "headroom_bytes": self.headroom}
 
 
+def zero_buffer(key: str, model: ModelShape) -> int:
+    """Elements of ZeRO buffer `key` where a file leaves it unset: sized from the hidden size as the trainer fills it
+    (formats.deepspeed.MODEL_SIZED), else DeepSpeed's default."""
+    if model.hidden_size:
+        return model_sized(key, model.hidden_size)
+    return DS_PREFETCH_BUCKET if key == "stage3_prefetch_bucket_size" else DS_REDUCE_BUCKET
+
+
 def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> dict:
     """Per-GPU bytes of parameters, gradients, fp32 gradients, optimizer states and gathered layers."""
     P, e = model.params, element_bytes(precision)
@@ -184,9 +193,9 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
         out["fp32_grads"], out["optimizer"] = 4 * P / n, 12 * P / n
         if stage == 3:
             out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
-            out["buffers"] = e * min(DS_PREFETCH_BUCKET, P)
-        else:
-            out["buffers"] = 2 * e * min(DS_REDUCE_BUCKET, P)  # reduce + all-gather buckets
+            out["buffers"] = e * min(zero_buffer("stage3_prefetch_bucket_size", model), P)
+        else:  # reduce + all-gather buckets
+            out["buffers"] = e * (min(zero_buffer("reduce_bucket_size", model), P) + min(DS_REDUCE_BUCKET, P))
         on_cpu = 0.0
         if strategy.offload_optimizer:
             on_cpu += out["fp32_grads"] + out["optimizer"]  # 16-bit grads are copied into the CPU fp32 ones

@@ -71,7 +71,9 @@ torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port
 backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
 backend.wrap(models.parts(models.build(cfg.model), cfg.model, ["Block"]))
 torch.distributed.destroy_process_group()
-print(json.dumps([type(backend.engine.optimizer).__name__, "torch._inductor.compile_fx" in sys.modules]))
+engine = backend.engine
+inductor = "torch._inductor.compile_fx" in sys.modules
+print(json.dumps([type(engine.optimizer).__name__, inductor, engine.zero_reduce_bucket_size()]))
 """
 
 
@@ -83,9 +85,10 @@ def test_deepspeed_sets_up_without_importing_inductor_for_functions_it_never_cal
 
     run = subprocess.run([sys.executable, "-c", DEEPSPEED_SET_UP], env=environment(), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
-    optimizer, inductor_imported = json.loads(run.stdout.strip().splitlines()[-1])  # DeepSpeed logs to stdout first
+    optimizer, inductor_imported, reduce_bucket = json.loads(run.stdout.strip().splitlines()[-1])  # after its logs
     assert optimizer == "DeepSpeedZeroOptimizer"  # ZeRO-2's, which imports the Muon optimizer
     assert not inductor_imported
+    assert reduce_bucket == 16 * 16  # the engine's reduce bucket is sized from the hidden size (test_zero_buffers.py)
 
 
 def test_a_deferred_function_compiles_at_its_first_call_as_torch_compile_would():

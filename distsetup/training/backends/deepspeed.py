@@ -15,7 +15,7 @@ import torch
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import Marker, layout
-from distsetup.formats.deepspeed import enabled_precisions, offload_device, zero_stage_of
+from distsetup.formats.deepspeed import enabled_precisions, offload_device, unset_sizes, zero_stage_of
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
@@ -27,6 +27,7 @@ from distsetup.training.checkpoint.files import atomic_write_text
 from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
 from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
+from distsetup.training.model import build as models
 from distsetup.training.model import moe
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import World, ranks
@@ -65,6 +66,7 @@ class DeepSpeedBackend(Backend):
         if self.precision != "fp32" and not enabled_precisions(self.ds_config):
             self.ds_config[self.precision] = {"enabled": True}
         self.zero_stage = zero_stage_of(self.ds_config)
+        self._size_buffers_for_the_model()
         self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
         if self.precision != "fp32":  # the engine holds its weights in this dtype and casts no input
             self.placement = Placement(device, PRECISION_DTYPES[self.precision])
@@ -82,6 +84,20 @@ class DeepSpeedBackend(Backend):
                     f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
                     "written (scale it there with `distsetup deepspeed --scale_lr`)"
                 )
+
+    def _size_buffers_for_the_model(self) -> None:
+        """ZeRO's buffers the file leaves unset, sized from the model's hidden size as the HF integration's "auto"
+        sizes them (DeepSpeed's own defaults, a 5e8-element reduce bucket, are 2 GB in fp32 on every rank whatever
+        the model); a python model, whose hidden size is unknown, keeps DeepSpeed's."""
+        hidden = models.hidden_size(self.cfg.model)
+        zero = self.ds_config.get("zero_optimization")
+        if not hidden or not isinstance(zero, dict):
+            return
+        sized = unset_sizes(zero, hidden)
+        if sized:
+            zero.update(sized)
+            said = ", ".join(f"{key} {value:,}" for key, value in sized.items())
+            self.notes.append(f"ZeRO buffers sized for hidden size {hidden} (as the HF integration's auto): {said}")
 
     def details(self) -> str:
         offloads = [

@@ -5,6 +5,7 @@ as the module it is, so its parameters keep their own names in checkpoints and e
 `describe` builds it on the meta device first (no memory, no weights, nothing downloaded): before any process group
 the builder is checked, the block classes found and the parameters counted."""
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,6 +215,22 @@ def embedding_rows(m) -> tuple[int, str]:
         return AutoConfig.from_pretrained(m.hf_path, local_files_only=True).vocab_size, f"{m.hf_path}'s vocab_size"
     except (OSError, ValueError) as e:
         raise DistsetupError(f"model.hf_path {m.hf_path}: {e}.", "point it at a folder with a config.json.") from None
+
+
+def hidden_size(m) -> int | None:
+    """The hidden size of the model section `m`'s model, where it has one that is known without building it: the
+    built-in GPT's n_embd, a Hugging Face folder's config.json hidden_size (its own name for it, d_model or n_embd,
+    in some); None for a python model."""
+    if m.type == "gpt":
+        return m.n_embd
+    if m.type != "hf":
+        return None
+    try:
+        config = json.loads((Path(m.hf_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = next((config[key] for key in ("hidden_size", "d_model", "n_embd") if key in config), None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def check_model_fits(parameters: int, processes_per_node: int, setting: str) -> None:
