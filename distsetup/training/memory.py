@@ -10,6 +10,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def full_shape(parameter: torch.Tensor) -> torch.Size:
+    """A parameter's own shape, also where ZeRO-3 holds a partition of it (deepspeed.zero.Init: its data is empty,
+    its shape in ds_shape)."""
+    return getattr(parameter, "ds_shape", parameter.shape)
+
+
 def tensor_bytes(tensors: Iterable) -> int:
     """Bytes of the storages behind `tensors`, each storage once (views of one flat buffer count once)."""
     seen, total = set(), 0

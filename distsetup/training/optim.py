@@ -6,6 +6,8 @@ import math
 import torch
 import torch.nn as nn
 
+from distsetup.training.memory import full_shape
+
 
 def decays(shape) -> bool:
     """Decay matrices only (nanoGPT): biases and norm weights keep their scale."""
@@ -16,8 +18,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """The decayed parameters, then the others: every backend's optimizer, so checkpoints number them alike."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
-        {"params": [p for p in params if decays(p.shape)], "weight_decay": weight_decay},
-        {"params": [p for p in params if not decays(p.shape)], "weight_decay": 0.0},
+        {"params": [p for p in params if decays(full_shape(p))], "weight_decay": weight_decay},
+        {"params": [p for p in params if not decays(full_shape(p))], "weight_decay": 0.0},
     ]
 
 

@@ -69,6 +69,8 @@ class Trainer:
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
         self.only_rank0_builds_whole = backend.fills_shards_from_rank0 and self.model_description.builds_on_meta
+        # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
+        self.partitioned = backend.partitions_at_construction and self.only_rank0_builds_whole
         # the processes of this node that build the whole model: rank 0 alone (on its node) where the others build it
         # on the meta device
         builders = int(world.rank == world.local_rank) if self.only_rank0_builds_whole else world.local_size
@@ -248,28 +250,35 @@ class Trainer:
             self.say(line)
 
     def _build_model(self) -> None:
-        """The model (the same seed on every rank: the same initial weights; on the meta device where rank 0's values
-        fill this rank's shards), its objective and FLOPs, wrapped."""
+        """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
         m, t = self.cfg.model, self.t
         torch.manual_seed(t.seed)
-        # where the backend fills each rank's shards from rank 0's copy (FSDP2), the others build no weights; a builder
-        # that cannot build on the meta device (it reads a weight) is built whole on every rank, as before
-        on_meta = self.only_rank0_builds_whole and not self.world.is_main
-        module = models.architecture_on_meta(m) if on_meta else models.build(m)
-        if self.backend.fills_shards_from_rank0 and not self.model_description.builds_on_meta:
-            self.say("note: the model cannot be built on the meta device: every rank builds it whole before sharding")
+        whole = self._whole_model()
+        module = self.backend.construct(lambda: models.build(m, weights=False), whole) if self.partitioned else whole
         parts = models.parts(module, m, self.model_description.layer_classes)
-        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function)
+        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function, probe=whole)
         if note:
             self.say(f"note: {note}")
         self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)
-        self.flops = self._flops_per_item(module)  # before sharding: the whole model
-        if self.args.init_from:
-            load_weights(module, self.args.init_from)
+        self.flops = self._flops_per_item(whole)  # the whole model, before sharding
+        del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them (FSDP2)
         self.backend.wrap(parts)
         for note in self.backend.notes:  # after wrap(): it adds notes of its own
             self.say(f"note: {note}")
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
+
+    def _whole_model(self) -> torch.nn.Module:
+        """The model whole, with --init_from's weights: built on every rank; or, where the backend fills each rank's
+        part from rank 0's values (FSDP2, ZeRO-3), on rank 0 alone, the others building it on the meta device. A
+        builder that cannot build there (it reads a weight) is built whole on every rank, as before."""
+        m = self.cfg.model
+        on_meta = self.only_rank0_builds_whole and not self.world.is_main
+        whole = models.architecture_on_meta(m) if on_meta else models.build(m)
+        if self.backend.fills_shards_from_rank0 and not self.model_description.builds_on_meta:
+            self.say("note: the model cannot be built on the meta device: every rank builds it whole before sharding")
+        if self.args.init_from:
+            load_weights(whole, self.args.init_from)  # on the meta device: the keys checked, nothing read
+        return whole
 
     def _flops_per_item(self, module) -> float | None:
         """Training FLOPs per token (or sample) for MFU: the transformer formula for the built-in GPT and Hugging

@@ -1,9 +1,11 @@
-"""FSDP2 shards before anything is allocated whole: rank 0 alone builds the model's values, the other ranks build it
-on the meta device, and rank 0's values fill every rank's shards. The initial weights are a one-process run's, bit for
-bit; a weight tied by attribute stays one weight through training; every buffer, persistent or not, is rank 0's."""
+"""FSDP2 and ZeRO-3 shard before anything is allocated whole: rank 0 alone builds the model's values, the other ranks
+build it on the meta device (and, under ZeRO-3, construct their partitions inside deepspeed.zero.Init), and rank 0's
+values fill every rank's part. The initial weights are a one-process run's, bit for bit; a weight tied by attribute
+stays one weight through training; every buffer, persistent or not, is rank 0's."""
 
 import shutil
 
+import pytest
 import torch
 import yaml
 from repo import REPO
@@ -15,12 +17,17 @@ from distsetup.training.checkpoint.export import consolidated_state_dict
 SEED = 11
 
 
-def tied_run(folder, steps: int, lr: float):
-    """A 2-process FSDP2 run of tests/support/tied_model.py; returns (its output folder, the build log's lines)."""
+ZERO3 = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "train_batch_size": 8}
+ZERO3["zero_optimization"] = {"stage": 3}
+BACKENDS = {"fsdp": ("fsdp", None), "zero3": ("deepspeed", ZERO3)}
+
+
+def tied_run(folder, backend: str, steps: int, lr: float):
+    """A 2-process run of tests/support/tied_model.py; returns (its output folder, the build log's lines)."""
     shutil.copy(REPO / "tests" / "support" / "tied_model.py", folder / "tied_model.py")
     training = {"max_steps": steps, "checkpoint_interval": steps, "log_interval": 1, "warmup_steps": 0, "lr": lr}
     training.update(seed=SEED, micro_batch_size=4, precision="fp32", grad_clip=1.0)
-    config = write_config(folder, "tied", "fsdp", None, training)
+    config = write_config(folder, "tied", *BACKENDS[backend], training)
     run = yaml.safe_load(config.read_text())
     run["model"] = {"type": "python", "builder": "tied_model:build", "vocab_size": 64, "block_size": 32}
     config.write_text(yaml.safe_dump(run))
@@ -29,13 +36,15 @@ def tied_run(folder, steps: int, lr: float):
     return folder / "out", (folder / "built.log").read_text().split("\n")[:-1]
 
 
-def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path):
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path, backend):
     from tied_model import build  # tests/support is on pytest's path
 
     # an update of 1e-30 is below fp32's resolution at these weights: the checkpoint holds the initial ones
     # (the run config refuses lr 0)
-    out, built = tied_run(tmp_path, steps=1, lr=1e-30)
-    assert "1 cpu" not in built and "1 meta" in built and "0 cpu" in built, built  # rank 1 never built weights
+    out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30)
+    assert "1 cpu" not in built and "1 meta" in built and "0 cpu" in built, built  # rank 1 never built it whole
+    assert ("1 partitioned" in built) == (backend == "zero3"), built
     torch.manual_seed(SEED)
     expected = build().state_dict()
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
@@ -44,8 +53,9 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path)
     assert "scale" in saved and len(losses(out)) == 1  # the forward checked the non-persistent buffer
 
 
-def test_a_tied_weight_stays_one_weight_through_training(tmp_path):
-    out, _ = tied_run(tmp_path, steps=3, lr=3e-2)
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_tied_weight_stays_one_weight_through_training(tmp_path, backend):
+    out, _ = tied_run(tmp_path, backend, steps=3, lr=3e-2)
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
     assert torch.equal(saved["head.weight"], saved["embed.weight"])
     curve = losses(out)

@@ -3,6 +3,7 @@ an output head tied to the embedding by attribute, a non-persistent buffer the f
 Its builder notes, in the file BUILT_LOG names, on which device each rank built it."""
 
 import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -45,5 +46,11 @@ class TiedLM(nn.Module):
 def build(vocab: int = 64, width: int = 16, layers: int = 2) -> TiedLM:
     if log := os.environ.get("BUILT_LOG"):
         with open(log, "a") as f:
-            f.write(f"{os.environ.get('RANK', '0')} {torch.get_default_device().type}\n")
+            f.write(f"{os.environ.get('RANK', '0')} {where_built()}\n")
     return TiedLM(vocab, width, layers)
+
+
+def where_built() -> str:
+    """meta, cpu, or partitioned (inside DeepSpeed's zero.Init: each parameter partitioned as it is created)."""
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    return "partitioned" if zero is not None and zero.zero_init_context else torch.get_default_device().type

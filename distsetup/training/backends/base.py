@@ -55,6 +55,8 @@ class Backend:
     # Whether wrap() fills each rank's part of the model from rank 0's copy, so that the others build the model on
     # the meta device and never hold it whole (FSDP2).
     fills_shards_from_rank0 = False
+    # Whether each rank constructs only its partitions of the model (construct()), rank 0's values put in (ZeRO-3).
+    partitions_at_construction = False
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         self.cfg, self.world, self.device = cfg, world, device
@@ -250,6 +252,11 @@ class Backend:
         self.tf32 = tf32_matmuls(self.device, self.precision, os.environ)
         if self.tf32:
             torch.set_float32_matmul_precision("high")
+
+    def construct(self, build: Callable[[], nn.Module], whole: nn.Module) -> nn.Module:
+        """Where partitions_at_construction: the model `build()` makes, each rank holding only its partitions, with
+        rank 0's `whole` model's values (the others' `whole` is on the meta device)."""
+        raise NotImplementedError(f"{self.name} builds the model whole")
 
     def needs_cpu_collectives(self) -> bool:
         """Whether the run reduces tensors that live on the CPU over the job's process group, which then needs gloo

@@ -67,6 +67,8 @@ class DeepSpeedBackend(Backend):
             self.ds_config[self.precision] = {"enabled": True}
         self.zero_stage = zero_stage_of(self.ds_config)
         self._size_buffers_for_the_model()
+        # ZeRO-3 partitions the model as it is constructed, rank 0's values put in: no rank holds it whole but rank 0
+        self.fills_shards_from_rank0 = self.partitions_at_construction = self.zero_stage == 3
         self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
         if self.precision != "fp32":  # the engine holds its weights in this dtype and casts no input
             self.placement = Placement(device, PRECISION_DTYPES[self.precision])
@@ -84,6 +86,28 @@ class DeepSpeedBackend(Backend):
                     f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
                     "written (scale it there with `distsetup deepspeed --scale_lr`)"
                 )
+
+    def construct(self, build, whole):
+        """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file): each parameter partitioned as
+        it is created, so no rank holds the model whole; then rank 0's values (its `whole` model: the run's seed on
+        the CPU, --init_from's or a Hugging Face folder's weights) put into every rank's partitions, one parameter
+        at a time, and every buffer broadcast from rank 0."""
+        import deepspeed
+
+        deepspeed.init_distributed()  # onto the run's process group: else its config reads a world of 1
+        with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
+            model = build()
+        values = dict(whole.named_parameters()) if self.world.is_main else {}
+        for name, parameter in model.named_parameters():
+            with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():
+                if values:
+                    parameter.data.copy_(values[name].data)
+        buffers = dict(whole.named_buffers()) if self.world.is_main else {}
+        for name, buffer in model.named_buffers():
+            if buffers:
+                buffer.data.copy_(buffers[name].data)
+            torch.distributed.broadcast(buffer.data, src=0)
+        return model
 
     def _size_buffers_for_the_model(self) -> None:
         """ZeRO's buffers the file leaves unset, sized from the model's hidden size as the HF integration's "auto"

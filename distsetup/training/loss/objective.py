@@ -225,16 +225,23 @@ class PythonObjective:
         self._checked = True
 
 
-def loss_head(model: nn.Module, m, mode: str) -> tuple[LossHead | None, str]:
+def output_head(model: nn.Module, m) -> Any:
+    """The built-in GPT's or a Hugging Face model's output head; None for a python model."""
+    owner: Any = model  # get_output_embeddings is a transformers PreTrainedModel's
+    return owner.lm_head if m.type == "gpt" else owner.get_output_embeddings() if m.type == "hf" else None
+
+
+def loss_head(model: nn.Module, m, mode: str, probe: nn.Module | None = None) -> tuple[LossHead | None, str]:
     """The built-in GPT's or a Hugging Face model's output head, made to compute the loss in slices where
     training.chunked_loss `mode` asks for it for its vocabulary (see sliced.py), and the note that says what was
-    done; (None, "") for a python model or a small vocabulary."""
-    owner: Any = model  # get_output_embeddings is a transformers PreTrainedModel's
-    head: Any = owner.lm_head if m.type == "gpt" else owner.get_output_embeddings() if m.type == "hf" else None
+    done; (None, "") for a python model or a small vocabulary. `probe`: a copy of the model to run the Hugging Face
+    head check on (the model itself where it has no whole weights to run: ZeRO-3's partitions)."""
+    head = output_head(model, m)
     vocab: int = getattr(head, "out_features", 0)
     if head is None or not loss_slices.chunked(mode, vocab):
         return None, ""
-    why = _unsliceable(model, m, head)
+    probe = probe if probe is not None else model
+    why = _unsliceable(probe, m, output_head(probe, m))
     if why:
         return None, f"loss: from the whole logits over {vocab} ids ({why})"
     slices = -(-vocab // loss_slices.slice_width(vocab))
@@ -269,15 +276,15 @@ def _returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Ten
 
 
 def objective_for(
-    module: nn.Module, cfg: RunConfig, data: Datasets, loss_function: Callable | None
+    module: nn.Module, cfg: RunConfig, data: Datasets, loss_function: Callable | None, probe: nn.Module | None = None
 ) -> tuple["TokenObjective | PythonObjective", str]:
     """The objective a run trains `module` by, and a note on how its loss is computed (or ""): token data's
     next-token loss from the model's logits (sliced where training.chunked_loss says), else the model's own loss or
-    training.loss on the user's batches."""
+    training.loss on the user's batches. `probe`: see loss_head."""
     m, t = cfg.model, cfg.training
     source = f"model.builder {m.builder}" if m.type == "python" else f"model.type {m.type}"
     if data.tokens and loss_function is None:  # token data: its train set says whether targets are masked
-        head, note = loss_head(module, m, t.chunked_loss)
+        head, note = loss_head(module, m, t.chunked_loss, probe)
         return TokenObjective(module, m.type, m.vocab_size, data.train.masked, source, head), note
     loss_source = t.loss and f"training.loss {t.loss}"
     return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type)), ""

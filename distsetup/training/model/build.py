@@ -43,13 +43,13 @@ class ModelParts:
     conditional: list[nn.Module]  # the layers that run differently per rank (moe.py)
 
 
-def build(m) -> nn.Module:
+def build(m, weights: bool = True) -> nn.Module:
     """The model of model section `m`, on the current default device, in fp32 (the same seed on every rank gives
-    the same weights)."""
+    the same weights). `weights`: a Hugging Face folder's own, where it has some (else fresh ones from its config)."""
     if m.type == "gpt":
         return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
     if m.type == "hf":
-        return _hf_model(m, with_weights=True)
+        return _hf_model(m, with_weights=weights)
     try:
         model = _call_builder(m)
     except DistsetupError:

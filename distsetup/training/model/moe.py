@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
+from distsetup.training.memory import full_shape
 
 
 def expert_container(module: nn.Module) -> nn.ModuleList | nn.ModuleDict | None:
@@ -28,7 +29,7 @@ def expert_container(module: nn.Module) -> nn.ModuleList | nn.ModuleDict | None:
         if not isinstance(child, (nn.ModuleList, nn.ModuleDict)) or len(child) < 2:
             continue
         members = list(child.values()) if isinstance(child, nn.ModuleDict) else list(child)
-        shapes = {(type(m), tuple(tuple(p.shape) for p in m.parameters())) for m in members}
+        shapes = {(type(m), tuple(tuple(full_shape(p)) for p in m.parameters())) for m in members}
         single_layers = torch_class(type(members[0])) and not any(True for _ in members[0].children())
         if len(shapes) == 1 and not single_layers and any(True for _ in members[0].parameters()):
             return child
