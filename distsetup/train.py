@@ -87,6 +87,9 @@ def load_config(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Until the trainer takes SIGTERM over (preemption), a rank that its launcher stops (another rank said an error
+    # every rank found: say_once_per_node) exits as that rank does, silently, also before it found the error itself.
+    signal.signal(signal.SIGTERM, lambda *_: exit_now(DistsetupError.exit_code))
     try:
         cfg = load_config(args)
         if args.check:

@@ -1,5 +1,6 @@
 """Bytes a rank really holds, counted from the tensors themselves (shared storage counted once)."""
 
+import resource
 from collections.abc import Iterable
 
 import torch
@@ -8,6 +9,11 @@ import torch
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (FSDP2); a plain tensor as is."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def host_peak_bytes() -> int:
+    """This process's peak resident memory so far (the kernel's high-water mark: ru_maxrss, in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:

@@ -18,7 +18,7 @@ from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, resume_point
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.runconfig import RunConfig, names_user_code
-from distsetup.training import user_code
+from distsetup.training import memory, user_code
 from distsetup.training.backends import make_backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.checkpoint import universal_folder
@@ -88,6 +88,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
+        self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes after set-up, after the last update
         self.metrics: MetricsLog | None = None
         self.loader: StepLoader | None = None
         self.bar: tqdm | None = None
@@ -148,7 +149,7 @@ class Trainer:
                 self.pending.finish(self.world, self.backend)
         assert self.bar is not None
         self.bar.close()
-        self._summarize()
+        self._summarize(self._host_peaks())
         return 0
 
     def train_step(self) -> tuple[list[MicroLoss], float | None]:
@@ -160,6 +161,7 @@ class Trainer:
         micro_losses = self.forward_backward(batches, weights)
         loss_scale = self.backend.current_loss_scale() if self._logs_at(self.step + 1) else None
         self.backend.step()
+        self.train_peak = memory.host_peak_bytes()  # before any checkpoint of this step
         self.step += 1
         self.timer.step_done()
         assert self.bar is not None
@@ -199,6 +201,7 @@ class Trainer:
         self.agreement = StepAgreement(self.world.size, self.device)
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
+        self.setup_peak = self.train_peak = memory.host_peak_bytes()
 
     def _resume_decision(self) -> Path | None:
         """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
@@ -395,7 +398,16 @@ class Trainer:
             )
         return None
 
-    def _summarize(self) -> None:
+    def _host_peaks(self) -> dict[str, list[int]]:
+        """Each rank's peak resident memory after set-up and after its last step's update (checkpoints left out):
+        a collective."""
+        peaks = [(self.setup_peak, self.train_peak)]
+        if torch.distributed.is_initialized():
+            peaks = [(0, 0)] * self.world.size
+            torch.distributed.all_gather_object(peaks, (self.setup_peak, self.train_peak))
+        return {"setup": [setup for setup, _ in peaks], "training": [train for _, train in peaks]}
+
+    def _summarize(self, host_peaks: dict[str, list[int]]) -> None:
         """Rank 0's summary.json, and the last line."""
         if not self.world.is_main:
             return
@@ -417,6 +429,7 @@ class Trainer:
             "steps_per_s": steps_per_s,
             **self.timer.summary(),
             **self.backend.summary(),
+            "host_peak_bytes": host_peaks,  # per rank: resident memory's high-water mark after set-up, in training
         }
         # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
         (self.out_dir / "summary.json").write_text(as_json(summary, indent=2))

@@ -3,6 +3,7 @@ build it on the meta device (and, under ZeRO-3, construct their partitions insid
 values fill every rank's part. The initial weights are a one-process run's, bit for bit; a weight tied by attribute
 stays one weight through training; every buffer, persistent or not, is rank 0's."""
 
+import json
 import shutil
 
 import pytest
@@ -51,6 +52,9 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
     for name, tensor in saved.items():  # the same values (a zero bias moved by the update's 1e-30 alone)
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-28, msg=name)
     assert "scale" in saved and len(losses(out)) == 1  # the forward checked the non-persistent buffer
+    peaks = json.loads((out / "summary.json").read_text())["host_peak_bytes"]  # what benchmarks/scale_memory.py reads
+    assert len(peaks["setup"]) == len(peaks["training"]) == 2
+    assert all(0 < setup <= training for setup, training in zip(peaks["setup"], peaks["training"], strict=True))
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
