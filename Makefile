@@ -66,9 +66,9 @@ demo: venv
 		--deepspeed_config config/ds_config.json --num_gpus_per_node $(DEMO_PROCS) --output scripts/run_training.sh
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_training.sh training.output_dir=runs/demo --no_resume
 
-# Benchmarks 1-3, the loss memory and the peers (about 35 minutes on 2 cores); each appends its table to benchmarks/RESULTS.md.
+# Benchmarks 1-3, the loss memory, memory per rank at scale and the peers (about 50 minutes on 2 cores); each appends its table to benchmarks/RESULTS.md.
 bench: venv
-	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py && ../$(PY) data_memory.py && ../$(PY) loss_memory.py && ../$(PY) peers.py
+	cd benchmarks && ../$(PY) cli_latency.py && ../$(PY) train_overhead.py && ../$(PY) memory.py && ../$(PY) data_memory.py && ../$(PY) loss_memory.py && ../$(PY) scale_memory.py && ../$(PY) peers.py
 
 # Benchmark 4, on a machine with a CUDA GPU and a CUDA build of torch: tokens/s and MFU of a 1B model.
 bench-gpu: venv
