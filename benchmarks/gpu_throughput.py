@@ -56,38 +56,26 @@ def gpt_on_meta(a):
         return GPT(256, a.block_size, a.n_layer, a.n_head, a.n_embd, 0.0)
 
 
+def backend_overrides(backend: str, work: Path, a) -> list[str]:
+    """The run config's overrides for `backend`; ZeRO-3's file written by `distsetup deepspeed`."""
+    if backend != "zero3":
+        return [f"distributed.backend={backend}"]
+    ds = work / "zero3.json"
+    precision = ["--bf16"] if a.precision == "bf16" else []
+    # --optimizer none: train.py hands DeepSpeed the torch AdamW the other runs use (DeepSpeed's own would be its
+    # FusedAdam, compiled on first use with nvcc).
+    optimizer = ["--optimizer", "none", "--micro_batch_size", str(a.micro_batch_size)]
+    subprocess.run([*DISTSETUP, "deepspeed", "--zero_stage", "3", *precision, *optimizer, "-o", ds], check=True)
+    return ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
+
+
 def measure_train_py(run: str, work: Path, a):
     backend = run.split()[-1]
-    if backend == "zero3":
-        ds = work / "zero3.json"
-        precision = ["--bf16"] if a.precision == "bf16" else []
-        # --optimizer none: train.py hands DeepSpeed the torch AdamW the other runs use (DeepSpeed's own
-        # would be its FusedAdam, compiled on first use with nvcc).
-        subprocess.run(
-            [
-                *DISTSETUP,
-                "deepspeed",
-                "--zero_stage",
-                "3",
-                *precision,
-                "--optimizer",
-                "none",
-                "--micro_batch_size",
-                str(a.micro_batch_size),
-                "-o",
-                ds,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        overrides = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
-    else:
-        overrides = [f"distributed.backend={backend}"]
     runs = itertools.count()
 
-    def measure() -> dict:
+    def measure() -> dict:  # the backend's file made here: a failure there is this run's, the others go on
         out = work / f"{backend}-{next(runs)}"
-        launch(1, train_py_argv(a, out, overrides))
+        launch(1, train_py_argv(a, out, backend_overrides(backend, work, a)))
         summary = json.loads((out / "summary.json").read_text())
         shutil.rmtree(out)  # the final checkpoint of a 1B model: about 12 GB per run
         return figures(summary, a)
@@ -152,9 +140,10 @@ def device_name() -> str:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def measured(measures: dict, repeats: int) -> tuple[dict, dict]:
+def measured(measures: dict, repeats: int, progress=lambda samples, failures: None) -> tuple[dict, dict]:
     """(run -> median figures over alternating rounds, run -> why it failed): a failed run is left out of later
-    rounds, and the others go on."""
+    rounds, and the others go on. `progress(samples, failures)` after each run: what is known so far is kept even
+    if the whole is stopped (the GPU check's time limit)."""
     samples: dict[str, list] = {run: [] for run in measures}
     failures: dict[str, str] = {}
     for _ in range(repeats):
@@ -167,6 +156,7 @@ def measured(measures: dict, repeats: int) -> tuple[dict, dict]:
                 output = str(e) + (e.stderr or "" if isinstance(e, subprocess.CalledProcessError) else "")
                 print(f"{run} failed:\n{output}", file=sys.stderr)  # whole, for the GPU check's log
                 failures[run] = why_failed(output)
+            progress(samples, failures)
     return {run: median(values) for run, values in samples.items() if values and run not in failures}, failures
 
 
@@ -200,7 +190,13 @@ def main():
             run: measure_reference(a) if run == "reference loop" else measure_train_py(run, Path(work), a)
             for run in a.runs
         }
-        medians, failures = measured(measures, a.repeats)
+
+        def progress(samples: dict, failures: dict) -> None:
+            if a.json:
+                partial = {"device": device, "peak_tflops": peak, "measured_so_far": samples, "failed": failures}
+                a.json.write_text(json.dumps(partial, indent=2))
+
+        medians, failures = measured(measures, a.repeats, progress)
     reference, planned = medians.get("reference loop"), planned_gb(a)
     rows, figures = [], {}
     for run, m in medians.items():

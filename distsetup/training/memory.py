@@ -2,6 +2,7 @@
 
 import resource
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -11,9 +12,27 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
 def host_peak_bytes() -> int:
-    """This process's peak resident memory so far (the kernel's high-water mark: ru_maxrss, in KiB on Linux)."""
+    """This process's peak resident memory since it started or since reset_host_peak (Linux's VmHWM; elsewhere
+    ru_maxrss, which only ever rises)."""
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_host_peak() -> None:
+    """Start host_peak_bytes' count again from the memory resident now (Linux: 5 to /proc/self/clear_refs)."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        pass
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:

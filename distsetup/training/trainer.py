@@ -202,6 +202,7 @@ class Trainer:
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
         self.setup_peak = self.train_peak = memory.host_peak_bytes()
+        memory.reset_host_peak()  # the training's peak from here on, not the set-up's
 
     def _resume_decision(self) -> Path | None:
         """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system

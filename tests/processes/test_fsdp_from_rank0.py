@@ -44,8 +44,11 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
     # an update of 1e-30 is below fp32's resolution at these weights: the checkpoint holds the initial ones
     # (the run config refuses lr 0)
     out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30)
-    assert "1 cpu" not in built and "1 meta" in built and "0 cpu" in built, built  # rank 1 never built it whole
-    assert ("1 partitioned" in built) == (backend == "zero3"), built
+    # rank 1 built it on the meta device only (and, under ZeRO-3, its partitions), never whole; rank 0 on the CPU
+    assert {line.split()[1] for line in built if line.startswith("1 ")} == (
+        {"meta", "partitioned"} if backend == "zero3" else {"meta"}
+    ), built
+    assert "0 cpu" in built, built
     torch.manual_seed(SEED)
     expected = build().state_dict()
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
@@ -54,7 +57,7 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
     assert "scale" in saved and len(losses(out)) == 1  # the forward checked the non-persistent buffer
     peaks = json.loads((out / "summary.json").read_text())["host_peak_bytes"]  # what benchmarks/scale_memory.py reads
     assert len(peaks["setup"]) == len(peaks["training"]) == 2
-    assert all(0 < setup <= training for setup, training in zip(peaks["setup"], peaks["training"], strict=True))
+    assert all(peak > 0 for peak in peaks["setup"] + peaks["training"]), peaks
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -28,7 +28,7 @@ from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
 from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
 from distsetup.training.model import build as models
-from distsetup.training.model import moe
+from distsetup.training.model import from_rank0, moe
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import World, ranks
 
@@ -102,11 +102,10 @@ class DeepSpeedBackend(Backend):
             with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():
                 if values:
                     parameter.data.copy_(values[name].data)
-        buffers = dict(whole.named_buffers()) if self.world.is_main else {}
-        for name, buffer in model.named_buffers():
-            if buffers:
-                buffer.data.copy_(buffers[name].data)
-            torch.distributed.broadcast(buffer.data, src=0)
+        # zero.Init made the buffers in the run's 16-bit dtype and wherever their constructor put them; the engine,
+        # given a model built that way, moves none: rank 0's, in the dtype it built them in (fp32 rotary frequencies
+        # stay fp32, as the engine keeps them), onto this rank's device
+        from_rank0.broadcast_buffers(model, dict(whole.named_buffers()), self.device, self.world.is_main)
         return model
 
     def _size_buffers_for_the_model(self) -> None:

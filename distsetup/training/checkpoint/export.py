@@ -225,7 +225,11 @@ def load_weights(model: torch.nn.Module, path: str) -> None:
         raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if all(p.is_meta for p in model.parameters()):  # a rank FSDP2 or ZeRO-3 fills from rank 0: the keys alone
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DistsetupError(
             f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]}).",

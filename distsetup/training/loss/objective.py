@@ -27,7 +27,7 @@ from distsetup.planning import loss_slices
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
 from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
 from distsetup.training.model import moe
-from distsetup.training.world import first_line, is_lost_contact
+from distsetup.training.world import decided_by_rank0, first_line, is_lost_contact
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,9 @@ def loss_head(model: nn.Module, m, mode: str, probe: nn.Module | None = None) ->
     if head is None or not loss_slices.chunked(mode, vocab):
         return None, ""
     probe = probe if probe is not None else model
-    why = _unsliceable(probe, m, output_head(probe, m))
+    # rank 0's answer everywhere: the others' copy may be on the meta device, where a forward can fail (an MoE's
+    # data-dependent routing), and every rank must compute the loss alike
+    why = decided_by_rank0(lambda: _unsliceable(probe, m, output_head(probe, m)))
     if why:
         return None, f"loss: from the whole logits over {vocab} ids ({why})"
     slices = -(-vocab // loss_slices.slice_width(vocab))

@@ -219,8 +219,8 @@ def embedding_rows(m) -> tuple[int, str]:
 
 def hidden_size(m) -> int | None:
     """The hidden size of the model section `m`'s model, where it has one that is known without building it: the
-    built-in GPT's n_embd, a Hugging Face folder's config.json hidden_size (its own name for it, d_model or n_embd,
-    in some); None for a python model."""
+    built-in GPT's n_embd, a Hugging Face folder's config.json hidden_size (the key `distsetup plan` reads); None for
+    a python model."""
     if m.type == "gpt":
         return m.n_embd
     if m.type != "hf":
@@ -229,7 +229,7 @@ def hidden_size(m) -> int | None:
         config = json.loads((Path(m.hf_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    value = next((config[key] for key in ("hidden_size", "d_model", "n_embd") if key in config), None)
+    value = config.get("hidden_size")
     return value if isinstance(value, int) and value > 0 else None
 
 

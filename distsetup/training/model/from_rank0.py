@@ -3,7 +3,8 @@
 Rank 0 builds the model on the CPU (with the run's seed, or with pretrained weights); every other rank builds it on
 the meta device. Each rank then moves its model to the meta device, shards it, allocates only its own shards on its
 device (`to_empty`), and rank 0's tensors are broadcast into them one at a time (torch.distributed.checkpoint's
-`broadcast_from_rank0`, as Accelerate's cpu_ram_efficient_loading and torchtitan do). The initial weights are then
+`broadcast_from_rank0`; Accelerate's cpu_ram_efficient_loading does the same with broadcasts of its own). The initial
+weights are then
 those of a one-process run, bit for bit.
 
 What a state dict leaves out is handled here too: `to_empty` leaves every buffer uninitialised, and non-persistent
@@ -63,19 +64,30 @@ def to_meta(model: nn.Module) -> None:
     tie_again(ties)
 
 
-def fill_from_rank0(model: nn.Module, whole: WholeValues | None) -> None:
-    """Rank 0's values (`whole`; None elsewhere) into every rank's allocated shards and buffers: a collective."""
+def fill_from_rank0(model: nn.Module, whole: WholeValues | None, buffers_on: torch.device) -> None:
+    """Rank 0's values (`whole`; None elsewhere) into every rank's allocated shards, and its buffers, as they were
+    built (their dtype), onto `buffers_on`: a collective. The shards and the persistent buffers must be on one device
+    for set_model_state_dict (FSDP2's CPU offload: the CPU), which is why the buffers move only afterwards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     state: dict = whole.state if whole is not None else {}  # the others' values come from rank 0
     set_model_state_dict(model, state, options=options)
+    broadcast_buffers(model, whole.buffers if whole is not None else {}, buffers_on, whole is not None)
+
+
+def broadcast_buffers(model: nn.Module, built: dict[str, torch.Tensor], device: torch.device, is_main: bool) -> None:
+    """Every buffer of `model` replaced by rank 0's (`built`: the model's buffers as built, by name; on the other ranks
+    those of a copy on the meta device, or none), on `device`, in the dtype it was built in: a collective."""
     with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            value = whole.buffers[unwrapped(name)].to(buffer.device, buffer.dtype) if whole is not None else buffer
-            dist.broadcast(value, src=0)
-            if value is not buffer:
-                buffer.copy_(value)
+        for prefix, module in model.named_modules():
+            for name, buffer in list(module._buffers.items()):
+                if buffer is None:
+                    continue
+                reference = built.get(unwrapped(f"{prefix}.{name}" if prefix else name), buffer)
+                value = reference.to(device) if is_main else torch.empty_like(reference, device=device)
+                dist.broadcast(value, src=0)
+                module._buffers[name] = value
 
 
 WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # activation checkpointing's and torch.compile's
