@@ -1,8 +1,8 @@
 """Benchmark 7: each rank's peak host memory at set-up and in training under FSDP2 and ZeRO-3, at 1, 2, 4 and 8
 processes, for a model of about 200M parameters: whether any rank still holds the whole model.
 
-The figures are each rank's resident-memory high-water mark (summary.json's host_peak_bytes: after set-up, and after
-its last step's update, checkpoints left out) less a bare process's (python, torch and distsetup imported), in units
+The figures are each rank's resident-memory high-water mark (summary.json's host_peak_bytes: in set-up, and in
+training, checkpoints left out) less a bare process's (python, torch and distsetup imported), in units
 of the whole model in fp32 (4 bytes a parameter), beside the sharded state (16 bytes a parameter / W: fp32 weights,
 gradients and AdamW's two moments). On a CPU the shards live in host memory; on a GPU this is the host's part only.
 Goal (issue 37): at W=8 every rank but 0 peaks at <= 0.75 of the whole model, rank 0 at <= 1.25.

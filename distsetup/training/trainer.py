@@ -88,7 +88,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
-        self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes after set-up, after the last update
+        self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
         self.metrics: MetricsLog | None = None
         self.loader: StepLoader | None = None
         self.bar: tqdm | None = None
@@ -161,7 +161,6 @@ class Trainer:
         micro_losses = self.forward_backward(batches, weights)
         loss_scale = self.backend.current_loss_scale() if self._logs_at(self.step + 1) else None
         self.backend.step()
-        self.train_peak = memory.host_peak_bytes()  # before any checkpoint of this step
         self.step += 1
         self.timer.step_done()
         assert self.bar is not None
@@ -201,7 +200,7 @@ class Trainer:
         self.agreement = StepAgreement(self.world.size, self.device)
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.setup_peak = self.train_peak = memory.host_peak_bytes()
+        self.setup_peak = memory.host_peak_bytes()
         memory.reset_host_peak()  # the training's peak from here on, not the set-up's
 
     def _resume_decision(self) -> Path | None:
@@ -369,6 +368,7 @@ class Trainer:
             self.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
     def _checkpoint(self, background: bool) -> None:
+        self._note_training_peak()
         with self.timer.checkpointing():
             if self.pending is not None:  # the one before completes first
                 self.pending.finish(self.world, self.backend)
@@ -399,9 +399,15 @@ class Trainer:
             )
         return None
 
+    def _note_training_peak(self) -> None:
+        """The peak resident memory of the training since set-up or the last checkpoint, kept; the count starts again
+        (so a checkpoint's own peak, which follows, is left out)."""
+        self.train_peak = max(self.train_peak, memory.host_peak_bytes())
+        memory.reset_host_peak()
+
     def _host_peaks(self) -> dict[str, list[int]]:
-        """Each rank's peak resident memory after set-up and after its last step's update (checkpoints left out):
-        a collective."""
+        """Each rank's peak resident memory after set-up and in training (checkpoints left out): a collective."""
+        self.train_peak = max(self.train_peak, memory.host_peak_bytes())  # since the last checkpoint
         peaks = [(self.setup_peak, self.train_peak)]
         if torch.distributed.is_initialized():
             peaks = [(0, 0)] * self.world.size

@@ -91,12 +91,10 @@ class FSDPBackend(Backend):
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)
-        ties = from_rank0.tied_parameters(model)
         # FSDP2 keeps offloaded shards on the CPU: the state dict then goes there too (one device for all), and the
         # buffers, which FSDP2 never offloads, onto this rank's device after it
         offloaded = self.fsdp.cpu_offload and self.device.type == "cuda"
         model.to_empty(device=torch.device("cpu") if offloaded else self.device)
-        from_rank0.tie_again(ties)
         from_rank0.fill_from_rank0(model, whole, self.device)
         del whole
         # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
