@@ -37,6 +37,8 @@ trainer.train()
 with open(f"{out}/zero_stage_rank{args.process_index}", "w") as stage_file:
     stage_file.write(str(trainer.deepspeed.zero_optimization_stage()))
 trainer.save_model(out + "/final")
+# shut down as a script should: a process group left to the interpreter's teardown once aborted a rank (gloo's threads)
+torch.distributed.destroy_process_group()
 """
 
 
