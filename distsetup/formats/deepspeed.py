@@ -33,16 +33,27 @@ STAGES = {
     "stage3_prefetch_bucket_size": (3,),
     "stage3_param_persistence_threshold": (3,),
     "stage3_max_live_parameters": (3,),
+    "stage3_max_reuse_distance": (3,),
+    "sub_group_size": (3,),
     "stage3_gather_16bit_weights_on_model_save": (3,),
 }
 
-# ZeRO's buffers sized from the model's hidden size h, as the HF integration's "auto" sizes them (transformers'
-# integrations/deepspeed.py): key -> (factor, power of h). DeepSpeed's own defaults are sizes for no model in
-# particular: a reduce bucket of 5e8 elements (2 GB in fp32 on every rank), a prefetch bucket of 5e7.
+# ZeRO's buffers sized from the model's hidden size h, the first three as the HF integration's "auto" sizes them
+# (transformers' integrations/deepspeed.py): key -> (factor, power of h). DeepSpeed's own defaults are sizes for no
+# model in particular: a reduce bucket of 5e8 elements (2 GB in fp32 on every rank), a prefetch bucket of 5e7, and
+# 1e9 elements both for the parameters kept gathered and for the distance within which a gathered layer is kept for
+# its next use, which keeps every layer gathered from its forward to its backward: the whole model, on each rank.
+# A transformer block has about 12 h^2 parameters: gathered, at most the block running and the one prefetched; kept
+# for the backward, only the last block, as FSDP2 keeps its last unit. The optimizer steps a rank's partition a
+# sub-group at a time, copying each sub-group's gradients into one flat tensor first (4 bytes a parameter / W in fp32
+# with DeepSpeed's 1e9): a block's worth at a time.
 MODEL_SIZED = {
     "reduce_bucket_size": (1.0, 2),
     "stage3_prefetch_bucket_size": (0.9, 2),
     "stage3_param_persistence_threshold": (10.0, 1),
+    "stage3_max_live_parameters": (24.0, 2),
+    "stage3_max_reuse_distance": (12.0, 2),
+    "sub_group_size": (12.0, 2),
 }
 
 
@@ -95,6 +106,9 @@ class DeepSpeedSpec:
     stage3_prefetch_bucket_size: int | None = None
     stage3_param_persistence_threshold: int | None = None
     stage3_max_live_parameters: int | None = None
+    stage3_max_reuse_distance: int | None = None
+    sub_group_size: int | None = None
+    hidden_size: int | None = None  # the model's: the buffers left unset are sized from it (MODEL_SIZED)
     stage3_gather_16bit_weights_on_model_save: bool | None = None
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
@@ -273,11 +287,15 @@ def _zero(spec: DeepSpeedSpec, auto) -> dict:
             ("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
             ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
             ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
+            ("stage3_max_reuse_distance", spec.stage3_max_reuse_distance),
+            ("sub_group_size", spec.sub_group_size),
             # on unless refused: without it the HF Trainer and save_16bit_model save no weights at stage 3
             ("stage3_gather_16bit_weights_on_model_save", spec.stage3_gather_16bit_weights_on_model_save is not False),
         ):
             if value is not None:
                 zero[key] = value
+    if spec.hidden_size:
+        zero.update(unset_sizes(zero, spec.hidden_size))
     return zero
 
 

@@ -23,6 +23,11 @@ fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper
 DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
 layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
 
+Set-up, in the host's memory: DDP and ZeRO 0-2, which keep whole weights, build the model whole in fp32 (4P) on
+every rank; FSDP2 and ZeRO-3 on rank 0 alone, whose values fill the others' shards (training/model/from_rank0.py),
+the others building it on the meta device (nothing). The model goes to the GPU after: its GPU memory at set-up is
+what it holds between steps, less than the training's peak.
+
 Activations per micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation"): each
 transformer layer keeps s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations; the a*s^2 attention-score
 term is absent with fused (flash / SDPA) attention; fp32 doubles it. The loss keeps the fp32
@@ -139,12 +144,18 @@ class Estimate:
     activations: float
     activations_checkpointed: float
     cpu_per_node: float
+    setup_rank0: float  # host bytes at set-up: rank 0's, each other rank's
+    setup_others: float
     comm_vs_ddp: float
     inter_node_comm_vs_ddp: float
     micro_batch: int
     usable: float
     activation_checkpointing: bool = False
     fits: bool = False
+
+    def setup_per_node(self, gpus_per_node: int) -> float:
+        """Host bytes at set-up on the node of rank 0."""
+        return self.setup_rank0 + (gpus_per_node - 1) * self.setup_others
 
     @property
     def model_states(self) -> float:
@@ -209,6 +220,14 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
     return out
 
 
+def setup_host_bytes(strategy: Strategy, model: ModelShape) -> tuple[float, float]:
+    """Host bytes of (rank 0, each other rank) at set-up: the model built whole in fp32, on every rank or on rank 0
+    alone (the module's docstring)."""
+    whole = 4.0 * model.params
+    fills_from_rank0 = strategy.framework == "fsdp" or strategy.zero_stage == 3
+    return whole, 0.0 if fills_from_rank0 else whole
+
+
 def activation_bytes(
     model: ModelShape, work: Workload, micro_batch: int, checkpointing: bool, peak: bool = True
 ) -> float:
@@ -261,11 +280,14 @@ def estimate(
         activations=activation_bytes(model, work, micro_batch, False),
         activations_checkpointed=activation_bytes(model, work, micro_batch, True),
         cpu_per_node=states["cpu"],
+        setup_rank0=setup_host_bytes(strategy, model)[0],
+        setup_others=setup_host_bytes(strategy, model)[1],
         comm_vs_ddp=strategy.comm,
         inter_node_comm_vs_ddp=comm_between_nodes,
         micro_batch=micro_batch,
         usable=hw.gpu_memory * (1 - hw.headroom),
         activation_checkpointing=checkpointing,
     )
-    cpu_ok = hw.cpu_memory is None or est.cpu_per_node <= hw.cpu_memory * (1 - hw.headroom)
+    host_peak = max(est.cpu_per_node, est.setup_per_node(hw.gpus_per_node))
+    cpu_ok = hw.cpu_memory is None or host_peak <= hw.cpu_memory * (1 - hw.headroom)
     return replace(est, fits=est.total <= est.usable and cpu_ok)

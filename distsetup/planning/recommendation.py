@@ -22,13 +22,14 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
     if s.framework == "ddp":
         return None, {}
     if s.framework == "deepspeed":
-        args = deepspeed_args(choice, micro, accumulation, precision, world)
+        args = deepspeed_args(choice, micro, accumulation, precision, world, result.model.hidden_size)
         ds_spec = DeepSpeedSpec(
             zero_stage=s.zero_stage,
             offload_optimizer="cpu" if s.offload_optimizer else None,
             offload_param="cpu" if s.offload_param else None,
             precision=precision,
             batch=resolve_batch(micro, accumulation, None, world),
+            hidden_size=result.model.hidden_size,
         )
         check_spec(ds_spec)
         name, config = "ds_config.json", build_deepspeed_config(ds_spec)
@@ -52,8 +53,10 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
     return shlex.join(command), {name: config}
 
 
-def deepspeed_args(choice: Estimate, micro: int, accumulation: int, precision: str, world_size: int) -> list[str]:
-    """The `distsetup deepspeed` arguments for a DeepSpeed recommendation."""
+def deepspeed_args(
+    choice: Estimate, micro: int, accumulation: int, precision: str, world_size: int, hidden_size: int | None
+) -> list[str]:
+    """The `distsetup deepspeed` arguments for a DeepSpeed recommendation (its buffers sized for `hidden_size`)."""
     s = BY_KEY[choice.strategy]
     args = ["--zero_stage", str(s.zero_stage)]
     if s.offload_optimizer:
@@ -62,6 +65,8 @@ def deepspeed_args(choice: Estimate, micro: int, accumulation: int, precision: s
         args.append("--offload_param")
     if precision != "fp32":
         args.append(f"--{precision}")
+    if hidden_size:
+        args += ["--hidden_size", str(hidden_size)]
     return args + [
         "--micro_batch_size",
         str(micro),

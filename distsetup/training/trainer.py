@@ -29,6 +29,7 @@ from distsetup.training.data.loader import Placement, StepLoader, fetched, place
 from distsetup.training.loss.objective import MicroLoss, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
+from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
 from distsetup.training.preemption import PREEMPTED, Preemption
 from distsetup.training.run_length import run_steps, step_cap
@@ -71,10 +72,7 @@ class Trainer:
         self.only_rank0_builds_whole = backend.fills_shards_from_rank0 and self.model_description.builds_on_meta
         # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
         self.partitioned = backend.partitions_at_construction and self.only_rank0_builds_whole
-        # the processes of this node that build the whole model: rank 0 alone (on its node) where the others build it
-        # on the meta device
-        builders = int(world.rank == world.local_rank) if self.only_rank0_builds_whole else world.local_size
-        models.check_model_fits(self.model_description.parameters, builders, models.size_settings(cfg.model))
+        self._check_model_fits()
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
@@ -89,6 +87,7 @@ class Trainer:
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
         self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
+        self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
         self.metrics: MetricsLog | None = None
         self.loader: StepLoader | None = None
         self.bar: tqdm | None = None
@@ -257,9 +256,14 @@ class Trainer:
         m, t = self.cfg.model, self.t
         torch.manual_seed(t.seed)
         whole = self._whole_model()
-        module = self.backend.construct(lambda: models.build(m, weights=False), whole) if self.partitioned else whole
+        build = functools.partial(models.build, m, weights=False)
+        module = self.backend.construct(build, whole, self.pretrained) if self.partitioned else whole
         parts = models.parts(module, m, self.model_description.layer_classes)
-        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function, probe=whole)
+        parts.pretrained = self.pretrained
+        # the head check runs a forward on rank 0: on its whole model, or where it has none (a skeleton) on a copy
+        probe = pretrained.runnable_copy(whole) if self.pretrained and self.world.is_main else whole
+        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function, probe=probe)
+        del probe
         if note:
             self.say(f"note: {note}")
         self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)
@@ -270,11 +274,30 @@ class Trainer:
             self.say(f"note: {note}")
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
 
+    def _check_model_fits(self) -> None:
+        """This node's memory against the model: the processes that build it whole (rank 0 alone, on its node, where
+        the others build it on the meta device) and, on a CPU, every process's training state."""
+        world, parameters = self.world, self.model_description.parameters
+        builders = int(world.rank == world.local_rank) if self.only_rank0_builds_whole else world.local_size
+        holders = world.local_size if self.device.type == "cpu" else 0
+        state = models.training_state_bytes(self.backend.memory_strategy, parameters, world, self.backend.precision)
+        models.check_model_fits(parameters, builders, models.size_settings(self.cfg.model), holders, state)
+
     def _whole_model(self) -> torch.nn.Module:
         """The model whole, with --init_from's weights: built on every rank; or, where the backend fills each rank's
-        part from rank 0's values (FSDP2, ZeRO-3), on rank 0 alone, the others building it on the meta device. A
-        builder that cannot build there (it reads a weight) is built whole on every rank, as before."""
+        part from rank 0's values (FSDP2, ZeRO-3), on rank 0 alone, the others building it on the meta device; or,
+        there, where the run starts from a checkpoint holding every parameter, nowhere: every rank builds a skeleton
+        (parameters on the meta device, buffers built) and reads its part of the checkpoint (model/pretrained.py). A
+        builder that cannot build on the meta device (it reads a weight) is built whole on every rank, as before."""
         m = self.cfg.model
+        if self.only_rank0_builds_whole and (source := pretrained.source_of(m, self.args.init_from)):
+            skeleton = pretrained.skeleton(m)
+            if self.args.init_from:
+                load_weights(skeleton, self.args.init_from)  # its keys checked, as every run's
+            if pretrained.covers(source, skeleton):  # no rank builds it whole: each reads its part
+                self.pretrained = source
+                self.say(f"note: weights read a part at a time from {source.path} ({self.backend.reads_pretrained})")
+                return skeleton
         on_meta = self.only_rank0_builds_whole and not self.world.is_main
         whole = models.architecture_on_meta(m) if on_meta else models.build(m)
         if self.backend.fills_shards_from_rank0 and not self.model_description.builds_on_meta:
@@ -406,13 +429,16 @@ class Trainer:
         memory.reset_host_peak()
 
     def _host_peaks(self) -> dict[str, list[int]]:
-        """Each rank's peak resident memory after set-up and in training (checkpoints left out): a collective."""
+        """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
+        pretrained weights it read: a collective."""
         self.train_peak = max(self.train_peak, memory.host_peak_bytes())  # since the last checkpoint
-        peaks = [(self.setup_peak, self.train_peak)]
+        mine = (self.setup_peak, self.train_peak, self.pretrained.bytes_read if self.pretrained else 0)
+        peaks = [mine]
         if torch.distributed.is_initialized():
-            peaks = [(0, 0)] * self.world.size
-            torch.distributed.all_gather_object(peaks, (self.setup_peak, self.train_peak))
-        return {"setup": [setup for setup, _ in peaks], "training": [train for _, train in peaks]}
+            peaks = [(0, 0, 0)] * self.world.size
+            torch.distributed.all_gather_object(peaks, mine)
+        setup, training, read = (list(column) for column in zip(*peaks, strict=True))
+        return {"setup": setup, "training": training, "read": read}
 
     def _summarize(self, host_peaks: dict[str, list[int]]) -> None:
         """Rank 0's summary.json, and the last line."""
@@ -436,8 +462,11 @@ class Trainer:
             "steps_per_s": steps_per_s,
             **self.timer.summary(),
             **self.backend.summary(),
-            "host_peak_bytes": host_peaks,  # per rank: resident memory's high-water mark after set-up, in training
+            # per rank: resident memory's high-water mark after set-up, in training
+            "host_peak_bytes": {"setup": host_peaks["setup"], "training": host_peaks["training"]},
         }
+        if self.pretrained:  # per rank: what it read of the checkpoint it started from
+            summary["pretrained_read_bytes"] = host_peaks["read"]
         # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
         (self.out_dir / "summary.json").write_text(as_json(summary, indent=2))
         self.metrics.summarize(summary)

@@ -23,8 +23,9 @@ ZERO3["zero_optimization"] = {"stage": 3}
 BACKENDS = {"fsdp": ("fsdp", None), "zero3": ("deepspeed", ZERO3)}
 
 
-def tied_run(folder, backend: str, steps: int, lr: float):
-    """A 2-process run of tests/support/tied_model.py; returns (its output folder, the build log's lines)."""
+def tied_run(folder, backend: str, steps: int, lr: float, args: list | None = None):
+    """A 2-process run of tests/support/tied_model.py (`args` given to the trainer); returns (its output folder, the
+    build log's lines)."""
     shutil.copy(REPO / "tests" / "support" / "tied_model.py", folder / "tied_model.py")
     training = {"max_steps": steps, "checkpoint_interval": steps, "log_interval": 1, "warmup_steps": 0, "lr": lr}
     training.update(seed=SEED, micro_batch_size=4, precision="fp32", grad_clip=1.0)
@@ -32,7 +33,7 @@ def tied_run(folder, backend: str, steps: int, lr: float):
     run = yaml.safe_load(config.read_text())
     run["model"] = {"type": "python", "builder": "tied_model:build", "vocab_size": 64, "block_size": 32}
     config.write_text(yaml.safe_dump(run))
-    result = train(config, 2, env={"BUILT_LOG": str(folder / "built.log")})
+    result = train(config, 2, *(args or []), env={"BUILT_LOG": str(folder / "built.log")})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return folder / "out", (folder / "built.log").read_text().split("\n")[:-1]
 
@@ -67,3 +68,22 @@ def test_a_tied_weight_stays_one_weight_through_training(tmp_path, backend):
     assert torch.equal(saved["head.weight"], saved["embed.weight"])
     curve = losses(out)
     assert len(curve) == 3 and curve[-1] < curve[0], curve
+
+
+def test_zero3_from_an_export_reads_it_a_parameter_at_a_time_on_rank_0(tmp_path):
+    """--init_from an export (every parameter in it): no rank builds the model with values; rank 0 reads one
+    parameter at a time into DeepSpeed's gathered parameter (and the persistent buffer, as every rank does); the
+    run starts from the export's weights, its tie kept and its non-persistent buffer built."""
+    from tied_model import build
+
+    torch.manual_seed(SEED + 1)
+    pretrained = build().state_dict()
+    pretrained["scale"] = torch.full((1,), 0.25)  # a persistent buffer unlike the one built
+    torch.save(pretrained, tmp_path / "export.pt")
+    out, _ = tied_run(tmp_path, "zero3", steps=1, lr=1e-30, args=["--init_from", tmp_path / "export.pt"])
+    saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
+    for name, tensor in saved.items():
+        torch.testing.assert_close(tensor, pretrained[name], rtol=0, atol=1e-28, msg=name)
+    assert torch.equal(saved["head.weight"], saved["embed.weight"])
+    parameter_bytes = sum(t.numel() * 4 for name, t in pretrained.items() if name not in ("head.weight", "scale"))
+    assert json.loads((out / "summary.json").read_text())["pretrained_read_bytes"] == [parameter_bytes + 4, 4]

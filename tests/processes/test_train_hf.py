@@ -1,6 +1,7 @@
 """A tiny Llama built locally from LlamaConfig: a ZeRO-3 run of it exports as a Hugging Face folder that
-from_pretrained loads, with the same logits. (It trains under every backend, FSDP2 sharded per LlamaDecoderLayer:
-tests/processes/test_finetune.py; its layer class is checked in tests/unit/test_hf_layer_class.py.)"""
+from_pretrained loads, with the same logits, and that FSDP2 fine-tunes from, each rank reading only its shards' rows.
+(It trains under every backend, FSDP2 sharded per LlamaDecoderLayer: tests/processes/test_finetune.py; its layer class
+is checked in tests/unit/test_hf_layer_class.py.)"""
 
 import json
 
@@ -11,7 +12,7 @@ from train_runs import train, write_llama_config
 pytest.importorskip("transformers")
 
 
-def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_the_same_logits(run_cli, tmp_path):
+def test_a_zero3_tied_llama_exported_as_hf_loads_in_transformers_and_in_fsdp2_a_shard_at_a_time(run_cli, tmp_path):
     import torch
     from train_runs import ds_file
     from transformers import AutoModelForCausalLM
@@ -50,3 +51,19 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_with_from_pretrained_and_gives_
     ours = json.loads((exported / "model.safetensors.index.json").read_text())["weight_map"]
     theirs = json.loads((tmp_path / "by_transformers" / "model.safetensors.index.json").read_text())["weight_map"]
     assert ours == theirs and len(set(ours.values())) > 1
+
+    # fine-tuned from that folder under FSDP2: each rank reads only the rows of its own shards, from every shard file
+    run["model"]["hf_path"] = str(exported)
+    run["training"].update(max_steps=1, checkpoint_interval=1, lr=1e-30, output_dir=str(tmp_path / "tuned"))
+    run["training"]["chunked_loss"] = "always"  # rank 0's head check: a forward on a copy of no rank's values
+    run["distributed"] = {"backend": "fsdp", "fsdp_config": str(tmp_path / "fsdp.json")}
+    config.write_text(yaml.safe_dump(run))
+    result = train(config, 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cross-entropy over the 256 ids" in result.stdout, result.stdout[-2000:]
+    started = consolidated_state_dict(latest_complete(tmp_path / "tuned" / "checkpoints"))
+    for name, tensor in loaded.state_dict().items():  # an update of 1e-30: the folder's weights, tie included
+        torch.testing.assert_close(started[name], tensor, rtol=0, atol=1e-28, msg=name)
+    read = json.loads((tmp_path / "tuned" / "summary.json").read_text())["pretrained_read_bytes"]
+    weights = sum(p.numel() * 4 for p in loaded.parameters())
+    assert sum(read) == weights and all(0.3 * weights < r < 0.7 * weights for r in read), (read, weights)

@@ -55,6 +55,8 @@ def flag_lists(draw):
             (),
             ("--stage3_prefetch_bucket_size", "1000"),
             ("--stage3_max_live_parameters", "100000"),
+            ("--stage3_max_reuse_distance", "100000"),
+            ("--sub_group_size", "100000"),
             ("--stage3_gather_16bit_weights_on_model_save",),
             ("--stage3_param_persistence_threshold", "0"),
         )

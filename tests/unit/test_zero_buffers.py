@@ -33,6 +33,10 @@ def test_what_the_file_leaves_unset_is_sized_from_the_hidden_size(tmp_path):
     assert zero["reduce_bucket_size"] == 48 * 48
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 48 * 48)
     assert zero["stage3_param_persistence_threshold"] == 10 * 48
+    # kept gathered: two blocks' worth (12 h^2 each); kept for the next use: one block's, not DeepSpeed's 1e9
+    assert zero["stage3_max_live_parameters"] == 24 * 48 * 48
+    assert zero["stage3_max_reuse_distance"] == 12 * 48 * 48
+    assert zero["sub_group_size"] == 12 * 48 * 48  # the optimizer's flat copy of the gradients: a block's at most
     assert any("hidden size 48" in note for note in backend.notes), backend.notes
 
 
@@ -68,3 +72,18 @@ def test_the_planner_counts_the_buffers_the_trainer_sizes(key):
     else:
         assert sized["buffers"] < default["buffers"]
     assert set(MODEL_SIZED) >= {"reduce_bucket_size", "stage3_prefetch_bucket_size"}
+
+
+def test_distsetup_deepspeed_sizes_the_buffers_for_a_hidden_size_it_is_given(run_cli, tmp_path):
+    """`--hidden_size` sizes what the flags leave unset, as the trainer would; what they set stays; a stage's file
+    gets only its own stage's keys."""
+    out = tmp_path / "ds.json"
+    given = ["--zero_stage", "3", "--hidden_size", "48", "--reduce_bucket_size", "1000", "--output", out]
+    result = run_cli("deepspeed", *given, "--micro_batch_size", "2")
+    assert result.exit_code == 0, result.output
+    zero = json.loads(out.read_text())["zero_optimization"]
+    assert {key: zero[key] for key in MODEL_SIZED} == {**unset_sizes({"stage": 3}, 48), "reduce_bucket_size": 1000}
+    result = run_cli("deepspeed", "--zero_stage", "2", "--hidden_size", "48", "--output", tmp_path / "ds2.json")
+    assert result.exit_code == 0, result.output
+    zero = json.loads((tmp_path / "ds2.json").read_text())["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 48 * 48 and not any(key.startswith("stage3_") for key in zero)

@@ -81,6 +81,17 @@ Examples:
     help="Stage 3: parameters smaller than this stay unpartitioned.",
 )
 @option("stage3_max_live_parameters", type=BYTES, help="Stage 3: parameters resident at once per GPU.")
+@option(
+    "stage3_max_reuse_distance",
+    type=BYTES,
+    help="Stage 3: a gathered parameter used again within this many parameters stays gathered.",
+)
+@option("sub_group_size", type=BYTES, help="Stage 3: parameters of a partition the optimizer steps at once.")
+@option(
+    "hidden_size",
+    type=click.IntRange(min=1),
+    help="The model's hidden size: the buffer sizes not given are sized from it (as the trainer and HF's auto do).",
+)
 @switch(
     "stage3_gather_16bit_weights_on_model_save",
     default=DEFAULTS.stage3_gather_16bit_weights_on_model_save,

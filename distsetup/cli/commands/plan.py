@@ -30,6 +30,7 @@ COLUMNS = (
     "act(ckpt)",
     "total",
     "CPU/node",
+    "set-up r0/rank",
     "comm",
     "fits",
 )
@@ -59,7 +60,7 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("num_nodes", type=positive, default=1, show_default=True, help="Nodes.")
 @option("num_gpus_per_node", type=positive, help="GPUs per node.")
 @option("gpu_memory", help="Memory per GPU, e.g. 80GB or 24GiB [this machine's smallest GPU].")
-@option("cpu_memory", help="CPU memory per node for offload, e.g. 512GB [not judged].")
+@option("cpu_memory", help="CPU memory per node (offload, the model built at set-up), e.g. 512GB [not judged].")
 @option(
     "headroom", type=click.FloatRange(0, 0.9), default=0.1, show_default=True, help="Fraction of GPU memory kept free."
 )
@@ -306,6 +307,7 @@ def render_table(result: Plan, command: str | None) -> str:
                 gb(e.activations_checkpointed),
                 gb(e.total),
                 gb(e.cpu_per_node) if e.cpu_per_node else "-",
+                f"{gb(e.setup_rank0)}/{gb(e.setup_others)}",
                 f"{e.comm_vs_ddp:g}x",
                 verdict,
             )

@@ -23,6 +23,7 @@ from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model.build import ModelParts
+from distsetup.training.model.pretrained import Pretrained
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import World, ranks
 
@@ -57,6 +58,11 @@ class Backend:
     fills_shards_from_rank0 = False
     # Whether each rank constructs only its partitions of the model (construct()), rank 0's values put in (ZeRO-3).
     partitions_at_construction = False
+    # The planner's strategy (planning.estimates.STRATEGIES) whose weights, gradients and optimizer states each rank
+    # holds: the trainer counts them as `distsetup plan` does
+    memory_strategy = "ddp"
+    # Where fills_shards_from_rank0: how a checkpoint that holds every parameter is read instead (model/pretrained.py)
+    reads_pretrained = ""
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         self.cfg, self.world, self.device = cfg, world, device
@@ -253,9 +259,12 @@ class Backend:
         if self.tf32:
             torch.set_float32_matmul_precision("high")
 
-    def construct(self, build: Callable[[], nn.Module], whole: nn.Module) -> nn.Module:
+    def construct(
+        self, build: Callable[[], nn.Module], whole: nn.Module, source: Pretrained | None = None
+    ) -> nn.Module:
         """Where partitions_at_construction: the model `build()` makes, each rank holding only its partitions, with
-        rank 0's `whole` model's values (the others' `whole` is on the meta device)."""
+        rank 0's `whole` model's values (the others' `whole` is on the meta device), or `source`'s, where the run
+        starts from a checkpoint that holds every parameter (`whole`: a skeleton, its buffers built)."""
         raise NotImplementedError(f"{self.name} builds the model whole")
 
     def needs_cpu_collectives(self) -> bool:

@@ -24,7 +24,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
-from distsetup.training.model import from_rank0, moe
+from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules
 from distsetup.training.world import World
 
@@ -48,14 +48,25 @@ def read_fsdp_file(path: str | None) -> FsdpSpec:
     return spec
 
 
+# The planner's strategy holding what each sharding strategy holds (HYBRID_SHARD_ZERO2: at most what HYBRID_SHARD does)
+PLANNED = {
+    "FULL_SHARD": "fsdp_full_shard",
+    "SHARD_GRAD_OP": "fsdp_shard_grad_op",
+    "HYBRID_SHARD": "fsdp_hybrid_shard",
+    "HYBRID_SHARD_ZERO2": "fsdp_hybrid_shard",
+}
+
+
 class FSDPBackend(Backend):
     name = "fsdp"
     fills_shards_from_rank0 = True
+    reads_pretrained = "each rank the rows of its own shards"
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device):
         super().__init__(cfg, world, device)
         self.fsdp = read_fsdp_settings(cfg)
         self.strategy = self.fsdp.sharding_strategy
+        self.memory_strategy = PLANNED.get(self.strategy, "ddp")  # NO_SHARD: each rank holds it whole
         settled = settle(cfg, None, self.fsdp, world.size)
         self.notes += settled.notes
         if settled.precision != self.precision:
@@ -75,9 +86,12 @@ class FSDPBackend(Backend):
     def wrap(self, parts):
         """Shard the model before anything is allocated whole: each rank's model goes to the meta device (rank 0 keeps
         its values on the CPU; the others built none), is sharded there, gets only its own shards on its device and
-        takes rank 0's values into them (from_rank0.py)."""
-        model, blocks = parts.module, parts.blocks
-        whole = from_rank0.whole_values(model, self.world.is_main)
+        takes rank 0's values into them (from_rank0.py), or, where the run starts from a checkpoint holding every
+        parameter, reads its shards' rows from it (pretrained.py)."""
+        model, blocks, source = parts.module, parts.blocks, parts.pretrained
+        whole = from_rank0.whole_values(model, self.world.is_main) if source is None else None
+        # where a checkpoint gives the values: each rank's skeleton's buffers, as built (rank 0's are broadcast)
+        built_buffers = dict(model.named_buffers()) if source is not None else {}
         from_rank0.to_meta(model)
         units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
@@ -95,8 +109,11 @@ class FSDPBackend(Backend):
         # buffers, which FSDP2 never offloads, onto this rank's device after it
         offloaded = self.fsdp.cpu_offload and self.device.type == "cuda"
         model.to_empty(device=torch.device("cpu") if offloaded else self.device)
-        from_rank0.fill_from_rank0(model, whole, self.device)
-        del whole
+        if source is None:
+            from_rank0.fill_from_rank0(model, whole, self.device)
+        else:
+            pretrained.fill_shards(model, source, built_buffers, self.device, self.world.is_main)
+        del whole, built_buffers
         # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
         model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
         self.model = model

@@ -9,18 +9,23 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import BUILTIN_BLOCK
-from distsetup.planning.models import gpt_params
+from distsetup.planning.estimates import BY_KEY, Hardware, model_states
+from distsetup.planning.models import ModelShape, gpt_params
 from distsetup.training import user_code
 from distsetup.training.model import moe
 from distsetup.training.model.blocks import layer_modules
 from distsetup.training.model.gpt import GPT
-from distsetup.training.world import first_line
+from distsetup.training.world import World, first_line
+
+if TYPE_CHECKING:
+    from distsetup.training.model.pretrained import Pretrained
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class ModelParts:
     module: nn.Module
     blocks: list[nn.Module]  # the modules of the layer classes: FSDP2's units, what is checkpointed and compiled
     conditional: list[nn.Module]  # the layers that run differently per rank (moe.py)
+    # where the values come from, read a slice at a time (pretrained.py); None: the module's own (rank 0's)
+    pretrained: "Pretrained | None" = None
 
 
 def build(m, weights: bool = True) -> nn.Module:
@@ -233,18 +240,37 @@ def hidden_size(m) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def check_model_fits(parameters: int, processes_per_node: int, setting: str) -> None:
-    """`processes_per_node` of this node build the whole model in CPU memory first (4 bytes a parameter): every one,
-    or under FSDP2 only rank 0 (the others build it on the meta device): refuse, before any process group, a model
-    that cannot be built, rather than a traceback from the allocator or a visit from the OOM killer. `setting`: what
-    the user changes to make it smaller."""
-    needed, available = 4 * parameters * processes_per_node, available_memory()
-    if needed > available:
-        raise DistsetupError(
-            f"the model has {parameters:,} parameters: {processes_per_node} process(es) building it need "
-            f"{needed / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB of free memory.",
-            f"lower {setting}.",
-        )
+def training_state_bytes(strategy: str, parameters: int, world: World, precision: str) -> float:
+    """Bytes of weights, gradients and optimizer states that one rank holds under the planner's strategy `strategy`
+    (planning.estimates.STRATEGIES), counted as `distsetup plan` counts them, offloaded ones included."""
+    hardware = Hardware(num_nodes=max(1, world.size // world.local_size), gpus_per_node=world.local_size)
+    states = model_states(BY_KEY[strategy], ModelShape(parameters), hardware, precision)
+    held = ("params", "grads", "fp32_grads", "optimizer")
+    return sum(states[key] for key in held) + states["cpu"] / world.local_size  # "cpu": offloaded, per node
+
+
+def check_model_fits(parameters: int, builders: int, setting: str, holders: int = 0, state_bytes: float = 0.0) -> None:
+    """Refuse, before any process group, a model this node's memory cannot hold, rather than a traceback from the
+    allocator or a visit from the OOM killer: `builders` of its processes build the whole model in CPU memory first
+    (4 bytes a parameter): every one, or under FSDP2 and ZeRO-3 rank 0 alone (the others build it on the meta
+    device); and `holders` of them (those training on the CPU) hold `state_bytes` each of training state. `setting`:
+    what the user changes to make the model smaller."""
+    whole, available = 4 * parameters * builders, available_memory()
+    needed = whole + holders * state_bytes
+    if needed <= available:
+        return
+    parts = [f"{builders} process(es) building it whole ({gib(whole)} GiB)"] if builders else []
+    if holders:
+        parts.append(f"{holders} training it on the CPU ({gib(state_bytes)} GiB of state each)")
+    raise DistsetupError(
+        f"the model has {parameters:,} parameters: {' and '.join(parts)} need {gib(needed)} GiB, more than this "
+        f"machine's {gib(available)} GiB of free memory.",
+        f"lower {setting}" + (", or shard it over more processes (FSDP2, ZeRO-3)" if holders else "") + ".",
+    )
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.1f}"
 
 
 def size_settings(m) -> str:

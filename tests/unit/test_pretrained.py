@@ -1,0 +1,41 @@
+"""Pretrained weights read a part at a time (model/pretrained.py, issue 37): a skeleton holds no parameter but keeps
+its ties and its buffers; a checkpoint is read only as far as asked, from safetensors or from an export."""
+
+import torch
+import torch.nn as nn
+from safetensors.torch import save_file
+
+from distsetup.training.model.pretrained import Pretrained, covers, parameters_on_meta
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("positions", torch.arange(3.0), persistent=False)
+
+
+def test_a_skeleton_holds_no_parameter_but_keeps_its_ties_and_builds_its_buffers():
+    with parameters_on_meta():
+        model = Tied()
+    assert all(p.is_meta for p in model.parameters())
+    assert model.head.weight is model.embed.weight
+    assert torch.equal(model.positions, torch.arange(3.0))
+    assert nn.Linear(2, 2).weight.device.type == "cpu"  # outside it, as before
+
+
+def test_a_checkpoint_is_read_only_as_far_as_asked(tmp_path):
+    weights = {"embed.weight": torch.arange(40.0).reshape(10, 4)}
+    (tmp_path / "hf").mkdir()
+    save_file(weights, tmp_path / "hf" / "model.safetensors")
+    torch.save(weights, tmp_path / "export.pt")
+    with parameters_on_meta():
+        model = Tied()
+    for source in (Pretrained(tmp_path / "hf"), Pretrained(tmp_path / "export.pt")):
+        assert covers(source, model)  # the tied head is the embedding: one parameter
+        assert torch.equal(source.rows("embed.weight", 2, 5), weights["embed.weight"][2:5])
+        assert source.bytes_read == 3 * 4 * 4
+    with parameters_on_meta():
+        wider = nn.Embedding(10, 5)
+    assert not covers(Pretrained(tmp_path / "export.pt"), nn.ModuleDict({"embed": wider}))  # another shape
