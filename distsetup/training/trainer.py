@@ -270,6 +270,8 @@ class Trainer:
         self.flops = self._flops_per_item(whole)  # the whole model, before sharding
         del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them (FSDP2)
         self.backend.wrap(parts)
+        if self.pretrained:  # every rank has read its part
+            self.pretrained.close()
         for note in self.backend.notes:  # after wrap(): it adds notes of its own
             self.say(f"note: {note}")
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank

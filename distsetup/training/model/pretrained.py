@@ -35,17 +35,22 @@ class Pretrained:
 
     def __init__(self, path: Path):
         self.path, self.bytes_read = path, 0
-        self._files: dict[str, object] = {}  # safetensors: file name -> its safe_open handle
+        self._shapes: dict[str, list[int]] = {}
         if path.is_dir():
             index = path / SAFETENSORS_INDEX
             if index.exists():
                 self._where = dict(json.loads(index.read_text())["weight_map"])
             else:
-                self._where = {name: "model.safetensors" for name in self._open("model.safetensors").keys()}
+                with self._open("model.safetensors") as f:
+                    self._where = {name: "model.safetensors" for name in f.keys()}
             self._mapped: dict[str, torch.Tensor] = {}
         else:
             self._mapped = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             self._where = {}
+
+    def close(self) -> None:
+        """Unmap the export (its pages read count in this process's resident memory while it is mapped)."""
+        self._mapped = {}
 
     @property
     def names(self) -> set[str]:
@@ -56,9 +61,10 @@ class Pretrained:
         if name in self._mapped:
             value = self._mapped[name]
             value = (value if value.dim() == 0 else value[start:stop]).clone()
-        else:
-            part = self._open(self._where[name]).get_slice(name)
-            value = part[:] if len(part.get_shape()) == 0 else part[start:stop]
+        else:  # the file mapped for this read alone: the pages read leave this process with it
+            with self._open(self._where[name]) as f:
+                part = f.get_slice(name)
+                value = part[:] if len(part.get_shape()) == 0 else part[start:stop]
         self.bytes_read += value.numel() * value.element_size()
         return value
 
@@ -68,14 +74,15 @@ class Pretrained:
     def shape(self, name: str) -> list[int]:
         if name in self._mapped:
             return list(self._mapped[name].shape)
-        return list(self._open(self._where[name]).get_slice(name).get_shape())
+        if name not in self._shapes:
+            with self._open(self._where[name]) as f:
+                self._shapes.update((key, f.get_slice(key).get_shape()) for key in f.keys())
+        return list(self._shapes[name])
 
     def _open(self, file: str):
-        if file not in self._files:
-            from safetensors import safe_open
+        from safetensors import safe_open
 
-            self._files[file] = safe_open(str(self.path / file), framework="pt")
-        return self._files[file]
+        return safe_open(str(self.path / file), framework="pt")
 
 
 def source_of(m, init_from: str | None) -> Pretrained | None:
