@@ -6,7 +6,7 @@ N = ranks a state is sharded over, e = bytes per element of the compute dtype (2
 Model states per GPU (what each strategy holds between steps, plus the fp32 gradient DeepSpeed makes):
 
   strategy                params        grads           fp32 grads   optimizer (master + Adam m, v)
-  DDP (torch)             4P            4P (+4P bucket)  -            8P
+  DDP (torch)             4P            4P (buckets)     -            8P
   ZeRO-1                  eP            eP              4P/N         12P/N
   ZeRO-2                  eP            eP/N            4P/N         12P/N
   ZeRO-2 + opt offload    eP            - (buckets)     - (CPU)      - (CPU: 16P/N per rank)
@@ -22,6 +22,12 @@ For hybrid shard N is the GPUs of one node. DeepSpeed keeps an fp32 master copy 
 fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper's K=12 with mixed precision gives
 DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
 layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
+
+The peak is the larger of two moments (measured within 5% on an H200, benchmarks/gpu_throughput.py, 1B GPT):
+the end of forward, with every activation kept, the weights and optimizer states, torch.autocast's 16-bit copies of
+fp32 weights (eP, DDP and one process), and gradients only where they outlive a step (DDP's buckets, ZeRO's 16-bit
+partitions) or accumulate over micro-batches; and the optimizer step, with every model state (DeepSpeed makes its
+fp32 gradients there, a sub-group at a time).
 
 Set-up, in the host's memory: DDP and ZeRO 0-2, which keep whole weights, build the model whole in fp32 (4P) on
 every rank; FSDP2 and ZeRO-3 on rank 0 alone, whose values fill the others' shards (training/model/from_rank0.py),
@@ -150,6 +156,8 @@ class Estimate:
     inter_node_comm_vs_ddp: float
     micro_batch: int
     usable: float
+    grads_in_forward: float = 0.0  # the gradients that exist while a forward runs (all of `grads` or none)
+    autocast_weights: float = 0.0  # torch.autocast's 16-bit copies of fp32 weights, kept through forward
     activation_checkpointing: bool = False
     fits: bool = False
 
@@ -164,8 +172,11 @@ class Estimate:
 
     @property
     def total(self) -> float:
+        """The peak: at the end of forward (the activations all kept, gradients only where they outlive a step or
+        accumulate), or in the optimizer step (every state, the fp32 gradients DeepSpeed makes for it included)."""
         act = self.activations_checkpointed if self.activation_checkpointing else self.activations
-        return self.model_states + self.gathered + self.buffers + act
+        forward_end = self.params + self.optimizer + self.grads_in_forward + self.autocast_weights + act
+        return max(forward_end, self.model_states) + self.gathered + self.buffers
 
     @property
     def headroom(self) -> float:
@@ -189,7 +200,7 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
     n = hw.gpus_per_node if strategy.sharding_strategy == "HYBRID_SHARD" else hw.world_size
     out = dict(params=0.0, grads=0.0, fp32_grads=0.0, optimizer=0.0, gathered=0.0, buffers=0.0, cpu=0.0)
     if strategy.framework == "ddp":
-        out.update(params=4 * P, grads=4 * P, optimizer=8 * P, buffers=4 * P)  # DDP's bucket copy of grads
+        out.update(params=4 * P, grads=4 * P, optimizer=8 * P)  # .grad aliases DDP's buckets (gradient_as_bucket_view)
     elif strategy.framework == "fsdp":
         # root unit (kept gathered through forward), current + prefetched block, one block's unsharded grads
         out.update(
@@ -218,6 +229,21 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
     if hw.runtime_bytes:
         out["buffers"] += hw.runtime_bytes
     return out
+
+
+def grads_in_forward(strategy: Strategy, hw: Hardware, accumulation: int) -> bool:
+    """Whether a forward runs beside the gradients. The trainer frees them after each step (set_to_none), so a step's
+    first forward has none where each backward makes them anew: one process, and FSDP2's reduce-scatter. DDP's
+    buckets (which .grad aliases) and ZeRO's 16-bit gradient partitions are allocated once and kept; gradients
+    accumulated over micro-batches exist through the later forwards."""
+    made_in_backward = strategy.framework == "fsdp" or (strategy.framework == "ddp" and hw.world_size == 1)
+    return accumulation > 1 or not made_in_backward
+
+
+def autocast_weight_bytes(strategy: Strategy, model: ModelShape, precision: str) -> float:
+    """torch.autocast casts each fp32 weight once per forward and keeps the 16-bit copy until autocast exits: DDP and
+    one process (FSDP2 casts per unit, through its mixed-precision policy; ZeRO's weights are 16-bit already)."""
+    return element_bytes(precision) * model.params if strategy.framework == "ddp" and precision != "fp32" else 0.0
 
 
 def setup_host_bytes(strategy: Strategy, model: ModelShape) -> tuple[float, float]:
@@ -263,6 +289,7 @@ def estimate(
     strategy: Strategy, model: ModelShape, hw: Hardware, work: Workload, micro_batch: int, checkpointing: bool = False
 ) -> Estimate:
     states = model_states(strategy, model, hw, work.precision)
+    accumulation = -(-(work.global_batch_size or 0) // (micro_batch * hw.world_size)) or 1
     comm_between_nodes = strategy.comm
     if strategy.sharding_strategy == "HYBRID_SHARD":
         comm_between_nodes = 1.0 / hw.gpus_per_node if hw.num_nodes > 1 else 0.0
@@ -286,6 +313,8 @@ def estimate(
         inter_node_comm_vs_ddp=comm_between_nodes,
         micro_batch=micro_batch,
         usable=hw.gpu_memory * (1 - hw.headroom),
+        grads_in_forward=states["grads"] if grads_in_forward(strategy, hw, accumulation) else 0.0,
+        autocast_weights=autocast_weight_bytes(strategy, model, work.precision),
         activation_checkpointing=checkpointing,
     )
     host_peak = max(est.cpu_per_node, est.setup_per_node(hw.gpus_per_node))

@@ -216,7 +216,7 @@ def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
 def test_fp16_never_gets_fsdp_which_the_trainer_cannot_scale(run_cli, tmp_path, monkeypatch):
     """At bf16 the planner's choice for this case is FSDP; at fp16 (GPUs before Ampere) it must be another."""
     monkeypatch.chdir(tmp_path)
-    args = ["--yes", "--model", "xl", "--gpu_memory", "12GB", "--num_gpus_per_node", "4"]
+    args = ["--yes", "--model", "xl", "--gpu_memory", "9GB", "--num_gpus_per_node", "4"]
     assert run_cli("init", *args, "--precision", "bf16").exit_code == 0
     assert (tmp_path / "config" / "fsdp_config.json").exists()
     assert run_cli("init", *args, "--precision", "fp16", "--force").exit_code == 0

@@ -429,3 +429,41 @@ def test_setup_counts_the_whole_model_where_each_rank_builds_it():
         assert (e.setup_rank0, e.setup_others) == (whole, 0.0 if sharded else whole), strategy.key
         # 8 whole copies: 224 GB; one: 28 GB of the 90 usable (the offloaded states are judged as before)
         assert e.fits == (sharded and e.cpu_per_node <= 90 * GB), strategy.key
+
+
+# torch.cuda.max_memory_allocated of benchmarks/gpu_throughput.py's runs in the GPU check on an NVIDIA H200
+# (2026-11-26; torch 2.11, DeepSpeed 0.19.8): a 1B GPT of 20 blocks x 2048, sequence 2048, micro-batch 4, bf16, one
+# process. `distsetup plan` strategy -> GB: the plain run (DDP's on one GPU), FSDP2 and ZeRO-3 with the trainer's sizes.
+H200_PEAK_GB = {"ddp": 26.73, "fsdp_full_shard": 23.42, "zero3": 27.36}
+
+
+def test_the_peak_is_within_ten_percent_of_an_h200s(run_cli):
+    """The end of forward is the peak: the gradients a step frees do not exist yet, and torch.autocast's 16-bit
+    weights do (before, the plan added both gradients and activations: 16-20% over each of these)."""
+    shape = ["--hidden_size", "2048", "--num_layers", "20", "--num_heads", "16", "--vocab_size", "256"]
+    batch = ["--seq_len", "2048", "--micro_batch_size", "4", "--bf16"]
+    one_gpu = ["--num_gpus", "1", "--gpu_memory", "10TB", "--json"]
+    result = run_cli("plan", "--params", gpt_params(256, 2048, 20, 2048), *shape, *batch, *one_gpu)
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.stdout)
+    runtime = planned["hardware"]["runtime_bytes"]  # the CUDA context: max_memory_allocated never sees it
+    peaks = {e["strategy"]: (e["total"] - runtime) / GB for e in planned["estimates"]}
+    for strategy, measured in H200_PEAK_GB.items():
+        assert peaks[strategy] == pytest.approx(measured, rel=0.10), strategy
+
+
+def test_gradients_exist_in_forward_where_they_outlive_the_step_or_accumulate():
+    model = ModelShape(int(1e9), hidden_size=2048, num_layers=20, num_heads=16, vocab_size=256)
+    one_gpu, two_gpus = Hardware(**NO_RUNTIME), Hardware(1, 2, **NO_RUNTIME)
+    alone = Workload(micro_batch_size=4)
+    accumulating = Workload(micro_batch_size=4, global_batch_size=16)
+    for key, hw, work, held in [
+        ("ddp", one_gpu, alone, False),  # one process: set_to_none, and made anew in backward
+        ("ddp", two_gpus, alone, True),  # .grad aliases DDP's buckets, allocated once
+        ("fsdp_full_shard", two_gpus, alone, False),  # FSDP2's reduce-scatter makes the sharded ones in backward
+        ("fsdp_full_shard", two_gpus, accumulating, True),
+        ("zero3", two_gpus, alone, True),  # DeepSpeed's flat 16-bit partition, allocated once
+    ]:
+        est = estimate(BY_KEY[key], model, hw, work, 4)
+        assert est.grads_in_forward == (est.grads if held else 0.0), key
+        assert est.total >= est.model_states + est.gathered + est.buffers  # the step holds every state

@@ -318,6 +318,10 @@ def render_table(result: Plan, command: str | None) -> str:
             str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
         lines.append("  ".join(cells))
+    lines.append(
+        "total: the peak, at the end of forward (the activations, autocast's 16-bit weights, and gradients only where "
+        "they outlive a step or accumulate) or in the optimizer step (every state), plus gathered and buffers."
+    )
     choice = result.choice
     if choice is None:
         lines.append("Nothing fits. What would:")
