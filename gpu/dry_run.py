@@ -20,7 +20,8 @@ from pathlib import Path
 from kit import IMAGE, build_kit, pinned
 from packaging.utils import canonicalize_name
 
-CHECK = Path(__file__).resolve().parent / "check.py"
+REPO = Path(__file__).resolve().parent.parent
+CHECK = REPO / "gpu" / "check.py"
 
 
 def image_stand_in(folder: Path) -> Path:
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         python = image_stand_in(stand_in)
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env["GPU_CHECK_DRY"] = "1"
+        # DeepSpeed's CPU ops built for the kit's DeepSpeed, in a folder of their own: built where this environment's
+        # are, they would replace those (their flags name other paths), which every later run here would build again
+        env["TORCH_EXTENSIONS_DIR"] = str(Path(env.get("TORCH_EXTENSIONS_DIR", REPO / ".torch_extensions")) / "dry-run")
         return subprocess.run([str(python), str(CHECK), str(out), "--kit", str(kit)], env=env).returncode
     finally:
         shutil.rmtree(stand_in, ignore_errors=True)
