@@ -29,10 +29,10 @@ fp32 weights (eP, DDP and one process), and gradients only where they outlive a 
 partitions) or accumulate over micro-batches; and the optimizer step, with every model state (DeepSpeed makes its
 fp32 gradients there, a sub-group at a time).
 
-Set-up, in the host's memory: DDP and ZeRO 0-2, which keep whole weights, build the model whole in fp32 (4P) on
-every rank; FSDP2 and ZeRO-3 on rank 0 alone, whose values fill the others' shards (training/model/from_rank0.py),
-the others building it on the meta device (nothing). The model goes to the GPU after: its GPU memory at set-up is
-what it holds between steps, less than the training's peak.
+Set-up, in the host's memory: rank 0 alone builds the model whole in fp32 (4P), the others on the meta device
+(nothing); its values fill the others' shards (FSDP2, ZeRO-3) or their whole copies on their devices (DDP, ZeRO 0-2:
+training/model/from_rank0.py). The model goes to the GPU after: its GPU memory at set-up is what it holds between
+steps, less than the training's peak.
 
 Activations per micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation"): each
 transformer layer keeps s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations; the a*s^2 attention-score
@@ -246,12 +246,10 @@ def autocast_weight_bytes(strategy: Strategy, model: ModelShape, precision: str)
     return element_bytes(precision) * model.params if strategy.framework == "ddp" and precision != "fp32" else 0.0
 
 
-def setup_host_bytes(strategy: Strategy, model: ModelShape) -> tuple[float, float]:
-    """Host bytes of (rank 0, each other rank) at set-up: the model built whole in fp32, on every rank or on rank 0
-    alone (the module's docstring)."""
-    whole = 4.0 * model.params
-    fills_from_rank0 = strategy.framework == "fsdp" or strategy.zero_stage == 3
-    return whole, 0.0 if fills_from_rank0 else whole
+def setup_host_bytes(model: ModelShape) -> tuple[float, float]:
+    """Host bytes of (rank 0, each other rank) at set-up: the model built whole in fp32 on rank 0 alone (the module's
+    docstring), whatever the strategy."""
+    return 4.0 * model.params, 0.0
 
 
 def activation_bytes(
@@ -307,8 +305,8 @@ def estimate(
         activations=activation_bytes(model, work, micro_batch, False),
         activations_checkpointed=activation_bytes(model, work, micro_batch, True),
         cpu_per_node=states["cpu"],
-        setup_rank0=setup_host_bytes(strategy, model)[0],
-        setup_others=setup_host_bytes(strategy, model)[1],
+        setup_rank0=setup_host_bytes(model)[0],
+        setup_others=setup_host_bytes(model)[1],
         comm_vs_ddp=strategy.comm,
         inter_node_comm_vs_ddp=comm_between_nodes,
         micro_batch=micro_batch,

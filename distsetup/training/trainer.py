@@ -69,7 +69,8 @@ class Trainer:
         config_folder = Path(args.config).parent if args.config else None
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
-        self.only_rank0_builds_whole = backend.fills_shards_from_rank0 and self.model_description.builds_on_meta
+        # the other ranks build it on the meta device, and wrap() fills their copies or shards with rank 0's values
+        self.only_rank0_builds_whole = self.model_description.builds_on_meta
         # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
         self.partitioned = backend.partitions_at_construction and self.only_rank0_builds_whole
         self._check_model_fits()
@@ -286,13 +287,15 @@ class Trainer:
         models.check_model_fits(parameters, builders, models.size_settings(self.cfg.model), holders, state)
 
     def _whole_model(self) -> torch.nn.Module:
-        """The model whole, with --init_from's weights: built on every rank; or, where the backend fills each rank's
-        part from rank 0's values (FSDP2, ZeRO-3), on rank 0 alone, the others building it on the meta device; or,
-        there, where the run starts from a checkpoint holding every parameter, nowhere: every rank builds a skeleton
-        (parameters on the meta device, buffers built) and reads its part of the checkpoint (model/pretrained.py). A
-        builder that cannot build on the meta device (it reads a weight) is built whole on every rank, as before."""
+        """The model whole, with --init_from's weights: built on rank 0 alone, the others building it on the meta
+        device (the backend fills their copies or parts with rank 0's values); or, where the backend shards it
+        (FSDP2, ZeRO-3) and the run starts from a checkpoint holding every parameter, nowhere: every rank builds a
+        skeleton (parameters on the meta device, buffers built) and reads its part of the checkpoint
+        (model/pretrained.py). A builder that cannot build on the meta device (it reads a weight) is built whole on
+        every rank."""
         m = self.cfg.model
-        if self.only_rank0_builds_whole and (source := pretrained.source_of(m, self.args.init_from)):
+        sharded = self.backend.fills_shards_from_rank0 and self.only_rank0_builds_whole
+        if sharded and (source := pretrained.source_of(m, self.args.init_from)):
             skeleton = pretrained.skeleton(m)
             if self.args.init_from:
                 load_weights(skeleton, self.args.init_from)  # its keys checked, as every run's
@@ -302,8 +305,8 @@ class Trainer:
                 return skeleton
         on_meta = self.only_rank0_builds_whole and not self.world.is_main
         whole = models.architecture_on_meta(m) if on_meta else models.build(m)
-        if self.backend.fills_shards_from_rank0 and not self.model_description.builds_on_meta:
-            self.say("note: the model cannot be built on the meta device: every rank builds it whole before sharding")
+        if self.world.size > 1 and not self.model_description.builds_on_meta:
+            self.say("note: the model cannot be built on the meta device: every rank builds it whole")
         if self.args.init_from:
             load_weights(whole, self.args.init_from)  # on the meta device: the keys checked, nothing read
         return whole

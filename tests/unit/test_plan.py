@@ -418,17 +418,16 @@ def test_fsdp_recommendation_wraps_the_users_layer_class(run_cli):
     assert "--transformer_layer_cls_to_wrap LlamaDecoderLayer" in result.stdout and "--layer_cls" not in result.stderr
 
 
-def test_setup_counts_the_whole_model_where_each_rank_builds_it():
-    """Set-up's host memory (issue 37): rank 0 alone builds the whole fp32 model for FSDP2 and ZeRO-3, every rank
-    for DDP and ZeRO 1-2; a --cpu_memory that holds one whole model but not one per GPU rules out only the latter."""
+def test_setup_counts_one_whole_model_on_rank_0_whatever_the_strategy():
+    """Set-up's host memory (issue 37): rank 0 alone builds the whole fp32 model, the others fill their shards or
+    their whole copies from it; a --cpu_memory that holds one whole model but not one per GPU rules out only the
+    strategies whose offloaded states it does not hold."""
     model, hw = ModelShape(int(7e9)), Hardware(1, 8, gpu_memory=1000 * GB, cpu_memory=100 * GB, **NO_RUNTIME)
-    whole = 4 * 7e9
     for strategy in STRATEGIES:
         e = estimate(strategy, model, hw, Workload("bf16"), 1)
-        sharded = strategy.framework == "fsdp" or strategy.zero_stage == 3
-        assert (e.setup_rank0, e.setup_others) == (whole, 0.0 if sharded else whole), strategy.key
-        # 8 whole copies: 224 GB; one: 28 GB of the 90 usable (the offloaded states are judged as before)
-        assert e.fits == (sharded and e.cpu_per_node <= 90 * GB), strategy.key
+        assert (e.setup_rank0, e.setup_others) == (4 * 7e9, 0.0), strategy.key
+        # one whole copy: 28 GB of the 90 usable (8 would be 224 GB)
+        assert e.fits == (e.cpu_per_node <= 90 * GB), strategy.key
 
 
 # torch.cuda.max_memory_allocated of benchmarks/gpu_throughput.py's runs in the GPU check on an NVIDIA H200

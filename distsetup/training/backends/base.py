@@ -22,6 +22,7 @@ from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
 from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.model import from_rank0
 from distsetup.training.model.build import ModelParts
 from distsetup.training.model.pretrained import Pretrained
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
@@ -53,8 +54,8 @@ class Backend:
 
     name = "single"
     zero_stage: int | None = None
-    # Whether wrap() fills each rank's part of the model from rank 0's copy, so that the others build the model on
-    # the meta device and never hold it whole (FSDP2).
+    # Whether wrap() fills each rank's shards of the model from rank 0's copy, so that the others never hold it whole
+    # (FSDP2). Every backend fills each rank's model from rank 0's values: only rank 0 builds them.
     fills_shards_from_rank0 = False
     # Whether each rank constructs only its partitions of the model (construct()), rank 0's values put in (ZeRO-3).
     partitions_at_construction = False
@@ -85,9 +86,16 @@ class Backend:
         """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
         self._prepare_blocks(parts.module, parts.blocks)
         self._handle_conditional(parts.conditional)
-        self.model = self._place(parts.module.to(self.device), parts)
+        self.model = self._place(self._whole_on_device(parts.module), parts)
         self._build_optimizer(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    def _whole_on_device(self, module: nn.Module) -> nn.Module:
+        """The whole model on this rank's device. In a world of several, only rank 0 built its values (the others
+        built it on the meta device: trainer._whole_model), and every rank's copy is filled with them."""
+        if self.world.size == 1:
+            return module.to(self.device)
+        return from_rank0.replicate(module, self.device, self.world.is_main)
 
     def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
         """Forward and backward one micro-batch: `loss_of(model)` (objective.py) computes its loss. Returns it

@@ -173,6 +173,8 @@ class DeepSpeedBackend(Backend):
         model = parts.module
         self._prepare_blocks(model, parts.blocks)
         self._handle_conditional(parts.conditional)
+        if self.zero_stage < 3:  # ZeRO-3's model was built in its partitions (construct)
+            model = self._whole_on_device(model)
         t = self.cfg.training
         groups = param_groups(model, t.weight_decay)
         self.groups = names_by_group(model, groups)  # the optimizer's parameters by name (ZeRO flattens them)

@@ -1,11 +1,12 @@
-"""A sharded model's values from rank 0's copy, so that no other rank ever holds the model whole (FSDP2).
+"""A model's values from rank 0's copy, so that only rank 0 ever builds them (and, sharded, no other rank ever holds
+the model whole).
 
 Rank 0 builds the model on the CPU (with the run's seed, or with pretrained weights); every other rank builds it on
-the meta device. Each rank then moves its model to the meta device, shards it, allocates only its own shards on its
-device (`to_empty`), and rank 0's tensors are broadcast into them one at a time (torch.distributed.checkpoint's
-`broadcast_from_rank0`; Accelerate's cpu_ram_efficient_loading does the same with broadcasts of its own). The initial
-weights are then
-those of a one-process run, bit for bit.
+the meta device. Sharded (FSDP2): each rank then moves its model to the meta device, shards it, allocates only its own
+shards on its device (`to_empty`), and rank 0's tensors are broadcast into them one at a time
+(torch.distributed.checkpoint's `broadcast_from_rank0`; Accelerate's cpu_ram_efficient_loading does the same with
+broadcasts of its own). Whole on every rank (DDP, ZeRO 0-2): each rank allocates the model on its device, and rank 0's
+tensors are broadcast into it (`replicate`). The initial weights are then those of a one-process run, bit for bit.
 
 What a state dict leaves out is handled here too: `to_empty` leaves every buffer uninitialised, and non-persistent
 buffers (rotary `inv_freq`, causal masks) are in no state dict, so every buffer is broadcast as well; and a weight
@@ -13,6 +14,7 @@ tied by attribute (an embedding shared with the output head) is one Parameter ob
 would split in two, so the ties are made again.
 """
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -62,6 +64,22 @@ def to_meta(model: nn.Module) -> None:
     ties = tied_parameters(model)
     model.to("meta")
     tie_again(ties)
+
+
+def replicate(model: nn.Module, device: torch.device, is_main: bool) -> nn.Module:
+    """Rank 0's model whole on every rank's `device`: rank 0's moved there, the others' (built on the meta device, or
+    whole where their builder cannot build there) allocated there, their ties kept, and every parameter and buffer
+    filled with rank 0's, one broadcast each: a collective."""
+    ties = tied_parameters(model)
+    if not is_main and any(tensor.is_meta for tensor in itertools.chain(model.parameters(), model.buffers())):
+        model.to_empty(device=device)
+    else:
+        model.to(device)
+    tie_again(ties)
+    with torch.no_grad():
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            dist.broadcast(tensor, src=0)
+    return model
 
 
 def fill_from_rank0(model: nn.Module, whole: WholeValues | None, buffers_on: torch.device) -> None:
