@@ -69,7 +69,8 @@ class Pretrained:
         return value
 
     def whole(self, name: str) -> torch.Tensor:
-        return self.rows(name, 0, self.shape(name)[0] if self.shape(name) else 0)
+        shape = self.shape(name)
+        return self.rows(name, 0, shape[0] if shape else 0)
 
     def shape(self, name: str) -> list[int]:
         if name in self._mapped:
