@@ -3,7 +3,7 @@
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import click
@@ -33,7 +33,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def writable_target(path: Path, inputs: dict[str, str | Path | None], option: str = "--output") -> Path:
+def writable_target(path: Path, inputs: Mapping[str, str | Path | None], option: str = "--output") -> Path:
     """The file that writing `path` replaces: `path`, or the file its symbolic link points at (the link stays).
 
     Refused, each in one line: a link to nothing or a loop of links (replacing it would silently turn the
@@ -71,7 +71,7 @@ def write_atomic(
     path: Path,
     text: str,
     executable: bool = False,
-    inputs: dict[str, str | Path | None] | None = None,
+    inputs: Mapping[str, str | Path | None] | None = None,
     option: str = "--output",
 ) -> None:
     """Replace `path` with `text` whole, or leave it untouched if anything fails (see writable_target)."""
@@ -99,7 +99,7 @@ def emit(
     dry_run: bool,
     next_step: str | None = None,
     executable: bool = False,
-    inputs: dict[str, str | Path | None] | None = None,
+    inputs: Mapping[str, str | Path | None] | None = None,
     remarks: Sequence[str] = (),
 ) -> None:
     """Print `text` (no output, '-' or a dry run) or write it to `output` (never over one of the command's

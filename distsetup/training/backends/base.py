@@ -65,7 +65,7 @@ class Backend:
     # Where fills_shards_from_rank0: how a checkpoint that holds every parameter is read instead (model/pretrained.py)
     reads_pretrained = ""
 
-    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
         self.cfg, self.world, self.device = cfg, world, device
         t = cfg.training
         self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
@@ -157,7 +157,7 @@ class Backend:
             state["scaler"] = self.scaler.state_dict()
         return state
 
-    def _in_background(self, write, *args) -> Future:
+    def _in_background(self, write: Callable[..., object], *args: object) -> Future:
         """`write(*args)` on this process's one checkpoint thread: writes happen in the order they were asked."""
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
@@ -295,7 +295,7 @@ class Backend:
         self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         self.scheduler = lambda_scheduler(self.optimizer, t)
 
-    def _prepare_blocks(self, model, blocks) -> None:
+    def _prepare_blocks(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""
         from distsetup.training.model.blocks import apply_activation_checkpointing, compile_blocks
 
@@ -352,10 +352,10 @@ class Backend:
     def _plain_model(self) -> nn.Module:
         return self.model
 
-    def _sync(self, last_micro: bool):
+    def _sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def _autocast(self):
+    def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=PRECISION_DTYPES[self.precision])

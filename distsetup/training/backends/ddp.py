@@ -2,11 +2,16 @@
 
 import contextlib
 import inspect
+from typing import TYPE_CHECKING, cast
 
 import torch.nn as nn
 
 from distsetup.training.backends.base import Backend
 from distsetup.training.model import moe
+from distsetup.training.model.build import ModelParts
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 
 class DDPBackend(Backend):
@@ -14,14 +19,14 @@ class DDPBackend(Backend):
 
     name = "ddp"
 
-    def _handle_conditional(self, layers):
+    def _handle_conditional(self, layers: list[nn.Module]) -> None:
         if layers:
             self.notes.append(
                 f"{moe.described(layers)} may run other experts on each rank: DDP looks for unused parameters "
                 "(find_unused_parameters)"
             )
 
-    def _place(self, model, parts):
+    def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -34,11 +39,12 @@ class DDPBackend(Backend):
             **buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type)),
         )
 
-    def _plain_model(self):
-        return self.model.module
+    def _plain_model(self) -> nn.Module:
+        return cast("DistributedDataParallel", self.model).module
 
-    def _sync(self, last_micro):
-        return contextlib.nullcontext() if last_micro else self.model.no_sync()
+    def _sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
+        ddp = cast("DistributedDataParallel", self.model)
+        return contextlib.nullcontext() if last_micro else ddp.no_sync()
 
 
 def buffers_may_change(model: nn.Module, model_type: str) -> bool:
@@ -50,7 +56,7 @@ def buffers_may_change(model: nn.Module, model_type: str) -> bool:
     return model_type == "python" or running_stats
 
 
-def buffer_sync(ddp_class, before_each_forward: bool) -> dict:
+def buffer_sync(ddp_class: type, before_each_forward: bool) -> dict:
     """DDP's argument for broadcasting buffers before each forward: forward_sync_buffers from torch 2.13 (which
     warns about broadcast_buffers, deprecated there), broadcast_buffers before it."""
     if "forward_sync_buffers" in inspect.signature(ddp_class).parameters:

@@ -9,9 +9,12 @@ torch backends do.
 """
 
 import contextlib
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import Marker, layout
@@ -27,8 +30,10 @@ from distsetup.training.checkpoint.files import atomic_write_text
 from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
 from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
+from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
+from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import World, ranks
 
@@ -50,9 +55,10 @@ def _memory_strategy(stage: int, offload_optimizer: bool, offload_param: str) ->
 
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
+    zero_stage: int  # from the file (0 where it has no zero_optimization block)
     leaves: tuple[torch.nn.Module, ...] = ()  # the ZeRO-3 leaf layers (_handle_conditional)
 
-    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
         super().__init__(cfg, world, device)
         file = cfg.distributed.deepspeed_config
         assert file is not None  # the run config's rules ask for it with this backend
@@ -101,7 +107,9 @@ class DeepSpeedBackend(Backend):
                     "written (scale it there with `distsetup deepspeed --scale_lr`)"
                 )
 
-    def construct(self, build, whole, source=None):
+    def construct(
+        self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None
+    ) -> nn.Module:
         """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file): each parameter partitioned as
         it is created, so no rank holds the model whole; then rank 0's values (its `whole` model: the run's seed on
         the CPU, --init_from's or a Hugging Face folder's weights; or, where `source` holds every parameter, read from
@@ -147,7 +155,7 @@ class DeepSpeedBackend(Backend):
         ]
         return ", ".join([f"ZeRO-{self.zero_stage}", *offloads])
 
-    def check_device_support(self):
+    def check_device_support(self) -> None:
         from deepspeed.accelerator import get_accelerator
 
         accelerator = get_accelerator()
@@ -167,7 +175,7 @@ class DeepSpeedBackend(Backend):
                 f"{other}.",
             )
 
-    def wrap(self, parts):
+    def wrap(self, parts: ModelParts) -> None:
         import deepspeed
 
         model = parts.module
@@ -214,7 +222,7 @@ class DeepSpeedBackend(Backend):
                 f"{zero0_wrapper.FORMS[flat]}: converted by parameter name"
             )
 
-    def _handle_conditional(self, layers):
+    def _handle_conditional(self, layers: list[nn.Module]) -> None:
         """ZeRO-3 gathers each module's parameters in its forward: ranks running different experts would wait for
         each other's gathers, so each such layer is a leaf, gathered whole. ZeRO 1-2 reduce gradients in the order
         they become ready, which differs between ranks that ran different experts (silently mixing them): every
@@ -235,13 +243,13 @@ class DeepSpeedBackend(Backend):
             return
         self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
 
-    def _plain_model(self):
+    def _plain_model(self) -> nn.Module:
         return self.engine.module
 
-    def _autocast(self):
+    def _autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the engine casts as its file says
 
-    def backward(self, loss_of, last_micro):
+    def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
         try:
             micro = self._forward(loss_of)
         except RuntimeError as e:  # a model changing its leaves' input in place: say which leaf, not a traceback
@@ -253,20 +261,20 @@ class DeepSpeedBackend(Backend):
             self.engine.step()  # only advances DeepSpeed's micro-step counter
         return micro.detached()
 
-    def step(self):
+    def step(self) -> None:
         if self.memory is None:
             self._grad_bytes = self._held_grads()
         self.engine.step()
         self._measure_memory()
 
-    def save(self, path):
+    def save(self, path: Path) -> None:
         self.engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False)
 
-    def start_save(self, path):
+    def start_save(self, path: Path) -> list[Future]:
         self.save(path)  # synchronous: see the note in __init__
         return []
 
-    def checkpoint_complete(self, path):
+    def checkpoint_complete(self, path: Path) -> None:
         # DeepSpeed's `latest` tag, written only now (not by save_checkpoint, before every rank is done): its
         # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
         atomic_write_text(path.parent / "latest", path.name)
@@ -278,7 +286,7 @@ class DeepSpeedBackend(Backend):
             source == "zero" and (stage, size) == (self.zero_stage, self.world.size)
         )
 
-    def adopt(self, path, marker):
+    def adopt(self, path: Path, marker: Marker) -> str | None:
         self.marker = marker
         if self._loads_as_is(marker):
             self.own_checkpoint = path
@@ -303,7 +311,7 @@ class DeepSpeedBackend(Backend):
             return None
         return super().adopt(path, marker)
 
-    def load(self, path):
+    def load(self, path: Path) -> None:
         if self.converted_from is None:
             self._load_engine(path)
         elif self.zero_stage == 0:  # the plain module and a torch optimizer (in bf16/fp16 wrapped), by name
@@ -313,11 +321,12 @@ class DeepSpeedBackend(Backend):
         elif self.converted_from == "universal":
             self._load_universal(path)
         else:
-            if self.converted_from == "zero":  # another world size or stage: DeepSpeed's own converter
+            source = self.converted_from
+            if source == "zero":  # another world size or stage: DeepSpeed's own converter
                 write = lambda out: universal_folder.from_deepspeed(path, out)  # noqa: E731
             else:  # single, DDP, FSDP or ZeRO-0: their named state written as a universal folder
                 write = lambda out: universal_folder.write(  # noqa: E731
-                    lazy_state(path, self.converted_from, self.groups), out, self.marker
+                    lazy_state(path, source, self.groups), out, self.marker
                 )
             universal = universal_folder.converted_on_rank0(path, write)
             with universal_folder.removed_after_loading(universal, self.world.is_main):
@@ -351,7 +360,7 @@ class DeepSpeedBackend(Backend):
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
                 group.update(settings)
 
-    def _load_named_optimizer(self, state, param_groups):
+    def _load_named_optimizer(self, state: dict, param_groups: list[dict]) -> None:
         if self.zero_stage == 0 and self.precision != "fp32":  # DeepSpeed's wrapper, with fp32 masters
             settings = [{k: v for k, v in group.items() if k != "params"} for group in param_groups]
             zero0_wrapper.load(self.engine.optimizer, state, self.groups, settings)
@@ -359,13 +368,13 @@ class DeepSpeedBackend(Backend):
         else:
             super()._load_named_optimizer(state, param_groups)
 
-    def _groups(self):
+    def _groups(self) -> list[list[str]]:
         return self.groups  # DeepSpeed's optimizer holds flat or fp32 copies of the parameters, not themselves
 
-    def current_lr(self):
+    def current_lr(self) -> float:
         return self.engine.get_lr()[0]
 
-    def current_loss_scale(self):
+    def current_loss_scale(self) -> float | None:
         return float(self.engine.optimizer.loss_scale) if self.precision == "fp16" else None
 
     # -- the bytes each ZeRO stage really holds ---------------------------------------------------
@@ -386,7 +395,7 @@ class DeepSpeedBackend(Backend):
         )
         return memory.tensor_bytes(tensors)
 
-    def _measure_memory(self):
+    def _measure_memory(self) -> None:
         if self.memory is not None:
             return
         opt, params = self.engine.optimizer, list(self.engine.module.parameters())

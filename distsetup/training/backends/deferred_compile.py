@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ import torch
 def compile_deferred() -> Iterator[None]:
     compile_now = torch.compile
 
-    def compile_at_first_call(model=None, **options):
+    def compile_at_first_call(model: Callable | None = None, **options: Any) -> Callable:
         if model is None:  # used as @torch.compile(**options)
             return functools.partial(compile_at_first_call, **options)
         if not inspect.isfunction(model):
@@ -39,7 +40,7 @@ def _at_first_call(compile_it: Callable[[], Callable], function: Callable) -> Ca
     compiled: Callable | None = None
 
     @functools.wraps(function)
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal compiled
         if torch.compiler.is_compiling():  # traced inside another compiled function, as torch.compile's own are
             return function(*args, **kwargs)

@@ -3,9 +3,14 @@
 import contextlib
 import copy
 import dataclasses
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -13,8 +18,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.utils import _apply_to_tensors
 
 from distsetup.errors import DistsetupError
@@ -24,8 +29,10 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
+from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules
+from distsetup.training.model.build import ModelParts
 from distsetup.training.world import World
 
 
@@ -62,7 +69,7 @@ class FSDPBackend(Backend):
     fills_shards_from_rank0 = True
     reads_pretrained = "each rank the rows of its own shards"
 
-    def __init__(self, cfg: RunConfig, world: World, device: torch.device):
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
         super().__init__(cfg, world, device)
         self.fsdp = read_fsdp_settings(cfg)
         self.strategy = self.fsdp.sharding_strategy
@@ -83,7 +90,7 @@ class FSDPBackend(Backend):
     def details(self) -> str:
         return self.strategy
 
-    def wrap(self, parts):
+    def wrap(self, parts: ModelParts) -> None:
         """Shard the model before anything is allocated whole: each rank's model goes to the meta device (rank 0 keeps
         its values on the CPU; the others built none), is sharded there, gets only its own shards on its device and
         takes rank 0's values into them (from_rank0.py), or, where the run starts from a checkpoint holding every
@@ -96,7 +103,11 @@ class FSDPBackend(Backend):
         units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
-        kwargs = {"mesh": self._mesh(), "mp_policy": self._mixed_precision(), "offload_policy": self._offload()}
+        kwargs: dict[str, Any] = {
+            "mesh": self._mesh(),
+            "mp_policy": self._mixed_precision(),
+            "offload_policy": self._offload(),
+        }
         reshards, last = self.fsdp.reshards_after_forward, last_in_module_order(model, units)
         for unit in units:
             # the last unit's backward comes first, right after its forward: resharding it in between would only
@@ -125,7 +136,7 @@ class FSDPBackend(Backend):
         self.scaler = None
         self._build_optimizer(model)
 
-    def _units(self, model, blocks, conditional):
+    def _units(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
         """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one
         inside a layer that runs differently per rank (an expert), which one rank would gather and another not."""
         policy = self.fsdp.auto_wrap_policy
@@ -145,32 +156,32 @@ class FSDPBackend(Backend):
             )
         return kept
 
-    def _handle_conditional(self, layers):
+    def _handle_conditional(self, layers: list[nn.Module]) -> None:
         """FSDP2 reduce-scatters the gradients each rank has: a rank that ran other experts would hand in others.
         Where torch has it, FSDP2 gives the unused ones zeros itself; else every expert takes part with weight 0."""
         if not layers:
             return
         if hasattr(self.model, "set_reduce_scatter_unused_params"):
-            self.model.set_reduce_scatter_unused_params(True)
+            self._sharded.set_reduce_scatter_unused_params(True)
             how = "FSDP2 reduce-scatters zeros for the experts a rank did not run"
         else:
             moe.give_every_expert_a_gradient(layers)
             how = "every expert gets a zero gradient on every rank"
         self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
 
-    def _mesh(self):
+    def _mesh(self) -> DeviceMesh:
         if len(self.mesh_shape) == 2:
             return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("replicate", "shard"))
         return init_device_mesh(self.device.type, self.mesh_shape, mesh_dim_names=("shard",))
 
-    def _autocast(self):
+    def _autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the mixed-precision policy casts
 
     def checkpointing(self) -> str:
         mode = self.cfg.training.activation_checkpointing
         return "full" if mode == "none" and self.fsdp.activation_checkpointing else mode  # the FSDP file's flag
 
-    def _mixed_precision(self):
+    def _mixed_precision(self) -> MixedPrecisionPolicy:
         if self.precision == "fp32":
             return MixedPrecisionPolicy()
         reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
@@ -180,7 +191,7 @@ class FSDPBackend(Backend):
         """Offloaded to the CPU, the gradients that clipping reduces live there (as CPU DTensors)."""
         return self.fsdp.cpu_offload and self.device.type == "cuda"
 
-    def _offload(self):
+    def _offload(self) -> OffloadPolicy:
         if not self.fsdp.cpu_offload:
             return OffloadPolicy()
         if self.device.type != "cuda":
@@ -188,13 +199,18 @@ class FSDPBackend(Backend):
             return OffloadPolicy()
         return CPUOffloadPolicy(pin_memory=True)
 
-    def backward(self, loss_of, last_micro):
-        self.model.set_requires_gradient_sync(last_micro)
+    @property
+    def _sharded(self) -> FSDPModule:
+        """The model as fully_shard made it: an FSDPModule, whose methods set how gradients are synchronised."""
+        return cast(FSDPModule, self.model)
+
+    def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
+        self._sharded.set_requires_gradient_sync(last_micro)
         micro = self._forward(loss_of)
         self._averaged(micro.loss).backward()
         return micro.detached()
 
-    def save(self, path):
+    def save(self, path: Path) -> None:
         if self.full_state_dict:
             state = self._gathered_full_state()
             if self.world.is_main:
@@ -205,19 +221,19 @@ class FSDPBackend(Backend):
         if self.world.is_main:
             atomic_save({"scheduler": self.scheduler.state_dict()}, path / "scheduler.pt")
 
-    def start_save(self, path):
+    def start_save(self, path: Path) -> list[Future]:
         """DCP's async_save: it copies this rank's shards to the CPU, then writes them on a thread, coordinating
         the ranks over gloo groups of its own (the training loop's collectives keep the default group). The
         full state, gathered now, is written by rank 0's checkpoint thread."""
         if self.full_state_dict:
             state = self._gathered_full_state()  # fresh CPU tensors: nothing to copy again
             return [self._in_background(atomic_save, state, path / "full_state.pt")] if self.world.is_main else []
-        parts = {
+        parts: dict[str, dict[str, Any]] = {
             "model": get_model_state_dict(self.model),
             "optim": get_optimizer_state_dict(self.model, self.optimizer),
         }
-        writes = [
-            dcp.async_save(state, checkpoint_id=path / part, process_group=self._async_groups[part])
+        writes = [  # a Future (an AsyncSaveResponse only where given an async stager)
+            cast(Future, dcp.async_save(state, checkpoint_id=path / part, process_group=self._async_groups[part]))
             for part, state in parts.items()
         ]
         if self.world.is_main:
@@ -233,7 +249,7 @@ class FSDPBackend(Backend):
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),  # a background write outlives this step
         }
 
-    def _load_own(self, path):
+    def _load_own(self, path: Path) -> None:
         if (path / "full_state.pt").exists():
             state = torch.load(path / "full_state.pt", map_location="cpu", weights_only=False)
             options = StateDictOptions(full_state_dict=True)
@@ -249,7 +265,7 @@ class FSDPBackend(Backend):
             set_model_state_dict(self.model, model)
             optim = get_optimizer_state_dict(self.model, self.optimizer)
             dcp.load(optim, checkpoint_id=path / "optim")
-            optim["param_groups"] = self._with_own_kernels(optim["param_groups"])
+            optim["param_groups"] = self._with_own_kernels(cast(list, optim["param_groups"]))
             set_optimizer_state_dict(self.model, self.optimizer, optim)
             state = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -275,7 +291,7 @@ def last_in_module_order(model: torch.nn.Module, units: list) -> torch.nn.Module
     return max(units, key=lambda unit: order[id(unit)], default=None)
 
 
-def _size_based_units(model, min_num_params: int) -> list:
+def _size_based_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
     """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
     units: list[torch.nn.Module] = []
     taken: set[int] = set()  # id() of the parameters already in a unit
@@ -294,15 +310,15 @@ class _NotAView(torch.autograd.Function):
     hooks registered on it then survive an in-place op on it, as on any other tensor. Gradients pass unchanged."""
 
     @staticmethod
-    def forward(ctx, tensor):
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach()
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
 
-def root_output_not_a_view(module, args, kwargs, output):
+def root_output_not_a_view(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
     """A forward hook on the root, run before FSDP2's: each view among the root's outputs (a user's model ending in
     `squeeze(-1)`, an LLM's logits from a 3-D Linear) handed on as a tensor that is no view, at no memory cost.
 
@@ -323,7 +339,7 @@ def root_output_not_a_view(module, args, kwargs, output):
     return _apply_to_tensors(lambda t: _NotAView.apply(t) if id(t) in alone else t, output) if alone else None
 
 
-def _tensors(tree) -> list[torch.Tensor]:
+def _tensors(tree: Any) -> list[torch.Tensor]:
     """The tensors in `tree`, in the containers torch's _apply_to_tensors goes into (FSDP2 casts outputs with it)."""
     if isinstance(tree, torch.Tensor):
         return [tree]

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -84,7 +85,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(backend, root: Path, world: World, marker: Marker, keep: int | None = None) -> Path:
+class Checkpointing(Protocol):
+    """What writing and reading a checkpoint asks of a backend (training/backends/base.py)."""
+
+    def save(self, path: Path) -> None: ...
+
+    def start_save(self, path: Path) -> list[Future]: ...
+
+    def checkpoint_complete(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+def save_checkpoint(backend: Checkpointing, root: Path, world: World, marker: Marker, keep: int | None = None) -> Path:
     """Every rank writes its part; the COMPLETE marker follows only once all have finished. Then, with `keep`,
     rank 0 removes the complete checkpoints older than the `keep` newest."""
     pending = start_checkpoint(backend, root, world, marker, keep, background=False)
@@ -93,7 +106,7 @@ def save_checkpoint(backend, root: Path, world: World, marker: Marker, keep: int
 
 
 def start_checkpoint(
-    backend, root: Path, world: World, marker: Marker, keep: int | None, background: bool
+    backend: Checkpointing, root: Path, world: World, marker: Marker, keep: int | None, background: bool
 ) -> "PendingCheckpoint":
     """Every rank starts writing its part of checkpoint `marker.step`: in the background (training.async_checkpoint),
     once the backend has copied what it writes, or else whole before returning. The checkpoint is complete only
@@ -127,7 +140,7 @@ class PendingCheckpoint:
     def written_here(self) -> bool:
         return all(write.done() for write in self.writes)
 
-    def finish(self, world: World, backend) -> None:
+    def finish(self, world: World, backend: Checkpointing) -> None:
         """Every rank, at the same step: wait for this rank's writes, then rank 0 writes the COMPLETE marker
         (after a barrier: every part is on disk) and removes what training.keep_checkpoints lets go."""
         with disk_errors(self.path):
@@ -204,7 +217,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(backend, path: Path, world: World) -> Marker:
+def load_checkpoint(backend: Checkpointing, path: Path, world: World) -> Marker:
     """Restore model, optimizer and scheduler (the backend's job), then this rank's RNG; returns its marker.
     Damage that left every size intact shows only here, as one line naming the folder."""
     marker = Marker.read(path)

@@ -2,16 +2,31 @@
 the counted items (targets of token data, samples of the user's) of all ranks, so the mean is over every item of the
 set however it was split."""
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
-from distsetup.training.data.loader import validation_batches
+from distsetup.training.data.loader import Placement, validation_batches
 from distsetup.training.world import World
 
+T = TypeVar("T")
 
-def evaluate(backend, objective, data, world: World, num_workers: int) -> dict[str, float]:
+
+class Evaluating(Protocol):
+    """What evaluation asks of a backend (training/backends/base.py)."""
+
+    placement: Placement
+    micro_batch: int
+
+    def evaluate(self, compute: Callable[[nn.Module], T]) -> T: ...
+
+
+def evaluate(backend: Evaluating, objective, data, world: World, num_workers: int) -> dict[str, float]:
     """{"val_loss"} of `data.val` (and "val_perplexity" for tokens); every rank calls it at the same step."""
     placement = backend.placement
     totals = torch.zeros(2, dtype=torch.float64, device=placement.device)
@@ -19,9 +34,7 @@ def evaluate(backend, objective, data, world: World, num_workers: int) -> dict[s
         data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement
     )
     for batch, samples in batches:
-        loss, counted = backend.evaluate(
-            lambda model, batch=batch, samples=samples: objective.eval_sums(model, batch, samples)
-        )
+        loss, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))
         if samples:  # a rank out of samples ran its first one again, for the others' gathers
             totals += torch.stack([loss.double(), counted.double()])
     if dist.is_initialized():
