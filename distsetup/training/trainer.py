@@ -99,20 +99,17 @@ class Trainer:
     def run(self) -> int:
         """Join the process group, set up, train; the process group and the lock go whatever happens."""
         status = 1  # what the run exits with
-        init_process_group(
-            self.world,
-            self.backend.name,
-            self.device,
-            self.cfg.distributed.timeout_minutes,
-            cpu_collectives=self.backend.needs_cpu_collectives(),
-        )
+        if self.backend.needs_process_group:
+            timeout = self.cfg.distributed.timeout_minutes
+            init_process_group(self.world, self.device, timeout, self.backend.needs_cpu_collectives())
         try:
             self._set_up()
             status = self.train()
             return status
         except BaseException as e:  # DCP's CheckpointException is no Exception
             if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
-                raise lost_contact(e, self.world, self.step, self.cfg.distributed.timeout_minutes, self._hangs_when())
+                hint = self.backend.hang_hint(bool(self.model_description.conditional))
+                raise lost_contact(e, self.world, self.step, self.cfg.distributed.timeout_minutes, hint)
             raise
         finally:
             try:
@@ -417,15 +414,6 @@ class Trainer:
             if not background:
                 self.pending.finish(self.world, self.backend)
                 self.pending = None
-
-    def _hangs_when(self) -> str | None:
-        """What could have made this run's ranks wait for each other for ever (for the lost-contact line)."""
-        if self.backend.zero_stage == 3 and not self.model_description.conditional:
-            return (
-                "if the model runs other modules on each rank (an MoE's experts), ZeRO-3's gathers wait for each "
-                "other: name the layer holding them in model.zero3_leaf_classes"
-            )
-        return None
 
     def _note_training_peak(self) -> None:
         """The peak resident memory of the training since set-up or the last checkpoint, kept; the count starts again

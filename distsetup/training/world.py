@@ -68,17 +68,9 @@ def nccl_error_handling(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def init_process_group(
-    world: World, backend: str, device: torch.device, timeout_minutes: float, cpu_collectives: bool = False
+    world: World, device: torch.device, timeout_minutes: float, cpu_collectives: bool = False
 ) -> None:
-    """Join the job's process group (NCCL on GPUs, with gloo for `cpu_collectives`; gloo on CPU); `single` runs
-    without one."""
-    if backend == "single":
-        if world.size > 1:
-            raise DistsetupError(
-                f"backend single runs one process, but WORLD_SIZE is {world.size}.",
-                "set distributed.backend to ddp, fsdp or deepspeed, or launch one process.",
-            )
-        return
+    """Join the job's process group: NCCL on GPUs, with gloo for `cpu_collectives`; gloo on CPU."""
     # DeepSpeed needs a process group even for one process; a plain `python train.py` has no rendezvous. When
     # nobody else joins, any free port: two such runs on one machine must not both take 29500.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

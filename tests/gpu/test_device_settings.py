@@ -38,7 +38,7 @@ def test_the_process_group_reduces_cpu_tensors_only_where_the_run_needs_it(cpu_c
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    init_process_group(World(0, 0, 1, 1), "fsdp", torch.device(DEVICE), 1, cpu_collectives=cpu_collectives)
+    init_process_group(World(0, 0, 1, 1), torch.device(DEVICE), 1, cpu_collectives=cpu_collectives)
     try:
         on_cpu = torch.ones(2)
         if DEVICE == "cpu" or cpu_collectives:

@@ -12,7 +12,7 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import Marker, latest_complete, step_dir
 from distsetup.formats.runconfig_load import load_run_config
-from distsetup.training.backends.base import Backend
+from distsetup.training.backends.single import SingleBackend
 from distsetup.training.checkpoint.export import consolidated_state_dict
 from distsetup.training.checkpoint.files import save_checkpoint, start_checkpoint
 from distsetup.training.loss.objective import TokenObjective
@@ -22,7 +22,7 @@ from distsetup.training.world import World
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
 
 
-def train_one_step(backend: Backend, cfg) -> None:
+def train_one_step(backend: SingleBackend, cfg) -> None:
     x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.block_size))
     objective = TokenObjective(backend.model, "gpt", cfg.model.vocab_size, False, "model.type gpt")
     backend.backward(lambda model: objective.micro_loss(model, (x, x)), last_micro=True)
@@ -34,7 +34,7 @@ def test_a_checkpoint_counts_only_once_its_background_write_is_done_and_holds_it
         None, ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "training.warmup_steps=0"]
     )
     world = World(rank=0, local_rank=0, size=1, local_size=1)
-    backend = Backend(cfg, world, torch.device("cpu"))
+    backend = SingleBackend(cfg, world, torch.device("cpu"))
     torch.manual_seed(0)
     model = models.build(cfg.model)
     backend.wrap(models.parts(model, cfg.model, ["Block"]))
@@ -62,7 +62,7 @@ def test_a_checkpoint_counts_only_once_its_background_write_is_done_and_holds_it
 def test_a_failed_background_write_is_one_line_and_leaves_the_checkpoint_incomplete(tmp_path):
     cfg = load_run_config(None, TINY)
     world = World(rank=0, local_rank=0, size=1, local_size=1)
-    backend = Backend(cfg, world, torch.device("cpu"))
+    backend = SingleBackend(cfg, world, torch.device("cpu"))
     model = models.build(cfg.model)
     backend.wrap(models.parts(model, cfg.model, ["Block"]))
     root = tmp_path / "checkpoints"

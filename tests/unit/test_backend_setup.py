@@ -86,3 +86,37 @@ def test_ddp_broadcasts_buffers_only_where_training_may_change_them():
     normed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     assert buffers_may_change(normed, "hf") and buffers_may_change(normed, "gpt")
     assert not buffers_may_change(torch.nn.Sequential(torch.nn.BatchNorm1d(4, track_running_stats=False)), "gpt")
+
+
+def test_the_single_backend_refuses_a_world_of_several_in_one_line():
+    from distsetup.errors import DistsetupError
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends import make_backend
+    from distsetup.training.world import World
+
+    cfg = load_run_config(None, ["distributed.backend=single"])
+    alone = make_backend("single", cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+    assert not alone.needs_process_group
+    with pytest.raises(DistsetupError, match="backend single runs one process, but WORLD_SIZE is 2") as refused:
+        make_backend("single", cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_only_zero3_says_that_its_gathers_may_wait_for_each_other(tmp_path, stage):
+    """The lost-contact line's hint: ZeRO-3 gathers each module's parameters in forward, so a model that runs other
+    modules on each rank without a named leaf can leave ranks waiting; a model whose such layers are known (the
+    trainer makes them leaves) and the other stages cannot."""
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends import make_backend
+    from distsetup.training.world import World
+
+    (tmp_path / "ds.json").write_text(json.dumps({**ds_file(1), "zero_optimization": {"stage": stage}}))
+    run = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'ds.json'}"]
+    world = World(rank=0, local_rank=0, size=2, local_size=2)
+    backend = make_backend("deepspeed", load_run_config(None, run), world, torch.device("cpu"))
+    hint = backend.hang_hint(conditional=False)
+    assert (hint is not None and "model.zero3_leaf_classes" in hint) == (stage == 3)
+    assert backend.hang_hint(conditional=True) is None
+    ddp = make_backend("ddp", load_run_config(None, ["distributed.backend=ddp"]), world, torch.device("cpu"))
+    assert ddp.hang_hint(conditional=False) is None and ddp.needs_process_group

@@ -1,8 +1,8 @@
 """The backends: how a model is placed on the ranks, how its gradients meet and how its checkpoints are written.
 
-`base.py` is the interface and the `single` backend (one process holding the whole model); `ddp.py`, `fsdp.py`
-(FSDP2) and `deepspeed.py` (ZeRO 0-3) subclass it. `make_backend(name, ...)` picks one by name and imports only
-that one (FSDP and DeepSpeed take seconds to import).
+`base.py` is the interface and what the backends share; `single.py` (one process holding the whole model),
+`ddp.py`, `fsdp.py` (FSDP2) and `deepspeed.py` (ZeRO 0-3) subclass it. `make_backend(name, ...)` picks one by name
+and imports only that one (FSDP and DeepSpeed take seconds to import).
 
 May import: the training layer's base modules, model/, data/, loss/ and checkpoint/; nothing imports backends/
 but the trainer.
@@ -18,7 +18,7 @@ from distsetup.training.backends.base import Backend
 from distsetup.training.world import World
 
 BACKENDS = {  # name -> "module:class" under distsetup.training.backends
-    "single": "base:Backend",
+    "single": "single:SingleBackend",
     "ddp": "ddp:DDPBackend",
     "fsdp": "fsdp:FSDPBackend",
     "deepspeed": "deepspeed:DeepSpeedBackend",

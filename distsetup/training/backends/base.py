@@ -3,12 +3,13 @@ the `single` backend itself: one process holding the whole model. The others sub
 (fsdp.py) and DeepSpeed (deepspeed.py); the package's make_backend picks one by name.
 """
 
+import abc
 import contextlib
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 import torch.nn as nn
@@ -49,11 +50,15 @@ def tf32_matmuls(device: torch.device, precision: str, environ: Mapping[str, str
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-class Backend:
-    """One process holding the whole model: the interface, and the `single` backend itself."""
+class Backend(abc.ABC):
+    """What the trainer asks of a backend, and what the backends share: the whole model on each rank's device, a
+    torch optimizer, named-state checkpoints. single.py, ddp.py, fsdp.py and deepspeed.py subclass it; each says
+    what it does with layers that run differently per rank (_handle_conditional)."""
 
-    name = "single"
+    name: ClassVar[str]
     zero_stage: int | None = None
+    # Whether the run joins a process group (one process without one: the single backend)
+    needs_process_group = True
     # Whether wrap() fills each rank's shards of the model from rank 0's copy, so that the others never hold it whole
     # (FSDP2). Every backend fills each rank's model from rank 0's values: only rank 0 builds them.
     fills_shards_from_rank0 = False
@@ -239,7 +244,7 @@ class Backend:
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
-    def checkpoint_complete(self, path: Path) -> None:
+    def checkpoint_complete(self, path: Path) -> None:  # noqa: B027 (most formats need nothing)
         """Rank 0, once checkpoint `path` is complete on every rank: tell its format's own tools so."""
 
     def current_lr(self) -> float:
@@ -342,8 +347,14 @@ class Backend:
         """none, full or selective: activation checkpointing as this run asks for it."""
         return self.cfg.training.activation_checkpointing
 
+    @abc.abstractmethod
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
-        """What this backend needs for layers that run differently per rank (moe.py): one process needs nothing."""
+        """What this backend needs for layers that run differently per rank (moe.py)."""
+
+    def hang_hint(self, conditional: bool) -> str | None:
+        """What could make this backend's ranks wait for each other for ever (the lost-contact line), for a model
+        with layers that run differently per rank (`conditional`) or without."""
+        return None
 
     def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         """The model as this backend trains it, once on its device."""

@@ -155,6 +155,14 @@ class DeepSpeedBackend(Backend):
         ]
         return ", ".join([f"ZeRO-{self.zero_stage}", *offloads])
 
+    def hang_hint(self, conditional: bool) -> str | None:
+        if self.zero_stage == 3 and not conditional:
+            return (
+                "if the model runs other modules on each rank (an MoE's experts), ZeRO-3's gathers wait for each "
+                "other: name the layer holding them in model.zero3_leaf_classes"
+            )
+        return None
+
     def check_device_support(self) -> None:
         from deepspeed.accelerator import get_accelerator
 
