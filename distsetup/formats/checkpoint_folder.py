@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from distsetup.errors import DistsetupError
 
@@ -17,13 +17,24 @@ MARKER = "COMPLETE"
 STEP_FOLDER = re.compile(r"step_(\d+)")
 
 
-def layout(backend: str, zero_stage: int | None) -> str:
-    """How a backend lays out its checkpoint's files: "state.pt" (single, DDP), "fsdp" (DCP folders or
-    full_state.pt), "zero0" (DeepSpeed ZeRO-0's one file), "zero" (ZeRO 1-3's files per rank); "universal"
-    (DeepSpeed's universal folder) is only ever written by `distsetup checkpoint convert`."""
+# How a checkpoint's files are laid out: "state.pt" (single, DDP), "fsdp" (DCP folders or full_state.pt), "zero0"
+# (DeepSpeed ZeRO-0's one file), "zero" (ZeRO 1-3's files per rank), "universal" (DeepSpeed's universal folder, only
+# ever written by `distsetup checkpoint convert`).
+Layout = Literal["state.pt", "fsdp", "zero0", "zero", "universal"]
+
+
+def layout(backend: str, zero_stage: int | None) -> Layout:
+    """The layout backend `backend` (at ZeRO stage `zero_stage`) writes its checkpoints in."""
     if backend == "deepspeed":
         return "zero0" if zero_stage == 0 else "zero"
-    return {"single": "state.pt", "ddp": "state.pt", "fsdp": "fsdp"}[backend]
+    own: dict[str, Layout] = {"single": "state.pt", "ddp": "state.pt", "fsdp": "fsdp"}
+    return own[backend]
+
+
+def converted_layout(backend: str) -> Layout:
+    """The layout `distsetup checkpoint convert --to backend` writes: for DeepSpeed its universal folder, which any
+    ZeRO stage and world size resumes from; else the backend's own."""
+    return "universal" if backend == "deepspeed" else layout(backend, None)
 
 
 def described(backend: str, zero_stage: int | None) -> str:
@@ -43,7 +54,7 @@ class Marker:
     loss: float | None = None
     sampler: dict | None = None  # the ShardedSampler's state: where the data resumes
     user_code: str | None = None  # the folder of the user's own code (model.type or data.type python)
-    layout: str | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
+    layout: Layout | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
     converted_from: str | None = None
     files: dict[str, int] = field(default_factory=dict)
     other_keys: dict[str, Any] = field(default_factory=dict)  # read with keys it does not know (another distsetup's)
@@ -76,7 +87,7 @@ class Marker:
         return json.dumps(own | {k: v for k, v in self.other_keys.items() if k not in own}, indent=2)
 
     @property
-    def files_layout(self) -> str:
+    def files_layout(self) -> Layout:
         """The layout the checkpoint's files are in."""
         return self.layout or layout(self.backend, self.zero_stage)
 

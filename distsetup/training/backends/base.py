@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
-from distsetup.formats.checkpoint_folder import Marker, described, layout
+from distsetup.formats.checkpoint_folder import Layout, Marker, described, layout
 from distsetup.formats.runconfig import RunConfig
 from distsetup.training import memory
 from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
@@ -81,7 +81,7 @@ class Backend(abc.ABC):
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0
-        self.converted_from: str | None = None  # the layout (named_state.py) of a checkpoint to convert on resume
+        self.converted_from: Layout | None = None  # the layout of a checkpoint to convert on resume (named_state.py)
         self.placement = Placement(device)  # where batches go
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
         self.tf32 = False  # fp32 matmuls in TF32 (set_up_device)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import MARKER, Marker, file_sizes, layout, step_dir
+from distsetup.formats.checkpoint_folder import MARKER, Layout, Marker, converted_layout, file_sizes, step_dir
 from distsetup.training.checkpoint import universal_folder
 from distsetup.training.checkpoint.export import checkpoint_and_model, read_errors, write_new_folder
 from distsetup.training.checkpoint.files import atomic_write_text
@@ -31,7 +31,7 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
     returns (the checkpoint read, the one written)."""
     path, model = checkpoint_and_model(run, out)
     marker = Marker.read(path)
-    source, target = marker.files_layout, "universal" if to == "deepspeed" else layout(to, None)
+    source, target = marker.files_layout, converted_layout(to)
     if source == target:
         raise DistsetupError(
             f"{path} ({marker.written_by}) already resumes under {to} as it is, at any world size.",
@@ -59,7 +59,7 @@ def convert(run: Path, to: str, out: Path) -> tuple[Path, Path]:
     return path, written
 
 
-def _write(state: dict, target: str, checkpoint: Path, marker: Marker) -> None:
+def _write(state: dict, target: Layout, checkpoint: Path, marker: Marker) -> None:
     """Named state `state` (its tensors Lazy) as the files of layout `target` in the new folder `checkpoint`, one
     tensor in memory at a time."""
     if target == "universal":

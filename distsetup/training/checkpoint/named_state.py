@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from distsetup.formats.checkpoint_folder import Marker
+from distsetup.formats.checkpoint_folder import Layout, Marker
 from distsetup.training import optim
 from distsetup.training.checkpoint import universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.streamed_io import (
@@ -34,7 +34,7 @@ from distsetup.training.model.blocks import plain_name
 ZERO0_FILE = "mp_rank_00_model_states.pt"  # ZeRO-0 keeps the module and the whole optimizer in it
 
 
-def named_state(path: Path, source: str, groups: list[list[str]]) -> dict:
+def named_state(path: Path, source: Layout, groups: list[list[str]]) -> dict:
     """{"model", "optimizer", "scheduler", "scaler"} of checkpoint folder `path` in layout `source`, in memory, the
     optimizer keyed by parameter names in the loading run's param `groups` (see lazy_state)."""
     return materialized(lazy_state(path, source, groups))
@@ -56,7 +56,7 @@ def weight_stream(path: Path) -> WeightStream:
     return stream
 
 
-def lazy_state(path: Path, source: str, groups: list[list[str]] | None) -> dict:
+def lazy_state(path: Path, source: Layout, groups: list[list[str]] | None) -> dict:
     """The named state of checkpoint folder `path` in layout `source`, its weights and moments Lazy (read one at a
     time: streamed_io.py). `groups`: the parameter names in each param group of the optimizer that loads it, in
     its order; state.pt and ZeRO-0 number the parameters in that order (every backend builds its groups with
