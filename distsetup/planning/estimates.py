@@ -131,6 +131,17 @@ STRATEGIES = (
 BY_KEY = {s.key: s for s in STRATEGIES}
 
 
+def zero_strategy(stage: int, offload_optimizer: bool, offload_param: bool) -> str:
+    """The strategy holding what DeepSpeed's ZeRO stage `stage` holds (stage 0: whole, as DDP)."""
+    if stage == 3:
+        if offload_param:
+            return "zero3_offload_all"
+        return "zero3_offload_optimizer" if offload_optimizer else "zero3"
+    if stage == 2:
+        return "zero2_offload" if offload_optimizer else "zero2"
+    return "zero1" if stage == 1 else "ddp"
+
+
 def element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 

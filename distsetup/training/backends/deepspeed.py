@@ -22,7 +22,9 @@ from distsetup.formats.deepspeed import enabled_precisions, offload_device, unse
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
+from distsetup.planning.estimates import zero_strategy
 from distsetup.training import memory
+from distsetup.training.backends import zero3_construction
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
@@ -32,7 +34,7 @@ from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
-from distsetup.training.model import from_rank0, moe, pretrained
+from distsetup.training.model import moe, pretrained
 from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import World, ranks
@@ -40,17 +42,6 @@ from distsetup.training.world import World, ranks
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
 FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
-
-
-def _memory_strategy(stage: int, offload_optimizer: bool, offload_param: str) -> str:
-    """The planner's strategy holding what ZeRO stage `stage` holds (stage 0: whole, as DDP)."""
-    if stage == 3:
-        if offload_param != "none":
-            return "zero3_offload_all"
-        return "zero3_offload_optimizer" if offload_optimizer else "zero3"
-    if stage == 2:
-        return "zero2_offload" if offload_optimizer else "zero2"
-    return "zero1" if stage == 1 else "ddp"
 
 
 class DeepSpeedBackend(Backend):
@@ -89,7 +80,7 @@ class DeepSpeedBackend(Backend):
         self.reads_pretrained = "rank 0 one parameter at a time, into every rank's partitions"
         self.offload = offload_device(self.ds_config, "offload_optimizer") != "none"
         offloaded_param = offload_device(self.ds_config, "offload_param")
-        self.memory_strategy = _memory_strategy(self.zero_stage, self.offload, offloaded_param)
+        self.memory_strategy = zero_strategy(self.zero_stage, self.offload, offloaded_param != "none")
         if self.precision != "fp32":  # the engine holds its weights in this dtype and casts no input
             self.placement = Placement(device, PRECISION_DTYPES[self.precision])
         if t.async_checkpoint:
@@ -110,28 +101,7 @@ class DeepSpeedBackend(Backend):
     def construct(
         self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None
     ) -> nn.Module:
-        """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file): each parameter partitioned as
-        it is created, so no rank holds the model whole; then rank 0's values (its `whole` model: the run's seed on
-        the CPU, --init_from's or a Hugging Face folder's weights; or, where `source` holds every parameter, read from
-        it one at a time) put into every rank's partitions, one parameter at a time, and every buffer broadcast from
-        rank 0."""
-        import deepspeed
-
-        deepspeed.init_distributed()  # onto the run's process group: else its config reads a world of 1
-        with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
-            model = build()
-        values = dict(whole.named_parameters()) if self.world.is_main and source is None else {}
-        for name, parameter in model.named_parameters():
-            with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():
-                if self.world.is_main:
-                    parameter.data.copy_(source.whole(name) if source is not None else values[name].data)
-        # zero.Init made the buffers in the run's 16-bit dtype and wherever their constructor put them; the engine,
-        # given a model built that way, moves none: rank 0's, in the dtype it built them in (fp32 rotary frequencies
-        # stay fp32, as the engine keeps them), onto this rank's device
-        from_rank0.broadcast_buffers(model, dict(whole.named_buffers()), self.device, self.world.is_main)
-        if source is not None:
-            pretrained.read_persistent_buffers(model, source)
-        return model
+        return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
 
     def _size_buffers_for_the_model(self) -> None:
         """ZeRO's buffers the file leaves unset, sized from the model's hidden size as the HF integration's "auto"

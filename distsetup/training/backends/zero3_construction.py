@@ -1,0 +1,39 @@
+"""A model constructed in its ZeRO-3 partitions, so that no rank holds it whole (the DeepSpeed backend's construct)."""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from distsetup.training.model import from_rank0, pretrained
+
+
+def partitioned(
+    build: Callable[[], nn.Module],
+    whole: nn.Module,
+    source: pretrained.Pretrained | None,
+    ds_config: dict,
+    is_main: bool,
+    device: torch.device,
+) -> nn.Module:
+    """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file `ds_config`): each parameter
+    partitioned as it is created; then rank 0's values (its `whole` model: the run's seed on the CPU, --init_from's
+    or a Hugging Face folder's weights; or, where `source` holds every parameter, read from it one at a time) put
+    into every rank's partitions, one parameter at a time, and every buffer broadcast from rank 0."""
+    import deepspeed
+
+    deepspeed.init_distributed()  # onto the run's process group: else its config reads a world of 1
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = build()
+    values = dict(whole.named_parameters()) if is_main and source is None else {}
+    for name, parameter in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():
+            if is_main:
+                parameter.data.copy_(source.whole(name) if source is not None else values[name].data)
+    # zero.Init made the buffers in the run's 16-bit dtype and wherever their constructor put them; the engine,
+    # given a model built that way, moves none: rank 0's, in the dtype it built them in (fp32 rotary frequencies
+    # stay fp32, as the engine keeps them), onto this rank's device
+    from_rank0.broadcast_buffers(model, dict(whole.named_buffers()), device, is_main)
+    if source is not None:
+        pretrained.read_persistent_buffers(model, source)
+    return model
