@@ -109,3 +109,13 @@ class SavedActivations:
 def _storage_ptr(p) -> int:
     p = _local(p)
     return p.untyped_storage().data_ptr() if p.numel() else -1
+
+
+def every_ranks(mine: dict[str, int], world_size: int) -> dict[str, list[int]]:
+    """Each figure of `mine` (name -> this rank's number) as every rank's, in rank order: a collective where a
+    process group exists."""
+    gathered = [mine]
+    if torch.distributed.is_initialized():
+        gathered = [{}] * world_size
+        torch.distributed.all_gather_object(gathered, mine)
+    return {name: [figures[name] for figures in gathered] for name in mine}

@@ -22,15 +22,16 @@ from distsetup.training import memory, user_code
 from distsetup.training.backends import make_backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.checkpoint import universal_folder
-from distsetup.training.checkpoint.export import load_weights
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
-from distsetup.training.data.loader import Placement, StepLoader, fetched, placed
-from distsetup.training.loss.objective import MicroLoss, mean_terms, objective_for
+from distsetup.training.data.loader import StepLoader
+from distsetup.training.loop import Loop
+from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenObjective, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
-from distsetup.training.model.throughput import counted_flops, device_peak_tflops, flops_per_token, mfu
+from distsetup.training.model.throughput import device_peak_tflops, mfu
+from distsetup.training.model_setup import check_model_fits, flops_per_item, whole_model
 from distsetup.training.preemption import PREEMPTED, Preemption
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
@@ -69,11 +70,7 @@ class Trainer:
         config_folder = Path(args.config).parent if args.config else None
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
-        # the other ranks build it on the meta device, and wrap() fills their copies or shards with rank 0's values
-        self.only_rank0_builds_whole = self.model_description.builds_on_meta
-        # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
-        self.partitioned = backend.partitions_at_construction and self.only_rank0_builds_whole
-        self._check_model_fits()
+        check_model_fits(cfg.model, self.model_description, backend, world, self.device)
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
@@ -89,22 +86,19 @@ class Trainer:
         self.step, self.loss = 0, float("nan")
         self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
         self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
-        self.metrics: MetricsLog | None = None
-        self.loader: StepLoader | None = None
-        self.bar: tqdm | None = None
-        self.pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
-        self.evals: list[dict] = []
+        self.model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each
 
     # -- the run ----------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Join the process group, set up, train; the process group and the lock go whatever happens."""
         status = 1  # what the run exits with
+        loop: Loop | None = None
         if self.backend.needs_process_group:
             timeout = self.cfg.distributed.timeout_minutes
             init_process_group(self.world, self.device, timeout, self.backend.needs_cpu_collectives())
         try:
-            self._set_up()
-            status = self.train()
+            loop = self._set_up()
+            status = self.train(loop)
             return status
         except BaseException as e:  # DCP's CheckpointException is no Exception
             if is_lost_contact(e):  # a collective failed or timed out: another rank is gone
@@ -113,98 +107,94 @@ class Trainer:
             raise
         finally:
             try:
-                if self.loader is not None:
-                    self.loader.close()
-                if self.bar is not None:
-                    self.bar.close()
-                if self.metrics is not None:  # also when training raised: the last metrics line reaches the disk
-                    self.metrics.close(status, preempted=status == PREEMPTED)
+                if loop is not None:
+                    loop.close(status)
             finally:
                 destroy_process_group()
                 self.lock.release()
 
-    def train(self) -> int:
+    def train(self, loop: Loop) -> int:
         """The loop: steps until training.max_steps, logging, evaluating and checkpointing when due; PREEMPTED
         once the ranks have agreed to stop (a signal) and checkpointed."""
         t = self.t
         while self.step < t.max_steps:
             lr = self.backend.current_lr()
-            micro_losses, loss_scale = self.train_step()
+            micro_losses, loss_scale = self.train_step(loop)
             log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-            terms, stop = self._settle(micro_losses, log_now or checkpoint_now)
-            if log_now or stop:
-                self._log(terms, lr, loss_scale)
-            if self.data.val is not None and self._evaluates_at(self.step) and not stop:
-                self._evaluate()
+            terms, stop = self._settle(loop, micro_losses, log_now or checkpoint_now)
+            if terms is not None and (log_now or stop):
+                self._log(loop, terms, lr, loss_scale)
+            if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
+                self._evaluate(loop)
             if stop or checkpoint_now:
-                self._checkpoint(background=t.async_checkpoint and not stop)  # a preempted run leaves a whole one
+                self._checkpoint(loop, background=t.async_checkpoint and not stop)  # a preempted run: a whole one
             if stop:
                 self.say(f"preempted: checkpoint at step {self.step}")
                 return PREEMPTED
-        if self.pending is not None:
-            with self.timer.checkpointing():
-                self.pending.finish(self.world, self.backend)
-        assert self.bar is not None
-        self.bar.close()
-        self._summarize(self._host_peaks())
+        if loop.pending is not None:
+            with loop.timer.checkpointing():
+                loop.pending.finish(self.world, self.backend)
+        loop.bar.close()
+        self._summarize(loop, self._host_peaks())
         return 0
 
-    def train_step(self) -> tuple[list[MicroLoss], float | None]:
+    def train_step(self, loop: Loop) -> tuple[list[MicroLoss], float | None]:
         """One optimizer step: its micro-batches' losses (on the device) and the fp16 loss scale its backward used
         (read only for a step that logs: on a GPU, reading it waits for the device)."""
-        assert self.loader is not None
-        batches = self.loader.next_step()
-        weights = self.objective.step_weights(batches, self.world.size, self.device)
-        micro_losses = self.forward_backward(batches, weights)
+        batches = loop.loader.next_step()
+        weights = loop.objective.step_weights(batches, self.world.size, self.device)
+        micro_losses = self.forward_backward(loop, batches, weights)
         loss_scale = self.backend.current_loss_scale() if self._logs_at(self.step + 1) else None
         self.backend.step()
         self.step += 1
-        self.timer.step_done()
-        assert self.bar is not None
-        self.bar.update(1)
+        loop.timer.step_done()
+        loop.bar.update(1)
         return micro_losses, loss_scale
 
-    def forward_backward(self, batches: list, weights: Sequence[float | torch.Tensor]) -> list[MicroLoss]:
+    def forward_backward(self, loop: Loop, batches: list, weights: Sequence[float | torch.Tensor]) -> list[MicroLoss]:
         """Forward and backward each micro-batch; the backend synchronises gradients on the last one."""
         last = len(batches) - 1
         return [
-            self.backend.backward(functools.partial(self.objective.micro_loss, batch=batch, weight=weight), m == last)
+            self.backend.backward(functools.partial(loop.objective.micro_loss, batch=batch, weight=weight), m == last)
             for m, (batch, weight) in enumerate(zip(batches, weights, strict=True))
         ]
 
     # -- set-up, after the process group ----------------------------------------------------------------------
-    def _set_up(self) -> None:
+    def _set_up(self) -> Loop:
         """The checkpoint to resume (decided by rank 0), the data, the model wrapped by the backend, the state
-        loaded, and what the loop keeps (metrics, progress bar, timer)."""
+        loaded, and what the loop keeps (metrics, progress bar, loader, timer)."""
         resume = self._resume_decision()
         self._say_backend()
         self._set_aside_old_checkpoints()
-        self._build_data()
-        self._build_model()
+        data, sampler = self._build_data()
+        objective, flops, peak = self._build_model(data)
         if resume:
-            self._load(resume)
-        self.loader = StepLoader(
-            self.data.train, self.sampler, self.data.collate, self.cfg.data.num_workers, self.backend.placement
-        )
+            self._load(resume, sampler)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics = MetricsLog(
+        metrics = MetricsLog(
             self.out_dir, self.world.is_main, self.report_to, wandb_settings(self.cfg, resume is not None)
         )
-        self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
-        # the timer leaves checkpoints and evaluations out, and waits for the GPU's queued work wherever it reads time
-        self.timer, self.first_step = StepTimer(synchronizer(self.device)), self.step
-        self.logged = (self.step, 0.0)  # the step and training seconds of the last log line: throughput since then
-        self.agreement = StepAgreement(self.world.size, self.device)
+        bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
+        try:
+            loader = StepLoader(data.train, sampler, data.collate, self.cfg.data.num_workers, self.backend.placement)
+        except BaseException:
+            bar.close()
+            metrics.close(1)
+            raise
+        timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
+        loop = Loop(
+            data, sampler, objective, flops, peak, metrics, bar, loader, timer, agreement, self.step, (self.step, 0.0)
+        )
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
         self.setup_peak = memory.host_peak_bytes()
         memory.reset_host_peak()  # the training's peak from here on, not the set-up's
+        return loop
 
     def _resume_decision(self) -> Path | None:
         """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
         another node may see the newest marker late, and ranks resuming different steps would diverge."""
         resume, damaged = decided_by_rank0(lambda: (None, []) if self.args.no_resume else resume_point(self.ckpt_root))
-        self.model_section = dataclasses.asdict(self.cfg.model)  # checked against a checkpoint's, stored in each
         if resume:
             marker = Marker.read(resume)
             ckpt.check_compatible(marker, resume, self.model_section)
@@ -235,97 +225,54 @@ class Trainer:
     def _datasets(self) -> Datasets:
         return build_datasets(self.cfg, eval_batch=self.backend.micro_batch * self.world.size)
 
-    def _build_data(self) -> None:
+    def _build_data(self) -> tuple[Datasets, ShardedSampler]:
         """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read."""
         backend, world, t = self.backend, self.world, self.t
-        self.data = self.built_data or self._datasets()
-        for note in self.data.notes:
+        data = self.built_data or self._datasets()
+        for note in data.notes:
             self.say(note)
-        self.sampler = ShardedSampler(
-            len(self.data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
+        sampler = ShardedSampler(
+            len(data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
         )
         # before wrap(): the learning-rate schedule spans the whole run
-        t.max_steps, said = run_steps(t.max_steps, t.epochs, len(self.data.train) // self.global_batch, self.step_cap)
+        t.max_steps, said = run_steps(t.max_steps, t.epochs, len(data.train) // self.global_batch, self.step_cap)
         for line in said:
             self.say(line)
+        return data, sampler
 
-    def _build_model(self) -> None:
-        """The model (the same seed on every rank: the same initial weights), its objective and FLOPs, wrapped."""
-        m, t = self.cfg.model, self.t
+    def _build_model(self, data: Datasets) -> tuple[TokenObjective | PythonObjective, float | None, float | None]:
+        """The model (the same seed on every rank: the same initial weights) wrapped by the backend; its objective,
+        its training FLOPs per item and the device's peak (for MFU)."""
+        m, t, backend = self.cfg.model, self.t, self.backend
         torch.manual_seed(t.seed)
-        whole = self._whole_model()
+        whole, self.pretrained = whole_model(
+            m, self.args.init_from, self.model_description, backend, self.world, self.say
+        )
         build = functools.partial(models.build, m, weights=False)
-        module = self.backend.construct(build, whole, self.pretrained) if self.partitioned else whole
+        # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
+        partitioned = backend.partitions_at_construction and self.model_description.builds_on_meta
+        module = backend.construct(build, whole, self.pretrained) if partitioned else whole
         parts = models.parts(module, m, self.model_description.layer_classes)
         parts.pretrained = self.pretrained
         # the head check runs a forward on rank 0: on its whole model, or where it has none (a skeleton) on a copy
         probe = pretrained.runnable_copy(whole) if self.pretrained and self.world.is_main else whole
-        self.objective, note = objective_for(module, self.cfg, self.data, self.loss_function, probe=probe)
+        objective, note = objective_for(module, self.cfg, data, self.loss_function, probe=probe)
         del probe
         if note:
             self.say(f"note: {note}")
-        self.peak = t.peak_tflops or device_peak_tflops(self.device, self.backend.precision)
-        self.flops = self._flops_per_item(whole)  # the whole model, before sharding
-        del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them (FSDP2)
-        self.backend.wrap(parts)
+        peak = t.peak_tflops or device_peak_tflops(self.device, backend.precision)
+        # the whole model, before sharding
+        flops = flops_per_item(m, whole, data, backend.micro_batch, peak, objective.unchecked_loss, self.say)
+        del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them
+        backend.wrap(parts)
         if self.pretrained:  # every rank has read its part
             self.pretrained.close()
-        for note in self.backend.notes:  # after wrap(): it adds notes of its own
+        for note in backend.notes:  # after wrap(): it adds notes of its own
             self.say(f"note: {note}")
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
+        return objective, flops, peak
 
-    def _check_model_fits(self) -> None:
-        """This node's memory against the model: the processes that build it whole (rank 0 alone, on its node, where
-        the others build it on the meta device) and, on a CPU, every process's training state."""
-        world, parameters = self.world, self.model_description.parameters
-        builders = int(world.rank == world.local_rank) if self.only_rank0_builds_whole else world.local_size
-        holders = world.local_size if self.device.type == "cpu" else 0
-        state = models.training_state_bytes(self.backend.memory_strategy, parameters, world, self.backend.precision)
-        models.check_model_fits(parameters, builders, models.size_settings(self.cfg.model), holders, state)
-
-    def _whole_model(self) -> torch.nn.Module:
-        """The model whole, with --init_from's weights: built on rank 0 alone, the others building it on the meta
-        device (the backend fills their copies or parts with rank 0's values); or, where the backend shards it
-        (FSDP2, ZeRO-3) and the run starts from a checkpoint holding every parameter, nowhere: every rank builds a
-        skeleton (parameters on the meta device, buffers built) and reads its part of the checkpoint
-        (model/pretrained.py). A builder that cannot build on the meta device (it reads a weight) is built whole on
-        every rank."""
-        m = self.cfg.model
-        sharded = self.backend.fills_shards_from_rank0 and self.only_rank0_builds_whole
-        if sharded and (source := pretrained.source_of(m, self.args.init_from)):
-            skeleton = pretrained.skeleton(m)
-            if self.args.init_from:
-                load_weights(skeleton, self.args.init_from)  # its keys checked, as every run's
-            if pretrained.covers(source, skeleton):  # no rank builds it whole: each reads its part
-                self.pretrained = source
-                self.say(f"note: weights read a part at a time from {source.path} ({self.backend.reads_pretrained})")
-                return skeleton
-        on_meta = self.only_rank0_builds_whole and not self.world.is_main
-        whole = models.architecture_on_meta(m) if on_meta else models.build(m)
-        if self.world.size > 1 and not self.model_description.builds_on_meta:
-            self.say("note: the model cannot be built on the meta device: every rank builds it whole")
-        if self.args.init_from:
-            load_weights(whole, self.args.init_from)  # on the meta device: the keys checked, nothing read
-        return whole
-
-    def _flops_per_item(self, module) -> float | None:
-        """Training FLOPs per token (or sample) for MFU: the transformer formula for the built-in GPT and Hugging
-        Face models; else counted on a copy on the meta device, only where MFU can be computed (a peak is known)."""
-        m = self.cfg.model
-        if m.type != "python" and self.data.tokens:
-            return flops_per_token(module, m.block_size)
-        if not self.peak:
-            return None
-        micro = self.backend.micro_batch
-        batch = fetched(self.data.train, list(range(micro)), self.data.collate)
-        on_meta = placed(batch, Placement(torch.device("meta")))  # shapes and dtypes, no data
-        flops, why_not = counted_flops(m, lambda model: self.objective.unchecked_loss(model, on_meta))
-        if flops is None:
-            self.say(f"note: MFU left out: the FLOPs of the model cannot be counted ({why_not})")
-            return None
-        return flops / (micro * (m.block_size if self.data.tokens else 1))
-
-    def _load(self, resume: Path) -> None:
+    def _load(self, resume: Path, sampler: ShardedSampler) -> None:
         marker = ckpt.load_checkpoint(self.backend, resume, self.world)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
@@ -333,11 +280,11 @@ class Trainer:
         if position is None:
             self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")
             return
-        self.sampler.load_state_dict(position)
+        sampler.load_state_dict(position)
         if marker.global_batch != self.global_batch:
             self.say(
                 f"note: the checkpoint's global batch was {marker.global_batch}, this run's is {self.global_batch}: "
-                f"continuing from sample {self.sampler.position} of epoch {self.sampler.epoch}"
+                f"continuing from sample {sampler.position} of epoch {sampler.epoch}"
             )
 
     # -- what the loop asks -----------------------------------------------------------------------------------
@@ -350,53 +297,50 @@ class Trainer:
     def _evaluates_at(self, step: int) -> bool:
         return step == self.t.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
 
-    def _settle(self, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
+    def _settle(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
         """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over
         ranks, and whether to stop (a signal reached a rank). A background checkpoint every rank has written
         completes here, at the same step on every rank."""
-        if not (must or self.agreement.due(self.step)):
+        if not (must or loop.agreement.due(self.step)):
             return None, False
-        step_seconds = self.timer.median_step_seconds
-        assert step_seconds is not None  # train_step() recorded a step
-        writing = self.pending is not None and not self.pending.written_here()
-        terms, stop, written = self.agreement.settle(
+        step_seconds = loop.timer.median_step_seconds or 0.0  # train_step() recorded a step: never 0
+        writing = loop.pending is not None and not loop.pending.written_here()
+        terms, stop, written = loop.agreement.settle(
             self.step, mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
         )
         self.loss = terms["loss"]
-        if self.pending is not None and written:  # every rank's part is on disk
-            self.pending.finish(self.world, self.backend)
-            self.pending = None
+        if loop.pending is not None and written:  # every rank's part is on disk
+            loop.pending.finish(self.world, self.backend)
+            loop.pending = None
         return terms, stop
 
-    def _log(self, terms: dict[str, float] | None, lr: float, loss_scale: float | None) -> None:
-        assert terms is not None and self.metrics is not None and self.bar is not None
-        steps, seconds = self.step - self.logged[0], self.timer.train_seconds - self.logged[1]
-        per_s = steps * self._items_per_step() / max(seconds, 1e-9)
-        self.logged = (self.step, self.timer.train_seconds)
-        throughput = {f"{self.objective.unit}_per_s": per_s}
-        mfu_now = mfu(per_s, self.flops, self.world.size, self.peak) if self.flops else None
-        self.metrics.write(self.step, **terms, lr=lr, **throughput, mfu=mfu_now, loss_scale=loss_scale)
-        self.bar.set_postfix(loss=f"{self.loss:.4f}", lr=f"{lr:.2e}")
+    def _log(self, loop: Loop, terms: dict[str, float], lr: float, loss_scale: float | None) -> None:
+        steps, seconds = self.step - loop.logged[0], loop.timer.train_seconds - loop.logged[1]
+        per_s = steps * self._items_per_step(loop) / max(seconds, 1e-9)
+        loop.logged = (self.step, loop.timer.train_seconds)
+        throughput = {f"{loop.objective.unit}_per_s": per_s}
+        mfu_now = mfu(per_s, loop.flops, self.world.size, loop.peak) if loop.flops else None
+        loop.metrics.write(self.step, **terms, lr=lr, **throughput, mfu=mfu_now, loss_scale=loss_scale)
+        loop.bar.set_postfix(loss=f"{self.loss:.4f}", lr=f"{lr:.2e}")
 
-    def _items_per_step(self) -> int:
+    def _items_per_step(self, loop: Loop) -> int:
         """What throughput counts in one step: tokens (token data) or samples."""
-        return self.global_batch * (self.cfg.model.block_size if self.objective.unit == "tokens" else 1)
+        return self.global_batch * (self.cfg.model.block_size if loop.objective.unit == "tokens" else 1)
 
-    def _evaluate(self) -> None:
-        assert self.metrics is not None and self.bar is not None
-        with self.timer.evaluating():
-            result = evaluate(self.backend, self.objective, self.data, self.world, self.cfg.data.num_workers)
-        self.evals.append({"step": self.step, **result})
-        self.metrics.write(self.step, "eval", **result)
+    def _evaluate(self, loop: Loop) -> None:
+        with loop.timer.evaluating():
+            result = evaluate(self.backend, loop.objective, loop.data, self.world, self.cfg.data.num_workers)
+        loop.evals.append({"step": self.step, **result})
+        loop.metrics.write(self.step, "eval", **result)
         if self.world.is_main:
             perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
-            self.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
+            loop.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
-    def _checkpoint(self, background: bool) -> None:
+    def _checkpoint(self, loop: Loop, background: bool) -> None:
         self._note_training_peak()
-        with self.timer.checkpointing():
-            if self.pending is not None:  # the one before completes first
-                self.pending.finish(self.world, self.backend)
+        with loop.timer.checkpointing():
+            if loop.pending is not None:  # the one before completes first
+                loop.pending.finish(self.world, self.backend)
             marker = Marker(
                 backend=self.backend.name,
                 step=self.step,
@@ -406,14 +350,14 @@ class Trainer:
                 model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
                 user_code=str(self.user_code) if self.user_code else None,
                 loss=self.loss,
-                sampler=self.sampler.state_dict(),
+                sampler=loop.sampler.state_dict(),
             )
-            self.pending = ckpt.start_checkpoint(
+            loop.pending = ckpt.start_checkpoint(
                 self.backend, self.ckpt_root, self.world, marker, self.t.keep_checkpoints, background
             )
             if not background:
-                self.pending.finish(self.world, self.backend)
-                self.pending = None
+                loop.pending.finish(self.world, self.backend)
+                loop.pending = None
 
     def _note_training_peak(self) -> None:
         """The peak resident memory of the training since set-up or the last checkpoint, kept; the count starts again
@@ -425,35 +369,20 @@ class Trainer:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
         pretrained weights it read: a collective."""
         self.train_peak = max(self.train_peak, memory.host_peak_bytes())  # since the last checkpoint
-        mine = (self.setup_peak, self.train_peak, self.pretrained.bytes_read if self.pretrained else 0)
-        peaks = [mine]
-        if torch.distributed.is_initialized():
-            peaks = [(0, 0, 0)] * self.world.size
-            torch.distributed.all_gather_object(peaks, mine)
-        setup, training, read = (list(column) for column in zip(*peaks, strict=True))
-        return {"setup": setup, "training": training, "read": read}
+        read = self.pretrained.bytes_read if self.pretrained else 0
+        return memory.every_ranks(
+            {"setup": self.setup_peak, "training": self.train_peak, "read": read}, self.world.size
+        )
 
-    def _summarize(self, host_peaks: dict[str, list[int]]) -> None:
+    def _summarize(self, loop: Loop, host_peaks: dict[str, list[int]]) -> None:
         """Rank 0's summary.json, and the last line."""
         if not self.world.is_main:
             return
-        assert self.metrics is not None
-        unit = self.objective.unit
-        steps_per_s = (self.step - self.first_step) / max(self.timer.train_seconds, 1e-9)
-        per_s = steps_per_s * self._items_per_step()
         summary = {
             "steps": self.step,
             "final_loss": self.loss,
-            "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
-            "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
-            "evals": self.evals,
             "world_size": self.world.size,
-            f"{unit}_per_s": per_s,
-            "mfu": mfu(per_s, self.flops, self.world.size, self.peak) if self.flops else None,
-            "peak_tflops": self.peak,
-            f"flops_per_{unit.removesuffix('s')}": self.flops,
-            "steps_per_s": steps_per_s,
-            **self.timer.summary(),
+            **loop.figures(self.step, self.world.size, self._items_per_step(loop)),
             **self.backend.summary(),
             # per rank: resident memory's high-water mark after set-up, in training
             "host_peak_bytes": {"setup": host_peaks["setup"], "training": host_peaks["training"]},
@@ -462,8 +391,9 @@ class Trainer:
             summary["pretrained_read_bytes"] = host_peaks["read"]
         # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
         (self.out_dir / "summary.json").write_text(as_json(summary, indent=2))
-        self.metrics.summarize(summary)
+        loop.metrics.summarize(summary)
+        unit = loop.objective.unit
         self.say(
-            f"done: {self.step} steps, final loss {self.loss:.4f}, {per_s:.0f} {unit}/s; "
+            f"done: {self.step} steps, final loss {self.loss:.4f}, {summary[f'{unit}_per_s']:.0f} {unit}/s; "
             f"summary in {self.out_dir / 'summary.json'}"
         )

@@ -1,0 +1,61 @@
+"""What the trainer's set-up makes for its loop (Trainer._set_up), each part typed, none of it there before."""
+
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from distsetup.training.checkpoint import files as ckpt
+from distsetup.training.data.datasets import Datasets, ShardedSampler
+from distsetup.training.data.loader import StepLoader
+from distsetup.training.loss.objective import PythonObjective, TokenObjective
+from distsetup.training.metrics import MetricsLog, StepTimer
+from distsetup.training.model.throughput import mfu
+from distsetup.training.preemption import PREEMPTED
+from distsetup.training.world import StepAgreement
+
+
+@dataclass
+class Loop:
+    """What set-up made for the loop (Trainer._set_up): the data and the order ranks read it in, the objective, the
+    FLOPs and peak MFU is computed from, and the loader, metrics, progress bar, timer and per-step agreement."""
+
+    data: Datasets
+    sampler: ShardedSampler
+    objective: TokenObjective | PythonObjective
+    flops: float | None  # training FLOPs per token or sample
+    peak: float | None  # the device's peak TFLOP/s in the run's precision
+    metrics: MetricsLog
+    bar: tqdm
+    loader: StepLoader
+    # the timer leaves checkpoints and evaluations out, and waits for the GPU's queued work wherever it reads time
+    timer: StepTimer
+    agreement: StepAgreement
+    first_step: int
+    logged: tuple[int, float]  # the step and training seconds of the last log line: throughput since then
+    pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
+    evals: list[dict] = field(default_factory=list)
+
+    def figures(self, step: int, world_size: int, items_per_step: int) -> dict:
+        """The loop's figures for summary.json at step `step`: its evaluations, its pace since set-up (items: tokens
+        or samples), its MFU, and where its time went."""
+        unit = self.objective.unit
+        steps_per_s = (step - self.first_step) / max(self.timer.train_seconds, 1e-9)
+        per_s = steps_per_s * items_per_step
+        return {
+            "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
+            "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
+            "evals": self.evals,
+            f"{unit}_per_s": per_s,
+            "mfu": mfu(per_s, self.flops, world_size, self.peak) if self.flops else None,
+            "peak_tflops": self.peak,
+            f"flops_per_{unit.removesuffix('s')}": self.flops,
+            "steps_per_s": steps_per_s,
+            **self.timer.summary(),
+        }
+
+    def close(self, status: int) -> None:
+        try:
+            self.loader.close()
+            self.bar.close()
+        finally:  # also when training raised: the last metrics line reaches the disk
+            self.metrics.close(status, preempted=status == PREEMPTED)
