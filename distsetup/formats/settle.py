@@ -1,6 +1,7 @@
 """Which of a run config and its backend file decides each setting both can hold: the batch, the precision, the
-gradient clipping, the optimizer's lr and the scheduler. One function, `settle`, asked by the trainer's backends,
-`doctor`, `validate` of a run config and `launcher`/`slurm`, so that all of them say the same.
+gradient clipping, the optimizer's lr (and whether training.scale_lr scales it) and the scheduler. One function,
+`settle`, asked by the trainer's backends, `doctor`, `validate` of a run config and `launcher`/`slurm`, so that all of
+them say the same.
 
 The rules: a value the backend file holds decides, and a note says so where the run config's differs; a value the
 file leaves out comes from the run config (the trainer writes it into the DeepSpeed config it hands DeepSpeed). The
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch, global_batch_of
 from distsetup.formats.deepspeed import PRECISION_SECTIONS, enabled_precisions, precision_of
 from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.problems import Problem
 from distsetup.formats.runconfig import RunConfig
 
@@ -32,6 +34,7 @@ class Settled:
     grad_clip: float
     lr: float
     scheduler: str  # "warmup-cosine" (distsetup's) or the DeepSpeed file's scheduler type
+    lr_scaled: bool = False  # training.scale_lr scaled the run config's lr to the global batch
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
@@ -66,7 +69,26 @@ def settle(
         _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)
     if fsdp is not None and fsdp.precision != "fp32":  # an fp32 FSDP file says nothing about the precision
         _decide(settled, cfg, "precision", fsdp.precision, f"{FSDP_FILE}' mixed_precision")
+    _scale_lr(settled, cfg)
     return settled
+
+
+def _scale_lr(settled: Settled, cfg: RunConfig) -> None:
+    """training.scale_lr: the run config's lr, tuned at training.base_batch_size, scaled to the global batch once the
+    world size is known. A backend file's lr is used as written: `distsetup deepspeed --scale_lr` may have scaled it
+    already."""
+    t = cfg.training
+    if t.scale_lr == "none":
+        return
+    if not settled.sources["lr"].startswith("training."):
+        settled.notes.append(
+            f"training.scale_lr {t.scale_lr} not applied: the lr of {settled.sources['lr']} is used as written "
+            "(scale it there with `distsetup deepspeed --scale_lr`)"
+        )
+    elif settled.train_batch is not None:
+        settled.lr, settled.lr_scaled = scaled_lr(t.lr, settled.train_batch, t.base_batch_size, t.scale_lr), True
+        settled.sources["lr"] = f"training.lr scaled ({t.scale_lr}) from batch {t.base_batch_size}"
+        settled.notes.append(f"lr scaled ({t.scale_lr}) to {settled.lr:.6g} for global batch {settled.train_batch}")
 
 
 def _run_config_source(cfg: RunConfig, key: str) -> str:

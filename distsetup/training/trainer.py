@@ -16,7 +16,6 @@ from tqdm import tqdm
 
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, resume_point
-from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.runconfig import RunConfig, names_user_code
 from distsetup.training import memory, user_code
 from distsetup.training.backends import make_backend
@@ -63,9 +62,6 @@ class Trainer:
         backend.check_device_support()
         backend.set_up_device()
         self.global_batch = global_batch_of(backend.micro_batch, backend.accumulation, world.size)
-        self.lr_scaled = self.t.scale_lr != "none" and not backend.lr_from_file  # a file's lr is used as written
-        if self.lr_scaled:
-            backend.lr = scaled_lr(self.t.lr, self.global_batch, self.t.base_batch_size, self.t.scale_lr)
         # the user's modules come from the run config's folder (`distsetup checkpoint convert` looks there too)
         config_folder = Path(args.config).parent if args.config else None
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
@@ -211,8 +207,6 @@ class Trainer:
         for note in self.cfg.notes:  # how the run config was read: other tools' names, inline FSDP settings
             self.say(f"note: {note}")
         self.say(backend.line())
-        if self.lr_scaled:
-            self.say(f"lr scaled ({self.t.scale_lr}) to {backend.lr:.6g} for global batch {self.global_batch}")
         for note in self.model_description.notes:
             self.say(f"note: {note}")
 

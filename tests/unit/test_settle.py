@@ -56,7 +56,21 @@ PAIRINGS = {  # backend, its file (or inline FSDP settings) -> the run config's 
     "fsdp file bf16, run config fp32": ("fsdp", {"mixed_precision": "bf16"}, {"precision": "fp32", "grad_clip": 0.5}),
     "fsdp file fp32, run config bf16": ("fsdp", {"mixed_precision": "no"}, {"bf16": True, "micro_batch_size": 3}),
     "fsdp inline bf16": ("fsdp inline", {"fsdp_mixed_precision": True, "fsdp_param_dtype": "bfloat16"}, {"lr": 2e-4}),
+    # training.scale_lr: the run config's lr scaled to the global batch, a file's lr used as written
+    "scaled lr, file optimizer": (
+        "deepspeed",
+        {"optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}},
+        {"lr": 1e-3, "scale_lr": "linear", "base_batch_size": 4},
+    ),
+    "scaled lr, file optimizer without lr": (
+        "deepspeed",
+        {"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.1}}},
+        {"lr": 1e-3, "scale_lr": "linear", "base_batch_size": 4},
+    ),
+    "scaled lr, fsdp": ("fsdp", {"mixed_precision": "no"}, {"lr": 1e-3, "scale_lr": "sqrt", "base_batch_size": 2}),
 }
+SCALED = {"scaled lr, file optimizer": None, "scaled lr, file optimizer without lr": 1e-3 * 16 / 4}
+SCALED["scaled lr, fsdp"] = 1e-3 * (16 / 2) ** 0.5  # the default batch: micro 8 x accumulation 1 x world 2
 
 
 def pairing_config(folder, name: str):
@@ -96,3 +110,10 @@ def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_
         f"global batch {settled.train_batch} = micro {settled.micro_batch} x accumulation {settled.accumulation} "
         f"x world size 2; {settled.precision}; grad clip {settled.grad_clip:g}; lr {settled.lr:g}"
     )
+    if name in SCALED:  # decided in settle() alone: the backend, its DeepSpeed file and doctor all read it there
+        assert settled.lr_scaled == (SCALED[name] is not None)
+        assert settled.lr == pytest.approx(SCALED[name] or 5e-4)
+        said = " ".join(backend.notes)
+        assert ("lr scaled" in said) == settled.lr_scaled and ("not applied" in said) != settled.lr_scaled, said
+        if backend_name == "deepspeed":
+            assert backend.ds_config["optimizer"]["params"]["lr"] == settled.lr

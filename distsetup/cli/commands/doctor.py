@@ -18,7 +18,6 @@ from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import world_size_from
 from distsetup.formats.fsdp import FsdpSpec
-from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.reading import read_json
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import validate_file
@@ -315,17 +314,14 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
             )
     if settled.train_batch is not None and not settled.problems:
         scaled = (
-            f"; lr {t.lr:g} scaled {t.scale_lr} from base batch {t.base_batch_size} -> "
-            f"{scaled_lr(t.lr, settled.train_batch, t.base_batch_size, t.scale_lr):.6g}"
-            if t.scale_lr != "none" and t.base_batch_size and settled.sources["lr"].startswith("training.")
-            else ""
+            f" (training.lr {t.lr:g} scaled {t.scale_lr} from batch {t.base_batch_size})" if settled.lr_scaled else ""
         )
         out.append(
             (
                 OK,
                 f"global batch {settled.train_batch} = micro {settled.micro_batch} x accumulation "
-                f"{settled.accumulation} x world size {world}{scaled}; {settled.precision}; grad clip "
-                f"{settled.grad_clip:g}; lr {settled.lr:g}.",
+                f"{settled.accumulation} x world size {world}; {settled.precision}; grad clip "
+                f"{settled.grad_clip:g}; lr {settled.lr:.6g}{scaled if settled.lr_scaled else ''}.",
             )
         )
     return out

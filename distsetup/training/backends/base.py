@@ -18,6 +18,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Layout, Marker, described, layout
 from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.settle import Settled, settle
 from distsetup.training import memory
 from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
@@ -70,14 +71,16 @@ class Backend(abc.ABC):
     # Where fills_shards_from_rank0: how a checkpoint that holds every parameter is read instead (model/pretrained.py)
     reads_pretrained = ""
 
-    def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, world: World, device: torch.device, settled: Settled | None = None) -> None:
+        """`settled`: the values the run config and the backend's file settle to (formats/settle.py); without a
+        file, the run config's."""
         self.cfg, self.world, self.device = cfg, world, device
-        t = cfg.training
-        self.micro_batch, self.accumulation = t.micro_batch_size, t.gradient_accumulation_steps
-        self.precision, self.lr, self.grad_clip = t.precision, t.lr, t.grad_clip
-        self.precision_source = "training.precision"  # the setting a user changes to change it
-        self.lr_from_file = False  # True where a backend file sets the lr (never scaled by training.scale_lr)
-        self.notes: list[str] = []  # what rank 0 should tell the user about the backend's choices
+        settled = settled or settle(cfg, None, None, world.size)
+        self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
+        self.precision, self.lr, self.grad_clip = settled.precision, settled.lr, settled.grad_clip
+        source = settled.sources["precision"]  # the setting a user changes to change it
+        self.precision_source = "training.precision" if source.startswith("training.precision") else source
+        self.notes: list[str] = list(settled.notes)  # what rank 0 should tell the user about the backend's choices
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch
         self._grad_bytes = 0

@@ -50,20 +50,17 @@ class DeepSpeedBackend(Backend):
     leaves: tuple[torch.nn.Module, ...] = ()  # the ZeRO-3 leaf layers (_handle_conditional)
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
-        super().__init__(cfg, world, device)
         file = cfg.distributed.deepspeed_config
         assert file is not None  # the run config's rules ask for it with this backend
         # refused where `distsetup validate --world_size N` finds a problem, so the batch identity holds
         self.ds_config = read_valid(file, "deepspeed", world.size)
-        self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
-        t = cfg.training
-        settled = settle(cfg, self.ds_config, None, world.size, f"DeepSpeed file {cfg.distributed.deepspeed_config}")
+        settled = settle(cfg, self.ds_config, None, world.size, f"DeepSpeed file {file}")
         if settled.problems:
             problem = settled.problems[0]
             raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
-        self.notes += settled.notes
-        self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
-        self.precision, self.grad_clip = settled.precision, settled.grad_clip
+        super().__init__(cfg, world, device, settled)
+        self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
+        t = cfg.training
         # what the file leaves out, DeepSpeed gets from the run config
         self.ds_config.update(
             train_micro_batch_size_per_gpu=settled.micro_batch,
@@ -89,14 +86,8 @@ class DeepSpeedBackend(Backend):
                 "writer, the decoupled checkpoint engine, needs its async_io op, which distsetup does not drive)"
             )
         block = self.ds_config.get("optimizer")
-        if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads)
-            self.lr = block.setdefault("params", {}).setdefault("lr", settled.lr)
-            self.lr_from_file = True
-            if t.scale_lr != "none":  # `distsetup deepspeed --scale_lr` may have scaled it already
-                self.notes.append(
-                    f"training.scale_lr {t.scale_lr} not applied: the DeepSpeed file's lr is used as "
-                    "written (scale it there with `distsetup deepspeed --scale_lr`)"
-                )
+        if block:  # the file's optimizer wins: DeepSpeed builds it (a CPU Adam when it offloads), with the lr settled
+            block.setdefault("params", {})["lr"] = self.lr
 
     def construct(
         self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None

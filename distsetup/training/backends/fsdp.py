@@ -70,14 +70,10 @@ class FSDPBackend(Backend):
     reads_pretrained = "each rank the rows of its own shards"
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
-        super().__init__(cfg, world, device)
         self.fsdp = read_fsdp_settings(cfg)
+        super().__init__(cfg, world, device, settle(cfg, None, self.fsdp, world.size))
         self.strategy = self.fsdp.sharding_strategy
         self.memory_strategy = PLANNED.get(self.strategy, "ddp")  # NO_SHARD: each rank holds it whole
-        settled = settle(cfg, None, self.fsdp, world.size)
-        self.notes += settled.notes
-        if settled.precision != self.precision:
-            self.precision, self.precision_source = settled.precision, settled.sources["precision"]
         if self.precision not in TRAINER_PRECISIONS:
             raise DistsetupError(*TRAINER_FP16_PROBLEM)
         self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
