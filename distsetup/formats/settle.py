@@ -34,6 +34,7 @@ class Settled:
     grad_clip: float
     lr: float
     scheduler: str  # "warmup-cosine" (distsetup's) or the DeepSpeed file's scheduler type
+    activation_checkpointing: str  # none, full or selective
     lr_scaled: bool = False  # training.scale_lr scaled the run config's lr to the global batch
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -54,6 +55,7 @@ def settle(
         t.grad_clip,
         t.lr,
         "warmup-cosine",
+        t.activation_checkpointing,
     )
     for name, key in (
         ("micro_batch", "micro_batch_size"),
@@ -61,6 +63,7 @@ def settle(
         ("precision", "precision"),
         ("grad_clip", "grad_clip"),
         ("lr", "lr"),
+        ("activation_checkpointing", "activation_checkpointing"),
     ):
         settled.sources[name] = _run_config_source(cfg, key)
     settled.sources["train_batch"] = "micro x accumulation x world size"
@@ -69,6 +72,9 @@ def settle(
         _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)
     if fsdp is not None and fsdp.precision != "fp32":  # an fp32 FSDP file says nothing about the precision
         _decide(settled, cfg, "precision", fsdp.precision, f"{FSDP_FILE}' mixed_precision")
+    if fsdp is not None and fsdp.activation_checkpointing and settled.activation_checkpointing == "none":
+        # the file's flag turns it on (full) where the run config leaves it off; the file's False says nothing
+        _decide(settled, cfg, "activation_checkpointing", "full", f"{FSDP_FILE}' fsdp_activation_checkpointing")
     _scale_lr(settled, cfg)
     return settled
 

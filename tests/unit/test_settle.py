@@ -117,3 +117,29 @@ def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_
         assert ("lr scaled" in said) == settled.lr_scaled and ("not applied" in said) != settled.lr_scaled, said
         if backend_name == "deepspeed":
             assert backend.ds_config["optimizer"]["params"]["lr"] == settled.lr
+
+
+@pytest.mark.parametrize(
+    "flag, mode, settled_mode",
+    [(True, "none", "full"), (True, "selective", "selective"), (False, "full", "full"), (False, "none", "none")],
+)
+def test_activation_checkpointing_is_one_rule_for_the_trainer_and_doctor(
+    run_cli, tmp_path, monkeypatch, flag, mode, settled_mode
+):
+    """The FSDP file's fsdp_activation_checkpointing turns it on (full) where the run config leaves it off, said in
+    a note; the run config's mode decides otherwise (a file's False says nothing, as an fp32 file of precision)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fsdp.json").write_text(
+        json.dumps({"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_activation_checkpointing": flag})
+    )
+    training = {"activation_checkpointing": mode}
+    run = {**TINY, "training": training, "distributed": {"backend": "fsdp", "fsdp_config": "fsdp.json"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(run))
+    cfg = load_run_config(tmp_path / "config.yaml")
+    settled = settle(cfg, None, read_fsdp_settings(cfg), 2)
+    backend = make_backend("fsdp", cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    assert settled.activation_checkpointing == backend.checkpointing() == settled_mode
+    doctor = run_cli("doctor", "--json", "--config", tmp_path / "config.yaml", "--world_size", "2")
+    said = [f["message"] for f in json.loads(doctor.stdout) if f["message"].startswith("activation checkpointing")]
+    overridden = settled_mode != mode
+    assert len(said) == int(overridden) and all("fsdp_activation_checkpointing" in line for line in said), said

@@ -302,16 +302,6 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
     )
     out += [(FAIL, f"{p.path}: {p.message} Fix: {p.fix}") for p in settled.problems]
     out += [(WARN, note) for note in settled.notes]
-    if fsdp_settings and backend == "fsdp":
-        wanted = fsdp_settings.get("fsdp_activation_checkpointing")
-        if wanted is not None and wanted != (t.activation_checkpointing != "none"):
-            out.append(
-                (
-                    WARN,
-                    f"fsdp_activation_checkpointing is {wanted} but "
-                    f"training.activation_checkpointing is {t.activation_checkpointing}.",
-                )
-            )
     if settled.train_batch is not None and not settled.problems:
         scaled = (
             f" (training.lr {t.lr:g} scaled {t.scale_lr} from batch {t.base_batch_size})" if settled.lr_scaled else ""

@@ -78,6 +78,7 @@ class Backend(abc.ABC):
         settled = settled or settle(cfg, None, None, world.size)
         self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
         self.precision, self.lr, self.grad_clip = settled.precision, settled.lr, settled.grad_clip
+        self.activation_checkpointing = settled.activation_checkpointing
         source = settled.sources["precision"]  # the setting a user changes to change it
         self.precision_source = "training.precision" if source.startswith("training.precision") else source
         self.notes: list[str] = list(settled.notes)  # what rank 0 should tell the user about the backend's choices
@@ -348,7 +349,7 @@ class Backend(abc.ABC):
 
     def checkpointing(self) -> str:
         """none, full or selective: activation checkpointing as this run asks for it."""
-        return self.cfg.training.activation_checkpointing
+        return self.activation_checkpointing
 
     @abc.abstractmethod
     def _handle_conditional(self, layers: list[nn.Module]) -> None:

@@ -173,10 +173,6 @@ class FSDPBackend(Backend):
     def _autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the mixed-precision policy casts
 
-    def checkpointing(self) -> str:
-        mode = self.cfg.training.activation_checkpointing
-        return "full" if mode == "none" and self.fsdp.activation_checkpointing else mode  # the FSDP file's flag
-
     def _mixed_precision(self) -> MixedPrecisionPolicy:
         if self.precision == "fp32":
             return MixedPrecisionPolicy()
