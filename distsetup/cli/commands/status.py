@@ -6,7 +6,7 @@ import click
 
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
-from distsetup.formats.batch import global_batch_of
+from distsetup.formats.batch import FLAGS, BatchMismatch, complete_batch
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.planning.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
 
@@ -109,8 +109,11 @@ def refit_batch(
         return {"world_size": got, "note": f"Using {got} of the {asked} GPUs asked for." if got < asked else ""}
     micro = micro or 1
     global_batch = global_batch or micro * asked
-    if global_batch % (micro * got) == 0:
-        accumulation = global_batch // (micro * got)
+    try:  # the accumulation that keeps the global batch on `got` GPUs: formats/batch.py's arithmetic
+        accumulation = complete_batch(micro, None, global_batch, got, FLAGS).accumulation
+    except BatchMismatch as e:  # none does: the nearest global batch the micro-batch gives on `got` GPUs
+        accumulation, nearest = e.fits // (micro * got), e.fits
+    else:
         note = (
             f"Using {got} of {asked} GPUs: gradient accumulation {accumulation} keeps the global batch "
             f"{global_batch} (micro-batch {micro} x {accumulation} x {got}); the lr stays as it is."
@@ -123,9 +126,7 @@ def refit_batch(
             "lr": lr,
             "note": note if got < asked else "",
         }
-    accumulation = max(1, round(global_batch / (micro * got)))
-    new_global = global_batch_of(micro, accumulation, got)
-    new_lr = None
+    new_global, new_lr = nearest, None
     if lr is not None:
         if rule is None:
             raise DistsetupError(
