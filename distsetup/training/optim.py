@@ -78,7 +78,6 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
     return factor
 
 
-def lambda_scheduler(optimizer, training) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(training.warmup_steps, training.max_steps, training.min_lr_ratio)
-    )
+def lambda_scheduler(optimizer, training, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warm-up, then cosine decay over the run's `steps` (training.max_steps, or its epochs' steps)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(training.warmup_steps, steps, training.min_lr_ratio))

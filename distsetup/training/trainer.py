@@ -80,6 +80,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
+        self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
         self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
         self.model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each
@@ -113,7 +114,7 @@ class Trainer:
         """The loop: steps until training.max_steps, logging, evaluating and checkpointing when due; PREEMPTED
         once the ranks have agreed to stop (a signal) and checkpointed."""
         t = self.t
-        while self.step < t.max_steps:
+        while self.step < self.max_steps:
             lr = self.backend.current_lr()
             micro_losses, loss_scale = self.train_step(loop)
             log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
@@ -170,7 +171,7 @@ class Trainer:
         metrics = MetricsLog(
             self.out_dir, self.world.is_main, self.report_to, wandb_settings(self.cfg, resume is not None)
         )
-        bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
+        bar = tqdm(total=self.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
         try:
             loader = StepLoader(data.train, sampler, data.collate, self.cfg.data.num_workers, self.backend.placement)
         except BaseException:
@@ -229,7 +230,7 @@ class Trainer:
             len(data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
         )
         # before wrap(): the learning-rate schedule spans the whole run
-        t.max_steps, said = run_steps(t.max_steps, t.epochs, len(data.train) // self.global_batch, self.step_cap)
+        self.max_steps, said = run_steps(t.max_steps, t.epochs, len(data.train) // self.global_batch, self.step_cap)
         for line in said:
             self.say(line)
         return data, sampler
@@ -258,7 +259,7 @@ class Trainer:
         # the whole model, before sharding
         flops = flops_per_item(m, whole, data, backend.micro_batch, peak, objective.unchecked_loss, self.say)
         del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them
-        backend.wrap(parts)
+        backend.wrap(parts, self.max_steps)
         if self.pretrained:  # every rank has read its part
             self.pretrained.close()
         for note in backend.notes:  # after wrap(): it adds notes of its own
@@ -283,13 +284,13 @@ class Trainer:
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:
-        return step % self.t.log_interval == 0 or step == self.t.max_steps
+        return step % self.t.log_interval == 0 or step == self.max_steps
 
     def _checkpoints_at(self, step: int) -> bool:
-        return step % self.t.checkpoint_interval == 0 or step == self.t.max_steps
+        return step % self.t.checkpoint_interval == 0 or step == self.max_steps
 
     def _evaluates_at(self, step: int) -> bool:
-        return step == self.t.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
+        return step == self.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
 
     def _settle(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
         """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over

@@ -37,7 +37,7 @@ def test_a_checkpoint_counts_only_once_its_background_write_is_done_and_holds_it
     backend = SingleBackend(cfg, world, torch.device("cpu"))
     torch.manual_seed(0)
     model = models.build(cfg.model)
-    backend.wrap(models.parts(model, cfg.model, ["Block"]))
+    backend.wrap(models.parts(model, cfg.model, ["Block"]), cfg.training.max_steps)
     root = tmp_path / "checkpoints"
     train_one_step(backend, cfg)
     save_checkpoint(backend, root, world, Marker("single", step=1, world_size=1))
@@ -64,7 +64,7 @@ def test_a_failed_background_write_is_one_line_and_leaves_the_checkpoint_incompl
     world = World(rank=0, local_rank=0, size=1, local_size=1)
     backend = SingleBackend(cfg, world, torch.device("cpu"))
     model = models.build(cfg.model)
-    backend.wrap(models.parts(model, cfg.model, ["Block"]))
+    backend.wrap(models.parts(model, cfg.model, ["Block"]), cfg.training.max_steps)
     root = tmp_path / "checkpoints"
     gate = threading.Event()
     backend._in_background(gate.wait)

@@ -55,7 +55,7 @@ class Scorer(nn.Module):
 def sharded(model: nn.Module) -> nn.Module:
     cfg = load_run_config(None, ["distributed.backend=fsdp"])
     backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
-    backend.wrap(ModelParts(model, list(model.blocks), []))
+    backend.wrap(ModelParts(model, list(model.blocks), []), cfg.training.max_steps)
     return backend.model
 
 

@@ -48,7 +48,7 @@ def units_gathered_between_forward_and_backward(tmp_path, fsdp: dict) -> tuple[l
     )
     backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
     model = models.build(cfg.model)
-    backend.wrap(models.parts(model, cfg.model, ["Block"]))
+    backend.wrap(models.parts(model, cfg.model, ["Block"]), cfg.training.max_steps)
     units = {name or "root": m for name, m in backend.model.named_modules() if isinstance(m, FSDPModule)}
     x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.block_size))
     loss = F.cross_entropy(backend.model(x).flatten(0, 1), x.flatten())

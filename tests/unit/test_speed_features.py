@@ -69,7 +69,7 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
-backend.wrap(models.parts(models.build(cfg.model), cfg.model, ["Block"]))
+backend.wrap(models.parts(models.build(cfg.model), cfg.model, ["Block"]), cfg.training.max_steps)
 torch.distributed.destroy_process_group()
 engine = backend.engine
 inductor = "torch._inductor.compile_fx" in sys.modules

@@ -91,12 +91,13 @@ class Backend(abc.ABC):
         self.tf32 = False  # fp32 matmuls in TF32 (set_up_device)
 
     # -- the interface -------------------------------------------------------------------------------
-    def wrap(self, parts: ModelParts) -> None:
-        """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler)."""
+    def wrap(self, parts: ModelParts, steps: int) -> None:
+        """Place the model, build optimizer and scheduler (self.model, self.optimizer, self.scheduler); the
+        learning-rate schedule spans the run's `steps`."""
         self._prepare_blocks(parts.module, parts.blocks)
         self._handle_conditional(parts.conditional)
         self.model = self._place(self._whole_on_device(parts.module), parts)
-        self._build_optimizer(self.model)
+        self._build_optimizer(self.model, steps)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
 
     def _whole_on_device(self, module: nn.Module) -> nn.Module:
@@ -299,10 +300,10 @@ class Backend(abc.ABC):
         self.activation_bytes = saved.bytes
         return micro
 
-    def _build_optimizer(self, model: nn.Module) -> None:
+    def _build_optimizer(self, model: nn.Module, steps: int) -> None:
         t = self.cfg.training
         self.optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
-        self.scheduler = lambda_scheduler(self.optimizer, t)
+        self.scheduler = lambda_scheduler(self.optimizer, t, steps)
 
     def _prepare_blocks(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         """training.activation_checkpointing, then training.compile, on each block (before any sharding)."""

@@ -144,7 +144,7 @@ class DeepSpeedBackend(Backend):
                 f"{other}.",
             )
 
-    def wrap(self, parts: ModelParts) -> None:
+    def wrap(self, parts: ModelParts, steps: int) -> None:
         import deepspeed
 
         model = parts.module
@@ -166,7 +166,7 @@ class DeepSpeedBackend(Backend):
                 optimizer = adamw(model, self.lr, t.betas, t.weight_decay, self.device)
         schedule = None
         if "scheduler" not in self.ds_config:
-            schedule = lambda opt: lambda_scheduler(opt, t)  # noqa: E731
+            schedule = lambda opt: lambda_scheduler(opt, t, steps)  # noqa: E731
         with compile_deferred():
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model,

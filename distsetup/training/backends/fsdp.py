@@ -86,7 +86,7 @@ class FSDPBackend(Backend):
     def details(self) -> str:
         return self.strategy
 
-    def wrap(self, parts: ModelParts) -> None:
+    def wrap(self, parts: ModelParts, steps: int) -> None:
         """Shard the model before anything is allocated whole: each rank's model goes to the meta device (rank 0 keeps
         its values on the CPU; the others built none), is sharded there, gets only its own shards on its device and
         takes rank 0's values into them (from_rank0.py), or, where the run starts from a checkpoint holding every
@@ -130,7 +130,7 @@ class FSDPBackend(Backend):
             # one group could pair up differently on each rank
             self._async_groups = {part: torch.distributed.new_group(backend="gloo") for part in ("model", "optim")}
         self.scaler = None
-        self._build_optimizer(model)
+        self._build_optimizer(model, steps)
 
     def _units(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
         """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one
