@@ -37,7 +37,7 @@ def converted_layout(backend: str) -> Layout:
     return "universal" if backend == "deepspeed" else layout(backend, None)
 
 
-def described(backend: str, zero_stage: int | None) -> str:
+def described_backend(backend: str, zero_stage: int | None) -> str:
     return backend if zero_stage is None else f"{backend} ZeRO-{zero_stage}"
 
 
@@ -93,7 +93,7 @@ class Marker:
 
     @property
     def written_by(self) -> str:
-        return described(self.backend, self.zero_stage)
+        return described_backend(self.backend, self.zero_stage)
 
     @property
     def global_batch(self) -> int | None:

@@ -51,8 +51,9 @@ from distsetup.training.world import (
 class Trainer:
     def __init__(self, cfg: RunConfig, args: argparse.Namespace):
         """Every check that can fail before a process group: the backend and its file, the device's precision, the
-        model (built on the meta device: its builder, blocks and size), the user's loss and data functions, the
-        reporters; then this run takes its output folder's lock."""
+        model (its builder, blocks and size: counted for the built-in GPT, else from a copy built on the meta
+        device), the node's memory against it, the user's loss and data functions, the reporters; then this run
+        takes its output folder's lock."""
         self.cfg, self.args, self.t = cfg, args, cfg.training
         self.step_cap = step_cap()
         self.world = world = read_world()
@@ -118,7 +119,7 @@ class Trainer:
             lr = self.backend.current_lr()
             micro_losses, loss_scale = self.train_step(loop)
             log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-            terms, stop = self._settle(loop, micro_losses, log_now or checkpoint_now)
+            terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now)
             if terms is not None and (log_now or stop):
                 self._log(loop, terms, lr, loss_scale)
             if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
@@ -292,7 +293,7 @@ class Trainer:
     def _evaluates_at(self, step: int) -> bool:
         return step == self.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
 
-    def _settle(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
+    def _agree(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
         """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over
         ranks, and whether to stop (a signal reached a rank). A background checkpoint every rank has written
         completes here, at the same step on every rank."""
@@ -300,7 +301,7 @@ class Trainer:
             return None, False
         step_seconds = loop.timer.median_step_seconds or 0.0  # train_step() recorded a step: never 0
         writing = loop.pending is not None and not loop.pending.written_here()
-        terms, stop, written = loop.agreement.settle(
+        terms, stop, written = loop.agreement.agree(
             self.step, mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
         )
         self.loss = terms["loss"]

@@ -201,7 +201,7 @@ class StepAgreement:
     def due(self, step: int) -> bool:
         return step >= self.next_step
 
-    def settle(
+    def agree(
         self, step: int, terms: dict[str, torch.Tensor], stop_requested: bool, step_seconds: float, writing: bool
     ) -> tuple[dict[str, float], bool, bool]:
         """(the step's loss `terms`, each its mean over ranks; stop?; no rank writing?); every rank calls it at the

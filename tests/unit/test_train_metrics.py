@@ -116,10 +116,10 @@ def test_ranks_settle_often_enough_for_a_signal_but_not_every_short_step():
     agreement = StepAgreement(world_size=1, device=torch.device("cpu"), every_seconds=1.0)
     assert agreement.due(1)
     terms = {"loss": torch.tensor(3.0), "aux_loss": torch.tensor(0.5, dtype=torch.bfloat16)}
-    settled = agreement.settle(1, terms, False, 0.05, False)
+    settled = agreement.agree(1, terms, False, 0.05, False)
     assert settled == ({"loss": 3.0, "aux_loss": 0.5}, False, True)
     assert not agreement.due(20) and agreement.due(21)  # 1 s of 50 ms steps
-    assert agreement.settle(21, {"loss": torch.tensor(1.0)}, True, 3.0, True) == ({"loss": 1.0}, True, False)
+    assert agreement.agree(21, {"loss": torch.tensor(1.0)}, True, 3.0, True) == ({"loss": 1.0}, True, False)
     assert agreement.due(22)  # steps longer than the period: every step
 
 

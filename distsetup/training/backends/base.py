@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
-from distsetup.formats.checkpoint_folder import Layout, Marker, described, layout
+from distsetup.formats.checkpoint_folder import Layout, Marker, described_backend, layout
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import Settled, settle
 from distsetup.training import memory
@@ -182,7 +182,7 @@ class Backend(abc.ABC):
         scale = ", fp16 loss scale" if marker.precision == self.precision == "fp16" else ""
         return (
             f"checkpoint {path.name} ({marker.written_by}, "
-            f"{ranks(marker.world_size)}) converted for this run ({described(self.name, self.zero_stage)}, "
+            f"{ranks(marker.world_size)}) converted for this run ({described_backend(self.name, self.zero_stage)}, "
             f"{ranks(self.world.size)}): weights, AdamW moments and steps, scheduler{scale}"
         )
 

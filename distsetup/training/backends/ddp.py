@@ -22,7 +22,7 @@ class DDPBackend(Backend):
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
         if layers:
             self.notes.append(
-                f"{moe.described(layers)} may run other experts on each rank: DDP looks for unused parameters "
+                f"{moe.described_layers(layers)} may run other experts on each rank: DDP looks for unused parameters "
                 "(find_unused_parameters)"
             )
 

@@ -210,7 +210,7 @@ class DeepSpeedBackend(Backend):
             how = "every expert gets a zero gradient on every rank (ZeRO 1-2 reduce gradients as they become ready)"
         else:
             return
-        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
+        self.notes.append(f"{moe.described_layers(layers)} may run other experts on each rank: {how}")
 
     def _plain_model(self) -> nn.Module:
         return self.engine.module

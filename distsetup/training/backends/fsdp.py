@@ -147,8 +147,8 @@ class FSDPBackend(Backend):
         kept = [unit for unit in units if not moe.inside(unit, conditional)]
         if len(kept) < len(units):
             self.notes.append(
-                f"{len(units) - len(kept)} FSDP units inside {moe.described(conditional)} left to the unit around "
-                "them: a rank gathers only the experts it runs"
+                f"{len(units) - len(kept)} FSDP units inside {moe.described_layers(conditional)} left to the unit "
+                "around them: a rank gathers only the experts it runs"
             )
         return kept
 
@@ -163,7 +163,7 @@ class FSDPBackend(Backend):
         else:
             moe.give_every_expert_a_gradient(layers)
             how = "every expert gets a zero gradient on every rank"
-        self.notes.append(f"{moe.described(layers)} may run other experts on each rank: {how}")
+        self.notes.append(f"{moe.described_layers(layers)} may run other experts on each rank: {how}")
 
     def _mesh(self) -> DeviceMesh:
         if len(self.mesh_shape) == 2:

@@ -62,7 +62,7 @@ def lazy_state(path: Path, source: Layout, groups: list[list[str]] | None) -> di
     its order; state.pt and ZeRO-0 number the parameters in that order (every backend builds its groups with
     training.optim.param_groups, so the numbers mean the same). None: the weights alone ("optimizer" None)."""
     if source == "universal":
-        state = universal_folder.lazy_state(path, groups)
+        state = universal_folder.lazy_named_state(path, groups)
     elif source == "zero":
         state = zero_state(path, Marker.read(path).world_size, groups)
     elif source in ("state.pt", "zero0"):
@@ -98,7 +98,7 @@ def _from_torch_file(file: Path, groups: list[list[str]] | None, ours: bool, nam
         "scaler": copy.deepcopy(saved.get("scaler")),
     }
     if not ours and zero0_wrapper.holds_wrapper(saved[keys[1]]):  # ZeRO-0 in bf16/fp16
-        return state | zero0_wrapper.lazy_state(mapped, saved, groups)
+        return state | zero0_wrapper.lazy_named_state(mapped, saved, groups)
     if groups is not None:
         optimizer = saved[keys[1]]
         order = [name for names in groups for name in names]

@@ -92,7 +92,7 @@ def from_deepspeed(path: Path, converted: Path) -> None:
     _with_plain_names(converted)
 
 
-def lazy_state(folder: Path, groups: list[list[str]] | None) -> dict:
+def lazy_named_state(folder: Path, groups: list[list[str]] | None) -> dict:
     """Universal folder `folder` as a named state: {"model", "optimizer", "scheduler", "scaler"}, weights and moments
     Lazy (each file read when asked for), the optimizer keyed by parameter names with AdamW's tensor step, in param
     `groups` (each a list of names) of the run that loads it (None: the weights alone), the fp16 loss scale as

@@ -34,7 +34,7 @@ def holds_wrapper(optimizer_state: Any) -> bool:
     return isinstance(optimizer_state, dict) and bool({PER_PARAMETER, FLAT} & optimizer_state.keys())
 
 
-def lazy_state(mapped: MappedTorchFile, saved: dict, groups: list[list[str]] | None) -> dict:
+def lazy_named_state(mapped: MappedTorchFile, saved: dict, groups: list[list[str]] | None) -> dict:
     """{"model", "optimizer", "scaler"} of ZeRO-0 file `mapped` (its object listed: `saved`): the fp32 master weights
     by name (buffers and tied names as the module holds them), the inner optimizer keyed by names (None where
     `groups`, the loading run's names per param group, is None), the fp16 loss scale as GradScaler state."""

@@ -188,7 +188,7 @@ class PythonObjective:
         what = f"{type(error).__name__}: {first_line(error)}"
         if self.loss is not None:
             return (
-                f"{self.loss_source} raised {what} on the first batch, {described(batch)}.",
+                f"{self.loss_source} raised {what} on the first batch, {described_batch(batch)}.",
                 f"fix {self.loss_source}.",
             )
         call = (
@@ -199,7 +199,8 @@ class PythonObjective:
             else "model(batch)"
         )
         return (
-            f"{self.model_source}'s model rejected the first batch, {described(batch)}, called as {call}: {what}.",
+            f"{self.model_source}'s model rejected the first batch, {described_batch(batch)}, called as {call}: "
+            f"{what}.",
             "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
             "the forward shows here too: run it on one batch by hand for the traceback).",
         )
@@ -328,13 +329,13 @@ def field_of(outputs, name: str, default):
     return getattr(outputs, name, default)
 
 
-def described(batch) -> str:
+def described_batch(batch) -> str:
     """The batch's structure with its tensors' shapes: {'image': [8, 3, 32, 32], 'label': [8]}."""
     if isinstance(batch, torch.Tensor):
         return str(list(batch.shape))
     if isinstance(batch, dict):
-        return "{" + ", ".join(f"{k!r}: {described(v)}" for k, v in batch.items()) + "}"
+        return "{" + ", ".join(f"{k!r}: {described_batch(v)}" for k, v in batch.items()) + "}"
     if isinstance(batch, list | tuple):
-        inner = ", ".join(described(v) for v in batch)
+        inner = ", ".join(described_batch(v) for v in batch)
         return f"({inner})" if isinstance(batch, tuple) else f"[{inner}]"
     return type(batch).__name__

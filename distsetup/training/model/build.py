@@ -117,7 +117,7 @@ def describe(m) -> Description:
     notes += found
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
     unique = {id(p): p.numel() for p in model.parameters()}
-    return Description(classes, sum(unique.values()), moe.described(layers), notes, on_meta)
+    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta)
 
 
 def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:

@@ -84,14 +84,14 @@ def leaf_hook_problem(leaves: list[nn.Module]) -> tuple[str, str]:
     """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers."""
     classes = ", ".join(sorted({type(layer).__name__ for layer in leaves}))
     return (
-        f"DeepSpeed ZeRO-3 cannot hook its leaf layer {described(leaves)}: code inside or around it changes the "
+        f"DeepSpeed ZeRO-3 cannot hook its leaf layer {described_layers(leaves)}: code inside or around it changes the "
         "layer's input or output in place (BackwardHookFunction: a view modified inplace), whatever the data.",
         f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of {classes}, "
         "or change that tensor out of place (x = x * ...).",
     )
 
 
-def described(layers: list[nn.Module]) -> str:
+def described_layers(layers: list[nn.Module]) -> str:
     """'SwitchFFN (x4)': the classes of `layers`, counted."""
     counts: dict[str, int] = {}
     for layer in layers:
