@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.launch_env import World, read_world
 
@@ -73,17 +73,7 @@ def load_config(args):
     overrides = list(args.overrides)
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
-    cfg = load_run_config(args.config, overrides)
-    base_dir = Path(args.config).parent if args.config else None
-    for key in ("deepspeed_config", "fsdp_config"):
-        if value := getattr(cfg.distributed, key):
-            setattr(cfg.distributed, key, str(resolve_config_path(value, base_dir)))
-    cfg.data.paths = [str(resolve_config_path(path, base_dir)) for path in cfg.data.paths]
-    cfg.data.val_paths = [str(resolve_config_path(path, base_dir)) for path in cfg.data.val_paths]
-    for key in ("tokenizer", "hf_path"):
-        if value := getattr(cfg.model, key):
-            setattr(cfg.model, key, str(resolve_config_path(value, base_dir)))
-    return cfg
+    return load_run_config(args.config, overrides).resolved(Path(args.config).parent if args.config else None)
 
 
 def main(argv=None) -> int:

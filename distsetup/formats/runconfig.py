@@ -212,6 +212,28 @@ class RunConfig:
     # the keys the file (or an override) sets, each as written: {"training.lr": "training.learning_rate"}
     written: dict[str, str] = field(default_factory=dict)
 
+    def resolved(self, base_dir: Path | None) -> "RunConfig":
+        """A copy with every file it names found where its readers find it (resolve_config_path: as given, else
+        next to the config in `base_dir`): the backend files, the data files, the tokenizer and the HF folder."""
+
+        def found(path: str | None) -> str | None:
+            return str(resolve_config_path(path, base_dir)) if path else path
+
+        model = dataclasses.replace(
+            self.model, tokenizer=found(self.model.tokenizer), hf_path=found(self.model.hf_path)
+        )
+        data = dataclasses.replace(
+            self.data,
+            paths=[str(resolve_config_path(p, base_dir)) for p in self.data.paths],
+            val_paths=[str(resolve_config_path(p, base_dir)) for p in self.data.val_paths],
+        )
+        distributed = dataclasses.replace(
+            self.distributed,
+            deepspeed_config=found(self.distributed.deepspeed_config),
+            fsdp_config=found(self.distributed.fsdp_config),
+        )
+        return dataclasses.replace(self, model=model, data=data, distributed=distributed)
+
 
 SECTIONS = {  # section name -> its dataclass, in field order
     name: cls for name, cls in typing.get_type_hints(RunConfig).items() if dataclasses.is_dataclass(cls)

@@ -130,14 +130,14 @@ def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: b
 
 def settle_run_config(cfg: RunConfig, base_dir: Path | None, world_size: int | None) -> Settled:
     """settle() of a valid run config and the backend file it names (read from disk) or its inline FSDP settings."""
-    dist = cfg.distributed
+    dist = cfg.resolved(base_dir).distributed
     deepspeed = fsdp = None
     if dist.backend == "deepspeed" and dist.deepspeed_config:
-        deepspeed = read_json(resolve_config_path(dist.deepspeed_config, base_dir))
+        deepspeed = read_json(Path(dist.deepspeed_config))
     elif dist.backend == "fsdp" and dist.fsdp:
         fsdp = FsdpSpec.from_dict(dist.fsdp)
     elif dist.backend == "fsdp" and dist.fsdp_config:
-        fsdp = FsdpSpec.from_dict(read_json(resolve_config_path(dist.fsdp_config, base_dir)))
+        fsdp = FsdpSpec.from_dict(read_json(Path(dist.fsdp_config)))
     name = f"DeepSpeed file {dist.deepspeed_config}" if deepspeed is not None else ""
     return settle(cfg, deepspeed, fsdp, world_size, name)
 

@@ -7,7 +7,7 @@ From the bottom up:
 - scripts (launch plan, sbatch, templates) and planning (memory planner, GPUs), side by side;
 - training (they import torch), itself in layers: its base modules (world, user_code, run_lock, run_length,
   preemption, metrics, memory) and distsetup.preflight; model/ and optim; data/; loss/ and checkpoint/, side by side;
-  backends/; the trainer and distsetup.train;
+  backends/; the trainer (with the loop state and model set-up it makes) and distsetup.train;
 - cli: the Click group, its commands, and the option, writer and launch-option modules they share.
 
 A module imports only from its own layer and those below; groups side by side not from each other; nothing
@@ -32,7 +32,7 @@ LAYERS = (  # bottom first; a layer's groups may not import each other; a module
     (("distsetup.training.data",),),
     (("distsetup.training.loss",), ("distsetup.training.checkpoint",)),
     (("distsetup.training.backends",),),
-    (("distsetup.training.trainer", "distsetup.train"),),
+    (("distsetup.training.trainer", "distsetup.training.loop", "distsetup.training.model_setup", "distsetup.train"),),
     (("distsetup.cli", "distsetup.cli.commands", "distsetup.__main__"),),
 )
 
@@ -184,3 +184,38 @@ def test_every_package_is_named_in_the_layers():
     }
     assert packages - {"distsetup"} <= named, sorted(packages - named - {"distsetup"})
     assert {"distsetup.training.backends", "distsetup.training.checkpoint", "distsetup.training.data"} <= named
+
+
+BACKEND_NAMES = {"single", "ddp", "fsdp", "deepspeed"}
+
+
+def backend_facts_compared(source: str) -> list[str]:
+    """The comparisons in `source` with a backend's name or a ZeRO stage (`x.zero_stage == 3`, `name in ("ddp",
+    ...)`): what only a backend may know of itself."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in [node.left, *node.comparators]:
+            values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            names = {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+            stage = isinstance(operand, (ast.Attribute, ast.Name)) and "zero_stage" in ast.unparse(operand)
+            if names & BACKEND_NAMES or stage:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_of_training_outside_backends_compares_backend_names_or_zero_stages():
+    """The trainer, checkpoint, data, loss and model code ask a backend (backends/base.py) what they need to know of
+    it: whether the run joins a process group, what could make it hang, the layout it writes."""
+    training = PACKAGE / "training"
+    compared = {
+        str(path.relative_to(PACKAGE)): found
+        for path in sorted(training.rglob("*.py"))
+        if "backends" not in path.relative_to(training).parts and (found := backend_facts_compared(path.read_text()))
+    }
+    assert compared == {}, compared
+    # the rule sees what it forbids: the comparisons world.py and the trainer made before
+    assert backend_facts_compared('if backend == "single":\n    pass') and backend_facts_compared(
+        "if self.backend.zero_stage == 3 and not conditional:\n    pass"
+    )

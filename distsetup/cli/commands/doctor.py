@@ -218,17 +218,12 @@ def consistency_findings(
         problems = _file_findings(config, "run_config", world)
         found += problems
         if not problems:
-            from distsetup.formats.runconfig import resolve_config_path
             from distsetup.formats.runconfig_load import load_run_config
 
             cfg = load_run_config(config)
-            dist = cfg.distributed
-            ds_path = ds_path or (
-                resolve_config_path(dist.deepspeed_config, config.parent) if dist.deepspeed_config else None
-            )
-            fsdp_path = fsdp_path or (
-                resolve_config_path(dist.fsdp_config, config.parent) if dist.fsdp_config else None
-            )
+            dist = cfg.resolved(config.parent).distributed
+            ds_path = ds_path or (Path(dist.deepspeed_config) if dist.deepspeed_config else None)
+            fsdp_path = fsdp_path or (Path(dist.fsdp_config) if dist.fsdp_config else None)
     for path, kind in ((ds_path, "deepspeed"), (fsdp_path, "fsdp")):
         if path and not (config and cfg and _referenced(cfg, kind, path, config.parent)):
             found += _file_findings(path, kind, world)
