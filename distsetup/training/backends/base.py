@@ -1,6 +1,7 @@
-"""The interface every backend implements (wrap, backward, step, save, load, and the bytes they hold), and
-the `single` backend itself: one process holding the whole model. The others subclass it: DDP (ddp.py), FSDP2
-(fsdp.py) and DeepSpeed (deepspeed.py); the package's make_backend picks one by name.
+"""The interface every backend implements (wrap, backward, step, save, load, and the bytes they hold), and what
+the backends share: the whole model on each rank's device, a torch optimizer, named-state checkpoints. They subclass
+it: one process (single.py), DDP (ddp.py), FSDP2 (fsdp.py) and DeepSpeed (deepspeed.py); the package's make_backend
+picks one by name.
 """
 
 import abc
@@ -102,7 +103,7 @@ class Backend(abc.ABC):
 
     def _whole_on_device(self, module: nn.Module) -> nn.Module:
         """The whole model on this rank's device. In a world of several, only rank 0 built its values (the others
-        built it on the meta device: trainer._whole_model), and every rank's copy is filled with them."""
+        built it on the meta device: model_setup.whole_model), and every rank's copy is filled with them."""
         if self.world.size == 1:
             return module.to(self.device)
         return from_rank0.replicate(module, self.device, self.world.is_main)
