@@ -94,7 +94,6 @@ def _scale_lr(settled: Settled, cfg: RunConfig) -> None:
     elif settled.train_batch is not None:
         settled.lr, settled.lr_scaled = scaled_lr(t.lr, settled.train_batch, t.base_batch_size, t.scale_lr), True
         settled.sources["lr"] = f"training.lr scaled ({t.scale_lr}) from batch {t.base_batch_size}"
-        settled.notes.append(f"lr scaled ({t.scale_lr}) to {settled.lr:.6g} for global batch {settled.train_batch}")
 
 
 def _run_config_source(cfg: RunConfig, key: str) -> str:

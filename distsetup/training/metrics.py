@@ -34,11 +34,13 @@ def reporters(report_to: list[str] | None) -> list[str]:
     return list(report_to)
 
 
-def wandb_settings(cfg: RunConfig, resumed: bool) -> dict:
-    """What a W&B run is started with: the run config's names and tags, the whole config, and whether it continues
-    the W&B run of the checkpoint it resumed (else a new one)."""
+def wandb_settings(cfg: RunConfig, resumed: bool, steps: int) -> dict:
+    """What a W&B run is started with: the run config's names and tags, the whole config (with the run's `steps`:
+    training.max_steps, or its epochs' steps), and whether it continues the W&B run of the checkpoint it resumed
+    (else a new one)."""
     t = cfg.training
     config = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    config["training"]["max_steps"] = steps
     return {"project": t.wandb_project, "name": t.run_name, "tags": t.wandb_tags, "config": config, "resumed": resumed}
 
 

@@ -169,17 +169,16 @@ class Trainer:
         if resume:
             self._load(resume, sampler)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = MetricsLog(
-            self.out_dir, self.world.is_main, self.report_to, wandb_settings(self.cfg, resume is not None)
-        )
+        wandb = wandb_settings(self.cfg, resume is not None, self.max_steps)
+        metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb)
         bar = tqdm(total=self.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
-        try:
+        try:  # what the Loop closes, closed here until there is one
+            timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
             loader = StepLoader(data.train, sampler, data.collate, self.cfg.data.num_workers, self.backend.placement)
         except BaseException:
             bar.close()
             metrics.close(1)
             raise
-        timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
         loop = Loop(
             data, sampler, objective, flops, peak, metrics, bar, loader, timer, agreement, self.step, (self.step, 0.0)
         )
@@ -209,6 +208,8 @@ class Trainer:
         for note in self.cfg.notes:  # how the run config was read: other tools' names, inline FSDP settings
             self.say(f"note: {note}")
         self.say(backend.line())
+        if backend.lr_scaled:
+            self.say(f"lr scaled ({self.t.scale_lr}) to {backend.lr:.6g} for global batch {self.global_batch}")
         for note in self.model_description.notes:
             self.say(f"note: {note}")
 
@@ -237,7 +238,7 @@ class Trainer:
         return data, sampler
 
     def _build_model(self, data: Datasets) -> tuple[TokenObjective | PythonObjective, float | None, float | None]:
-        """The model (the same seed on every rank: the same initial weights) wrapped by the backend; its objective,
+        """The model (rank 0's values with the run's seed, in every rank's part) wrapped by the backend; its objective,
         its training FLOPs per item and the device's peak (for MFU)."""
         m, t, backend = self.cfg.model, self.t, self.backend
         torch.manual_seed(t.seed)

@@ -25,19 +25,24 @@ ZERO2 = {**ZERO3, "zero_optimization": {"stage": 2}}
 BACKENDS = {"fsdp": ("fsdp", None), "zero3": ("deepspeed", ZERO3), "ddp": ("ddp", None), "zero2": ("deepspeed", ZERO2)}
 
 
-def tied_run(folder, backend: str, steps: int, lr: float, args: list | None = None):
-    """A 2-process run of tests/support/tied_model.py (`args` given to the trainer); returns (its output folder, the
-    build log's lines)."""
+def tied_run(folder, backend: str, steps: int, lr: float, args: list | None = None, model_args: dict | None = None):
+    """A 2-process run of tests/support/tied_model.py (`args` given to the trainer, `model_args` to its builder);
+    returns (its output folder, the build log's lines)."""
+    result = tied_attempt(folder, backend, steps, lr, args, model_args)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return folder / "out", (folder / "built.log").read_text().split("\n")[:-1]
+
+
+def tied_attempt(folder, backend: str, steps: int, lr: float, args: list | None, model_args: dict | None):
     shutil.copy(REPO / "tests" / "support" / "tied_model.py", folder / "tied_model.py")
     training = {"max_steps": steps, "checkpoint_interval": steps, "log_interval": 1, "warmup_steps": 0, "lr": lr}
     training.update(seed=SEED, micro_batch_size=4, precision="fp32", grad_clip=1.0)
     config = write_config(folder, "tied", *BACKENDS[backend], training)
     run = yaml.safe_load(config.read_text())
     run["model"] = {"type": "python", "builder": "tied_model:build", "vocab_size": 64, "block_size": 32}
+    run["model"]["args"] = model_args or {}
     config.write_text(yaml.safe_dump(run))
-    result = train(config, 2, *(args or []), env={"BUILT_LOG": str(folder / "built.log")})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return folder / "out", (folder / "built.log").read_text().split("\n")[:-1]
+    return train(config, 2, *(args or []), env={"BUILT_LOG": str(folder / "built.log")}, timeout=120)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -70,6 +75,17 @@ def test_a_tied_weight_stays_one_weight_through_training(tmp_path, backend):
     assert torch.equal(saved["head.weight"], saved["embed.weight"])
     curve = losses(out)
     assert len(curve) == 3 and curve[-1] < curve[0], curve
+
+
+def test_ddp_copies_take_rank_0s_buffers_whatever_their_dtype_or_sharing_and_ranks_built_otherwise_stop(tmp_path):
+    """Rank 0 builds its values on the CPU, the others on the meta device: a float64 buffer and a buffer two modules
+    hold reach every rank's copy; a builder that builds other shapes on another rank is one line, not a hang."""
+    out, _ = tied_run(tmp_path, "ddp", steps=1, lr=1e-30, model_args={"odd_buffers": True})
+    assert len(losses(out)) == 1
+    (tmp_path / "out").rename(tmp_path / "out-first")
+    refused = tied_attempt(tmp_path, "ddp", 1, 1e-30, None, {"wider_on_rank": 1})
+    said = [line for line in refused.stderr.splitlines() if "built the model differently" in line]
+    assert refused.returncode != 0 and said and "extra.weight" in said[0], refused.stderr[-3000:]
 
 
 def test_zero3_from_an_export_reads_it_a_parameter_at_a_time_on_rank_0(tmp_path):

@@ -21,7 +21,7 @@ class Block(nn.Module):
 
 
 class TiedLM(nn.Module):
-    def __init__(self, vocab: int, width: int, layers: int):
+    def __init__(self, vocab: int, width: int, layers: int, odd_buffers: bool = False, wider: bool = False):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
@@ -29,6 +29,11 @@ class TiedLM(nn.Module):
         self.head.weight = self.embed.weight  # tied, as GPT-2 and many Hugging Face models do
         self.register_buffer("positions", self.expected_positions(), persistent=False)  # in no state dict
         self.register_buffer("scale", torch.full((1,), 0.5))
+        if odd_buffers:  # a float64 buffer (as numpy makes one), and one buffer that two modules hold
+            self.register_buffer("steps", torch.arange(4, dtype=torch.float64))
+            self.blocks[0].register_buffer("shared", self.scale)
+        if wider:  # another shape than the other ranks build
+            self.extra = nn.Linear(2, 3)
 
     @staticmethod
     def expected_positions(device=None) -> torch.Tensor:
@@ -43,11 +48,13 @@ class TiedLM(nn.Module):
         return self.head(x)
 
 
-def build(vocab: int = 64, width: int = 16, layers: int = 2) -> TiedLM:
+def build(
+    vocab: int = 64, width: int = 16, layers: int = 2, odd_buffers: bool = False, wider_on_rank: int = -1
+) -> TiedLM:
     if log := os.environ.get("BUILT_LOG"):
         with open(log, "a") as f:
             f.write(f"{os.environ.get('RANK', '0')} {where_built()}\n")
-    return TiedLM(vocab, width, layers)
+    return TiedLM(vocab, width, layers, odd_buffers, wider=os.environ.get("RANK", "0") == str(wider_on_rank))
 
 
 def where_built() -> str:

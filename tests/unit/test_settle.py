@@ -114,7 +114,8 @@ def test_settled_values_are_what_the_backend_trains_with_and_doctor_reports(run_
         assert settled.lr_scaled == (SCALED[name] is not None)
         assert settled.lr == pytest.approx(SCALED[name] or 5e-4)
         said = " ".join(backend.notes)
-        assert ("lr scaled" in said) == settled.lr_scaled and ("not applied" in said) != settled.lr_scaled, said
+        assert backend.lr_scaled == settled.lr_scaled and ("not applied" in said) != settled.lr_scaled, said
+        assert (" scaled " in ok) == settled.lr_scaled, ok  # doctor says it once, in its batch line
         if backend_name == "deepspeed":
             assert backend.ds_config["optimizer"]["params"]["lr"] == settled.lr
 

@@ -306,7 +306,7 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
                 OK,
                 f"global batch {settled.train_batch} = micro {settled.micro_batch} x accumulation "
                 f"{settled.accumulation} x world size {world}; {settled.precision}; grad clip "
-                f"{settled.grad_clip:g}; lr {settled.lr:.6g}{scaled if settled.lr_scaled else ''}.",
+                f"{settled.grad_clip:g}; lr {settled.lr:.6g}{scaled}.",
             )
         )
     return out

@@ -176,7 +176,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         )
     from distsetup.formats.runconfig_load import load_run_config
 
-    cfg = load_run_config(o["config"])
+    cfg = load_run_config(o["config"]).resolved(Path(o["config"]).parent)
     notes = []
     if cfg.model.type == "python":
         from distsetup.training.user_code import make_importable

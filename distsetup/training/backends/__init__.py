@@ -5,7 +5,7 @@
 and imports only that one (FSDP and DeepSpeed take seconds to import).
 
 May import: the training layer's base modules, model/, data/, loss/ and checkpoint/; nothing imports backends/
-but the trainer.
+but the trainer and its model set-up (training/model_setup.py).
 """
 
 import importlib

@@ -79,9 +79,9 @@ class Backend(abc.ABC):
         settled = settled or settle(cfg, None, None, world.size)
         self.micro_batch, self.accumulation = settled.micro_batch, settled.accumulation
         self.precision, self.lr, self.grad_clip = settled.precision, settled.lr, settled.grad_clip
-        self.activation_checkpointing = settled.activation_checkpointing
-        source = settled.sources["precision"]  # the setting a user changes to change it
-        self.precision_source = "training.precision" if source.startswith("training.precision") else source
+        self.activation_checkpointing, self.lr_scaled = settled.activation_checkpointing, settled.lr_scaled
+        source = settled.sources["precision"]  # the setting a user changes to change it (bf16: training.precision)
+        self.precision_source = "training.precision" if source.startswith("training.") else source
         self.notes: list[str] = list(settled.notes)  # what rank 0 should tell the user about the backend's choices
         self.memory: dict | None = None
         self.activation_bytes: int | None = None  # saved for backward by the first micro-batch

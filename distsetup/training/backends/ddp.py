@@ -2,7 +2,7 @@
 
 import contextlib
 import inspect
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch.nn as nn
 
@@ -30,13 +30,16 @@ class DDPBackend(Backend):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
+        options: dict[str, Any] = buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type))
+        if "init_sync" in inspect.signature(DDP).parameters:  # torch 2.4 on
+            options["init_sync"] = False  # every copy holds rank 0's values already (_whole_on_device)
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
         return DDP(
             model,
             device_ids=ids,
             gradient_as_bucket_view=True,
             find_unused_parameters=bool(parts.conditional),
-            **buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type)),
+            **options,
         )
 
     def _plain_model(self) -> nn.Module:

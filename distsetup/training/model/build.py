@@ -51,8 +51,8 @@ class ModelParts:
 
 
 def build(m, weights: bool = True) -> nn.Module:
-    """The model of model section `m`, on the current default device, in fp32 (the same seed on every rank gives
-    the same weights). `weights`: a Hugging Face folder's own, where it has some (else fresh ones from its config)."""
+    """The model of model section `m`, on the current default device, in fp32 (the run's seed gives a one-process
+    run's weights). `weights`: a Hugging Face folder's own, where it has some (else fresh ones from its config)."""
     if m.type == "gpt":
         return GPT(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout)
     if m.type == "hf":
@@ -89,7 +89,7 @@ def architecture_on_meta(m) -> nn.Module:
         if m.type == "hf":
             return _hf_model(m, with_weights=False)
         if m.type == "python":
-            return _call_builder(m)
+            return _call_builder(m).float()  # as build() makes it: every rank's copy in the dtypes of rank 0's
         return build(m)
 
 
@@ -252,9 +252,9 @@ def training_state_bytes(strategy: str, parameters: int, world: World, precision
 def check_model_fits(parameters: int, builders: int, setting: str, holders: int = 0, state_bytes: float = 0.0) -> None:
     """Refuse, before any process group, a model this node's memory cannot hold, rather than a traceback from the
     allocator or a visit from the OOM killer: `builders` of its processes build the whole model in CPU memory first
-    (4 bytes a parameter): every one, or under FSDP2 and ZeRO-3 rank 0 alone (the others build it on the meta
-    device); and `holders` of them (those training on the CPU) hold `state_bytes` each of training state. `setting`:
-    what the user changes to make the model smaller."""
+    (4 bytes a parameter): rank 0 alone (the others build it on the meta device), or every one where the builder
+    cannot build there; and `holders` of them (those training on the CPU) hold `state_bytes` each of training
+    state. `setting`: what the user changes to make the model smaller."""
     whole, available = 4 * parameters * builders, available_memory()
     needed = whole + holders * state_bytes
     if needed <= available:

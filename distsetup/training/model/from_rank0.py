@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distsetup.errors import DistsetupError
+
 
 @dataclass
 class WholeValues:
@@ -76,10 +78,44 @@ def replicate(model: nn.Module, device: torch.device, is_main: bool) -> nn.Modul
     else:
         model.to(device)
     tie_again(ties)
+    # by name, shared ones at each of their names: to_empty splits a buffer two modules hold, rank 0's stays one
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    check_built_alike(tensors, device, is_main)
     with torch.no_grad():
-        for tensor in itertools.chain(model.parameters(), model.buffers()):
+        for _, tensor in tensors:
             dist.broadcast(tensor, src=0)
     return model
+
+
+def check_built_alike(tensors: list[tuple[str, torch.Tensor]], device: torch.device, is_main: bool) -> None:
+    """Every rank's tensors named, shaped and typed as rank 0's (a collective), else one line on every rank, naming
+    the first rank that differs and how: a broadcast between tensors of other sizes would hang or fill garbage."""
+    mine = [(name, str(t.dtype), tuple(t.shape)) for name, t in tensors]
+    rank0: list = [mine if is_main else None]
+    dist.broadcast_object_list(rank0, src=0)
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, _difference(mine, rank0[0]))
+    problems = [f"rank {rank}: {difference}" for rank, difference in enumerate(found) if difference]
+    if problems:
+        raise DistsetupError(
+            f"the ranks built the model differently ({problems[0]}).",
+            "make model.builder build the same parameters and buffers (names, shapes, dtypes) on every rank, the "
+            "meta device included.",
+        )
+
+
+def _difference(mine: list[tuple[str, str, tuple]], rank0: list[tuple[str, str, tuple]]) -> str:
+    """How a rank's tensors (name, dtype, shape) differ from rank 0's; "" where they do not."""
+    if mine == rank0:
+        return ""
+    ours, theirs = {name: rest for name, *rest in mine}, {name: rest for name, *rest in rank0}
+    extra, missing = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
+    if extra or missing:
+        return f"{extra[:3]} that rank 0 has not, rank 0's {missing[:3]} missing"
+    name = next((name for name in ours if ours[name] != theirs[name]), None)
+    if name is None:
+        return "its tensors in another order"
+    return f"{name} {ours[name][0]} {ours[name][1]}, rank 0's {theirs[name][0]} {theirs[name][1]}"
 
 
 def fill_from_rank0(model: nn.Module, whole: WholeValues | None, buffers_on: torch.device) -> None:
