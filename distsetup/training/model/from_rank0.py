@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
+from distsetup.training.world import decided_by_rank0
 
 
 @dataclass
@@ -80,21 +81,20 @@ def replicate(model: nn.Module, device: torch.device, is_main: bool) -> nn.Modul
     tie_again(ties)
     # by name, shared ones at each of their names: to_empty splits a buffer two modules hold, rank 0's stays one
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    check_built_alike(tensors, device, is_main)
+    check_built_alike(tensors)
     with torch.no_grad():
         for _, tensor in tensors:
             dist.broadcast(tensor, src=0)
     return model
 
 
-def check_built_alike(tensors: list[tuple[str, torch.Tensor]], device: torch.device, is_main: bool) -> None:
+def check_built_alike(tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Every rank's tensors named, shaped and typed as rank 0's (a collective), else one line on every rank, naming
     the first rank that differs and how: a broadcast between tensors of other sizes would hang or fill garbage."""
     mine = [(name, str(t.dtype), tuple(t.shape)) for name, t in tensors]
-    rank0: list = [mine if is_main else None]
-    dist.broadcast_object_list(rank0, src=0)
+    rank0 = decided_by_rank0(lambda: mine)
     found: list = [None] * dist.get_world_size()
-    dist.all_gather_object(found, _difference(mine, rank0[0]))
+    dist.all_gather_object(found, _difference(mine, rank0))
     problems = [f"rank {rank}: {difference}" for rank, difference in enumerate(found) if difference]
     if problems:
         raise DistsetupError(
