@@ -55,7 +55,7 @@ def whole_model(
     ):
         skeleton = pretrained.skeleton(m)
         if init_from:
-            load_weights(skeleton, init_from)  # its keys checked, as every run's
+            load_weights(skeleton, init_from, source.export)  # its keys checked, as every run's; mapped once
         if pretrained.covers(source, skeleton):  # no rank builds it whole: each reads its part
             say(f"note: weights read a part at a time from {source.path} ({backend.reads_pretrained})")
             return skeleton, source

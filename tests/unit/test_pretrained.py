@@ -1,11 +1,16 @@
 """Pretrained weights read a part at a time (model/pretrained.py, issue 37): a skeleton holds no parameter but keeps
 its ties and its buffers; a checkpoint is read only as far as asked, from safetensors or from an export."""
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn as nn
 from safetensors.torch import save_file
 
+from distsetup.formats.runconfig import ModelConfig
+from distsetup.training.model import build as models
 from distsetup.training.model.pretrained import Pretrained, covers, parameters_on_meta
+from distsetup.training.model_setup import whole_model
 
 
 class Tied(nn.Module):
@@ -39,3 +44,18 @@ def test_a_checkpoint_is_read_only_as_far_as_asked(tmp_path):
     with parameters_on_meta():
         wider = nn.Embedding(10, 5)
     assert not covers(Pretrained(tmp_path / "export.pt"), nn.ModuleDict({"embed": wider}))  # another shape
+
+
+def test_an_export_that_every_rank_reads_a_part_of_is_mapped_once(tmp_path, monkeypatch):
+    """--init_from where the backend fills its shards from the file: the file is mapped once per rank, and its keys
+    are still checked against the model."""
+    m = ModelConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=16)
+    torch.save(models.build(m).state_dict(), tmp_path / "export.pt")
+    loads = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or load(*a, **k))
+    backend = SimpleNamespace(fills_shards_from_rank0=True, reads_pretrained="its shards' rows")
+    world = SimpleNamespace(is_main=True, size=2)
+    model, source = whole_model(m, str(tmp_path / "export.pt"), models.describe(m), backend, world, print)
+    assert source is not None and all(p.is_meta for p in model.parameters())
+    assert len(loads) == 1

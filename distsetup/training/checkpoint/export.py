@@ -6,6 +6,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -215,14 +216,16 @@ def write_new_folder(out: Path, write) -> None:
         raise
 
 
-def load_weights(model: torch.nn.Module, path: str) -> None:
+def load_weights(model: torch.nn.Module, path: str, state: Mapping[str, torch.Tensor] | None = None) -> None:
     """--init_from: an exported file into a freshly built model (strict: every key must match). Mapped, not read:
-    a model on the meta device (a rank that FSDP2 fills from rank 0) only checks the keys."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
+    a model on the meta device (a rank that FSDP2 fills from rank 0) only checks the keys. `state`: the file,
+    already mapped by the caller (its reader of slices), so that it is not mapped twice."""
+    if state is None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
     if all(p.is_meta for p in model.parameters()):  # a rank FSDP2 or ZeRO-3 fills from rank 0: the keys alone

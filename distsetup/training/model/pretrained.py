@@ -53,6 +53,11 @@ class Pretrained:
         self._mapped = {}
 
     @property
+    def export(self) -> dict[str, torch.Tensor] | None:
+        """An `--export` file's tensors, mapped (None for a Hugging Face folder)."""
+        return None if self.path.is_dir() else self._mapped
+
+    @property
     def names(self) -> set[str]:
         return set(self._mapped) | set(self._where)
 
