@@ -51,12 +51,14 @@ docs: venv
 	$(VENV)/bin/mkdocs build --strict
 
 # The whole suite (under 20 minutes on 2 cores); test-fast is its in-process tier, tests/unit/ (tests/processes/
-# starts torchrun, deepspeed, sbatch), and takes under 3 minutes.
+# starts torchrun, deepspeed, sbatch), and takes under 3 minutes. Two pytest-xdist workers: a test that starts
+# processes waits on their start-up and their collectives as much as it computes (tests/conftest.py: the groups).
+TEST_WORKERS ?= 2
 test: venv ops
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # The README's main job: a ZeRO-2 config and a launcher for this machine, then the run itself.
 demo: venv

@@ -7,12 +7,16 @@ tests/processes/  start processes (torchrun, the deepspeed launcher, accelerate,
 tests/gpu/        need a CUDA GPU: marked `gpu` (and `slow`) here, and deselected where torch sees no GPU, except
                   in the GPU check's dry run (GPU_CHECK_DRY=1: gpu/check.py), which runs them on the CPU
 tests/support/    helpers and data, imported as top-level modules (setup.cfg: pythonpath = tests/support)
+
+`make test` runs them on two pytest-xdist workers (`--dist loadfile`): a test module stays on one worker, so the tests
+of the one SLURM cluster share a module; runs shared between modules are made once for both workers (train_runs.py).
 """
 
 import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,16 +37,31 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PAT
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"processes": ("slow",), "gpu": ("gpu", "slow")}
+SHARED_RUNS = "DISTSETUP_TEST_SHARED_RUNS"  # the folder of the runs tests share (train_runs.py)
+
+
+def pytest_configure(config):
+    """The folder of the shared runs, made by the process that controls the run, so that pytest-xdist's workers
+    (which inherit its environment) share it; removed when that process ends."""
+    if hasattr(config, "workerinput"):
+        return
+    shared = tempfile.mkdtemp(prefix="distsetup-train-")
+    os.environ[SHARED_RUNS] = shared
+    config.add_cleanup(lambda: shutil.rmtree(shared, ignore_errors=True))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
 def pytest_collection_modifyitems(config, items):
-    """Mark each test by its folder; without a GPU, deselect the GPU tier (deselected, not skipped: CI fails skips)."""
+    """Mark each test by its folder; without a GPU, deselect the GPU tier (deselected, not skipped: CI fails skips).
+    The SLURM cluster's tests must share one module: two workers must not each start a cluster."""
     for item in items:
         path = Path(item.path).resolve()
         tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
         for marker in TIER_MARKERS.get(tier, ()):
             item.add_marker(marker)
+    with_cluster = {item.path for item in items if "cluster" in getattr(item, "fixturenames", ())}
+    if len(with_cluster) > 1:
+        raise pytest.UsageError(f"the SLURM cluster's tests are in {sorted(map(str, with_cluster))}: keep them in one")
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu and not cuda_available() and os.environ.get("GPU_CHECK_DRY") != "1":  # the dry run: on the CPU
         config.hook.pytest_deselected(items=gpu)

@@ -1,17 +1,14 @@
-"""The files `distsetup init` writes train: answered by a person at a real pseudo-terminal, on 2 CPU processes;
-with --yes for two SLURM nodes, as one world on the test cluster."""
+"""The files `distsetup init` writes train: answered by a person at a real pseudo-terminal, on 2 CPU processes.
+With --yes for two SLURM nodes, they run as one world on the test cluster (tests/processes/test_slurm_jobs.py: the
+cluster's tests share one module)."""
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pexpect
 from init_terminal import environment, files_in, spawn_init
 from repo import run_subprocess_cli
 from shell_checks import shellcheck
-
-VENV = Path(sys.executable).parent.parent
 
 
 def test_a_person_answers_in_a_terminal_and_the_files_validate_and_train(tmp_path):
@@ -63,38 +60,3 @@ def test_a_person_answers_in_a_terminal_and_the_files_validate_and_train(tmp_pat
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
     assert (summary["backend"], summary["world_size"], summary["steps"]) == ("ddp", 2, 3)
-
-
-def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_path, monkeypatch):
-    project = tmp_path / "we ird 'dir\" $x"  # every path in the script is quoted
-    project.mkdir()
-    monkeypatch.chdir(project)
-    result = run_cli(
-        "init",
-        "--yes",
-        "--scheduler",
-        "slurm",
-        "--num_nodes",
-        2,
-        "--num_gpus_per_node",
-        1,
-        "--time_limit",
-        10,
-        "--gpu_memory",
-        "none",  # the test cluster's nodes have no real GPUs: a CPU job
-        "--venv",
-        VENV,
-        "--max_steps",
-        4,
-    )
-    assert result.exit_code == 0, result.output
-    assert "Next: sbatch scripts/slurm_job.sh" in result.stdout
-    shellcheck([project / "scripts" / "slurm_job.sh"])
-    job = cluster.run("sbatch", "--parsable", "scripts/slurm_job.sh", cwd=project).stdout.strip().split(";")[0]
-    state = cluster.wait_job(job, timeout=150)
-    log = (project / f"distsetup-{job}.out").read_text(errors="replace")
-    assert state["JobState"] == "COMPLETED", log[-4000:]
-    assert state["NodeList"] == "n[1-2]"
-    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
-    summary = json.loads((project / "runs" / "tiny" / "summary.json").read_text())
-    assert (summary["backend"], summary["world_size"], summary["steps"]) == ("ddp", 2, 4)

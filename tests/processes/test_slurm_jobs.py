@@ -1,6 +1,7 @@
 """Real processes for SLURM: torchrun honours the grace period the requeue script exports, and jobs on a real
-two-node SLURM cluster on loopback (tests/support/slurm_cluster.py) run as one world, from another folder too,
-and checkpoint and resume when requeued."""
+two-node SLURM cluster on loopback (tests/support/slurm_cluster.py) run as one world (the deepspeed launcher's, and
+torchrun's from `distsetup init --yes`), from another folder too, and checkpoint and resume when requeued. Every test
+of the cluster is in this module, which `make test` keeps on one pytest-xdist worker (tests/conftest.py)."""
 
 import json
 import os
@@ -100,9 +101,8 @@ def job_log(root: Path, job_id: str, name: str = "distsetup") -> str:
 
 @pytest.mark.parametrize("method", ["deepspeed"])
 def test_two_node_job_is_one_world(run_cli, cluster, tmp_path, method):
-    """The deepspeed launcher here; torchrun's two-node job is the one `distsetup init` writes
-    (tests/processes/test_init_trains.py),
-    in a folder whose name needs quoting, as this one."""
+    """The deepspeed launcher here; torchrun's two-node job is the one `distsetup init` writes (below), in a folder
+    whose name needs quoting, as this one."""
     root = slurm_project(tmp_path / WEIRD, max_steps=6, checkpoint_interval=3)
     ds = root / "ds.json"
     ds.write_text(
@@ -209,3 +209,38 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["steps"] == 200 and summary["world_size"] == 2
+
+
+def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_path, monkeypatch):
+    project = tmp_path / "we ird 'dir\" $x"  # every path in the script is quoted
+    project.mkdir()
+    monkeypatch.chdir(project)
+    result = run_cli(
+        "init",
+        "--yes",
+        "--scheduler",
+        "slurm",
+        "--num_nodes",
+        2,
+        "--num_gpus_per_node",
+        1,
+        "--time_limit",
+        10,
+        "--gpu_memory",
+        "none",  # the test cluster's nodes have no real GPUs: a CPU job
+        "--venv",
+        VENV,
+        "--max_steps",
+        4,
+    )
+    assert result.exit_code == 0, result.output
+    assert "Next: sbatch scripts/slurm_job.sh" in result.stdout
+    shellcheck([project / "scripts" / "slurm_job.sh"])
+    job = cluster.run("sbatch", "--parsable", "scripts/slurm_job.sh", cwd=project).stdout.strip().split(";")[0]
+    state = cluster.wait_job(job, timeout=150)
+    log = (project / f"distsetup-{job}.out").read_text(errors="replace")
+    assert state["JobState"] == "COMPLETED", log[-4000:]
+    assert state["NodeList"] == "n[1-2]"
+    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
+    summary = json.loads((project / "runs" / "tiny" / "summary.json").read_text())
+    assert (summary["backend"], summary["world_size"], summary["steps"]) == ("ddp", 2, 4)

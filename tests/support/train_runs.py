@@ -1,10 +1,13 @@
 """Launching src/train.py for the tests: tiny configs, real processes, runs shared between test modules.
 
-Each named run happens at most once per pytest process (`shared_run`), so the parity, memory and resume
-tests read the same DDP / FSDP / ZeRO runs instead of paying for them again on a 2-core machine.
+Each named run happens at most once per test session (`shared_run`, `feature_attempt`), whichever pytest-xdist worker
+asks first, so the parity, memory and resume tests read the same DDP / FSDP / ZeRO runs instead of paying for them
+again on a 2-core machine.
 """
 
 import atexit
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -21,8 +24,11 @@ from text_data import write_llama
 
 TRAIN = REPO / "src" / "train.py"
 BIN = Path(sys.executable).parent
-SHARED = Path(tempfile.mkdtemp(prefix="distsetup-train-"))
-atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
+if "DISTSETUP_TEST_SHARED_RUNS" in os.environ:  # tests/conftest.py's, one for every worker of the session
+    SHARED = Path(os.environ["DISTSETUP_TEST_SHARED_RUNS"])
+else:
+    SHARED = Path(tempfile.mkdtemp(prefix="distsetup-train-"))
+    atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
 
 STEPS, INTERVAL, GLOBAL_BATCH = 30, 10, 24
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
@@ -177,12 +183,24 @@ def start(config: Path, nproc: int, *args) -> subprocess.Popen:
     return proc
 
 
+@contextlib.contextmanager
+def one_worker_at_a_time(name: str):
+    """Held by one pytest process of the session at a time: the one making shared run `name`, or reading it."""
+    with open(SHARED / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @functools.cache
 def shared_run(name: str) -> Path:
     """Run `name` once (30 steps, checkpoints every 10); returns its output_dir. Fails loudly if it fails."""
-    config = write_run_config(SHARED / name, name)
-    result = train(config, RUNS[name][0])
-    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    passed = SHARED / name / "passed"
+    with one_worker_at_a_time(name):
+        if not passed.exists():
+            config = write_run_config(SHARED / name, name)
+            result = train(config, RUNS[name][0])
+            assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            passed.touch()
     return SHARED / name / "out"
 
 
@@ -385,11 +403,16 @@ def write_feature_config(folder: Path, name: str, **training) -> tuple[Path, int
 
 @functools.cache
 def feature_attempt(name: str) -> subprocess.CompletedProcess:
-    """Run feature run `name` once per pytest process, whatever its outcome."""
-    config, nproc, nodes = write_feature_config(SHARED / name, name)
-    result = train_nodes(config) if nodes else train(config, nproc)
-    (SHARED / name / "stdout.txt").write_text(result.stdout)
-    return result
+    """Run feature run `name` once per test session, whatever its outcome."""
+    outcome = SHARED / name / "outcome.json"
+    with one_worker_at_a_time(name):
+        if not outcome.exists():
+            config, nproc, nodes = write_feature_config(SHARED / name, name)
+            result = train_nodes(config) if nodes else train(config, nproc)
+            (SHARED / name / "stdout.txt").write_text(result.stdout)
+            fields = {"args": result.args, "returncode": result.returncode}
+            outcome.write_text(json.dumps({**fields, "stdout": result.stdout, "stderr": result.stderr}))
+    return subprocess.CompletedProcess(**json.loads(outcome.read_text()))
 
 
 def feature_run(name: str) -> Path:
