@@ -1,7 +1,7 @@
 """`distsetup init`: answers from a person at a terminal (a real pseudo-terminal), from flags with --yes, and
 from what it detects; bad answers are asked again in a terminal, and are one line with nothing written otherwise.
-(The files it writes, trained on CPU processes and on the test SLURM cluster:
-tests/processes/test_init_trains.py.)"""
+(The files it writes, trained on CPU processes: tests/processes/test_init_trains.py; on the test SLURM cluster:
+tests/processes/test_slurm_jobs.py.)"""
 
 import json
 import re
