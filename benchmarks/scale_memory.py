@@ -23,6 +23,7 @@ from distsetup.planning.models import gpt_params
 BARE = "import resource, torch, distsetup.training.trainer{}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
 LIBRARY = {"fsdp": "", "zero3": ", deepspeed"}
 GOAL_OTHERS, GOAL_RANK0 = 0.75, 1.25
+RECOMPUTED = {"none": "", "full": ", activation checkpointing full (each block's activations recomputed)"}
 
 
 def run(backend: str, processes: int, a, work: Path) -> dict:
@@ -39,6 +40,7 @@ def run(backend: str, processes: int, a, work: Path) -> dict:
         "training.checkpoint_interval=1000",
         "training.warmup_steps=0",
         "training.precision=fp32",
+        f"training.activation_checkpointing={a.activation_checkpointing}",
         f"training.output_dir={out}",
     ]
     if backend == "zero3":
@@ -136,8 +138,12 @@ def main():
     parser.add_argument("--n_head", type=int, default=13)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--backends", nargs="+", default=["fsdp", "zero3"], choices=["fsdp", "zero3"])
-    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "scale_memory.svg")
+    # the blocks' activations recomputed in backward: what the state and the gathers cost without most of them
+    parser.add_argument("--activation_checkpointing", default="none", choices=["none", "full"])
+    parser.add_argument("--plot", type=Path, help="the SVG plot (default: the docs' one, for a run without recompute)")
     a = parser.parse_args()
+    if a.plot is None and a.activation_checkpointing == "none":
+        a.plot = REPO / "docs" / "img" / "scale_memory.svg"
     params = gpt_params(256, 64, a.n_layer, a.n_embd)
     unit, bare = 4 * params, {backend: bare_process_bytes(backend) for backend in a.backends}
     rows, figures = [], []
@@ -178,14 +184,17 @@ def main():
     )
     text += (
         f"\n\nGPT {a.n_layer} x {a.n_embd} ({params / 1e6:.0f}M parameters, 1 unit = {unit / 2**30:.2f} GiB in fp32), "
-        "fp32, micro-batch 1 x 64 positions, 2 steps. Each figure: a rank's peak resident memory less a bare "
+        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}. Each figure: a rank's "
+        "peak resident memory less a bare "
         f"process's ({', '.join(f'{b}: {v / 2**30:.2f}' for b, v in bare.items())} GiB), in units of the whole fp32 "
         "model; 'sharded state': 16 bytes a parameter "
         "/ W. Goal: at W=8, others <= 0.75, rank 0 <= 1.25."
     )
-    record("Peak host memory per rank at scale (FSDP2, ZeRO-3)", text)
-    a.plot.write_text(plot(figures))
-    print(f"plot: {a.plot}")
+    title = "Peak host memory per rank at scale (FSDP2, ZeRO-3)"
+    record(title + (", activations recomputed" if a.activation_checkpointing != "none" else ""), text)
+    if a.plot is not None:
+        a.plot.write_text(plot(figures))
+        print(f"plot: {a.plot}")
 
 
 if __name__ == "__main__":
