@@ -52,13 +52,15 @@ docs: venv
 
 # The whole suite (under 20 minutes on 2 cores); test-fast is its in-process tier, tests/unit/ (tests/processes/
 # starts torchrun, deepspeed, sbatch), and takes under 3 minutes. Two pytest-xdist workers: a test that starts
-# processes waits on their start-up and their collectives as much as it computes (tests/conftest.py: the groups).
+# processes waits on their start-up and their collectives as much as it computes; a test module stays on one worker
+# (tests/conftest.py says why).
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 test: venv ops
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
+	$(PY) -m pytest -q $(XDIST) tests/unit
 
 # The README's main job: a ZeRO-2 config and a launcher for this machine, then the run itself.
 demo: venv

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 from hostile_input import RUN_CONFIG
 from launch_inputs import DS_CONFIG
-from repo import REPO
+from repo import REPO, SHARED_RUNS_VARIABLE
 from shell_checks import require_tool
 from slurm_cluster import LocalSlurm, slurm_available
 
@@ -37,7 +37,6 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PAT
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"processes": ("slow",), "gpu": ("gpu", "slow")}
-SHARED_RUNS = "DISTSETUP_TEST_SHARED_RUNS"  # the folder of the runs tests share (train_runs.py)
 
 
 def pytest_configure(config):
@@ -46,7 +45,7 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
     shared = tempfile.mkdtemp(prefix="distsetup-train-")
-    os.environ[SHARED_RUNS] = shared
+    os.environ[SHARED_RUNS_VARIABLE] = shared
     config.add_cleanup(lambda: shutil.rmtree(shared, ignore_errors=True))
 
 

@@ -1,5 +1,5 @@
 """The repository's paths, a free local port, and `distsetup` run in a fresh interpreter: what the tests share
-besides conftest.py's fixtures."""
+besides conftest.py's fixtures (and the variable that names the folder of their shared runs)."""
 
 import ast
 import socket
@@ -9,6 +9,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SUPPORT = REPO / "tests" / "support"  # these helpers, for a subprocess's PYTHONPATH
+# the folder of the runs tests share, one for every pytest-xdist worker: conftest.py makes it, train_runs.py uses it
+SHARED_RUNS_VARIABLE = "DISTSETUP_TEST_SHARED_RUNS"
 
 
 def free_port() -> int:

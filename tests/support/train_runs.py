@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import yaml
-from repo import REPO, free_port
+from repo import REPO, SHARED_RUNS_VARIABLE, free_port
 from text_data import write_llama
 
 TRAIN = REPO / "src" / "train.py"
 BIN = Path(sys.executable).parent
-if "DISTSETUP_TEST_SHARED_RUNS" in os.environ:  # tests/conftest.py's, one for every worker of the session
-    SHARED = Path(os.environ["DISTSETUP_TEST_SHARED_RUNS"])
+if shared := os.environ.get(SHARED_RUNS_VARIABLE):  # tests/conftest.py's, one for every worker of the session
+    SHARED = Path(shared)
 else:
     SHARED = Path(tempfile.mkdtemp(prefix="distsetup-train-"))
     atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
@@ -409,7 +409,6 @@ def feature_attempt(name: str) -> subprocess.CompletedProcess:
         if not outcome.exists():
             config, nproc, nodes = write_feature_config(SHARED / name, name)
             result = train_nodes(config) if nodes else train(config, nproc)
-            (SHARED / name / "stdout.txt").write_text(result.stdout)
             fields = {"args": result.args, "returncode": result.returncode}
             outcome.write_text(json.dumps({**fields, "stdout": result.stdout, "stderr": result.stderr}))
     return subprocess.CompletedProcess(**json.loads(outcome.read_text()))
