@@ -29,12 +29,16 @@ from pathlib import Path
 import yaml
 from common import BIN, REPO, record, rounds, table
 
+from distsetup.planning.estimates import BY_KEY
 from distsetup.train import MAPPED_APART_BYTES
 
 SEQ, MICRO, HIDDEN, LAYERS, HEADS = 128, 8, 256, 4, 4
 VOCABULARIES = (8192, 256)
-# what distsetup/train.py sets for its own process (ask_for_huge_pages, map_large_tensors_apart), as environment
-DISTSETUP_ALLOCATOR = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_THRESHOLD_": str(MAPPED_APART_BYTES)}
+# what distsetup/train.py sets for its own process (ask_for_huge_pages; map_large_tensors_apart where the backend
+# gathers weights), as environment
+HUGE_PAGES = {"THP_MEM_ALLOC_ENABLE": "1"}
+MAPPED_APART = {"MALLOC_MMAP_THRESHOLD_": str(MAPPED_APART_BYTES)}
+STRATEGY_OF = {"ddp": "ddp", "fsdp": "fsdp_full_shard", "zero3": "zero3"}
 SAME_ALLOCATOR = " (same allocator)"
 RUNS = {  # backend -> the tools run on it; distsetup first
     "ddp": ("distsetup", "hf_trainer", "accelerate"),
@@ -149,13 +153,19 @@ def peer_run(tool: str, backend: str, steps: int, vocab: int, work: Path, env_ad
     }
 
 
+def distsetup_allocator(backend: str) -> dict:
+    """The environment that gives a peer distsetup's allocator settings on `backend`."""
+    return HUGE_PAGES | (MAPPED_APART if BY_KEY[STRATEGY_OF[backend]].gathers_weights else {})
+
+
 def measures(backend: str, steps: int, vocab: int, work: Path) -> dict:
     """Each run of a round on `backend`, as a function of no arguments: distsetup, then each peer as its users run it
     and with distsetup's allocator settings."""
     runs = {"distsetup": lambda: distsetup_run(backend, steps, vocab, work)}
     for tool in RUNS[backend][1:]:
         runs[tool] = lambda tool=tool: peer_run(tool, backend, steps, vocab, work, None)
-        runs[tool + SAME_ALLOCATOR] = lambda tool=tool: peer_run(tool, backend, steps, vocab, work, DISTSETUP_ALLOCATOR)
+        same = distsetup_allocator(backend)
+        runs[tool + SAME_ALLOCATOR] = lambda tool=tool, same=same: peer_run(tool, backend, steps, vocab, work, same)
     return runs
 
 
@@ -222,7 +232,8 @@ def main() -> None:
         "brackets). 'ran as' is what each tool did with the request (on a CPU Accelerate "
         "takes no FSDP plugin: peer_loops.py sets its state to FSDP, and its own FSDP2 path runs). "
         f"'{SAME_ALLOCATOR.strip()}': the peer run with distsetup's allocator settings "
-        f"({', '.join(f'{k}={v}' for k, v in DISTSETUP_ALLOCATOR.items())})."
+        f"({', '.join(f'{k}={v}' for k, v in HUGE_PAGES.items())}; where the backend gathers weights, fsdp and "
+        f"zero3, also {', '.join(f'{k}={v}' for k, v in MAPPED_APART.items())})."
     )
     everything = a.backends == list(RUNS) and a.vocabularies == list(VOCABULARIES)
     scope = "" if everything else f" ({', '.join(a.backends)}; vocabulary {', '.join(map(str, a.vocabularies))})"

@@ -162,7 +162,9 @@ def map_large_tensors_apart() -> None:
     and gradients come from its heap, which keeps the pages they leave: a rank's resident memory grows past what it
     holds (under FSDP2, by a third of a 200M model at 2 processes; docs/trainer.md). Smaller allocations stay in the
     heap: mapping those too (glibc's starting threshold, 128 KiB) held a little less but faulted in every activation,
-    and a small model's CPU step ran at 0.6 of the speed. mallopt(3); a C library other than glibc is left as is."""
+    and a small model's CPU step ran at 0.6 of the speed. Only for a backend that gathers weights (prepare): where
+    each rank holds its weights whole, nothing of a layer's size comes and goes each step, and an activation of
+    4 MiB or more would be faulted in afresh each time. mallopt(3); a C library other than glibc is left as is."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -177,10 +179,11 @@ _RUNS: list = []
 def prepare(cfg: RunConfig, args: argparse.Namespace) -> "Trainer":
     """The run, with every check that can fail before the process group done (distsetup.training.trainer.Trainer)."""
     ask_for_huge_pages()
-    map_large_tensors_apart()
     from distsetup.training.trainer import Trainer
 
     trainer = Trainer(cfg, args)
+    if trainer.backend.gathers_weights:
+        map_large_tensors_apart()
     _RUNS.append(trainer)
     return trainer
 

@@ -100,6 +100,12 @@ class Strategy:
         return int(self.offload_optimizer) + int(self.offload_param)
 
     @property
+    def gathers_weights(self) -> bool:
+        """Whether each step gathers the layers' weights from their shards and frees them again (FSDP's sharded
+        strategies, ZeRO-3): large short-lived tensors of one size, layer after layer."""
+        return self.zero_stage == 3 or (self.framework == "fsdp" and self.sharding_strategy != "NO_SHARD")
+
+    @property
     def fsdp_sharding(self) -> str:
         """The FSDP sharding strategy; only FSDP strategies have one."""
         if self.sharding_strategy is None:

@@ -146,9 +146,9 @@ def test_the_trainer_asks_for_huge_pages_for_large_cpu_tensors_unless_told_not_t
 
 FREED_LAYERS_RESIDENT = """
 import sys, torch
-from distsetup.train import map_large_tensors_apart
-if sys.argv[1] == "apart":
-    map_large_tensors_apart()
+from distsetup.train import load_config, parse_args, prepare
+args = parse_args(["--config", "config/config.yaml", *sys.argv[1:]])
+prepare(load_config(args), args)  # the trainer's process, as it is when it builds the model
 def resident():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS:")).split()[1]) * 1024
 torch.ones(1024).sum()  # torch's own first-use allocations, before the count
@@ -160,9 +160,32 @@ print((resident() - before) / 2**20)
 """
 
 
-def test_freed_layers_leave_the_process():
-    """With the threshold fixed, a layer's worth of memory freed is the system's again (glibc's mmap threshold would
-    otherwise have risen above these sizes and kept them in its heap; glibc is this project's C library)."""
-    run = subprocess.run([sys.executable, "-c", FREED_LAYERS_RESIDENT, "apart"], capture_output=True, text=True)
+def resident_after_freeing_layers(backend: str, output_dir: Path) -> float:
+    """MiB a trainer's process of `backend` still holds after gathering and freeing 144 MiB of layers, 7 kept."""
+    overrides = [f"distributed.backend={backend}", f"training.output_dir={output_dir}"]
+    run = subprocess.run([sys.executable, "-c", FREED_LAYERS_RESIDENT, *overrides], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert float(run.stdout) < 48  # the 7 MiB layer kept (and the interpreter's own growth), not 144
+    return float(run.stdout)
+
+
+def test_freed_layers_leave_the_process_where_the_backend_gathers_them(tmp_path):
+    """A backend that gathers each layer's weights (FSDP2 here; ZeRO-3 alike: Strategy.gathers_weights) fixes glibc's
+    mmap threshold, so a layer's worth of memory freed is the system's again; glibc's own threshold would have risen
+    above these sizes and kept them in its heap, which it does for DDP, whose activations of 4 MiB or more would
+    otherwise be faulted in afresh every step (glibc is this project's C library)."""
+    assert resident_after_freeing_layers("fsdp", tmp_path / "fsdp") < 48  # the 7 MiB layer kept, and the interpreter's
+    assert resident_after_freeing_layers("ddp", tmp_path / "ddp") > 96  # the heap keeps what was freed
+
+
+def test_the_strategies_that_gather_weights_are_the_sharded_ones():
+    from distsetup.planning.estimates import STRATEGIES
+
+    gathering = {s.key for s in STRATEGIES if s.gathers_weights}
+    assert gathering == {
+        "fsdp_shard_grad_op",
+        "fsdp_hybrid_shard",
+        "fsdp_full_shard",
+        "zero3",
+        "zero3_offload_optimizer",
+        "zero3_offload_all",
+    }

@@ -20,6 +20,7 @@ from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Layout, Marker, described_backend, layout
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import Settled, settle
+from distsetup.planning.estimates import BY_KEY
 from distsetup.training import memory
 from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
@@ -90,6 +91,11 @@ class Backend(abc.ABC):
         self.placement = Placement(device)  # where batches go
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
         self.tf32 = False  # fp32 matmuls in TF32 (set_up_device)
+
+    @property
+    def gathers_weights(self) -> bool:
+        """Whether each step gathers the layers' weights from their shards and frees them again."""
+        return BY_KEY[self.memory_strategy].gathers_weights
 
     # -- the interface -------------------------------------------------------------------------------
     def wrap(self, parts: ModelParts, steps: int) -> None:
