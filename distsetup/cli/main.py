@@ -16,6 +16,7 @@ COMMANDS = {
     "validate": "validate:validate",
     "launcher": "launcher:launcher",
     "slurm": "slurm:slurm",
+    "job": "job:job",
     "plan": "plan:plan_command",
     "status": "status:status",
     "doctor": "doctor:doctor",

@@ -79,8 +79,12 @@ def schema_problems(data, schema_name: str, hint: Hint | None = None) -> list[Pr
     """Every place `data` breaks the named schema or holds a non-finite number; unknown keys come with
     `hint(section, key, known)` where it has one (another tool's name, or a typo of one), else a close-match
     suggestion."""
+    return schema_problems_in(data, load_schema(schema_name), hint)
+
+
+def schema_problems_in(data, schema: dict, hint: Hint | None = None) -> list[Problem]:
+    """schema_problems, for a schema given as data."""
     problems = non_finite_problems(data)
-    schema = load_schema(schema_name)
     if conforms(data, schema):
         return problems
     import jsonschema  # only when there is something to explain (a quarter of a command's time)

@@ -218,3 +218,17 @@ def read_yaml(path: Path, as_pyyaml: bool = False) -> dict:
     if not isinstance(raw, dict):
         raise DistsetupError(f"{path} must hold a mapping of sections.", "start with e.g. 'training:'.")
     return raw
+
+
+def read_yaml_documents(path: Path) -> list:
+    """The documents of a multi-document YAML file (Kubernetes manifests), within the same limits, each read as
+    Kubernetes reads YAML (1.1, as PyYAML: `3e-4` is a string); empty documents left out."""
+    text = read_config_text(path, "manifest")
+    try:
+        return [doc for doc in yaml.load_all(text, Loader=_PyYamlLoader) if doc is not None]
+    except TooComplex as e:
+        raise too_complex(path, "manifest", e)
+    except yaml.YAMLError as e:
+        raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
+    except ValueError as e:
+        raise DistsetupError(f"{path} is not valid YAML: {str(e).split(';')[0]}.", "quote the value.")

@@ -1,6 +1,7 @@
 """`distsetup validate`: find a config file's kind and every problem in it."""
 
 import copy
+import re
 import shlex
 from pathlib import Path
 from typing import NamedTuple
@@ -12,13 +13,23 @@ from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
-from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
+from distsetup.formats.reading import (
+    duplicate_key_problems,
+    read_config_text,
+    read_json,
+    read_yaml,
+    read_yaml_documents,
+)
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
-KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
+KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args", "kubernetes", "skypilot")
 YAML_SUFFIXES = (".yaml", ".yml")
+# A Kubernetes manifest: an object's apiVersion and kind at the top level; a SkyPilot task: what its nodes run, and
+# how many (no other kind of file has these)
+_MANIFEST = re.compile(r"^apiVersion:.*^kind:|^kind:.*^apiVersion:", re.MULTILINE | re.DOTALL)
+_SKYPILOT_TASK = re.compile(r"^run:.*^num_nodes:|^num_nodes:.*^run:", re.MULTILINE | re.DOTALL)
 
 
 def detect_kind(path: Path, data: dict) -> str:
@@ -47,9 +58,18 @@ def validate_file(
     hf: bool = False,
     num_gpus_per_node: int | None = None,
 ) -> Validated:
-    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config
-    or TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names)."""
-    as_yaml = path.suffix in YAML_SUFFIXES or kind == "run_config"
+    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config,
+    TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names), a Kubernetes manifest of
+    `distsetup job`'s kinds or a SkyPilot task (their documents under "documents")."""
+    as_yaml = path.suffix in YAML_SUFFIXES or kind in ("run_config", "kubernetes", "skypilot")
+    if as_yaml and kind is None:
+        text = read_config_text(path, "file")
+        kind = "kubernetes" if _MANIFEST.search(text) else "skypilot" if _SKYPILOT_TASK.search(text) else None
+    if kind in ("kubernetes", "skypilot"):
+        from distsetup.jobs.rules import manifest_problems
+
+        documents = read_yaml_documents(path)
+        return Validated(kind, manifest_problems(documents), {"documents": documents})
     data = read_yaml(path) if as_yaml else read_json(path)
     kind = kind or detect_kind(path, data)
     if as_yaml and kind in ("accelerate", "training_args"):

@@ -302,6 +302,8 @@ def launch_context(spec: LaunchSpec) -> dict:
         # program owns its arguments
         "check_config": spec.runs_default_trainer,
         "workdir": spec.workdir,
+        "workdir_why": "where distsetup ran: relative paths here and in the run config start there",
+        "workdir_missing": "(where this script was written): regenerate it in the project folder or edit WORKDIR",
         "train_args": train_args(spec),
         "num_nodes": spec.num_nodes,
         "nproc_per_node": nproc,

@@ -1,6 +1,8 @@
 """Preemption: SIGTERM or SIGUSR1 (SLURM's warning before the time limit) asks the run to checkpoint and stop."""
 
+import os
 import signal
+from pathlib import Path
 
 PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script requeues on
 
@@ -15,3 +17,12 @@ class Preemption:
 
     def _handle(self, signum, frame):
         self.requested = True
+
+
+def tell_the_entry_point() -> None:
+    """Where the node's entry point asks (DISTSETUP_PREEMPTED_FILE, set by the pod entry point `distsetup job`
+    writes), a file saying that this rank stopped for preemption with its checkpoint whole: torchrun exits 1 whatever
+    its ranks' status, and the entry point then exits with the status its engine restarts the job on."""
+    path = os.environ.get("DISTSETUP_PREEMPTED_FILE")
+    if path:
+        Path(path).touch()

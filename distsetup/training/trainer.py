@@ -31,7 +31,7 @@ from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import device_peak_tflops, mfu
 from distsetup.training.model_setup import check_model_fits, flops_per_item, whole_model
-from distsetup.training.preemption import PREEMPTED, Preemption
+from distsetup.training.preemption import PREEMPTED, Preemption, tell_the_entry_point
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
 from distsetup.training.world import (
@@ -128,6 +128,7 @@ class Trainer:
                 self._checkpoint(loop, background=t.async_checkpoint and not stop)  # a preempted run: a whole one
             if stop:
                 self.say(f"preempted: checkpoint at step {self.step}")
+                tell_the_entry_point()
                 return PREEMPTED
         if loop.pending is not None:
             with loop.timer.checkpointing():

@@ -25,6 +25,8 @@ KIND_NAMES = {
     "run_config": "run config",
     "accelerate": "Accelerate config",
     "training_args": "TrainingArguments",
+    "kubernetes": "Kubernetes manifest",
+    "skypilot": "SkyPilot task",
 }
 
 
@@ -35,6 +37,7 @@ Examples:
   distsetup validate config.yaml
   distsetup validate ~/.cache/huggingface/accelerate/default_config.yaml --num_gpus_per_node 8
   distsetup validate training_args.json --world_size 16       # and the DeepSpeed file it names
+  distsetup validate k8s/trainjob.yaml                        # TrainJob, JobSet, PyTorchJob and their parts
   distsetup validate ds_hf.json --hf --resolve --hidden_size 4096 --micro_batch_size 4 --world_size 16
 """
 )

@@ -1,0 +1,129 @@
+"""`distsetup job`: the run as a Kubernetes job (Kubeflow Trainer's TrainJob, a JobSet or a PyTorchJob), one file
+that `kubectl apply -f` submits whole: the run config, its backend file and the entry point in a ConfigMap, the
+volume the run works in, and the engine's object, set to restart the world as one after a preemption; or as a
+SkyPilot task, which `sky jobs launch` runs as a managed job."""
+
+import click
+
+from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.options import option, positive
+from distsetup.cli.output import emit, refuse_generated_problems
+from distsetup.errors import DistsetupError
+from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
+from distsetup.jobs.rules import manifest_problems
+from distsetup.jobs.spec import TARGETS, JobSpec
+from distsetup.scripts.launch_plan import parse_env_pairs
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  distsetup job --target trainjob --config config.yaml --num_nodes 4 --num_gpus_per_node 8 \\
+      --image ghcr.io/me/train:1.0 --name llm-run-1
+  distsetup job --target jobset --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
+      --image ghcr.io/me/train:1.0 --checkpoint_claim shared-runs --grace_seconds 600 --checkpoint_seconds 240
+  distsetup job --target skypilot --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
+      --accelerator H100 --checkpoint_bucket s3://my-bucket/runs --use_spot
+"""
+)
+@option(
+    "target",
+    type=click.Choice(TARGETS),
+    help="The engine: trainjob (Kubeflow Trainer v2), jobset (JobSet), pytorchjob (Kubeflow training-operator v1), "
+    "skypilot (a SkyPilot task).",
+)
+@launch_options
+@option("image", help="Container image with Python, torch and distsetup (and your code and data) installed.")
+@option("name", default="distsetup", show_default=True, help="The job's name (a DNS label; pods are named after it).")
+@option("namespace", help="Namespace of every object (else kubectl's current one).")
+@option(
+    "gpu_resource",
+    default="nvidia.com/gpu",
+    show_default=True,
+    help="The resource each pod asks --num_gpus_per_node of; 'none' for CPU pods.",
+)
+@option(
+    "checkpoint_claim",
+    help="An existing ReadWriteMany PersistentVolumeClaim to work in [a claim NAME-work is written].",
+)
+@option("checkpoint_storage", default="100Gi", show_default=True, help="Size of the claim written.")
+@option("storage_class", help="StorageClass of the claim written (one that offers ReadWriteMany).")
+@option("shm_size", default="16Gi", show_default=True, help="/dev/shm of each pod (memory-backed; 64 MB otherwise).")
+@option(
+    "grace_seconds",
+    type=positive,
+    default=300,
+    show_default=True,
+    help="terminationGracePeriodSeconds: how long a pod has after SIGTERM to checkpoint and exit.",
+)
+@option(
+    "checkpoint_seconds",
+    type=positive,
+    default=60,
+    show_default=True,
+    help="The longest a checkpoint takes (summary.json's checkpoint_seconds); the grace period must fit it.",
+)
+@option(
+    "max_restarts",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Restarts after failures; preemptions do not count.",
+)
+@option("accelerator", help="SkyPilot: the GPU type, e.g. H100 (--num_gpus_per_node of them); none for CPU nodes.")
+@option("checkpoint_bucket", help="SkyPilot: the bucket the run works in, e.g. s3://my-bucket/runs.")
+@option("use_spot", is_flag=True, help="SkyPilot: spot instances (preempted, then recovered and resumed).")
+@option("env", multiple=True, metavar="KEY=VALUE", help="Export a variable on every node (repeatable).")
+@option(
+    "output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    help="File to write; '-' prints it [k8s/TARGET.yaml; sky/task.yaml].",
+)
+def job(target, output, dry_run, **opts):
+    """Write a Kubernetes job or a SkyPilot task: every node of ONE torchrun world, restarted as one and resumed
+    after a preemption.
+
+    Each node runs an entry point that reads the engine's variables, starts torchrun, forwards SIGTERM and exits
+    143 once the world has checkpointed, which the engine restarts on. On Kubernetes the run config and its backend
+    file travel in a ConfigMap, and the run works in a shared volume, where its output_dir and checkpoints live; on
+    SkyPilot the folder distsetup runs in is the workdir, and the output goes to the checkpoint bucket.
+    """
+    if target is None:
+        raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
+    output = output or default_output(target)
+    if opts["num_gpus_per_node"] in (None, "auto"):
+        raise DistsetupError(
+            f"distsetup job needs a number for --num_gpus_per_node, not {opts['num_gpus_per_node'] or 'nothing'}.",
+            "e.g. --num_gpus_per_node 8 (torchrun's auto starts one process on a node without visible GPUs).",
+        )
+    launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
+    spec = JobSpec(
+        target=target,
+        name=opts["name"],
+        launch=launch,
+        image=opts["image"],
+        namespace=opts["namespace"],
+        gpu_resource="" if opts["gpu_resource"] == "none" else opts["gpu_resource"],
+        checkpoint_claim=opts["checkpoint_claim"],
+        checkpoint_storage=opts["checkpoint_storage"],
+        storage_class=opts["storage_class"],
+        shm_size=opts["shm_size"],
+        grace_seconds=opts["grace_seconds"],
+        checkpoint_seconds=opts["checkpoint_seconds"],
+        max_restarts=opts["max_restarts"],
+        accelerator="" if opts["accelerator"] == "none" else opts["accelerator"],
+        checkpoint_bucket=opts["checkpoint_bucket"],
+        use_spot=opts["use_spot"],
+    )
+    objects = job_documents(spec, regenerate_command("job"))
+    refuse_generated_problems(manifest_problems(objects))
+    submit = submit_command(spec, output if output != "-" else default_output(target))
+    emit(
+        manifest_text(objects, regenerate_command("job"), submit),
+        output,
+        dry_run,
+        next_step=submit,
+        inputs=launch_inputs(launch),
+        remarks=[f"Note: {note}" for note in notes],
+    )

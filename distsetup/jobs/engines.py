@@ -1,0 +1,76 @@
+"""The engines' own names, as their controllers make them (kubeflow/trainer v2.3.0, jobset v0.12.0,
+training-operator v1.9.4): the containers they look for, the pods' host names and the address of node 0, and the
+rule their names follow."""
+
+import re
+
+# The container each engine runs (TrainJob: the torch plugin fills PET_* into the container named "node";
+# PyTorchJob: the operator sets its variables in the container named "pytorch")
+CONTAINER = {"trainjob": "node", "jobset": "node", "pytorchjob": "pytorch"}
+# The replicated Job of the JobSet (and of the TrainingRuntime's JobSet template) that runs the nodes
+REPLICATED_JOB = "node"
+# How Kubeflow Trainer finds the replicated Job its trainer settings apply to
+ANCESTOR_LABEL, TRAINER_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
+DNS_LABEL_MAX = 63
+
+
+def jobset_pod_host(jobset: str, node: int, replicated_job: str = REPLICATED_JOB) -> str:
+    """A JobSet pod's host name: <jobset>-<replicated job>-<job index>-<pod index>; one Job, one pod per node."""
+    return f"{jobset}-{replicated_job}-0-{node}"
+
+
+def jobset_master_address(jobset: str) -> str:
+    """Node 0's DNS name: its host name in the JobSet's headless service (the subdomain, named after the JobSet).
+    A TrainJob's JobSet is named after the TrainJob, so its PET_MASTER_ADDR is the same name."""
+    return f"{jobset_pod_host(jobset, 0)}.{jobset}"
+
+
+def pytorchjob_master_address(job: str) -> str:
+    """The Master's service name, which the training-operator puts in MASTER_ADDR."""
+    return f"{job}-master-0"
+
+
+def longest_pod_name(target: str, name: str, nodes: int) -> str:
+    """The longest name the engine gives a pod of `name` for `nodes` nodes, which must be a DNS label: JobSet's
+    webhook checks <jobset>-<replicated job>-<job index>-<pod index> with the Job controller's 5-character suffix
+    (pkg/webhooks/jobset_webhook.go); the training-operator names pods and services <job>-<role>-<index>."""
+    if target == "pytorchjob":
+        return f"{name}-worker-{nodes - 2}" if nodes > 1 else pytorchjob_master_address(name)
+    return f"{jobset_pod_host(name, nodes - 1)}-{'x' * POD_SUFFIX}"
+
+
+POD_SUFFIX = 5
+
+
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_SUBDOMAIN_MAX = 253
+
+
+def label_problem(name: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) with the name of another object (ConfigMap, claim, runtime): a DNS subdomain."""
+    if _DNS_SUBDOMAIN.match(name) and len(name) <= DNS_SUBDOMAIN_MAX:
+        return None
+    return (
+        f"{name!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.', at most {DNS_SUBDOMAIN_MAX}).",
+        "e.g. llm-run-1-files.",
+    )
+
+
+def name_problem(target: str, name: str, nodes: int) -> tuple[str, str] | None:
+    """(what is wrong, the fix) with a job's name, or None: an RFC 1035 label (TrainJob's CEL rule, the operators'
+    webhooks), short enough for the longest pod name the engine makes of it."""
+    if not _DNS_1035_LABEL.match(name) or len(name) > DNS_LABEL_MAX:
+        return (
+            f"{name!r} is not a DNS label (at most {DNS_LABEL_MAX} lower-case letters, digits and '-', starting with a "
+            "letter, ending with a letter or digit).",
+            "e.g. llm-run-1.",
+        )
+    pod = longest_pod_name(target, name, nodes) if target != "skypilot" else name
+    if len(pod) > DNS_LABEL_MAX:
+        return (
+            f"{name!r} makes pods named like {pod!r}, {len(pod)} characters; the engine refuses names over "
+            f"{DNS_LABEL_MAX}.",
+            f"use a name of at most {DNS_LABEL_MAX - (len(pod) - len(name))} characters.",
+        )
+    return None

@@ -1,0 +1,109 @@
+"""The entry point every node of a job runs (templates/pod_entry.sh.j2): the engine's variables read into the
+launch's, torchrun started for this node, SIGTERM forwarded to it, and the engine's restart status once the world has
+checkpointed for preemption. The files it names are where each node sees them (node_launch)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+
+from distsetup.errors import DistsetupError
+from distsetup.formats.reading import read_yaml
+from distsetup.formats.runconfig import TrainingConfig
+from distsetup.jobs.spec import (
+    BUCKET_MOUNT,
+    DNS_WAIT_SECONDS,
+    EXIT_MARGIN_SECONDS,
+    FILES_MOUNT,
+    RESTART_STATUS,
+    WORK_MOUNT,
+    JobSpec,
+)
+from distsetup.scripts.launch_plan import (
+    DEFAULT_MASTER_PORT,
+    LaunchSpec,
+    check_launch,
+    launch_context,
+    literal_dollars,
+)
+from distsetup.scripts.templating import render
+
+ENTRY_NAME = "entry.sh"
+# The names the files take in the ConfigMap (and in the pod, under FILES_MOUNT)
+SHIPPED_NAMES = {"config": "config.yaml", "deepspeed_config": "ds_config.json", "fsdp_config": "fsdp_config.json"}
+
+
+def shipped_files(launch: LaunchSpec) -> dict[str, str]:
+    """{name in the ConfigMap: the user's path} of the files the launch reads."""
+    return {SHIPPED_NAMES[key]: getattr(launch, key) for key in SHIPPED_NAMES if getattr(launch, key)}
+
+
+def node_launch(spec: JobSpec) -> LaunchSpec:
+    """The launch as a node runs it, on static rendezvous at node 0 (never torchrun's --standalone, also on one node).
+    In a pod: the run config and backend file where the ConfigMap puts them, in the working folder on the shared volume
+    (which holds the run config's relative output_dir, so its checkpoints outlive the pods). On a SkyPilot node: in
+    the workdir SkyPilot synced from the folder distsetup ran in, the files where they are in it."""
+    launch = spec.launch
+    if spec.target == "skypilot":
+        given = {key: getattr(launch, key) for key in SHIPPED_NAMES if getattr(launch, key)}
+        moved = {key: _in_workdir(path, launch.workdir) for key, path in given.items()}
+        workdir = None
+    else:
+        moved = {key: f"{FILES_MOUNT}/{name}" for key, name in SHIPPED_NAMES.items() if getattr(launch, key)}
+        workdir = WORK_MOUNT
+    return replace(
+        launch,
+        **moved,
+        workdir=workdir,
+        rdzv_backend="static",
+        node_rank=None,
+        master_addr=None,
+        master_port=launch.master_port or DEFAULT_MASTER_PORT,
+    )
+
+
+def _in_workdir(path: str, workdir: str | None) -> str:
+    """A file's path in SkyPilot's copy of the folder distsetup ran in (`workdir`)."""
+    pure = PurePosixPath(path)
+    if not pure.is_absolute():
+        return path
+    if workdir and pure.is_relative_to(workdir):
+        return str(pure.relative_to(workdir))
+    raise DistsetupError(
+        f"{path} is outside {workdir}, the folder SkyPilot copies to every node (its workdir).",
+        "move the file into this folder, or run distsetup job from a folder that holds it.",
+    )
+
+
+def output_override(spec: JobSpec) -> str | None:
+    """On SkyPilot, where the node's disk goes with the node: distsetup's trainer writes its output (and checkpoints)
+    in the bucket, at the run config's relative output_dir. An absolute one is the user's choice, kept."""
+    launch = spec.launch
+    if spec.target != "skypilot" or not launch.runs_default_trainer:
+        return None
+    training = read_yaml(Path(launch.config)).get("training", {}) if launch.config else {}
+    output_dir = str(training.get("output_dir") or TrainingConfig.output_dir)
+    if PurePosixPath(output_dir).is_absolute():
+        return None
+    return f"training.output_dir={json.dumps(f'{BUCKET_MOUNT}/{output_dir}')}"
+
+
+def entry_script(spec: JobSpec, command_line: str) -> str:
+    """The entry point's text for `spec`'s engine."""
+    launch = node_launch(spec)
+    check_launch(launch)
+    context = launch_context(launch)
+    context["workdir_why"] = "the shared volume: the run config's relative output_dir (and checkpoints) are there"
+    context["workdir_missing"] = "(the shared volume): is its claim mounted there?"
+    context["output_override"] = output_override(spec)
+    context["literal_dollars"] = literal_dollars(context)
+    return render(
+        "pod_entry.sh.j2",
+        command_line=command_line,
+        engine=spec.target,
+        restart_status=RESTART_STATUS,
+        grace_seconds=spec.grace_seconds,
+        exit_margin_seconds=EXIT_MARGIN_SECONDS,
+        shutdown_timeout=spec.shutdown_timeout,
+        dns_wait_seconds=DNS_WAIT_SECONDS,
+        **context,
+    )

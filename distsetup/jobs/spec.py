@@ -1,0 +1,114 @@
+"""What `distsetup job` writes, as plain data: the world (a LaunchSpec, launched by torchrun on every node), the
+engine and its image or GPU type, where checkpoints live, and the preemption contract (the grace period a node has
+after SIGTERM, the time a checkpoint takes). Checked here, each problem one line naming the flag."""
+
+from dataclasses import dataclass
+
+from distsetup.errors import DistsetupError
+from distsetup.jobs.engines import name_problem
+from distsetup.scripts.launch_plan import LaunchSpec
+
+TARGETS = ("trainjob", "jobset", "pytorchjob", "skypilot")
+KUBERNETES_TARGETS = TARGETS[:3]
+# The status every node's entry point exits with once the world stopped for preemption (or was stopped before it
+# could checkpoint): the job is to be started again, and resumes. 128 and over, because the training-operator's
+# ExitCode policy restarts only those (1-127 are permanent there); each engine's spec restarts on it.
+RESTART_STATUS = 143
+# Seconds the entry point keeps for itself after torchrun's processes stop (TORCH_ELASTIC_SHUTDOWN_TIMEOUT is the
+# grace period less this), and the least that a step in flight and the stop agreement need before the checkpoint.
+EXIT_MARGIN_SECONDS = 10
+STOP_MARGIN_SECONDS = 20
+DNS_WAIT_SECONDS = 300
+# In each pod: the run config and backend file (from the ConfigMap), and the shared volume the run works in
+FILES_MOUNT = "/etc/distsetup"
+WORK_MOUNT = "/workspace"
+# On each SkyPilot node: the bucket the run's output and checkpoints go to
+BUCKET_MOUNT = "/distsetup-work"
+BUCKET_SCHEMES = ("s3://", "gs://", "r2://", "cos://", "oci://", "https://")  # SkyPilot's stores (Azure: https)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training world on an engine. `launch` holds the paths as the user gave them (the files travel in a
+    ConfigMap, or in SkyPilot's workdir); the builders turn them into the paths each node sees."""
+
+    target: str
+    name: str
+    launch: LaunchSpec
+    image: str | None = None  # Kubernetes: the container image, with Python, torch and distsetup in it
+    namespace: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"  # the resource a pod asks GPUs of; "" for CPU pods
+    checkpoint_claim: str | None = None  # an existing ReadWriteMany PersistentVolumeClaim; None: one is written
+    checkpoint_storage: str = "100Gi"  # the size of the claim written
+    storage_class: str | None = None
+    shm_size: str = "16Gi"  # /dev/shm, memory-backed (a pod's own is 64 MB)
+    grace_seconds: int = 300  # after SIGTERM, before SIGKILL
+    checkpoint_seconds: int = 60  # the longest a checkpoint takes (measured: summary.json's checkpoint_seconds)
+    max_restarts: int = 3  # restarts after failures; preemptions do not count
+    accelerator: str | None = None  # SkyPilot: the GPU type, e.g. H100; "" for CPU nodes
+    checkpoint_bucket: str | None = None  # SkyPilot: the bucket the run works in (mounted at BUCKET_MOUNT)
+    use_spot: bool = False  # SkyPilot: spot (preemptible) instances
+
+    @property
+    def shutdown_timeout(self) -> int:
+        """TORCH_ELASTIC_SHUTDOWN_TIMEOUT: how long torchrun waits for its processes after SIGTERM."""
+        return self.grace_seconds - EXIT_MARGIN_SECONDS
+
+
+def check_job(spec: JobSpec) -> None:
+    """Every rule of a job spec that spans flags; the engines' own limits (names, replicas) are rules.py's."""
+    if spec.target not in TARGETS:
+        raise DistsetupError(
+            f"--target {spec.target!r} is not an engine distsetup writes.", f"use {'|'.join(TARGETS)}."
+        )
+    launch = spec.launch
+    if launch.launch_method != "torchrun":
+        raise DistsetupError(
+            f"--launch_method {launch.launch_method}: every node of a {spec.target} job runs torchrun, which reads "
+            "the engine's variables and forwards SIGTERM.",
+            "drop --launch_method (DeepSpeed and FSDP runs train under torchrun too).",
+        )
+    if launch.nproc_per_node is None:
+        raise DistsetupError(
+            "distsetup job needs a number for --num_gpus_per_node, not auto.",
+            "e.g. --num_gpus_per_node 8 (torchrun's auto starts one process on a node without visible GPUs).",
+        )
+    if spec.target == "skypilot":
+        _check_skypilot(spec)
+    elif not spec.image:
+        raise DistsetupError(
+            f"--target {spec.target} needs --image.", "name an image with Python, torch and distsetup installed."
+        )
+    found = name_problem(spec.target, spec.name, launch.num_nodes)
+    if found:
+        raise DistsetupError(f"--name {found[0]}", found[1])
+    found = grace_problem(spec.grace_seconds, spec.checkpoint_seconds)
+    if found:
+        raise DistsetupError(f"--grace_seconds {found[0]}", found[1].replace("give it", "give --grace_seconds"))
+
+
+def _check_skypilot(spec: JobSpec) -> None:
+    if spec.accelerator is None:
+        raise DistsetupError(
+            "--target skypilot needs --accelerator: the GPU type, counted by --num_gpus_per_node.",
+            "e.g. --accelerator H100 (or none for CPU nodes).",
+        )
+    bucket = spec.checkpoint_bucket
+    if not bucket or not bucket.startswith(BUCKET_SCHEMES):
+        raise DistsetupError(
+            f"--target skypilot needs --checkpoint_bucket, a bucket URL ({', '.join(BUCKET_SCHEMES)}), not {bucket!r}:"
+            " a recovered job resumes from the checkpoints there.",
+            "e.g. --checkpoint_bucket s3://my-bucket/runs.",
+        )
+
+
+def grace_problem(grace_seconds: int, checkpoint_seconds: int) -> tuple[str, str] | None:
+    """(what is wrong, the fix) where a pod's grace period after SIGTERM cannot hold a checkpoint, or None."""
+    least = checkpoint_seconds + STOP_MARGIN_SECONDS + EXIT_MARGIN_SECONDS
+    if grace_seconds >= least:
+        return None
+    return (
+        f"{grace_seconds} s is too short for a checkpoint of {checkpoint_seconds} s (--checkpoint_seconds) with the "
+        f"step in flight ({STOP_MARGIN_SECONDS} s) and the exit ({EXIT_MARGIN_SECONDS} s).",
+        f"give it {least} or more.",
+    )

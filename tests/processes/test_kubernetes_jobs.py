@@ -1,0 +1,120 @@
+"""`distsetup job`'s manifests run as their engines run them, on this machine (no cluster is reachable): every pod of
+2 "nodes" x 2 processes runs its container's own command under the engine's variables, with the engine's DNS names
+mapped to 127.0.0.1 (tests/support/engine_pods.py says how, and cites the engines' code). The four form one world,
+train and checkpoint; SIGTERM to one pod's first process, as the kubelet sends it, makes every pod checkpoint the same
+step and exit with the status the engine restarts on; the job written again for one node resumes from it."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+import yaml
+from engine_pods import PodRunner, read_manifest
+from repo import free_port
+from train_runs import BIN, MODEL
+
+from distsetup.jobs.spec import RESTART_STATUS
+
+PATH = f"{BIN}:{os.environ['PATH']}"
+
+
+def project(tmp_path, max_steps: int, checkpoint_interval: int):
+    root = tmp_path / "project"
+    root.mkdir()
+    config = {
+        "model": MODEL,
+        "data": {"num_samples": 4096},
+        "training": {
+            "seed": 3,
+            "micro_batch_size": 2,
+            "max_steps": max_steps,
+            "checkpoint_interval": checkpoint_interval,
+            "warmup_steps": 1,
+            "eval_interval": None,
+            "output_dir": "runs/demo",  # relative: in the shared volume the pods work in
+        },
+        "distributed": {"backend": "ddp", "timeout_minutes": 2},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+# CPU "nodes": Kubernetes pods that ask for no GPU, SkyPilot nodes of no accelerator
+CPU_NODES = {"skypilot": ("--accelerator", "none", "--checkpoint_bucket", "s3://bucket/runs")}
+KUBERNETES_CPU_PODS = ("--gpu_resource", "none", "--image", "distsetup-test:1")
+
+
+def write_job(run_cli, root, target: str, nodes: int, monkeypatch) -> list[dict]:
+    monkeypatch.chdir(root)
+    output = "sky/task.yaml" if target == "skypilot" else f"k8s/{target}.yaml"
+    result = run_cli(
+        "job",
+        "--target",
+        target,
+        "--config",
+        "config.yaml",
+        "--num_nodes",
+        nodes,
+        "--num_gpus_per_node",
+        2,
+        *CPU_NODES.get(target, KUBERNETES_CPU_PODS),
+        "--name",
+        "t1",
+        "--grace_seconds",
+        60,
+        "--checkpoint_seconds",
+        20,
+        "-o",
+        output,
+    )
+    assert result.exit_code == 0, result.output
+    assert run_cli("validate", output).exit_code == 0
+    return read_manifest(root / output)
+
+
+@pytest.mark.parametrize("target", ["jobset", "pytorchjob", "skypilot"])
+def test_each_pod_of_two_nodes_joins_one_world_that_trains_and_checkpoints(run_cli, tmp_path, monkeypatch, target):
+    root = project(tmp_path, max_steps=3, checkpoint_interval=3)
+    documents = write_job(run_cli, root, target, 2, monkeypatch)
+    pods = PodRunner(documents, tmp_path / "pods", free_port(), PATH, workdir=root)
+    pods.start()
+    assert pods.wait(timeout=240) == [0, 0], pods.log()
+    summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["steps"] == 3, pods.log()
+    assert (pods.work / "runs" / "demo" / "checkpoints" / "step_0000003" / "COMPLETE").exists()
+    log = pods.text()
+    assert "node_rank 0 of 2" in log and "node_rank 1 of 2" in log
+
+
+def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(run_cli, tmp_path, monkeypatch):
+    root = project(tmp_path, max_steps=400, checkpoint_interval=200)
+    pods = PodRunner(write_job(run_cli, root, "trainjob", 2, monkeypatch), tmp_path / "pods", free_port(), PATH)
+    pods.start()
+    metrics = pods.work / "runs" / "demo" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training is under way
+        assert time.monotonic() < deadline and all(p.poll() is None for p in pods.processes), pods.log()
+        time.sleep(0.2)
+    os.kill(pods.processes[1].pid, signal.SIGTERM)  # the kubelet signals the container's first process only
+    assert pods.wait(timeout=120) == [RESTART_STATUS, RESTART_STATUS], pods.log()
+    log = pods.text()
+    preempted = re.findall(r"preempted: checkpoint at step (\d+)", log)  # after the progress bar's \r
+    assert len(preempted) == 1, pods.log()  # said by rank 0, in node 0's pod
+    step = int(preempted[0])
+    checkpoints = pods.work / "runs" / "demo" / "checkpoints"
+    assert 1 <= step < 400 and (checkpoints / f"step_{step:07d}" / "COMPLETE").exists(), pods.log()
+    assert sorted(path.name for path in checkpoints.glob("step_*")) == [f"step_{step:07d}"]
+
+    # The restarted job, on one node this time, in the same volume
+    config = root / "config.yaml"
+    config.write_text(config.read_text().replace("max_steps: 400", f"max_steps: {step + 2}"))
+    again = PodRunner(write_job(run_cli, root, "trainjob", 1, monkeypatch), tmp_path / "pods", free_port(), PATH)
+    again.start()
+    assert again.wait(timeout=240) == [0], again.log()
+    resumed = re.findall(r"resumed from (\S+) \(step (\d+)\)", again.text())
+    assert resumed == [(f"runs/demo/checkpoints/step_{step:07d}", str(step))], again.log()
+    summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == step + 2

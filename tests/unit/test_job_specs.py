@@ -1,0 +1,252 @@
+"""`distsetup job`'s manifests against the engines' rules, offline: what it writes passes its engine's schema and the
+rules the API servers, CEL and webhooks apply (distsetup/jobs/rules.py); a spec mutated as users get them wrong fails
+with the path to fix; bad flags are one line and write nothing. The entry point passes shellcheck. (The pods run for
+real in tests/processes/test_kubernetes_jobs.py.)"""
+
+import copy
+
+import pytest
+import yaml
+from golden_files import check_golden
+from hostile_input import one_line_error
+from shell_checks import shellcheck
+
+from distsetup.jobs.rules import manifest_problems
+from distsetup.jobs.spec import RESTART_STATUS
+
+TARGETS = ("trainjob", "jobset", "pytorchjob")
+CONFIG = {
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
+    "training": {"micro_batch_size": 2, "output_dir": "runs/demo"},
+    "distributed": {"backend": "ddp"},
+}
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write(run_cli, target: str, *extra, nodes: int = 4):
+    args = ["job", "--target", target, "--config", "config.yaml", "--num_nodes", nodes, "--num_gpus_per_node", 8]
+    return run_cli(*args, "--image", "ghcr.io/me/train:1", "--name", "llm-run", *extra)
+
+
+def objects(project, target: str) -> list[dict]:
+    return list(yaml.safe_load_all((project / "k8s" / f"{target}.yaml").read_text()))
+
+
+def engine_object(documents: list[dict]) -> dict:
+    return next(d for d in documents if d["kind"] in ("JobSet", "TrainingRuntime", "PyTorchJob"))
+
+
+def pod_spec(documents: list[dict]) -> dict:
+    found = engine_object(documents)
+    if found["kind"] == "PyTorchJob":
+        return found["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    jobset = found["spec"]["template"]["spec"] if found["kind"] == "TrainingRuntime" else found["spec"]
+    return jobset["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_target_is_valid_restarts_on_the_entry_points_status_and_says_how_to_submit(run_cli, project, target):
+    result = write(run_cli, target)
+    assert result.exit_code == 0, result.output
+    assert f"Next: kubectl apply -f k8s/{target}.yaml" in result.stderr
+    check_golden(f"job_{target}.yaml", (project / "k8s" / f"{target}.yaml").read_text())
+    documents = objects(project, target)
+    assert manifest_problems(documents) == []
+    assert run_cli("validate", f"k8s/{target}.yaml").exit_code == 0
+    files = documents[0]["data"]
+    assert yaml.safe_load(files["config.yaml"]) == CONFIG  # the run config travels as it is
+    entry = project / "entry.sh"
+    entry.write_text(files["entry.sh"])
+    shellcheck([entry])
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=290" in files["entry.sh"]  # the grace period, 300, less the exit's
+    pod = pod_spec(documents)
+    assert pod["terminationGracePeriodSeconds"] == 300
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    found = engine_object(documents)
+    if target == "pytorchjob":
+        replicas = found["spec"]["pytorchReplicaSpecs"]
+        assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
+        assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"} and RESTART_STATUS >= 128
+        assert found["spec"]["nprocPerNode"] == "8"
+    else:
+        jobset = found["spec"]["template"]["spec"] if target == "trainjob" else found["spec"]
+        job = jobset["replicatedJobs"][0]["template"]["spec"]
+        assert (job["parallelism"], job["completions"], job["completionMode"]) == (4, 4, "Indexed")
+        rules = job["podFailurePolicy"]["rules"]
+        assert rules[0]["onExitCodes"]["values"] == [RESTART_STATUS] and rules[0]["action"] == "FailJob"
+        restart = jobset["failurePolicy"]["rules"][0]
+        assert restart["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+        assert restart["onJobFailureReasons"] == ["PodFailurePolicy"]
+    if target == "trainjob":
+        trainer = documents[-1]["spec"]["trainer"]
+        assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 8)
+
+
+def mutated(documents: list[dict], change) -> list[dict]:
+    copied = copy.deepcopy(documents)
+    change(copied)
+    return copied
+
+
+def set_in(documents, kind: str, path: str, value):
+    target = next(d for d in documents if d["kind"] == kind)
+    *parents, last = path.split(".")
+    for key in parents:
+        target = target[int(key)] if key.isdigit() else target[key]
+    target[last] = value
+
+
+JOB = "spec.replicatedJobs.0.template.spec"
+POD = f"{JOB}.template.spec"
+JOB_SHOWN, POD_SHOWN = (path.replace(".0.", "[0].") for path in (JOB, POD))  # as a problem's path says it
+MUTATIONS = {  # target -> (kind, path, value, the problem's path, a word of its message)
+    "typo": ("jobset", "JobSet", f"{JOB}.completionMod", "Indexed", f"JobSet/llm-run.{JOB_SHOWN}.completionMod"),
+    "auto": ("trainjob", "TrainJob", "spec.trainer.numProcPerNode", "auto", "TrainJob/llm-run.spec.trainer"),
+    "restart": ("jobset", "JobSet", f"{POD}.restartPolicy", "OnFailure", f"JobSet/llm-run.{POD_SHOWN}.restartPolicy"),
+    "nproc": ("pytorchjob", "PyTorchJob", "spec.nprocPerNode", "auto", "PyTorchJob/llm-run.spec.nprocPerNode"),
+    "master": (
+        "pytorchjob",
+        "PyTorchJob",
+        "spec.pytorchReplicaSpecs.Master.replicas",
+        2,
+        "PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Master.replicas",
+    ),
+    "long name": ("jobset", "JobSet", "metadata.name", "n" * 49, "JobSet/" + "n" * 49 + ".metadata.name"),
+    "grace": ("jobset", "JobSet", f"{POD}.terminationGracePeriodSeconds", 60, "terminationGracePeriodSeconds"),
+    "trainer env": (
+        "trainjob",
+        "TrainJob",
+        "spec.trainer.env",
+        [{"name": "PET_MASTER_ADDR", "value": "elsewhere"}],
+        "TrainJob/llm-run.spec.trainer.env[0].name",
+    ),
+    "runtime replicas": (
+        "trainjob",
+        "TrainingRuntime",
+        "spec.template.spec.replicatedJobs.0.replicas",
+        4,
+        "TrainingRuntime/llm-run-runtime.spec.template.spec.replicatedJobs[0].replicas",
+    ),
+    "workers": ("pytorchjob", "PyTorchJob", "spec.pytorchReplicaSpecs.Worker.replicas", 0, "Worker.replicas"),
+    "reserved": (
+        "trainjob",
+        "TrainingRuntime",
+        "spec.template.spec.replicatedJobs.0.template.spec.template.spec.containers.0.env",
+        [{"name": "PET_NNODES", "value": "2"}],
+        "containers[0].env[0].name",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_a_mutated_spec_fails_with_the_path_to_fix(run_cli, project, mutation):
+    target, kind, path, value, where = MUTATIONS[mutation]
+    assert write(run_cli, target).exit_code == 0
+    documents = objects(project, target)
+    problems = manifest_problems(mutated(documents, lambda d: set_in(d, kind, path, value)))
+    assert problems and any(where in p.path for p in problems), problems
+
+
+def test_validate_reads_a_broken_manifest_and_names_the_field(run_cli, project):
+    assert write(run_cli, "trainjob").exit_code == 0
+    manifest = project / "k8s" / "trainjob.yaml"
+    manifest.write_text(manifest.read_text().replace("numProcPerNode: 8", "numProcPerNode: auto"))
+    result = run_cli("validate", str(manifest))
+    assert result.exit_code == 1
+    assert "TrainJob/llm-run.spec.trainer.numProcPerNode: 'auto' has the wrong type. Fix: write an integer." in (
+        result.stdout
+    )
+
+
+def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, project):
+    assert write(run_cli, "jobset", "--grace_seconds", 600).exit_code == 0
+    documents = objects(project, "jobset")
+    problems = manifest_problems(
+        mutated(documents, lambda d: set_in(d, "JobSet", f"{POD}.terminationGracePeriodSeconds", 200))
+    )
+    assert any("lets torchrun wait 590 s" in p.message for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (("--image", ""), ("--image is empty",)),
+        (("--name", "n" * 49), ("--name", "at most 48 characters")),
+        (("--name", "1run"), ("--name", "DNS label")),
+        (("--grace_seconds", 60, "--checkpoint_seconds", 45), ("--grace_seconds 60", "give --grace_seconds 75")),
+        (("--num_gpus_per_node", "auto"), ("--num_gpus_per_node", "not auto")),
+        (("--launch_method", "deepspeed"), ("--launch_method deepspeed", "torchrun")),
+        (("--target", "skypilot"), ("--target",)),
+    ],
+    ids=["image", "long name", "name", "grace", "auto", "launcher", "target"],
+)
+def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
+    result = write(run_cli, "trainjob", *extra, nodes=2)
+    one_line_error(result, *words)
+    assert not (project / "k8s").exists()
+
+
+def test_the_engine_must_be_named(run_cli, project):
+    one_line_error(run_cli("job", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"), "--target")
+
+
+def test_a_world_the_deepspeed_files_batch_does_not_divide_is_refused(run_cli, project):
+    (project / "ds.json").write_text('{"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3}')
+    result = write(run_cli, "jobset", "--deepspeed_config", "ds.json", nodes=2)  # 2 x 8 GPUs do not divide 24
+    one_line_error(result, "24")
+    assert not (project / "k8s").exists()
+
+
+SKYPILOT = ("--accelerator", "H100", "--checkpoint_bucket", "s3://my-bucket/runs")
+
+
+def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_on_its_status(run_cli, project):
+    result = run_cli(
+        "job", "--target", "skypilot", "--config", "config.yaml", "--num_nodes", 2, "--num_gpus_per_node", 8, *SKYPILOT
+    )
+    assert result.exit_code == 0, result.output
+    assert "Next: sky jobs launch sky/task.yaml" in result.stderr
+    text = (project / "sky" / "task.yaml").read_text()
+    check_golden("job_skypilot.yaml", text)
+    assert run_cli("validate", "sky/task.yaml").exit_code == 0
+    (task,) = yaml.safe_load_all(text)
+    assert (task["num_nodes"], task["resources"]["accelerators"], task["workdir"]) == (2, "H100:8", ".")
+    assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == [RESTART_STATUS]
+    assert task["file_mounts"] == {"/distsetup-work": {"source": "s3://my-bucket/runs", "mode": "MOUNT"}}
+    assert "TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)" in task["run"]  # the workdir's copy
+    assert "TRAIN_ARGS+=('training.output_dir=\"/distsetup-work/runs/demo\"')" in task["run"]
+    entry = project / "run.sh"
+    entry.write_text(task["run"])
+    shellcheck([entry])
+    problems = manifest_problems([dict(task, resources=dict(task["resources"], accelerators="H100:4"))])
+    assert [p.path for p in problems] == ["Task/distsetup.resources.accelerators"]
+    del task["resources"]["job_recovery"]["recover_on_exit_codes"]
+    assert [p.path for p in manifest_problems([task])] == [
+        "Task/distsetup.resources.job_recovery.recover_on_exit_codes"
+    ]
+    assert [p.path for p in manifest_problems([dict(task, num_node=2)])] == ["Task/distsetup.num_node"]
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (("--checkpoint_bucket", "s3://b/runs"), ("--accelerator", "H100")),
+        (("--accelerator", "H100", "--checkpoint_bucket", "/mnt/runs"), ("--checkpoint_bucket", "s3://")),
+        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b", "--config", "OUTSIDE"), ("SkyPilot copies",)),
+    ],
+    ids=["accelerator", "bucket", "outside"],
+)
+def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
+    outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy
+    outside.write_text(yaml.safe_dump(CONFIG))
+    extra = [str(outside) if arg == "OUTSIDE" else arg for arg in extra]
+    result = run_cli("job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *extra)
+    one_line_error(result, *words)
+    assert not (project / "sky").exists()
