@@ -57,19 +57,24 @@ def validate_file(
     world_size: int | None = None,
     hf: bool = False,
     num_gpus_per_node: int | None = None,
+    crds: tuple[Path, ...] = (),
 ) -> Validated:
     """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config,
     TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names), a Kubernetes manifest of
-    `distsetup job`'s kinds or a SkyPilot task (their documents under "documents")."""
+    `distsetup job`'s kinds or a SkyPilot task (their documents under "documents"; a manifest also against the
+    CustomResourceDefinitions in `crds`)."""
     as_yaml = path.suffix in YAML_SUFFIXES or kind in ("run_config", "kubernetes", "skypilot")
     if as_yaml and kind is None:
         text = read_config_text(path, "file")
         kind = "kubernetes" if _MANIFEST.search(text) else "skypilot" if _SKYPILOT_TASK.search(text) else None
     if kind in ("kubernetes", "skypilot"):
+        from distsetup.jobs.crd import crd_schemas
         from distsetup.jobs.rules import manifest_problems
 
         documents = read_yaml_documents(path)
-        return Validated(kind, manifest_problems(documents), {"documents": documents})
+        return Validated(kind, manifest_problems(documents, crd_schemas(crds)), {"documents": documents})
+    if crds:
+        raise DistsetupError(f"--crd checks Kubernetes manifests; {path} is not one.", "drop --crd.")
     data = read_yaml(path) if as_yaml else read_json(path)
     kind = kind or detect_kind(path, data)
     if as_yaml and kind in ("accelerate", "training_args"):

@@ -21,9 +21,10 @@ INJECTED = {
 _SHUTDOWN_TIMEOUT = re.compile(r"^export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", re.MULTILINE)
 
 
-def manifest_problems(documents: list) -> list[Problem]:
-    """Every problem of the objects of one file: each against its schema, then the rules, each problem's path
-    starting with the object's kind/name (or its place in the file: [0], [1], ...)."""
+def manifest_problems(documents: list, crds: dict[tuple[str, str], dict] | None = None) -> list[Problem]:
+    """Every problem of the objects of one file: each against its schema (and against the cluster's CRD for its
+    kind, among `crds`: crd.py), then the rules, each problem's path starting with the object's kind/name (or its
+    place in the file: [0], [1], ...)."""
     problems = []
     for index, document in enumerate(documents):
         where = _place(document, index)
@@ -41,6 +42,14 @@ def manifest_problems(documents: list) -> list[Problem]:
             problems.append(Problem(where, f"{what} is not an object distsetup checks.", f"distsetup checks {known}."))
             continue
         found = schema_problems_in(document, schemas()[document["apiVersion"], document["kind"]])
+        crd = (crds or {}).get((document["apiVersion"], document["kind"]))
+        if crd is not None:
+            said = {(p.path, p.message) for p in found}
+            found += [
+                Problem(p.path, f"{p.message.rstrip('.')} (by the cluster's CRD).", p.fix)
+                for p in schema_problems_in(document, crd)
+                if (p.path, p.message) not in said
+            ]
         found = found or _object_rules(document)
         problems += [Problem(f"{where}.{p.path}" if p.path else where, p.message, p.fix) for p in found]
     if not problems:

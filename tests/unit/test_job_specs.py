@@ -250,3 +250,44 @@ def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, ext
     result = run_cli("job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *extra)
     one_line_error(result, *words)
     assert not (project / "sky").exists()
+
+
+def test_a_clusters_crd_checks_the_manifest_too(run_cli, project):
+    """--crd: a field the CRD does not list is an error (its schema made strict), beside what distsetup's own
+    schema says; here a CRD of the JobSet that lists no failurePolicy."""
+    assert write(run_cli, "jobset").exit_code == 0
+    version = {
+        "name": "v1alpha2",
+        "served": True,
+        "schema": {
+            "openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "apiVersion": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "metadata": {"type": "object"},
+                    "spec": {
+                        "type": "object",
+                        "properties": {
+                            "network": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            "replicatedJobs": {"type": "array"},
+                        },
+                    },
+                },
+            }
+        },
+    }
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "spec": {"group": "jobset.x-k8s.io", "names": {"kind": "JobSet"}, "versions": [version]},
+    }
+    (project / "crd.yaml").write_text(yaml.safe_dump(crd))
+    result = run_cli("validate", "k8s/jobset.yaml", "--crd", "crd.yaml")
+    assert result.exit_code == 1
+    said = [line for line in result.stdout.splitlines() if "(by the cluster's CRD)" in line]
+    assert said == [
+        "k8s/jobset.yaml: JobSet/llm-run.spec.failurePolicy: unknown key 'failurePolicy' (by the cluster's CRD). "
+        "Fix: valid keys: network, replicatedJobs."
+    ], result.stdout
+    one_line_error(run_cli("validate", "config.yaml", "--crd", "crd.yaml"), "--crd")

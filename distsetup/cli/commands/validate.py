@@ -38,6 +38,7 @@ Examples:
   distsetup validate ~/.cache/huggingface/accelerate/default_config.yaml --num_gpus_per_node 8
   distsetup validate training_args.json --world_size 16       # and the DeepSpeed file it names
   distsetup validate k8s/trainjob.yaml                        # TrainJob, JobSet, PyTorchJob and their parts
+  distsetup validate k8s/jobset.yaml --crd jobset-crd.yaml    # and against the cluster's CRD
   distsetup validate ds_hf.json --hf --resolve --hidden_size 4096 --micro_batch_size 4 --world_size 16
 """
 )
@@ -45,6 +46,13 @@ Examples:
 @world_options
 @option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
 @option("kind", type=click.Choice(KINDS), help="Override the detected kind of file.")
+@option(
+    "crd",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A Kubernetes manifest: also check it against this CustomResourceDefinition file (repeatable), e.g. from "
+    "`kubectl get crd trainjobs.trainer.kubeflow.org -o yaml`.",
+)
 @option("fix", is_flag=True, help="Rewrite a run config into distsetup's own keys, in place (comments kept).")
 @option("resolve", is_flag=True, help='Show what the HF Trainer puts in each "auto" of the DeepSpeed file.')
 @option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="The model's hidden size (--resolve).")
@@ -59,7 +67,7 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
     if o["fix"]:
         fix(file, kind)
-    kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node)
+    kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node, tuple(o["crd"]))
     resolved = resolve(file, kind, data, world, o) if o["resolve"] else []
     if as_json_output:
         if o["resolve"]:
