@@ -26,10 +26,22 @@ from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args", "kubernetes", "skypilot")
 YAML_SUFFIXES = (".yaml", ".yml")
-# A Kubernetes manifest: an object's apiVersion and kind at the top level; a SkyPilot task: what its nodes run, and
-# how many (no other kind of file has these)
+# A Kubernetes manifest: an object's apiVersion and kind at the top level (no other kind of file has them)
 _MANIFEST = re.compile(r"^apiVersion:.*^kind:|^kind:.*^apiVersion:", re.MULTILINE | re.DOTALL)
-_SKYPILOT_TASK = re.compile(r"^run:.*^num_nodes:|^num_nodes:.*^run:", re.MULTILINE | re.DOTALL)
+
+
+def job_file_kind(path: Path) -> str | None:
+    """ "kubernetes" or "skypilot" for a YAML file `distsetup job` writes (or one of those kinds), else None."""
+    text = read_config_text(path, "file")
+    if _MANIFEST.search(text):
+        return "kubernetes"
+    if re.search(r"^run:", text, re.MULTILINE):
+        from distsetup.jobs.skypilot import is_skypilot_task
+
+        documents = read_yaml_documents(path)
+        if documents and is_skypilot_task(documents[0]):
+            return "skypilot"
+    return None
 
 
 def detect_kind(path: Path, data: dict) -> str:
@@ -65,14 +77,14 @@ def validate_file(
     CustomResourceDefinitions in `crds`)."""
     as_yaml = path.suffix in YAML_SUFFIXES or kind in ("run_config", "kubernetes", "skypilot")
     if as_yaml and kind is None:
-        text = read_config_text(path, "file")
-        kind = "kubernetes" if _MANIFEST.search(text) else "skypilot" if _SKYPILOT_TASK.search(text) else None
+        kind = job_file_kind(path)
     if kind in ("kubernetes", "skypilot"):
         from distsetup.jobs.crd import crd_schemas
-        from distsetup.jobs.rules import manifest_problems
+        from distsetup.jobs.rules import manifest_notes, manifest_problems
 
         documents = read_yaml_documents(path)
-        return Validated(kind, manifest_problems(documents, crd_schemas(crds)), {"documents": documents})
+        problems = manifest_problems(documents, crd_schemas(crds))
+        return Validated(kind, problems, {"documents": documents}, manifest_notes(documents))
     if crds:
         raise DistsetupError(f"--crd checks Kubernetes manifests; {path} is not one.", "drop --crd.")
     data = read_yaml(path) if as_yaml else read_json(path)

@@ -14,7 +14,7 @@ MAX_CRD_BYTES = 64 << 20  # an engine's CRDs run to megabytes (the whole pod sch
 
 def crd_schemas(paths: tuple[Path, ...]) -> dict[tuple[str, str], dict]:
     """{(apiVersion, kind): the strict schema} of every CRD version in the files."""
-    found = {}
+    found: dict[tuple[str, str], dict] = {}
     for path in paths:
         for document in _documents(path):
             listed = isinstance(document, dict) and document.get("kind") == "List"
@@ -63,7 +63,7 @@ def strict(schema):
         return [strict(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    result = {}
+    result: dict = {}
     for key, value in schema.items():
         if key in ("properties", "patternProperties"):  # field names -> their schemas
             result[key] = {name: strict(field) for name, field in value.items()}

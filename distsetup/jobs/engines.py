@@ -30,24 +30,25 @@ def pytorchjob_master_address(job: str) -> str:
     return f"{job}-master-0"
 
 
-def longest_pod_name(target: str, name: str, nodes: int) -> str:
-    """The longest name the engine gives a pod of `name` for `nodes` nodes, which must be a DNS label: JobSet's
-    webhook checks <jobset>-<replicated job>-<job index>-<pod index> with the Job controller's 5-character suffix
-    (pkg/webhooks/jobset_webhook.go); the training-operator names pods and services <job>-<role>-<index>."""
-    if target == "pytorchjob":
-        return f"{name}-worker-{nodes - 2}" if nodes > 1 else pytorchjob_master_address(name)
-    return f"{jobset_pod_host(name, nodes - 1)}-{'x' * POD_SUFFIX}"
-
-
-POD_SUFFIX = 5
-
-
+# The Job controller's random suffix of an indexed pod's name, which JobSet's webhook counts
+POD_SUFFIX = "-abcde"
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_SUBDOMAIN_MAX = 253
 
 
-def label_problem(name: str) -> tuple[str, str] | None:
+def longest_names(target: str, name: str, nodes: int, replicated_job: str = REPLICATED_JOB, replicas: int = 1):
+    """The longest names the engine makes of `name` for `nodes` pods, each of which must be a DNS label. JobSet's
+    webhook (pkg/webhooks/jobset_webhook.go) checks its last Job, <jobset>-<replicated job>-<replicas - 1>, and that
+    Job's last pod with the Job controller's suffix; the training-operator names pods and services
+    <job>-<role>-<index>."""
+    if target == "pytorchjob":
+        return [f"{name}-worker-{nodes - 2}" if nodes > 1 else pytorchjob_master_address(name)]
+    job = f"{name}-{replicated_job}-{replicas - 1}"
+    return [job, f"{job}-{nodes - 1}{POD_SUFFIX}"]
+
+
+def subdomain_problem(name: str) -> tuple[str, str] | None:
     """(what is wrong, the fix) with the name of another object (ConfigMap, claim, runtime): a DNS subdomain."""
     if _DNS_SUBDOMAIN.match(name) and len(name) <= DNS_SUBDOMAIN_MAX:
         return None
@@ -57,20 +58,24 @@ def label_problem(name: str) -> tuple[str, str] | None:
     )
 
 
-def name_problem(target: str, name: str, nodes: int) -> tuple[str, str] | None:
+def name_problem(
+    target: str, name: str, nodes: int, replicated_job: str = REPLICATED_JOB, replicas: int = 1
+) -> tuple[str, str] | None:
     """(what is wrong, the fix) with a job's name, or None: an RFC 1035 label (TrainJob's CEL rule, the operators'
-    webhooks), short enough for the longest pod name the engine makes of it."""
+    webhooks), short enough for the longest names the engine makes of it (a SkyPilot task's is its own)."""
     if not _DNS_1035_LABEL.match(name) or len(name) > DNS_LABEL_MAX:
         return (
             f"{name!r} is not a DNS label (at most {DNS_LABEL_MAX} lower-case letters, digits and '-', starting with a "
             "letter, ending with a letter or digit).",
             "e.g. llm-run-1.",
         )
-    pod = longest_pod_name(target, name, nodes) if target != "skypilot" else name
-    if len(pod) > DNS_LABEL_MAX:
+    made = [] if target == "skypilot" else longest_names(target, name, nodes, replicated_job, replicas)
+    too_long = [made_name for made_name in made if len(made_name) > DNS_LABEL_MAX]
+    if too_long:
+        longest = max(too_long, key=len)
         return (
-            f"{name!r} makes pods named like {pod!r}, {len(pod)} characters; the engine refuses names over "
+            f"{name!r} makes names like {longest!r}, {len(longest)} characters; the engine refuses names over "
             f"{DNS_LABEL_MAX}.",
-            f"use a name of at most {DNS_LABEL_MAX - (len(pod) - len(name))} characters.",
+            f"use a name of at most {DNS_LABEL_MAX - (len(longest) - len(name))} characters.",
         )
     return None

@@ -3,6 +3,7 @@ launch's, torchrun started for this node, SIGTERM forwarded to it, and the engin
 checkpointed for preemption. The files it names are where each node sees them (node_launch)."""
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
@@ -43,17 +44,20 @@ def node_launch(spec: JobSpec) -> LaunchSpec:
     (which holds the run config's relative output_dir, so its checkpoints outlive the pods). On a SkyPilot node: in
     the workdir SkyPilot synced from the folder distsetup ran in, the files where they are in it."""
     launch = spec.launch
-    if spec.target == "skypilot":
-        given = {key: getattr(launch, key) for key in SHIPPED_NAMES if getattr(launch, key)}
-        moved = {key: _in_workdir(path, launch.workdir) for key, path in given.items()}
-        workdir = None
-    else:
-        moved = {key: f"{FILES_MOUNT}/{name}" for key, name in SHIPPED_NAMES.items() if getattr(launch, key)}
-        workdir = WORK_MOUNT
+    on_skypilot = spec.target == "skypilot"
+
+    def seen_by_node(key: str) -> str | None:
+        path = getattr(launch, key)
+        if path is None:
+            return None
+        return _in_workdir(path, launch.workdir) if on_skypilot else f"{FILES_MOUNT}/{SHIPPED_NAMES[key]}"
+
     return replace(
         launch,
-        **moved,
-        workdir=workdir,
+        config=seen_by_node("config"),
+        deepspeed_config=seen_by_node("deepspeed_config"),
+        fsdp_config=seen_by_node("fsdp_config"),
+        workdir=None if on_skypilot else WORK_MOUNT,
         rdzv_backend="static",
         node_rank=None,
         master_addr=None,
@@ -62,12 +66,10 @@ def node_launch(spec: JobSpec) -> LaunchSpec:
 
 
 def _in_workdir(path: str, workdir: str | None) -> str:
-    """A file's path in SkyPilot's copy of the folder distsetup ran in (`workdir`)."""
-    pure = PurePosixPath(path)
-    if not pure.is_absolute():
-        return path
-    if workdir and pure.is_relative_to(workdir):
-        return str(pure.relative_to(workdir))
+    """A file's path in SkyPilot's copy of the folder distsetup ran in (`workdir`), relative to it."""
+    where = PurePosixPath(os.path.normpath(os.path.join(workdir or os.getcwd(), path)))
+    if workdir and where.is_relative_to(workdir):
+        return str(where.relative_to(workdir))
     raise DistsetupError(
         f"{path} is outside {workdir}, the folder SkyPilot copies to every node (its workdir).",
         "move the file into this folder, or run distsetup job from a folder that holds it.",

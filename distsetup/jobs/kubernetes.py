@@ -7,9 +7,9 @@ the entry point; the PersistentVolumeClaim the run works in; and the engine's ob
 
 Preemption, in each: SIGTERM reaches one pod (the node is taken), the world checkpoints at one step, and every
 pod's entry point exits RESTART_STATUS. JobSet and TrainJob: the Job's podFailurePolicy fails the Job on that
-status (and on a pod evicted before it could say so), and the JobSet's failurePolicy restarts the whole world for
-that reason without counting it against maxRestarts; any other failure restarts it up to maxRestarts times.
-PyTorchJob: restartPolicy ExitCode restarts a pod that exits 128-255 and fails the job on 1-127."""
+status, and the JobSet's failurePolicy restarts the whole world for it without counting it against maxRestarts; any
+other failure (backoffLimit 0) restarts it up to maxRestarts times. PyTorchJob: restartPolicy ExitCode recreates
+each pod that exits 128-255, without limit, and fails the job on 1-127."""
 
 from distsetup.jobs.engines import (
     ANCESTOR_LABEL,
@@ -20,6 +20,7 @@ from distsetup.jobs.engines import (
 )
 from distsetup.jobs.entry import ENTRY_NAME
 from distsetup.jobs.spec import FILES_MOUNT, RESTART_STATUS, WORK_MOUNT, JobSpec
+from distsetup.scripts.launch_plan import DEFAULT_MASTER_PORT
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -110,7 +111,6 @@ def node_job(spec: JobSpec, env: list[dict], labels: dict[str, str] | None = Non
                         "values": [RESTART_STATUS],
                     },
                 },
-                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]
         },
         "template": {"spec": pod_spec(spec, env)},
@@ -123,13 +123,15 @@ def jobset_spec(spec: JobSpec, env: list[dict], labels: dict[str, str] | None = 
     return {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
         "failurePolicy": {
-            "maxRestarts": spec.max_restarts,
+            "maxRestarts": spec.restart_limit,
             "restartStrategy": "Recreate",
             "rules": [
                 {
                     "name": "preempted",
                     "action": "RestartJobSetAndIgnoreMaxRestarts",
                     "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+                    # the exit-code rule's message (Kubernetes' pod_failure_policy.go); any other failure is counted
+                    "onJobFailureMessagePatterns": [f"exit code {RESTART_STATUS}"],
                 }
             ],
         },
@@ -143,7 +145,7 @@ def jobset(spec: JobSpec) -> dict:
         {"name": "NNODES", "value": str(nodes)},
         {"name": "NPROC_PER_NODE", "value": str(nproc)},
         {"name": "MASTER_ADDR", "value": jobset_master_address(spec.name)},
-        {"name": "MASTER_PORT", "value": str(spec.launch.master_port or 29500)},
+        {"name": "MASTER_PORT", "value": str(spec.launch.master_port or DEFAULT_MASTER_PORT)},
     ]
     return {
         "apiVersion": JOBSET_API,
@@ -190,7 +192,7 @@ def pytorchjob(spec: JobSpec) -> dict:
     nodes = spec.launch.num_nodes
 
     def replica(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "ExitCode", "template": {"spec": pod_spec(spec, [], "Never")}}
+        return {"replicas": count, "restartPolicy": "ExitCode", "template": {"spec": pod_spec(spec, [])}}
 
     replicas = {"Master": replica(1)}
     if nodes > 1:
@@ -200,7 +202,7 @@ def pytorchjob(spec: JobSpec) -> dict:
         "kind": "PyTorchJob",
         "metadata": _metadata(spec, spec.name),
         "spec": {
-            "runPolicy": {"backoffLimit": spec.max_restarts, "cleanPodPolicy": "None"},
+            "runPolicy": {"cleanPodPolicy": "None"},
             "nprocPerNode": str(spec.launch.nproc_per_node),
             "pytorchReplicaSpecs": replicas,
         },

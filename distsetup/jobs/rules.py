@@ -1,65 +1,339 @@
-"""What the engines' schemas cannot say, coded: the rules their API servers, CEL expressions and webhooks apply (name
-lengths, reserved variables, the podFailurePolicy's restart policy, one Master), and distsetup's own contract
-(every node a pod of one world, the grace period long enough for a checkpoint). `manifest_problems` checks the
-objects of one file, as `kubectl apply -f` would submit them together."""
+"""What the engines' schemas cannot say, coded, for the objects of one file (as `kubectl apply -f` submits them
+together):
+- the rules their API servers, CEL expressions and webhooks apply: name lengths, the variables an engine sets itself,
+  a podFailurePolicy's restart policy, one Master, one replica of Kubeflow Trainer's trainer Job, one ML policy;
+- distsetup's own contract, in the pods that run its entry point: every node a pod of one world (an Indexed Job of
+  `nodes` pods, node 0's address, the processes per node the GPUs asked for), and a grace period long enough for a
+  checkpoint and for the shutdown timeout the entry point gives torchrun."""
 
 import re
 
 from distsetup.formats.problems import Problem, schema_problems_in
-from distsetup.jobs.engines import ANCESTOR_LABEL, CONTAINER, label_problem, name_problem
+from distsetup.jobs.engines import (
+    ANCESTOR_LABEL,
+    CONTAINER,
+    TRAINER_ANCESTOR,
+    jobset_master_address,
+    name_problem,
+    subdomain_problem,
+)
+from distsetup.jobs.entry import ENTRY_NAME
 from distsetup.jobs.schema import SKYPILOT_TASK, schemas
+from distsetup.jobs.skypilot import is_skypilot_task
 from distsetup.jobs.spec import EXIT_MARGIN_SECONDS, RESTART_STATUS, grace_problem
 
 CHECKPOINT_ANNOTATION = "distsetup.dev/checkpoint-seconds"
 CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
 # Variables each engine sets in the training container itself: a value the spec sets would be overwritten, or
-# refused (kubeflow/trainer's torch plugin; the training-operator's pytorch envvar.go)
+# refused (kubeflow/trainer's torch plugin, torch.go; the training-operator's pytorch envvar.go and master.go)
 INJECTED = {
     "TrainJob": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
-    "PyTorchJob": ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PET_NNODES", "PET_NODE_RANK"),
+    "PyTorchJob": (
+        *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"),
+        *("PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"),
+    ),
 }
+ML_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")
+TARGET_OF = {"JobSet": "jobset", "TrainJob": "trainjob", "PyTorchJob": "pytorchjob"}
 _SHUTDOWN_TIMEOUT = re.compile(r"^export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", re.MULTILINE)
 
 
 def manifest_problems(documents: list, crds: dict[tuple[str, str], dict] | None = None) -> list[Problem]:
     """Every problem of the objects of one file: each against its schema (and against the cluster's CRD for its
     kind, among `crds`: crd.py), then the rules, each problem's path starting with the object's kind/name (or its
-    place in the file: [0], [1], ...)."""
+    place in the file: [0], [1], ...). Objects of other kinds are left to the cluster (manifest_notes)."""
     problems = []
     for index, document in enumerate(documents):
+        found = _object_problems(document, crds or {})
         where = _place(document, index)
-        if is_skypilot_task(document):
-            found = schema_problems_in(document, SKYPILOT_TASK) or _task_problems(document)
-            problems += [Problem(f"{where}.{p.path}" if p.path else where, p.message, p.fix) for p in found]
-            continue
-        if not isinstance(document, dict) or (document.get("apiVersion"), document.get("kind")) not in schemas():
-            known = ", ".join(f"{kind} ({api})" for api, kind in schemas())
-            what = (
-                f"{document.get('kind')} ({document.get('apiVersion')})"
-                if isinstance(document, dict)
-                else "not an object"
-            )
-            problems.append(Problem(where, f"{what} is not an object distsetup checks.", f"distsetup checks {known}."))
-            continue
-        found = schema_problems_in(document, schemas()[document["apiVersion"], document["kind"]])
-        crd = (crds or {}).get((document["apiVersion"], document["kind"]))
-        if crd is not None:
-            said = {(p.path, p.message) for p in found}
-            found += [
-                Problem(p.path, f"{p.message.rstrip('.')} (by the cluster's CRD).", p.fix)
-                for p in schema_problems_in(document, crd)
-                if (p.path, p.message) not in said
-            ]
-        found = found or _object_rules(document)
         problems += [Problem(f"{where}.{p.path}" if p.path else where, p.message, p.fix) for p in found]
     if not problems:
-        problems += _file_rules(documents)
+        problems += _file_rules([d for d in documents if _schema_of(d) is not None])
     return problems
 
 
-def is_skypilot_task(document) -> bool:
-    """A SkyPilot task: what a node runs, and no Kubernetes object's apiVersion."""
-    return isinstance(document, dict) and "apiVersion" not in document and "run" in document
+def manifest_notes(documents: list) -> list[str]:
+    """What the file holds that distsetup does not check."""
+    known = ", ".join(kind for _, kind in schemas())
+    return [
+        f"{_place(document, index)}: not checked (distsetup checks {known} and SkyPilot tasks)."
+        for index, document in enumerate(documents)
+        if _schema_of(document) is None
+    ]
+
+
+def _schema_of(document) -> dict | None:
+    if is_skypilot_task(document):
+        return SKYPILOT_TASK
+    if not isinstance(document, dict):
+        return None
+    return schemas().get((str(document.get("apiVersion")), str(document.get("kind"))))
+
+
+def _object_problems(document, crds: dict) -> list[Problem]:
+    schema = _schema_of(document)
+    if schema is None:
+        return []
+    found = schema_problems_in(document, schema)
+    crd = crds.get((document.get("apiVersion"), document.get("kind")))
+    if crd is not None:
+        said = {(p.path, p.message) for p in found}
+        found += [
+            Problem(p.path, f"{p.message.rstrip('.')} (by the cluster's CRD).", p.fix)
+            for p in schema_problems_in(document, crd)
+            if (p.path, p.message) not in said
+        ]
+    if found:
+        return found
+    return _task_problems(document) if schema is SKYPILOT_TASK else _object_rules(document)
+
+
+def _place(document, index: int) -> str:
+    """An object as kubectl names it (kind/name), a SkyPilot task as Task/name, or by its place in the file."""
+    if is_skypilot_task(document) and isinstance(document.get("name"), str):
+        return f"Task/{document['name']}"
+    if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+        name = document["metadata"].get("name")
+        if isinstance(name, str) and isinstance(document.get("kind"), str):
+            return f"{document['kind']}/{name}"
+    return f"[{index}]"
+
+
+# -- one object ---------------------------------------------------------------------------------------------------
+def _object_rules(document: dict) -> list[Problem]:
+    """The rules of one schema-valid Kubernetes object."""
+    kind = document["kind"]
+    problems = _name_problems(document)
+    if kind == "ConfigMap":
+        size = sum(len(value.encode()) for value in document.get("data", {}).values())
+        if size > CONFIGMAP_MAX_BYTES:
+            too_large = f"holds {size} bytes; a ConfigMap holds at most 1 MiB."
+            problems.append(Problem("data", too_large, "put the large files in the image."))
+    for path, job, replicated in _jobs(document):
+        problems += _job_problems(document, path, job, replicated)
+    for path, template in _pod_templates(document):
+        problems += _pod_problems(document, path, template)
+    if kind == "PyTorchJob":
+        problems += _pytorchjob_problems(document)
+    if kind == "TrainJob":
+        for e, variable in enumerate(document["spec"].get("trainer", {}).get("env", [])):
+            if variable["name"] in INJECTED["TrainJob"]:
+                problems.append(_injected(f"spec.trainer.env[{e}].name", kind, variable["name"]))
+    if kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        policies = [key for key in ML_POLICIES if key in document["spec"].get("mlPolicy", {})]
+        if len(policies) > 1:
+            problems.append(
+                Problem("spec.mlPolicy", f"sets {' and '.join(policies)}: a runtime has one.", "keep one of them.")
+            )
+    return problems
+
+
+def _name_problems(document: dict) -> list[Problem]:
+    """metadata.name: for an engine's object, a DNS label short enough for the names it makes (engines.py); for
+    another object, a DNS subdomain."""
+    name, kind = document["metadata"].get("name"), document["kind"]
+    if not isinstance(name, str):
+        return [Problem("metadata.name", "the object has no name.", "give it one, e.g. llm-run-1.")]
+    if kind == "JobSet":
+        found = [
+            name_problem("jobset", name, job.get("completions") or 1, rjob["name"], rjob.get("replicas", 1))
+            for _, job, rjob in _jobs(document)
+        ]
+        found = [f for f in found if f] or [name_problem("jobset", name, 1)]
+    elif kind == "TrainJob":
+        found = [name_problem("trainjob", name, document["spec"].get("trainer", {}).get("numNodes") or 1)]
+    elif kind == "PyTorchJob":
+        replicas = document["spec"]["pytorchReplicaSpecs"]
+        found = [name_problem("pytorchjob", name, sum(r.get("replicas", 1) for r in replicas.values()))]
+    else:
+        found = [subdomain_problem(name)]
+    return [Problem("metadata.name", *f) for f in found if f][:1]
+
+
+def _jobs(document: dict):
+    """(path, Job spec, replicated Job) of each replicated Job of a JobSet or a runtime's JobSet template."""
+    if document["kind"] == "JobSet":
+        path, jobset = "spec", document["spec"]
+    elif document["kind"] in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        path, jobset = "spec.template.spec", document["spec"]["template"]["spec"]
+    else:
+        return
+    for index, replicated in enumerate(jobset.get("replicatedJobs", [])):
+        if "spec" in replicated["template"]:
+            yield f"{path}.replicatedJobs[{index}]", replicated["template"]["spec"], replicated
+
+
+def _pod_templates(document: dict):
+    """(path, pod template) of every pod the object makes."""
+    for path, job, _ in _jobs(document):
+        yield f"{path}.template.spec.template", job["template"]
+    if document["kind"] == "PyTorchJob":
+        for role, replica in document["spec"]["pytorchReplicaSpecs"].items():
+            if "template" in replica:
+                yield f"spec.pytorchReplicaSpecs.{role}.template", replica["template"]
+
+
+def _runs_entry_point(pod: dict) -> bool:
+    """Whether a pod's first container runs distsetup's entry point (which distsetup's contract is about)."""
+    container = pod["containers"][0]
+    return any(word.endswith(f"/{ENTRY_NAME}") for word in container.get("command", []) + container.get("args", []))
+
+
+def _is_trainer_job(replicated: dict) -> bool:
+    return replicated["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR_LABEL) == TRAINER_ANCESTOR
+
+
+def _job_problems(document: dict, path: str, job: dict, replicated: dict) -> list[Problem]:
+    """Kubernetes' own Job rules that its schema does not hold, Kubeflow Trainer's for its trainer Job, and
+    distsetup's for a Job of its entry point: one indexed pod per node, all at once, told node 0's address."""
+    problems, spec = [], f"{path}.template.spec"
+    restart = job["template"].get("spec", {}).get("restartPolicy")
+    if "podFailurePolicy" in job and restart != "Never":
+        problems.append(
+            Problem(
+                f"{spec}.template.spec.restartPolicy",
+                f"{restart!r}: a Job with a podFailurePolicy needs restartPolicy Never (the API server refuses it).",
+                "write restartPolicy: Never.",
+            )
+        )
+    runtime = document["kind"] != "JobSet"
+    if runtime and _is_trainer_job(replicated) and replicated.get("replicas", 1) != 1:
+        problems.append(
+            Problem(
+                f"{path}.replicas",
+                "Kubeflow Trainer's webhook takes 1 replica of the trainer's Job (the nodes are its pods).",
+                "write replicas: 1, and the node count in numNodes.",
+            )
+        )
+    if not _runs_entry_point(job["template"]["spec"]):
+        return problems
+    if job.get("completionMode", "Indexed") != "Indexed":  # JobSet's webhook makes it Indexed when left out
+        problems.append(
+            Problem(
+                f"{spec}.completionMode",
+                "the node rank is the Job's completion index, which only an Indexed Job has.",
+                "write completionMode: Indexed.",
+            )
+        )
+    if runtime:  # the TrainJob's numNodes sets both
+        return problems
+    nodes = job.get("completions")
+    if job.get("parallelism", 1) != nodes:
+        problems.append(
+            Problem(
+                f"{spec}.parallelism",
+                "every node of the world runs at once: parallelism and completions must be equal.",
+                "write the node count in both.",
+            )
+        )
+    env = _plain_env(job["template"]["spec"]["containers"][0])
+    expected = {"NNODES": str(nodes), "MASTER_ADDR": jobset_master_address(document["metadata"]["name"])}
+    for name, value in expected.items():
+        if name in env and env[name] != value:
+            problems.append(
+                Problem(
+                    f"{spec}.template.spec.containers[0].env",
+                    f"{name} is {env[name]!r}, and this JobSet makes it {value!r} (renamed or resized since written?).",
+                    f"write {value}, or regenerate the file with distsetup job.",
+                )
+            )
+    return problems
+
+
+def _pod_problems(document: dict, path: str, template: dict) -> list[Problem]:
+    """The container the engine looks for, the variables it sets itself, volumes mounted that exist, and the GPUs
+    asked for against the processes the entry point starts."""
+    kind, problems, pod = document["kind"], [], template["spec"]
+    trainer_pod = kind == "PyTorchJob" or any(
+        _is_trainer_job(rjob) and job["template"] is template for _, job, rjob in _jobs(document)
+    )
+    target = "pytorchjob" if kind == "PyTorchJob" else "trainjob"
+    wanted = CONTAINER[target] if kind != "JobSet" and trainer_pod else None
+    names = [container["name"] for container in pod["containers"]]
+    if wanted and wanted not in names:
+        problems.append(
+            Problem(
+                f"{path}.spec.containers",
+                f"no container is named {wanted!r}, the one {kind} sets the training variables in.",
+                f"name the training container {wanted}.",
+            )
+        )
+    volumes = {volume["name"] for volume in pod.get("volumes", [])}
+    injected = INJECTED["TrainJob" if kind.endswith("TrainingRuntime") else kind] if wanted else ()
+    for c, container in enumerate(pod["containers"]):
+        for m, mount in enumerate(container.get("volumeMounts", [])):
+            if mount["name"] not in volumes:
+                problems.append(
+                    Problem(
+                        f"{path}.spec.containers[{c}].volumeMounts[{m}].name",
+                        f"no volume is named {mount['name']!r}.",
+                        "add it to the pod's volumes or fix the name.",
+                    )
+                )
+        for e, variable in enumerate(container.get("env", [])):
+            if variable["name"] in injected and (kind == "PyTorchJob" or container["name"] == wanted):
+                problems.append(_injected(f"{path}.spec.containers[{c}].env[{e}].name", kind, variable["name"]))
+    if kind == "JobSet" and _runs_entry_point(pod):
+        nproc = _plain_env(pod["containers"][0]).get("NPROC_PER_NODE")
+        problems += _gpu_problems(f"{path}.spec.containers[0].resources", pod, nproc)
+    return problems
+
+
+def _pytorchjob_problems(document: dict) -> list[Problem]:
+    spec = document["spec"]
+    replicas, problems = spec["pytorchReplicaSpecs"], []
+    if replicas.get("Master", {}).get("replicas", 1) != 1:
+        problems.append(Problem("spec.pytorchReplicaSpecs.Master.replicas", "a PyTorchJob has 1 Master.", "write 1."))
+    if replicas.get("Worker", {}).get("replicas", 1) < 1:
+        problems.append(
+            Problem(
+                "spec.pytorchReplicaSpecs.Worker.replicas",
+                "the operator refuses Workers with 0 replicas.",
+                "leave Worker out for one node.",
+            )
+        )
+    master = replicas.get("Master", {}).get("template", {}).get("spec")
+    if master is None or not _runs_entry_point(master):
+        return problems
+    nproc = spec.get("nprocPerNode")
+    if nproc is not None and not nproc.isdigit():
+        problems.append(
+            Problem(
+                "spec.nprocPerNode",
+                f"{nproc!r}: torchrun's auto starts one process on a node without visible GPUs.",
+                "write the GPUs per node as a string, e.g. '8'.",
+            )
+        )
+    elif nproc is not None:
+        where = "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].resources"
+        problems += _gpu_problems(where, master, nproc)
+    return problems
+
+
+def _gpu_problems(path: str, pod: dict, nproc: str | None) -> list[Problem]:
+    """GPUs asked for (a limit whose name ends in /gpu) and not one process each, or processes without a GPU."""
+    limits = pod["containers"][0].get("resources", {}).get("limits", {})
+    gpus = {name: value for name, value in limits.items() if name.endswith("/gpu")}
+    if nproc is None or not gpus:
+        return []
+    ((name, value),) = list(gpus.items())[:1]
+    if str(value) == nproc:
+        return []
+    return [
+        Problem(
+            f"{path}.limits",
+            f"asks for {value} {name} and starts {nproc} processes per node: one process a GPU.",
+            "make them agree (regenerate the file with distsetup job).",
+        )
+    ]
+
+
+def _plain_env(container: dict) -> dict[str, str]:
+    return {variable["name"]: variable["value"] for variable in container.get("env", []) if "value" in variable}
+
+
+def _injected(path: str, kind: str, name: str) -> Problem:
+    return Problem(path, f"{kind} sets {name} itself.", "leave it out: the engine's value is the world's.")
 
 
 def _task_problems(task: dict) -> list[Problem]:
@@ -94,194 +368,11 @@ def _task_problems(task: dict) -> list[Problem]:
     return problems
 
 
-def _place(document, index: int) -> str:
-    """An object as kubectl names it (kind/name), a SkyPilot task as Task/name, or by its place in the file."""
-    if is_skypilot_task(document) and isinstance(document.get("name"), str):
-        return f"Task/{document['name']}"
-    if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
-        name = document["metadata"].get("name")
-        if isinstance(name, str) and isinstance(document.get("kind"), str):
-            return f"{document['kind']}/{name}"
-    return f"[{index}]"
-
-
-def _object_rules(document: dict) -> list[Problem]:
-    """The rules of one schema-valid object."""
-    kind = document["kind"]
-    problems = _name_problems(document)
-    if kind == "ConfigMap":
-        size = sum(len(value.encode()) for value in document.get("data", {}).values())
-        if size > CONFIGMAP_MAX_BYTES:
-            problems.append(
-                Problem(
-                    "data", f"holds {size} bytes; a ConfigMap holds at most 1 MiB.", "ship large files in the image."
-                )
-            )
-    for path, pod in _pod_templates(document):
-        problems += _pod_problems(path, pod, kind)
-    for path, job in _jobs(document):
-        problems += _job_problems(path, job)
-    if kind == "PyTorchJob":
-        replicas = document["spec"]["pytorchReplicaSpecs"]
-        if replicas.get("Master", {}).get("replicas", 1) != 1:
-            problems.append(
-                Problem(
-                    "spec.pytorchReplicaSpecs.Master.replicas", "a PyTorchJob has one Master.", "write replicas: 1."
-                )
-            )
-        if replicas.get("Worker", {}).get("replicas", 1) < 1:
-            problems.append(
-                Problem(
-                    "spec.pytorchReplicaSpecs.Worker.replicas",
-                    "the operator refuses Workers with 0 replicas.",
-                    "leave Worker out for one node.",
-                )
-            )
-        nproc = document["spec"].get("nprocPerNode")
-        if nproc is not None and not nproc.isdigit():
-            problems.append(
-                Problem(
-                    "spec.nprocPerNode",
-                    f"{nproc!r}: torchrun's auto starts one process on a node without visible GPUs.",
-                    "write the GPUs per node as a string, e.g. '8'.",
-                )
-            )
-    if kind == "TrainJob":
-        for e, variable in enumerate(document["spec"].get("trainer", {}).get("env", [])):
-            if variable["name"] in INJECTED["TrainJob"]:
-                problems.append(_injected(f"spec.trainer.env[{e}].name", kind, variable["name"]))
-    for index, replicated in enumerate(_replicated_jobs(document) if kind == "TrainingRuntime" else []):
-        labels = replicated["template"].get("metadata", {}).get("labels", {})
-        if ANCESTOR_LABEL in labels and replicated.get("replicas", 1) != 1:
-            problems.append(
-                Problem(
-                    f"spec.template.spec.replicatedJobs[{index}].replicas",
-                    "Kubeflow Trainer's webhook takes 1 replica of a replicated Job it runs (the nodes are its pods).",
-                    "write replicas: 1 and the node count in numNodes.",
-                )
-            )
-    return problems
-
-
-def _injected(path: str, kind: str, name: str) -> Problem:
-    return Problem(path, f"{kind} sets {name} itself.", "leave it out: the engine's value is the world's.")
-
-
-def _name_problems(document: dict) -> list[Problem]:
-    """metadata.name: a DNS label; for an engine's object, short enough for the pods it makes (engines.py)."""
-    name, kind = document["metadata"].get("name"), document["kind"]
-    target = {"JobSet": "jobset", "TrainJob": "trainjob", "PyTorchJob": "pytorchjob"}.get(kind, "")
-    if not isinstance(name, str):
-        return [Problem("metadata.name", "the object has no name.", "give it one, e.g. llm-run-1.")]
-    found = name_problem(target, name, _node_count(document)) if target else label_problem(name)
-    return [Problem("metadata.name", *found)] if found else []
-
-
-def _node_count(document: dict) -> int:
-    spec = document["spec"]
-    if document["kind"] == "TrainJob":
-        return spec.get("trainer", {}).get("numNodes", 1)
-    if document["kind"] == "PyTorchJob":
-        return sum(replica.get("replicas", 1) for replica in spec["pytorchReplicaSpecs"].values())
-    return max((job["template"].get("spec", {}).get("parallelism", 1) for job in spec["replicatedJobs"]), default=1)
-
-
-def _jobset_spec(document: dict) -> tuple[str, dict] | None:
-    if document["kind"] == "JobSet":
-        return "spec", document["spec"]
-    if document["kind"] == "TrainingRuntime":
-        return "spec.template.spec", document["spec"]["template"]["spec"]
-    return None
-
-
-def _replicated_jobs(document: dict) -> list[dict]:
-    found = _jobset_spec(document)
-    return [] if found is None else found[1].get("replicatedJobs", [])
-
-
-def _jobs(document: dict):
-    """(path, Job spec) of each replicated Job of a JobSet or a TrainingRuntime's JobSet template."""
-    found = _jobset_spec(document)
-    for index, replicated in enumerate(_replicated_jobs(document)):
-        if found is not None and "spec" in replicated["template"]:
-            yield f"{found[0]}.replicatedJobs[{index}].template.spec", replicated["template"]["spec"]
-
-
-def _pod_templates(document: dict):
-    """(path, pod template) of every pod the object makes."""
-    for path, job in _jobs(document):
-        yield f"{path}.template", job["template"]
-    if document["kind"] == "PyTorchJob":
-        for role, replica in document["spec"]["pytorchReplicaSpecs"].items():
-            if "template" in replica:
-                yield f"spec.pytorchReplicaSpecs.{role}.template", replica["template"]
-
-
-def _job_problems(path: str, job: dict) -> list[Problem]:
-    """Kubernetes' own Job rules that its schema does not hold, and one pod per node, indexed."""
-    problems = []
-    restart = job["template"].get("spec", {}).get("restartPolicy")
-    if "podFailurePolicy" in job and restart != "Never":
-        problems.append(
-            Problem(
-                f"{path}.template.spec.restartPolicy",
-                f"{restart!r}: a Job with a podFailurePolicy needs restartPolicy Never (the API server refuses it).",
-                "write restartPolicy: Never.",
-            )
-        )
-    if job.get("completionMode") != "Indexed":
-        problems.append(
-            Problem(
-                f"{path}.completionMode",
-                "the node rank is the Job's completion index, which only an Indexed Job has.",
-                "write completionMode: Indexed.",
-            )
-        )
-    if job.get("parallelism", 1) != job.get("completions", 1):
-        problems.append(
-            Problem(
-                f"{path}.parallelism",
-                "every node of the world runs at once: parallelism and completions must be equal.",
-                "write the node count in both.",
-            )
-        )
-    return problems
-
-
-def _pod_problems(path: str, template: dict, kind: str) -> list[Problem]:
-    """The container the engine looks for, the variables it sets itself, volumes mounted that exist."""
-    problems = []
-    pod = template["spec"]
-    names = [container["name"] for container in pod["containers"]]
-    wanted = {"PyTorchJob": CONTAINER["pytorchjob"], "TrainingRuntime": CONTAINER["trainjob"]}.get(kind)
-    if wanted and wanted not in names:
-        problems.append(
-            Problem(
-                f"{path}.spec.containers",
-                f"no container is named {wanted!r}, the one {kind} sets the training variables in.",
-                f"name the training container {wanted}.",
-            )
-        )
-    volumes = {volume["name"] for volume in pod.get("volumes", [])}
-    for c, container in enumerate(pod["containers"]):
-        for m, mount in enumerate(container.get("volumeMounts", [])):
-            if mount["name"] not in volumes:
-                problems.append(
-                    Problem(
-                        f"{path}.spec.containers[{c}].volumeMounts[{m}].name",
-                        f"no volume is named {mount['name']!r}.",
-                        "add it to the pod's volumes or fix the name.",
-                    )
-                )
-        for e, variable in enumerate(container.get("env", [])):
-            if variable["name"] in INJECTED.get("TrainJob" if kind == "TrainingRuntime" else kind, ()):
-                problems.append(_injected(f"{path}.spec.containers[{c}].env[{e}].name", kind, variable["name"]))
-    return problems
-
-
+# -- the file -----------------------------------------------------------------------------------------------------
 def _file_rules(documents: list) -> list[Problem]:
-    """Rules across the file's objects: a TrainJob's runtime is the file's, the grace period fits a checkpoint,
-    and torchrun's shutdown timeout (in the entry point the ConfigMap carries) fits the grace period."""
+    """Rules across the file's Kubernetes objects: a TrainJob names the runtime the file defines, the grace period
+    fits a checkpoint, and the shutdown timeout the entry point (in the file's ConfigMap) gives torchrun fits the
+    grace period."""
     problems = []
     documents = [d for d in documents if not is_skypilot_task(d)]
     runtimes = {d["metadata"]["name"] for d in documents if d["kind"] == "TrainingRuntime"}
@@ -294,25 +385,19 @@ def _file_rules(documents: list) -> list[Problem]:
         if match
     ]
     for index, document in enumerate(documents):
-        if document["kind"] == "TrainJob" and runtimes:
-            ref = document["spec"]["runtimeRef"]
-            if ref.get("kind", "ClusterTrainingRuntime") == "TrainingRuntime" and ref["name"] not in runtimes:
-                problems.append(
-                    Problem(
-                        f"{_place(document, index)}.spec.runtimeRef.name",
-                        f"{ref['name']!r} is none of this file's TrainingRuntimes ({', '.join(sorted(runtimes))}).",
-                        "name the runtime this file defines.",
-                    )
-                )
+        place = _place(document, index)
+        if document["kind"] == "TrainJob":
+            problems += _runtime_ref_problems(place, document["spec"]["runtimeRef"], runtimes)
         checkpoint = document["metadata"].get("annotations", {}).get(CHECKPOINT_ANNOTATION)
         for path, template in _pod_templates(document):
+            if not _runs_entry_point(template["spec"]):
+                continue
             grace = template["spec"].get("terminationGracePeriodSeconds", 30)  # Kubernetes' default
-            where = f"{_place(document, index)}.{path}.spec.terminationGracePeriodSeconds"
+            where = f"{place}.{path}.spec.terminationGracePeriodSeconds"
             found = grace_problem(grace, int(checkpoint)) if checkpoint is not None and checkpoint.isdigit() else None
             if found:
-                problems.append(
-                    Problem(where, found[0].replace("(--checkpoint_seconds)", f"({CHECKPOINT_ANNOTATION})"), found[1])
-                )
+                said = found[0].replace("(--checkpoint_seconds)", f"({CHECKPOINT_ANNOTATION})")
+                problems.append(Problem(where, said, found[1]))
             for timeout in entry_timeouts:
                 if timeout > grace - EXIT_MARGIN_SECONDS:
                     problems.append(
@@ -324,3 +409,27 @@ def _file_rules(documents: list) -> list[Problem]:
                         )
                     )
     return problems
+
+
+def _runtime_ref_problems(place: str, ref: dict, runtimes: set[str]) -> list[Problem]:
+    """A TrainJob's runtimeRef against the namespaced runtimes of its file (its kind defaults to the cluster's)."""
+    if not runtimes:
+        return []
+    kind = ref.get("kind")
+    if kind is None and ref["name"] in runtimes:
+        return [
+            Problem(
+                f"{place}.spec.runtimeRef.kind",
+                f"left out, it is ClusterTrainingRuntime, and {ref['name']!r} is this file's TrainingRuntime.",
+                "write kind: TrainingRuntime.",
+            )
+        ]
+    if kind == "TrainingRuntime" and ref["name"] not in runtimes:
+        return [
+            Problem(
+                f"{place}.spec.runtimeRef.name",
+                f"{ref['name']!r} is none of this file's TrainingRuntimes ({', '.join(sorted(runtimes))}).",
+                "name the runtime this file defines.",
+            )
+        ]
+    return []

@@ -19,12 +19,7 @@ def _object(properties: dict, required: tuple[str, ...] = (), open_keys: bool = 
     return schema
 
 
-def _open(*keys: str) -> dict:
-    """An object whose listed keys are known and left unchecked (the parts of the API distsetup never writes)."""
-    return _object({key: {} for key in keys})
-
-
-ANY = {}
+ANY: dict = {}
 STRING = {"type": "string"}
 BOOLEAN = {"type": "boolean"}
 INTEGER = {"type": "integer"}
@@ -35,7 +30,7 @@ STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
 def _array(items: dict, min_items: int = 0) -> dict:
-    schema = {"type": "array", "items": items}
+    schema: dict = {"type": "array", "items": items}
     if min_items:
         schema["minItems"] = min_items
     return schema
@@ -54,7 +49,6 @@ OBJECT_META = _object(
         **{key: ANY for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink")},
     }
 )
-TEMPLATE_META = _object({"labels": STRING_MAP, "annotations": STRING_MAP})
 
 ENV_VAR = _object({"name": STRING, "value": STRING, "valueFrom": ANY}, required=("name",))
 RESOURCES = _object(
@@ -98,6 +92,7 @@ CONTAINER = _object(
                 "startupProbe",
                 "resizePolicy",
                 "restartPolicy",
+                "restartPolicyRules",
                 "securityContext",
                 "stdin",
                 "stdinOnce",
@@ -119,7 +114,7 @@ VOLUME = _object(
     {
         "name": STRING,
         "configMap": _object({"name": STRING, "items": _array(ANY), "defaultMode": INTEGER, "optional": BOOLEAN}),
-        "emptyDir": _object({"medium": {"enum": ["", "Memory"]}, "sizeLimit": QUANTITY}),
+        "emptyDir": _object({"medium": STRING, "sizeLimit": QUANTITY}),  # "", Memory, HugePages, HugePages-<size>
         "persistentVolumeClaim": _object({"claimName": STRING, "readOnly": BOOLEAN}, required=("claimName",)),
         **{key: ANY for key in VOLUME_SOURCES},
     },
@@ -141,16 +136,17 @@ POD_SPEC = _object(
             key: ANY
             for key in (
                 "activeDeadlineSeconds affinity automountServiceAccountToken dnsConfig dnsPolicy enableServiceLinks "
+                "hostnameOverride "
                 "ephemeralContainers hostAliases hostIPC hostNetwork hostPID hostUsers imagePullSecrets nodeName os "
                 "overhead preemptionPolicy priority readinessGates resourceClaims resources runtimeClassName "
-                "schedulerName schedulingGates securityContext serviceAccount setHostnameAsFQDN "
+                "schedulerName schedulingGates schedulingGroup securityContext serviceAccount setHostnameAsFQDN "
                 "shareProcessNamespace tolerations topologySpreadConstraints"
             ).split()
         },
     },
     required=("containers",),
 )
-POD_TEMPLATE = _object({"metadata": TEMPLATE_META, "spec": POD_SPEC})
+POD_TEMPLATE = _object({"metadata": OBJECT_META, "spec": POD_SPEC})
 
 POD_FAILURE_POLICY_RULE = _object(
     {
@@ -185,7 +181,7 @@ JOB_SPEC = _object(
     },
     required=("template",),
 )
-JOB_TEMPLATE = _object({"metadata": TEMPLATE_META, "spec": JOB_SPEC})
+JOB_TEMPLATE = _object({"metadata": OBJECT_META, "spec": JOB_SPEC})
 
 # jobset.x-k8s.io/v1alpha2 (api/jobset/v1alpha2/jobset_types.go)
 JOB_FAILURE_REASONS = [
@@ -206,7 +202,13 @@ JOBSET_SPEC = _object(
     {
         "replicatedJobs": _array(
             _object(
-                {"name": STRING, "replicas": COUNT, "template": JOB_TEMPLATE, "dependsOn": _array(ANY)},
+                {
+                    "name": STRING,
+                    "groupName": STRING,
+                    "replicas": COUNT,
+                    "template": JOB_TEMPLATE,
+                    "dependsOn": _array(ANY),
+                },
                 required=("name", "template"),
             ),
             min_items=1,
@@ -236,6 +238,7 @@ JOBSET_SPEC = _object(
         "startupPolicy": _object({"startupPolicyOrder": {"enum": ["AnyOrder", "InOrder"]}}),
         "suspend": BOOLEAN,
         "coordinator": ANY,
+        "volumeClaimPolicies": _array(ANY),
         "managedBy": STRING,
         "ttlSecondsAfterFinished": COUNT,
     }
@@ -285,12 +288,12 @@ TRAINING_RUNTIME_SPEC = _object(
         "mlPolicy": _object(
             {
                 "numNodes": POSITIVE,
-                "torch": _object({"numProcPerNode": POSITIVE, "elasticPolicy": ANY, "envInjection": ANY}),
-                "mpi": ANY,
+                "torch": _object({"envInjection": ANY}),  # v2.2 moved numProcPerNode to the TrainJob
+                **{key: ANY for key in ("mpi", "jax", "xgboost", "flux")},
             }
         ),
         "podGroupPolicy": ANY,
-        "template": _object({"metadata": TEMPLATE_META, "spec": JOBSET_SPEC}, required=("spec",)),
+        "template": _object({"metadata": OBJECT_META, "spec": JOBSET_SPEC}, required=("spec",)),
     },
     required=("template",),
 )
@@ -418,5 +421,6 @@ def schemas() -> dict[tuple[str, str], dict]:
         ("jobset.x-k8s.io/v1alpha2", "JobSet"): _kind("jobset.x-k8s.io/v1alpha2", "JobSet", JOBSET_SPEC),
         (TRAINER_API, "TrainJob"): _kind(TRAINER_API, "TrainJob", TRAINJOB_SPEC),
         (TRAINER_API, "TrainingRuntime"): _kind(TRAINER_API, "TrainingRuntime", TRAINING_RUNTIME_SPEC),
+        (TRAINER_API, "ClusterTrainingRuntime"): _kind(TRAINER_API, "ClusterTrainingRuntime", TRAINING_RUNTIME_SPEC),
         ("kubeflow.org/v1", "PyTorchJob"): _kind("kubeflow.org/v1", "PyTorchJob", PYTORCHJOB_SPEC),
     }

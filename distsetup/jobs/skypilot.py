@@ -6,6 +6,11 @@ when the entry point exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`,
 from distsetup.jobs.spec import BUCKET_MOUNT, RESTART_STATUS, JobSpec
 
 
+def is_skypilot_task(document) -> bool:
+    """A SkyPilot task: what its nodes run, and no Kubernetes object's apiVersion."""
+    return isinstance(document, dict) and "apiVersion" not in document and isinstance(document.get("run"), str)
+
+
 def task(spec: JobSpec, entry: str) -> dict:
     """The task YAML's data; `entry`: the entry point's text, run on every node."""
     launch = spec.launch
@@ -16,7 +21,7 @@ def task(spec: JobSpec, entry: str) -> dict:
         resources["use_spot"] = True
     resources["job_recovery"] = {
         "strategy": "EAGER_NEXT_REGION",
-        "max_restarts_on_errors": spec.max_restarts,
+        "max_restarts_on_errors": spec.restart_limit,
         "recover_on_exit_codes": [RESTART_STATUS],
     }
     return {
@@ -24,6 +29,8 @@ def task(spec: JobSpec, entry: str) -> dict:
         "num_nodes": launch.num_nodes,
         "resources": resources,
         "workdir": ".",
-        "file_mounts": {BUCKET_MOUNT: {"source": spec.checkpoint_bucket, "mode": "MOUNT"}},
+        # cached: written locally, then uploaded; the checkpoints' renames (a file written whole, then put in place)
+        # work there, and not on a plain MOUNT (goofys, gcsfuse)
+        "file_mounts": {BUCKET_MOUNT: {"source": spec.checkpoint_bucket, "mode": "MOUNT_CACHED"}},
         "run": entry,
     }

@@ -9,7 +9,7 @@ from distsetup.jobs.engines import name_problem
 from distsetup.scripts.launch_plan import LaunchSpec
 
 TARGETS = ("trainjob", "jobset", "pytorchjob", "skypilot")
-KUBERNETES_TARGETS = TARGETS[:3]
+DEFAULT_MAX_RESTARTS = 3
 # The status every node's entry point exits with once the world stopped for preemption (or was stopped before it
 # could checkpoint): the job is to be started again, and resumes. 128 and over, because the training-operator's
 # ExitCode policy restarts only those (1-127 are permanent there); each engine's spec restarts on it.
@@ -44,10 +44,15 @@ class JobSpec:
     shm_size: str = "16Gi"  # /dev/shm, memory-backed (a pod's own is 64 MB)
     grace_seconds: int = 300  # after SIGTERM, before SIGKILL
     checkpoint_seconds: int = 60  # the longest a checkpoint takes (measured: summary.json's checkpoint_seconds)
-    max_restarts: int = 3  # restarts after failures; preemptions do not count
+    max_restarts: int | None = None  # restarts after failures (preemptions do not count); None: 3, PyTorchJob none
     accelerator: str | None = None  # SkyPilot: the GPU type, e.g. H100; "" for CPU nodes
     checkpoint_bucket: str | None = None  # SkyPilot: the bucket the run works in (mounted at BUCKET_MOUNT)
     use_spot: bool = False  # SkyPilot: spot (preemptible) instances
+
+    @property
+    def restart_limit(self) -> int:
+        """How many times a failed world is started again (preemptions are not counted)."""
+        return DEFAULT_MAX_RESTARTS if self.max_restarts is None else self.max_restarts
 
     @property
     def shutdown_timeout(self) -> int:
@@ -68,9 +73,20 @@ def check_job(spec: JobSpec) -> None:
             "the engine's variables and forwards SIGTERM.",
             "drop --launch_method (DeepSpeed and FSDP runs train under torchrun too).",
         )
+    if spec.target in ("trainjob", "pytorchjob") and launch.master_port is not None:
+        raise DistsetupError(
+            f"--master_port: {spec.target} sets the port itself (TrainJob 29500, PyTorchJob 23456).",
+            "drop --master_port (jobset and skypilot take it).",
+        )
+    if spec.target == "pytorchjob" and spec.max_restarts is not None:
+        raise DistsetupError(
+            "--max_restarts: the training-operator recreates a PyTorchJob's pod on every exit of 128-255 and fails the "
+            "job on 1-127; no limit counts those restarts.",
+            "drop --max_restarts, or use --target trainjob or jobset (the world restarts as one, up to the limit).",
+        )
     if launch.nproc_per_node is None:
         raise DistsetupError(
-            "distsetup job needs a number for --num_gpus_per_node, not auto.",
+            "distsetup job needs a number for --num_gpus_per_node (not auto, and not left out).",
             "e.g. --num_gpus_per_node 8 (torchrun's auto starts one process on a node without visible GPUs).",
         )
     if spec.target == "skypilot":

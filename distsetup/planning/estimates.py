@@ -103,7 +103,7 @@ class Strategy:
     def gathers_weights(self) -> bool:
         """Whether each step gathers the layers' weights from their shards and frees them again (FSDP's sharded
         strategies, ZeRO-3): large short-lived tensors of one size, layer after layer."""
-        return self.zero_stage == 3 or (self.framework == "fsdp" and self.sharding_strategy != "NO_SHARD")
+        return self.zero_stage == 3 or self.framework == "fsdp"  # FSDP's NO_SHARD is planned as DDP
 
     @property
     def fsdp_sharding(self) -> str:

@@ -98,7 +98,7 @@ def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training is under way
         assert time.monotonic() < deadline and all(p.poll() is None for p in pods.processes), pods.log()
         time.sleep(0.2)
-    os.kill(pods.processes[1].pid, signal.SIGTERM)  # the kubelet signals the container's first process only
+    os.kill(pods.first_process(1), signal.SIGTERM)  # the kubelet signals the container's first process only
     assert pods.wait(timeout=120) == [RESTART_STATUS, RESTART_STATUS], pods.log()
     log = pods.text()
     preempted = re.findall(r"preempted: checkpoint at step (\d+)", log)  # after the progress bar's \r

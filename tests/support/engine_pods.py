@@ -2,10 +2,10 @@
 the engine's controller makes it, its files mounted where the pod has them, and the container's own command as its
 first process.
 
-Each pod runs in mount and UTS namespaces of its own (`unshare --mount --uts`, as root): its host name is the pod's,
-the ConfigMap's files are bound at their mount path, the shared volume (one folder for every pod) at its own, and an
-/etc/hosts of the pod's own maps the engine's DNS names to 127.0.0.1. Nothing of the host is changed but two empty
-mount points, made if missing.
+Each pod runs in PID, mount and UTS namespaces of its own (`unshare`, as root): the container's command is its PID 1,
+its host name is the pod's, the ConfigMap's files are bound at their mount path, the shared volume (one folder for
+every pod) at its own, /tmp is the pod's own, and an /etc/hosts of the pod's own maps the engine's DNS names to
+127.0.0.1. Nothing of the host is changed but the empty mount points, made if missing and removed after.
 
 The variables, from the engines' code:
 - Kubernetes' Indexed Job: JOB_COMPLETION_INDEX, the pod's index (pkg/controller/job/indexed_job_utils.go,
@@ -30,6 +30,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +181,10 @@ class PodRunner:
         script += f'mount --bind {shlex.quote(str(hosts))} /etc/hosts && hostname "$HOSTNAME" && exec "$@"'
         for index, pod in enumerate(every):
             log = self.root / f"pod{index}.log"
+            tmp = self.root / f"tmp{index}"
+            tmp.mkdir(exist_ok=True)
             environment = {
+                "TMPDIR": str(tmp),
                 "PATH": self.path,
                 "HOME": os.environ.get("HOME", "/root"),
                 "HOSTNAME": pod.host,
@@ -189,6 +193,9 @@ class PodRunner:
             }
             command = [
                 "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
                 "--mount",
                 "--uts",
                 "--propagation",
@@ -211,6 +218,19 @@ class PodRunner:
                     )
                 )
             self.logs.append(log)
+
+    def first_process(self, index: int) -> int:
+        """The host's pid of pod `index`'s PID 1 (unshare's child): where the kubelet's SIGTERM goes."""
+        unshare = self.processes[index].pid
+        deadline = time.monotonic() + 30
+        while not (children := Path(f"/proc/{unshare}/task/{unshare}/children").read_text().split()):
+            assert time.monotonic() < deadline, "the pod's first process did not start"
+            time.sleep(0.05)
+        pid = int(children[0])
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        namespaced = next(line for line in status if line.startswith("NSpid"))
+        assert namespaced.split()[-1] == "1", namespaced  # PID 1 of the pod's PID namespace
+        return pid
 
     def wait(self, timeout: float) -> list[int]:
         try:

@@ -30,6 +30,7 @@ def project(tmp_path, monkeypatch):
 
 
 def write(run_cli, target: str, *extra, nodes: int = 4):
+    """`distsetup job` for `target`, 4 nodes of 8 GPUs unless told; the name and image given."""
     args = ["job", "--target", target, "--config", "config.yaml", "--num_nodes", nodes, "--num_gpus_per_node", 8]
     return run_cli(*args, "--image", "ghcr.io/me/train:1", "--name", "llm-run", *extra)
 
@@ -65,6 +66,7 @@ def test_each_target_is_valid_restarts_on_the_entry_points_status_and_says_how_t
     entry.write_text(files["entry.sh"])
     shellcheck([entry])
     assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=290" in files["entry.sh"]  # the grace period, 300, less the exit's
+    assert f"exit {RESTART_STATUS}\n" in files["entry.sh"]  # the status the engine's spec restarts on
     pod = pod_spec(documents)
     assert pod["terminationGracePeriodSeconds"] == 300
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
@@ -73,8 +75,9 @@ def test_each_target_is_valid_restarts_on_the_entry_points_status_and_says_how_t
     if target == "pytorchjob":
         replicas = found["spec"]["pytorchReplicaSpecs"]
         assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
-        assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"} and RESTART_STATUS >= 128
+        assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"}  # recreated on 128-255: 143 is
         assert found["spec"]["nprocPerNode"] == "8"
+        assert found["spec"]["runPolicy"] == {"cleanPodPolicy": "None"}  # no backoffLimit: it counts nothing here
     else:
         jobset = found["spec"]["template"]["spec"] if target == "trainjob" else found["spec"]
         job = jobset["replicatedJobs"][0]["template"]["spec"]
@@ -84,6 +87,8 @@ def test_each_target_is_valid_restarts_on_the_entry_points_status_and_says_how_t
         restart = jobset["failurePolicy"]["rules"][0]
         assert restart["action"] == "RestartJobSetAndIgnoreMaxRestarts"
         assert restart["onJobFailureReasons"] == ["PodFailurePolicy"]
+        assert restart["onJobFailureMessagePatterns"] == [f"exit code {RESTART_STATUS}"]
+        assert jobset["failurePolicy"]["maxRestarts"] == 3
     if target == "trainjob":
         trainer = documents[-1]["spec"]["trainer"]
         assert (trainer["numNodes"], trainer["numProcPerNode"]) == (4, 8)
@@ -105,53 +110,110 @@ def set_in(documents, kind: str, path: str, value):
 
 JOB = "spec.replicatedJobs.0.template.spec"
 POD = f"{JOB}.template.spec"
+RUNTIME_POD = f"spec.template.{POD}"
 JOB_SHOWN, POD_SHOWN = (path.replace(".0.", "[0].") for path in (JOB, POD))  # as a problem's path says it
-MUTATIONS = {  # target -> (kind, path, value, the problem's path, a word of its message)
-    "typo": ("jobset", "JobSet", f"{JOB}.completionMod", "Indexed", f"JobSet/llm-run.{JOB_SHOWN}.completionMod"),
-    "auto": ("trainjob", "TrainJob", "spec.trainer.numProcPerNode", "auto", "TrainJob/llm-run.spec.trainer"),
-    "restart": ("jobset", "JobSet", f"{POD}.restartPolicy", "OnFailure", f"JobSet/llm-run.{POD_SHOWN}.restartPolicy"),
-    "nproc": ("pytorchjob", "PyTorchJob", "spec.nprocPerNode", "auto", "PyTorchJob/llm-run.spec.nprocPerNode"),
+MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
+    "typo": ("jobset", "JobSet", f"{JOB}.completionMod", "Indexed", [f"JobSet/llm-run.{JOB_SHOWN}.completionMod"]),
+    "auto": (
+        "trainjob",
+        "TrainJob",
+        "spec.trainer.numProcPerNode",
+        "auto",
+        ["TrainJob/llm-run.spec.trainer.numProcPerNode"],
+    ),
+    "restart": (
+        "jobset",
+        "JobSet",
+        f"{POD}.restartPolicy",
+        "OnFailure",
+        [f"JobSet/llm-run.{POD_SHOWN}.restartPolicy"],
+    ),
+    "nproc": ("pytorchjob", "PyTorchJob", "spec.nprocPerNode", "auto", ["PyTorchJob/llm-run.spec.nprocPerNode"]),
+    "gpus": (
+        "pytorchjob",
+        "PyTorchJob",
+        "spec.nprocPerNode",
+        "4",
+        ["PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Master.template.spec.containers[0].resources.limits"],
+    ),
     "master": (
         "pytorchjob",
         "PyTorchJob",
         "spec.pytorchReplicaSpecs.Master.replicas",
         2,
-        "PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Master.replicas",
+        ["PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Master.replicas"],
     ),
-    "long name": ("jobset", "JobSet", "metadata.name", "n" * 49, "JobSet/" + "n" * 49 + ".metadata.name"),
-    "grace": ("jobset", "JobSet", f"{POD}.terminationGracePeriodSeconds", 60, "terminationGracePeriodSeconds"),
+    "workers": (
+        "pytorchjob",
+        "PyTorchJob",
+        "spec.pytorchReplicaSpecs.Worker.replicas",
+        0,
+        ["PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Worker.replicas"],
+    ),
+    "long name": (
+        "jobset",
+        "JobSet",
+        "metadata.name",
+        "n" * 49,
+        ["JobSet/" + "n" * 49 + suffix for suffix in (".metadata.name", f".{POD_SHOWN}.containers[0].env")],
+    ),
+    "renamed": (
+        "jobset",
+        "JobSet",
+        "metadata.name",
+        "other-run",
+        [f"JobSet/other-run.{POD_SHOWN}.containers[0].env"],  # MASTER_ADDR names the old JobSet's node 0
+    ),
+    "grace": (
+        "jobset",
+        "JobSet",
+        f"{POD}.terminationGracePeriodSeconds",
+        60,
+        [f"JobSet/llm-run.{POD_SHOWN}.terminationGracePeriodSeconds"] * 2,  # the checkpoint, torchrun's timeout
+    ),
     "trainer env": (
         "trainjob",
         "TrainJob",
         "spec.trainer.env",
         [{"name": "PET_MASTER_ADDR", "value": "elsewhere"}],
-        "TrainJob/llm-run.spec.trainer.env[0].name",
+        ["TrainJob/llm-run.spec.trainer.env[0].name"],
     ),
     "runtime replicas": (
         "trainjob",
         "TrainingRuntime",
         "spec.template.spec.replicatedJobs.0.replicas",
         4,
-        "TrainingRuntime/llm-run-runtime.spec.template.spec.replicatedJobs[0].replicas",
+        ["TrainingRuntime/llm-run-runtime.spec.template.spec.replicatedJobs[0].replicas"],
     ),
-    "workers": ("pytorchjob", "PyTorchJob", "spec.pytorchReplicaSpecs.Worker.replicas", 0, "Worker.replicas"),
     "reserved": (
         "trainjob",
         "TrainingRuntime",
-        "spec.template.spec.replicatedJobs.0.template.spec.template.spec.containers.0.env",
+        f"{RUNTIME_POD}.containers.0.env",
         [{"name": "PET_NNODES", "value": "2"}],
-        "containers[0].env[0].name",
+        [f"TrainingRuntime/llm-run-runtime.spec.template.{POD_SHOWN}.containers[0].env[0].name"],
     ),
+    "runtime kind": ("trainjob", "TrainJob", "spec.runtimeRef.kind", None, ["TrainJob/llm-run.spec.runtimeRef.kind"]),
 }
+
+
+def set_or_drop(documents, kind: str, path: str, value):
+    if value is not None:
+        return set_in(documents, kind, path, value)
+    *parents, last = path.split(".")
+    target = next(d for d in documents if d["kind"] == kind)
+    for key in parents:
+        target = target[key]
+    del target[last]
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_mutated_spec_fails_with_the_path_to_fix(run_cli, project, mutation):
-    target, kind, path, value, where = MUTATIONS[mutation]
+    target, kind, path, value, expected = MUTATIONS[mutation]
     assert write(run_cli, target).exit_code == 0
     documents = objects(project, target)
-    problems = manifest_problems(mutated(documents, lambda d: set_in(d, kind, path, value)))
-    assert problems and any(where in p.path for p in problems), problems
+    assert manifest_problems(documents) == []
+    problems = manifest_problems(mutated(documents, lambda d: set_or_drop(d, kind, path, value)))
+    assert [p.path for p in problems] == expected, problems
 
 
 def test_validate_reads_a_broken_manifest_and_names_the_field(run_cli, project):
@@ -183,13 +245,19 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
         (("--grace_seconds", 60, "--checkpoint_seconds", 45), ("--grace_seconds 60", "give --grace_seconds 75")),
         (("--num_gpus_per_node", "auto"), ("--num_gpus_per_node", "not auto")),
         (("--launch_method", "deepspeed"), ("--launch_method deepspeed", "torchrun")),
-        (("--target", "skypilot"), ("--target",)),
+        (("--target", "slurm"), ("--target",)),
+        (("--master_port", 30000), ("--master_port", "29500")),
     ],
-    ids=["image", "long name", "name", "grace", "auto", "launcher", "target"],
+    ids=["image", "long name", "name", "grace", "auto", "launcher", "target", "port"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     result = write(run_cli, "trainjob", *extra, nodes=2)
     one_line_error(result, *words)
+    assert not (project / "k8s").exists()
+
+
+def test_a_pytorchjob_takes_no_restart_limit_the_operator_would_not_keep(run_cli, project):
+    one_line_error(write(run_cli, "pytorchjob", "--max_restarts", 5), "--max_restarts", "1-127")
     assert not (project / "k8s").exists()
 
 
@@ -219,7 +287,7 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     (task,) = yaml.safe_load_all(text)
     assert (task["num_nodes"], task["resources"]["accelerators"], task["workdir"]) == (2, "H100:8", ".")
     assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == [RESTART_STATUS]
-    assert task["file_mounts"] == {"/distsetup-work": {"source": "s3://my-bucket/runs", "mode": "MOUNT"}}
+    assert task["file_mounts"] == {"/distsetup-work": {"source": "s3://my-bucket/runs", "mode": "MOUNT_CACHED"}}
     assert "TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)" in task["run"]  # the workdir's copy
     assert "TRAIN_ARGS+=('training.output_dir=\"/distsetup-work/runs/demo\"')" in task["run"]
     entry = project / "run.sh"
@@ -240,13 +308,15 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
         (("--checkpoint_bucket", "s3://b/runs"), ("--accelerator", "H100")),
         (("--accelerator", "H100", "--checkpoint_bucket", "/mnt/runs"), ("--checkpoint_bucket", "s3://")),
         (("--accelerator", "H100", "--checkpoint_bucket", "s3://b", "--config", "OUTSIDE"), ("SkyPilot copies",)),
+        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b", "--config", "RELATIVE"), ("SkyPilot copies",)),
     ],
-    ids=["accelerator", "bucket", "outside"],
+    ids=["accelerator", "bucket", "outside", "relative outside"],
 )
 def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy
     outside.write_text(yaml.safe_dump(CONFIG))
-    extra = [str(outside) if arg == "OUTSIDE" else arg for arg in extra]
+    paths = {"OUTSIDE": str(outside), "RELATIVE": f"../{outside.name}"}
+    extra = [paths.get(arg, arg) for arg in extra]
     result = run_cli("job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *extra)
     one_line_error(result, *words)
     assert not (project / "sky").exists()

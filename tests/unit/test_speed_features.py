@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo import REPO
 from torch._dynamo.testing import CompileCounter
 
 from distsetup.formats.runconfig_load import load_run_config
@@ -163,7 +164,9 @@ print((resident() - before) / 2**20)
 def resident_after_freeing_layers(backend: str, output_dir: Path) -> float:
     """MiB a trainer's process of `backend` still holds after gathering and freeing 144 MiB of layers, 7 kept."""
     overrides = [f"distributed.backend={backend}", f"training.output_dir={output_dir}"]
-    run = subprocess.run([sys.executable, "-c", FREED_LAYERS_RESIDENT, *overrides], capture_output=True, text=True)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}  # glibc's own settings
+    command = [sys.executable, "-c", FREED_LAYERS_RESIDENT, *overrides]
+    run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     return float(run.stdout)
 

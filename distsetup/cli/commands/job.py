@@ -66,9 +66,7 @@ Examples:
 @option(
     "max_restarts",
     type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="Restarts after failures; preemptions do not count.",
+    help="Restarts after failures; preemptions do not count [3; a PyTorchJob's operator has no limit].",
 )
 @option("accelerator", help="SkyPilot: the GPU type, e.g. H100 (--num_gpus_per_node of them); none for CPU nodes.")
 @option("checkpoint_bucket", help="SkyPilot: the bucket the run works in, e.g. s3://my-bucket/runs.")
@@ -92,11 +90,6 @@ def job(target, output, dry_run, **opts):
     if target is None:
         raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
     output = output or default_output(target)
-    if opts["num_gpus_per_node"] in (None, "auto"):
-        raise DistsetupError(
-            f"distsetup job needs a number for --num_gpus_per_node, not {opts['num_gpus_per_node'] or 'nothing'}.",
-            "e.g. --num_gpus_per_node 8 (torchrun's auto starts one process on a node without visible GPUs).",
-        )
     launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
     spec = JobSpec(
         target=target,

@@ -17,7 +17,7 @@ from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, resol
 from distsetup.formats.problems import as_json
 from distsetup.formats.reading import read_config_text, read_json
 from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
-from distsetup.formats.validate import KINDS, YAML_SUFFIXES, validate_file
+from distsetup.formats.validate import KINDS, YAML_SUFFIXES, job_file_kind, validate_file
 
 KIND_NAMES = {
     "deepspeed": "DeepSpeed config",
@@ -94,7 +94,8 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
 
 def fix(file: Path, kind: str | None) -> None:
     """Rewrite FILE (a run config) into distsetup's own keys, atomically, saying each change; then validate it."""
-    if (kind or ("run_config" if file.suffix in YAML_SUFFIXES else None)) != "run_config":
+    yaml_kind = "run_config" if file.suffix in YAML_SUFFIXES and not job_file_kind(file) else None
+    if (kind or yaml_kind) != "run_config":
         raise DistsetupError(f"--fix rewrites run configs (.yaml); {file} is not one.", "give the run config.")
     text, changes = fixed_run_config(read_config_text(file, "run config"), str(file))
     if changes:
