@@ -1,7 +1,6 @@
 """`distsetup validate`: find a config file's kind and every problem in it."""
 
 import copy
-import re
 import shlex
 from pathlib import Path
 from typing import NamedTuple
@@ -13,35 +12,13 @@ from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
-from distsetup.formats.reading import (
-    duplicate_key_problems,
-    read_config_text,
-    read_json,
-    read_yaml,
-    read_yaml_documents,
-)
+from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
-KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args", "kubernetes", "skypilot")
+KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
 YAML_SUFFIXES = (".yaml", ".yml")
-# A Kubernetes manifest: an object's apiVersion and kind at the top level (no other kind of file has them)
-_MANIFEST = re.compile(r"^apiVersion:.*^kind:|^kind:.*^apiVersion:", re.MULTILINE | re.DOTALL)
-
-
-def job_file_kind(path: Path) -> str | None:
-    """ "kubernetes" or "skypilot" for a YAML file `distsetup job` writes (or one of those kinds), else None."""
-    text = read_config_text(path, "file")
-    if _MANIFEST.search(text):
-        return "kubernetes"
-    if re.search(r"^run:", text, re.MULTILINE):
-        from distsetup.jobs.skypilot import is_skypilot_task
-
-        documents = read_yaml_documents(path)
-        if documents and is_skypilot_task(documents[0]):
-            return "skypilot"
-    return None
 
 
 def detect_kind(path: Path, data: dict) -> str:
@@ -69,24 +46,10 @@ def validate_file(
     world_size: int | None = None,
     hf: bool = False,
     num_gpus_per_node: int | None = None,
-    crds: tuple[Path, ...] = (),
 ) -> Validated:
-    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config,
-    TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names), a Kubernetes manifest of
-    `distsetup job`'s kinds or a SkyPilot task (their documents under "documents"; a manifest also against the
-    CustomResourceDefinitions in `crds`)."""
-    as_yaml = path.suffix in YAML_SUFFIXES or kind in ("run_config", "kubernetes", "skypilot")
-    if as_yaml and kind is None:
-        kind = job_file_kind(path)
-    if kind in ("kubernetes", "skypilot"):
-        from distsetup.jobs.crd import crd_schemas
-        from distsetup.jobs.rules import manifest_notes, manifest_problems
-
-        documents = read_yaml_documents(path)
-        problems = manifest_problems(documents, crd_schemas(crds))
-        return Validated(kind, problems, {"documents": documents}, manifest_notes(documents))
-    if crds:
-        raise DistsetupError(f"--crd checks Kubernetes manifests; {path} is not one.", "drop --crd.")
+    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config
+    or TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names)."""
+    as_yaml = path.suffix in YAML_SUFFIXES or kind == "run_config"
     data = read_yaml(path) if as_yaml else read_json(path)
     kind = kind or detect_kind(path, data)
     if as_yaml and kind in ("accelerate", "training_args"):

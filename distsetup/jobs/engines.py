@@ -79,3 +79,8 @@ def name_problem(
             f"use a name of at most {DNS_LABEL_MAX - (len(longest) - len(name))} characters.",
         )
     return None
+
+
+def is_skypilot_task(document) -> bool:
+    """A SkyPilot task: what its nodes run, and no Kubernetes object's apiVersion."""
+    return isinstance(document, dict) and "apiVersion" not in document and isinstance(document.get("run"), str)

@@ -13,13 +13,13 @@ from distsetup.jobs.engines import (
     ANCESTOR_LABEL,
     CONTAINER,
     TRAINER_ANCESTOR,
+    is_skypilot_task,
     jobset_master_address,
     name_problem,
     subdomain_problem,
 )
 from distsetup.jobs.entry import ENTRY_NAME
 from distsetup.jobs.schema import SKYPILOT_TASK, schemas
-from distsetup.jobs.skypilot import is_skypilot_task
 from distsetup.jobs.spec import EXIT_MARGIN_SECONDS, RESTART_STATUS, grace_problem
 
 CHECKPOINT_ANNOTATION = "distsetup.dev/checkpoint-seconds"

@@ -6,11 +6,6 @@ when the entry point exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`,
 from distsetup.jobs.spec import BUCKET_MOUNT, RESTART_STATUS, JobSpec
 
 
-def is_skypilot_task(document) -> bool:
-    """A SkyPilot task: what its nodes run, and no Kubernetes object's apiVersion."""
-    return isinstance(document, dict) and "apiVersion" not in document and isinstance(document.get("run"), str)
-
-
 def task(spec: JobSpec, entry: str) -> dict:
     """The task YAML's data; `entry`: the entry point's text, run on every node."""
     launch = spec.launch

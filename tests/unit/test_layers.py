@@ -27,7 +27,7 @@ LAYERS = (  # bottom first; a layer's groups may not import each other; a module
     (("distsetup.errors", "distsetup.__init__"),),
     (("distsetup.formats",),),
     (("distsetup.scripts",), ("distsetup.planning",)),
-    (("distsetup.training", "distsetup.preflight"),),
+    (("distsetup.training", "distsetup.preflight"), ("distsetup.jobs",)),
     (("distsetup.training.model", "distsetup.training.optim"),),
     (("distsetup.training.data",),),
     (("distsetup.training.loss",), ("distsetup.training.checkpoint",)),

@@ -17,7 +17,8 @@ from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, resol
 from distsetup.formats.problems import as_json
 from distsetup.formats.reading import read_config_text, read_json
 from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
-from distsetup.formats.validate import KINDS, YAML_SUFFIXES, job_file_kind, validate_file
+from distsetup.formats.validate import KINDS, YAML_SUFFIXES, validate_file
+from distsetup.jobs.files import JOB_KINDS, job_file_kind, validate_job_file
 
 KIND_NAMES = {
     "deepspeed": "DeepSpeed config",
@@ -45,7 +46,7 @@ Examples:
 @click.argument("file", type=checked(click.Path(dir_okay=False, path_type=Path)))
 @world_options
 @option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
-@option("kind", type=click.Choice(KINDS), help="Override the detected kind of file.")
+@option("kind", type=click.Choice(KINDS + JOB_KINDS), help="Override the detected kind of file.")
 @option(
     "crd",
     multiple=True,
@@ -67,7 +68,13 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
     if o["fix"]:
         fix(file, kind)
-    kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node, tuple(o["crd"]))
+    job_kind = kind if kind in JOB_KINDS else job_file_kind(file) if kind is None else None
+    if job_kind:
+        kind, problems, data, notes = validate_job_file(file, job_kind, tuple(o["crd"]))
+    elif o["crd"]:
+        raise DistsetupError(f"--crd checks Kubernetes manifests; {file} is not one.", "drop --crd.")
+    else:
+        kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node)
     resolved = resolve(file, kind, data, world, o) if o["resolve"] else []
     if as_json_output:
         if o["resolve"]:
