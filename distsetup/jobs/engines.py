@@ -4,6 +4,11 @@ rule their names follow."""
 
 import re
 
+# The engines' API versions
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_API = f"{TRAINER_GROUP}/v1alpha1"
+PYTORCHJOB_API = "kubeflow.org/v1"
 # The container each engine runs (TrainJob: the torch plugin fills PET_* into the container named "node";
 # PyTorchJob: the operator sets its variables in the container named "pytorch")
 CONTAINER = {"trainjob": "node", "jobset": "node", "pytorchjob": "pytorch"}
@@ -14,9 +19,14 @@ ANCESTOR_LABEL, TRAINER_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 DNS_LABEL_MAX = 63
 
 
-def jobset_pod_host(jobset: str, node: int, replicated_job: str = REPLICATED_JOB) -> str:
-    """A JobSet pod's host name: <jobset>-<replicated job>-<job index>-<pod index>; one Job, one pod per node."""
-    return f"{jobset}-{replicated_job}-0-{node}"
+def jobset_job_name(jobset: str, replicated_job: str = REPLICATED_JOB, job_index: int = 0) -> str:
+    """A JobSet's Job: <jobset>-<replicated job>-<job index> (distsetup's: one Job, index 0)."""
+    return f"{jobset}-{replicated_job}-{job_index}"
+
+
+def jobset_pod_host(jobset: str, node: int, replicated_job: str = REPLICATED_JOB, job_index: int = 0) -> str:
+    """A JobSet pod's host name: its Job's name and its completion index (distsetup's: one pod per node)."""
+    return f"{jobset_job_name(jobset, replicated_job, job_index)}-{node}"
 
 
 def jobset_master_address(jobset: str) -> str:
@@ -44,8 +54,11 @@ def longest_names(target: str, name: str, nodes: int, replicated_job: str = REPL
     <job>-<role>-<index>."""
     if target == "pytorchjob":
         return [f"{name}-worker-{nodes - 2}" if nodes > 1 else pytorchjob_master_address(name)]
-    job = f"{name}-{replicated_job}-{replicas - 1}"
-    return [job, f"{job}-{nodes - 1}{POD_SUFFIX}"]
+    last_job = replicas - 1
+    return [
+        jobset_job_name(name, replicated_job, last_job),
+        jobset_pod_host(name, nodes - 1, replicated_job, last_job) + POD_SUFFIX,
+    ]
 
 
 def subdomain_problem(name: str) -> tuple[str, str] | None:

@@ -14,18 +14,18 @@ each pod that exits 128-255, without limit, and fails the job on 1-127."""
 from distsetup.jobs.engines import (
     ANCESTOR_LABEL,
     CONTAINER,
+    JOBSET_API,
+    PYTORCHJOB_API,
     REPLICATED_JOB,
     TRAINER_ANCESTOR,
+    TRAINER_API,
+    TRAINER_GROUP,
     jobset_master_address,
 )
 from distsetup.jobs.entry import ENTRY_NAME
 from distsetup.jobs.spec import FILES_MOUNT, RESTART_STATUS, WORK_MOUNT, JobSpec
 from distsetup.scripts.launch_plan import DEFAULT_MASTER_PORT
 
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-TRAINER_GROUP = "trainer.kubeflow.org"
-TRAINER_API = f"{TRAINER_GROUP}/v1alpha1"
-PYTORCHJOB_API = "kubeflow.org/v1"
 # The reason a Job fails with when a podFailurePolicy rule with action FailJob matched (batch/v1 JobFailed reasons)
 POD_FAILURE_POLICY_REASON = "PodFailurePolicy"
 
@@ -60,9 +60,10 @@ def claim_name(spec: JobSpec) -> str:
     return spec.checkpoint_claim or f"{spec.name}-work"
 
 
-def pod_spec(spec: JobSpec, env: list[dict], restart_policy: str = "Never") -> dict:
-    """The pod every node runs: the entry point as PID 1, the files, the shared working volume and a
-    memory-backed /dev/shm, GPUs asked for, and a grace period that fits a checkpoint."""
+def pod_spec(spec: JobSpec, env: list[dict]) -> dict:
+    """The pod every node runs: the entry point as PID 1, never restarted in place (the engine restarts the world or
+    recreates the pod), the files, the shared working volume and a memory-backed /dev/shm, GPUs asked for, and a
+    grace period that fits a checkpoint."""
     gpus = spec.launch.nproc_per_node
     resources = {"limits": {spec.gpu_resource: gpus}} if spec.gpu_resource else {}
     container = {
@@ -78,7 +79,7 @@ def pod_spec(spec: JobSpec, env: list[dict], restart_policy: str = "Never") -> d
         ],
     }
     return {
-        "restartPolicy": restart_policy,
+        "restartPolicy": "Never",
         "terminationGracePeriodSeconds": spec.grace_seconds,
         "containers": [container],
         "volumes": [

@@ -1,5 +1,6 @@
 """What the engines' schemas cannot say, coded, for the objects of one file (as `kubectl apply -f` submits them
 together):
+(a SkyPilot task's, in skypilot.py, are asked for here too)
 - the rules their API servers, CEL expressions and webhooks apply: name lengths, the variables an engine sets itself,
   a podFailurePolicy's restart policy, one Master, one replica of Kubeflow Trainer's trainer Job, one ML policy;
 - distsetup's own contract, in the pods that run its entry point: every node a pod of one world (an Indexed Job of
@@ -19,8 +20,9 @@ from distsetup.jobs.engines import (
     subdomain_problem,
 )
 from distsetup.jobs.entry import ENTRY_NAME
-from distsetup.jobs.schema import SKYPILOT_TASK, schemas
-from distsetup.jobs.spec import EXIT_MARGIN_SECONDS, RESTART_STATUS, grace_problem
+from distsetup.jobs.schema import schemas
+from distsetup.jobs.skypilot import SKYPILOT_TASK, task_problems
+from distsetup.jobs.spec import EXIT_MARGIN_SECONDS, grace_problem
 
 CHECKPOINT_ANNOTATION = "distsetup.dev/checkpoint-seconds"
 CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
@@ -34,7 +36,6 @@ INJECTED = {
     ),
 }
 ML_POLICIES = ("torch", "mpi", "jax", "xgboost", "flux")
-TARGET_OF = {"JobSet": "jobset", "TrainJob": "trainjob", "PyTorchJob": "pytorchjob"}
 _SHUTDOWN_TIMEOUT = re.compile(r"^export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", re.MULTILINE)
 
 
@@ -85,7 +86,7 @@ def _object_problems(document, crds: dict) -> list[Problem]:
         ]
     if found:
         return found
-    return _task_problems(document) if schema is SKYPILOT_TASK else _object_rules(document)
+    return task_problems(document) if schema is SKYPILOT_TASK else _object_rules(document)
 
 
 def _place(document, index: int) -> str:
@@ -311,12 +312,12 @@ def _pytorchjob_problems(document: dict) -> list[Problem]:
 
 
 def _gpu_problems(path: str, pod: dict, nproc: str | None) -> list[Problem]:
-    """GPUs asked for (a limit whose name ends in /gpu) and not one process each, or processes without a GPU."""
+    """GPUs asked for (the first limit whose name ends in /gpu) that are not one a process (`nproc` per node)."""
     limits = pod["containers"][0].get("resources", {}).get("limits", {})
-    gpus = {name: value for name, value in limits.items() if name.endswith("/gpu")}
+    gpus = [(name, value) for name, value in limits.items() if name.endswith("/gpu")]
     if nproc is None or not gpus:
         return []
-    ((name, value),) = list(gpus.items())[:1]
+    name, value = gpus[0]
     if str(value) == nproc:
         return []
     return [
@@ -334,38 +335,6 @@ def _plain_env(container: dict) -> dict[str, str]:
 
 def _injected(path: str, kind: str, name: str) -> Problem:
     return Problem(path, f"{kind} sets {name} itself.", "leave it out: the engine's value is the world's.")
-
-
-def _task_problems(task: dict) -> list[Problem]:
-    """distsetup's contract in a SkyPilot task that runs its entry point: the GPUs asked for are the processes it
-    starts per node, and the status it exits with after a preemption recovers the job."""
-    run = task["run"]
-    if "DISTSETUP_PREEMPTED_FILE" not in run:
-        return []  # another program's task: SkyPilot's schema is all
-    problems = []
-    nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)
-    accelerators = task.get("resources", {}).get("accelerators")
-    count = accelerators.rsplit(":", 1)[1] if isinstance(accelerators, str) and ":" in accelerators else None
-    if nproc and count is not None and count != nproc.group(1):
-        problems.append(
-            Problem(
-                "resources.accelerators",
-                f"{accelerators!r} asks for {count} GPUs a node, and the run starts {nproc.group(1)} processes.",
-                "regenerate the task with distsetup job, or make them agree.",
-            )
-        )
-    recovery = task.get("resources", {}).get("job_recovery")
-    codes = recovery.get("recover_on_exit_codes", []) if isinstance(recovery, dict) else []
-    if RESTART_STATUS not in ([codes] if isinstance(codes, int) else codes):
-        problems.append(
-            Problem(
-                "resources.job_recovery.recover_on_exit_codes",
-                f"the run exits {RESTART_STATUS} once the world has checkpointed for preemption, and this task is not "
-                "recovered on it.",
-                f"add {RESTART_STATUS}.",
-            )
-        )
-    return problems
 
 
 # -- the file -----------------------------------------------------------------------------------------------------

@@ -4,12 +4,14 @@ kubeflow/trainer v2.3.0 (pkg/apis/trainer/v1alpha1), jobset v0.12.0 (api/jobset/
 (pkg/apis/kubeflow.org/v1) and Kubernetes' core and batch v1. Written here as Python data rather than vendored
 (each part of the pod is written once and shared by every engine); `distsetup validate --crd FILE` checks a file
 against the cluster's own CustomResourceDefinition as well (crd.py). What the API types cannot say (name lengths,
-the CEL and webhook rules) is in rules.py."""
+the CEL and webhook rules) is in rules.py; a SkyPilot task's schema is in skypilot.py."""
 
 from functools import cache
 
+from distsetup.jobs.engines import JOBSET_API, PYTORCHJOB_API, TRAINER_API, TRAINER_GROUP
 
-def _object(properties: dict, required: tuple[str, ...] = (), open_keys: bool = False) -> dict:
+
+def object_schema(properties: dict, required: tuple[str, ...] = (), open_keys: bool = False) -> dict:
     """An object with these properties; other keys are refused unless `open_keys` (a map of user keys)."""
     schema: dict = {"type": "object", "properties": properties}
     if not open_keys:
@@ -29,36 +31,36 @@ QUANTITY = {"type": ["string", "integer", "number"]}
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 
 
-def _array(items: dict, min_items: int = 0) -> dict:
+def array_schema(items: dict, min_items: int = 0) -> dict:
     schema: dict = {"type": "array", "items": items}
     if min_items:
         schema["minItems"] = min_items
     return schema
 
 
-OBJECT_META = _object(
+OBJECT_META = object_schema(
     {
         "name": STRING,
         "generateName": STRING,
         "namespace": STRING,
         "labels": STRING_MAP,
         "annotations": STRING_MAP,
-        "finalizers": _array(STRING),
-        "ownerReferences": _array(ANY),
+        "finalizers": array_schema(STRING),
+        "ownerReferences": array_schema(ANY),
         **{key: ANY for key in ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields")},
         **{key: ANY for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink")},
     }
 )
 
-ENV_VAR = _object({"name": STRING, "value": STRING, "valueFrom": ANY}, required=("name",))
-RESOURCES = _object(
+ENV_VAR = object_schema({"name": STRING, "value": STRING, "valueFrom": ANY}, required=("name",))
+RESOURCES = object_schema(
     {
         "limits": {"type": "object", "additionalProperties": QUANTITY},
         "requests": {"type": "object", "additionalProperties": QUANTITY},
-        "claims": _array(ANY),
+        "claims": array_schema(ANY),
     }
 )
-VOLUME_MOUNT = _object(
+VOLUME_MOUNT = object_schema(
     {
         "name": STRING,
         "mountPath": STRING,
@@ -70,19 +72,19 @@ VOLUME_MOUNT = _object(
     },
     required=("name", "mountPath"),
 )
-CONTAINER = _object(
+CONTAINER = object_schema(
     {
         "name": STRING,
         "image": STRING,
-        "command": _array(STRING),
-        "args": _array(STRING),
-        "env": _array(ENV_VAR),
-        "envFrom": _array(ANY),
+        "command": array_schema(STRING),
+        "args": array_schema(STRING),
+        "env": array_schema(ENV_VAR),
+        "envFrom": array_schema(ANY),
         "resources": RESOURCES,
-        "volumeMounts": _array(VOLUME_MOUNT),
+        "volumeMounts": array_schema(VOLUME_MOUNT),
         "workingDir": STRING,
         "imagePullPolicy": {"enum": ["Always", "Never", "IfNotPresent"]},
-        "ports": _array(ANY),
+        "ports": array_schema(ANY),
         **{
             key: ANY
             for key in (
@@ -110,21 +112,23 @@ VOLUME_SOURCES = (
     "gcePersistentDisk gitRepo glusterfs hostPath image iscsi nfs photonPersistentDisk portworxVolume projected "
     "quobyte rbd scaleIO secret storageos vsphereVolume"
 ).split()
-VOLUME = _object(
+VOLUME = object_schema(
     {
         "name": STRING,
-        "configMap": _object({"name": STRING, "items": _array(ANY), "defaultMode": INTEGER, "optional": BOOLEAN}),
-        "emptyDir": _object({"medium": STRING, "sizeLimit": QUANTITY}),  # "", Memory, HugePages, HugePages-<size>
-        "persistentVolumeClaim": _object({"claimName": STRING, "readOnly": BOOLEAN}, required=("claimName",)),
+        "configMap": object_schema(
+            {"name": STRING, "items": array_schema(ANY), "defaultMode": INTEGER, "optional": BOOLEAN}
+        ),
+        "emptyDir": object_schema({"medium": STRING, "sizeLimit": QUANTITY}),  # "", Memory, HugePages, HugePages-<size>
+        "persistentVolumeClaim": object_schema({"claimName": STRING, "readOnly": BOOLEAN}, required=("claimName",)),
         **{key: ANY for key in VOLUME_SOURCES},
     },
     required=("name",),
 )
-POD_SPEC = _object(
+POD_SPEC = object_schema(
     {
-        "containers": _array(CONTAINER, min_items=1),
-        "initContainers": _array(CONTAINER),
-        "volumes": _array(VOLUME),
+        "containers": array_schema(CONTAINER, min_items=1),
+        "initContainers": array_schema(CONTAINER),
+        "volumes": array_schema(VOLUME),
         "restartPolicy": {"enum": ["Always", "OnFailure", "Never"]},
         "terminationGracePeriodSeconds": COUNT,
         "nodeSelector": STRING_MAP,
@@ -146,12 +150,12 @@ POD_SPEC = _object(
     },
     required=("containers",),
 )
-POD_TEMPLATE = _object({"metadata": OBJECT_META, "spec": POD_SPEC})
+POD_TEMPLATE = object_schema({"metadata": OBJECT_META, "spec": POD_SPEC})
 
-POD_FAILURE_POLICY_RULE = _object(
+POD_FAILURE_POLICY_RULE = object_schema(
     {
         "action": {"enum": ["Count", "FailIndex", "FailJob", "Ignore"]},
-        "onExitCodes": _object(
+        "onExitCodes": object_schema(
             {
                 "containerName": STRING,
                 "operator": {"enum": ["In", "NotIn"]},
@@ -159,11 +163,13 @@ POD_FAILURE_POLICY_RULE = _object(
             },
             required=("operator", "values"),
         ),
-        "onPodConditions": _array(_object({"type": STRING, "status": {"enum": ["True", "False", "Unknown"]}})),
+        "onPodConditions": array_schema(
+            object_schema({"type": STRING, "status": {"enum": ["True", "False", "Unknown"]}})
+        ),
     },
     required=("action",),
 )
-JOB_SPEC = _object(
+JOB_SPEC = object_schema(
     {
         "parallelism": COUNT,
         "completions": COUNT,
@@ -174,14 +180,14 @@ JOB_SPEC = _object(
         "activeDeadlineSeconds": POSITIVE,
         "ttlSecondsAfterFinished": COUNT,
         "suspend": BOOLEAN,
-        "podFailurePolicy": _object({"rules": _array(POD_FAILURE_POLICY_RULE)}, required=("rules",)),
+        "podFailurePolicy": object_schema({"rules": array_schema(POD_FAILURE_POLICY_RULE)}, required=("rules",)),
         "podReplacementPolicy": {"enum": ["TerminatingOrFailed", "Failed"]},
         "template": POD_TEMPLATE,
         **{key: ANY for key in ("managedBy", "manualSelector", "selector", "successPolicy")},
     },
     required=("template",),
 )
-JOB_TEMPLATE = _object({"metadata": OBJECT_META, "spec": JOB_SPEC})
+JOB_TEMPLATE = object_schema({"metadata": OBJECT_META, "spec": JOB_SPEC})
 
 # jobset.x-k8s.io/v1alpha2 (api/jobset/v1alpha2/jobset_types.go)
 JOB_FAILURE_REASONS = [
@@ -198,47 +204,49 @@ FAILURE_ACTIONS = [
     "RestartJob",  # behind JobSet's RestartJob feature gate
     "RestartJobAndIgnoreMaxRestarts",
 ]
-JOBSET_SPEC = _object(
+JOBSET_SPEC = object_schema(
     {
-        "replicatedJobs": _array(
-            _object(
+        "replicatedJobs": array_schema(
+            object_schema(
                 {
                     "name": STRING,
                     "groupName": STRING,
                     "replicas": COUNT,
                     "template": JOB_TEMPLATE,
-                    "dependsOn": _array(ANY),
+                    "dependsOn": array_schema(ANY),
                 },
                 required=("name", "template"),
             ),
             min_items=1,
         ),
-        "network": _object({"enableDNSHostnames": BOOLEAN, "subdomain": STRING, "publishNotReadyAddresses": BOOLEAN}),
-        "failurePolicy": _object(
+        "network": object_schema(
+            {"enableDNSHostnames": BOOLEAN, "subdomain": STRING, "publishNotReadyAddresses": BOOLEAN}
+        ),
+        "failurePolicy": object_schema(
             {
                 "maxRestarts": COUNT,
                 "restartStrategy": {"enum": ["Recreate", "BlockingRecreate", "InPlaceRestart"]},
-                "rules": _array(
-                    _object(
+                "rules": array_schema(
+                    object_schema(
                         {
                             "name": STRING,
                             "action": {"enum": FAILURE_ACTIONS},
-                            "onJobFailureMessagePatterns": _array(STRING),
-                            "onJobFailureReasons": _array({"enum": JOB_FAILURE_REASONS}),
-                            "targetReplicatedJobs": _array(STRING),
+                            "onJobFailureMessagePatterns": array_schema(STRING),
+                            "onJobFailureReasons": array_schema({"enum": JOB_FAILURE_REASONS}),
+                            "targetReplicatedJobs": array_schema(STRING),
                         },
                         required=("name", "action"),
                     )
                 ),
             }
         ),
-        "successPolicy": _object(
-            {"operator": {"enum": ["All", "Any"]}, "targetReplicatedJobs": _array(STRING)}, required=("operator",)
+        "successPolicy": object_schema(
+            {"operator": {"enum": ["All", "Any"]}, "targetReplicatedJobs": array_schema(STRING)}, required=("operator",)
         ),
-        "startupPolicy": _object({"startupPolicyOrder": {"enum": ["AnyOrder", "InOrder"]}}),
+        "startupPolicy": object_schema({"startupPolicyOrder": {"enum": ["AnyOrder", "InOrder"]}}),
         "suspend": BOOLEAN,
         "coordinator": ANY,
-        "volumeClaimPolicies": _array(ANY),
+        "volumeClaimPolicies": array_schema(ANY),
         "managedBy": STRING,
         "ttlSecondsAfterFinished": COUNT,
     }
@@ -246,31 +254,30 @@ JOBSET_SPEC = _object(
 
 
 def _kind(api_version: str, kind: str, spec: dict, required: tuple[str, ...] = ("spec",)) -> dict:
-    return _object(
+    return object_schema(
         {"apiVersion": {"enum": [api_version]}, "kind": {"enum": [kind]}, "metadata": OBJECT_META, "spec": spec},
         required=("apiVersion", "kind", "metadata", *required),
     )
 
 
 # trainer.kubeflow.org/v1alpha1 (pkg/apis/trainer/v1alpha1/trainjob_types.go, trainingruntime_types.go)
-TRAINER_API = "trainer.kubeflow.org/v1alpha1"
-TRAINER = _object(
+TRAINER = object_schema(
     {
         "image": STRING,
-        "command": _array(STRING),
-        "args": _array(STRING),
-        "env": _array(ENV_VAR),
+        "command": array_schema(STRING),
+        "args": array_schema(STRING),
+        "env": array_schema(ENV_VAR),
         "numNodes": POSITIVE,
         "numProcPerNode": POSITIVE,
         "resourcesPerNode": RESOURCES,
     }
 )
-TRAINJOB_SPEC = _object(
+TRAINJOB_SPEC = object_schema(
     {
-        "runtimeRef": _object(
+        "runtimeRef": object_schema(
             {
                 "name": STRING,
-                "apiGroup": {"enum": ["trainer.kubeflow.org"]},
+                "apiGroup": {"enum": [TRAINER_GROUP]},
                 "kind": {"enum": ["TrainingRuntime", "ClusterTrainingRuntime"]},
             },
             required=("name",),
@@ -283,32 +290,32 @@ TRAINJOB_SPEC = _object(
     },
     required=("runtimeRef",),
 )
-TRAINING_RUNTIME_SPEC = _object(
+TRAINING_RUNTIME_SPEC = object_schema(
     {
-        "mlPolicy": _object(
+        "mlPolicy": object_schema(
             {
                 "numNodes": POSITIVE,
-                "torch": _object({"envInjection": ANY}),  # v2.2 moved numProcPerNode to the TrainJob
+                "torch": object_schema({"envInjection": ANY}),  # v2.2 moved numProcPerNode to the TrainJob
                 **{key: ANY for key in ("mpi", "jax", "xgboost", "flux")},
             }
         ),
         "podGroupPolicy": ANY,
-        "template": _object({"metadata": OBJECT_META, "spec": JOBSET_SPEC}, required=("spec",)),
+        "template": object_schema({"metadata": OBJECT_META, "spec": JOBSET_SPEC}, required=("spec",)),
     },
     required=("template",),
 )
 
 # kubeflow.org/v1 (training-operator pkg/apis/kubeflow.org/v1/pytorch_types.go, common_types.go)
-REPLICA_SPEC = _object(
+REPLICA_SPEC = object_schema(
     {
         "replicas": COUNT,
         "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
         "template": POD_TEMPLATE,
     }
 )
-PYTORCHJOB_SPEC = _object(
+PYTORCHJOB_SPEC = object_schema(
     {
-        "runPolicy": _object(
+        "runPolicy": object_schema(
             {
                 "backoffLimit": COUNT,
                 "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
@@ -318,68 +325,9 @@ PYTORCHJOB_SPEC = _object(
         ),
         "nprocPerNode": STRING,
         "elasticPolicy": ANY,
-        "pytorchReplicaSpecs": _object({"Master": REPLICA_SPEC, "Worker": REPLICA_SPEC}),
+        "pytorchReplicaSpecs": object_schema({"Master": REPLICA_SPEC, "Worker": REPLICA_SPEC}),
     },
     required=("pytorchReplicaSpecs",),
-)
-
-
-# A SkyPilot task (skypilot 0.14: sky/utils/schemas.py, get_task_schema and the resources and storage schemas)
-SKYPILOT_STORE = _object(
-    {
-        "name": STRING,
-        "source": {"type": ["string", "array"]},
-        "store": STRING,
-        "persistent": BOOLEAN,
-        "mode": {"enum": ["MOUNT", "COPY", "MOUNT_CACHED", "mount", "copy", "mount_cached"]},
-        "type": STRING,
-        "config": ANY,
-    }
-)
-SKYPILOT_RESOURCES = _object(
-    {
-        "accelerators": {"type": ["string", "object", "array"]},
-        "use_spot": BOOLEAN,
-        "job_recovery": {
-            "anyOf": [
-                STRING,
-                _object(
-                    {
-                        "strategy": {"enum": ["EAGER_NEXT_REGION", "FAILOVER", None]},
-                        "max_restarts_on_errors": COUNT,
-                        "recover_on_exit_codes": {
-                            "anyOf": [
-                                {"type": "integer", "minimum": 0, "maximum": 255},
-                                _array({"type": "integer", "minimum": 0, "maximum": 255}),
-                            ]
-                        },
-                    }
-                ),
-            ]
-        },
-        **{
-            key: ANY
-            for key in (
-                "cloud region zone infra cpus memory instance_type volumes disk_size ephemeral_storage disk_tier "
-                "network_tier local_disk max_hourly_cost ports labels accelerator_args image_id priority any_of "
-                "ordered autostop"
-            ).split()
-        },
-    }
-)
-SKYPILOT_TASK = _object(
-    {
-        "name": STRING,
-        "workdir": {"type": ["string", "object"]},
-        "num_nodes": POSITIVE,
-        "resources": SKYPILOT_RESOURCES,
-        "file_mounts": {"type": "object", "additionalProperties": {"anyOf": [STRING, SKYPILOT_STORE]}},
-        "setup": STRING,
-        "run": STRING,
-        "envs": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
-        **{key: ANY for key in "event_callback service pool secrets volumes config inputs outputs".split()},
-    },
-    required=("run",),
 )
 
 
@@ -387,7 +335,7 @@ SKYPILOT_TASK = _object(
 def schemas() -> dict[tuple[str, str], dict]:
     """{(apiVersion, kind): its schema} for every object distsetup writes or reads."""
     return {
-        ("v1", "ConfigMap"): _object(
+        ("v1", "ConfigMap"): object_schema(
             {
                 "apiVersion": {"enum": ["v1"]},
                 "kind": {"enum": ["ConfigMap"]},
@@ -401,12 +349,12 @@ def schemas() -> dict[tuple[str, str], dict]:
         ("v1", "PersistentVolumeClaim"): _kind(
             "v1",
             "PersistentVolumeClaim",
-            _object(
+            object_schema(
                 {
-                    "accessModes": _array(
+                    "accessModes": array_schema(
                         {"enum": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"]}, 1
                     ),
-                    "resources": _object(
+                    "resources": object_schema(
                         {
                             "requests": {"type": "object", "additionalProperties": QUANTITY},
                             "limits": {"type": "object", "additionalProperties": QUANTITY},
@@ -418,9 +366,9 @@ def schemas() -> dict[tuple[str, str], dict]:
                 }
             ),
         ),
-        ("jobset.x-k8s.io/v1alpha2", "JobSet"): _kind("jobset.x-k8s.io/v1alpha2", "JobSet", JOBSET_SPEC),
+        (JOBSET_API, "JobSet"): _kind(JOBSET_API, "JobSet", JOBSET_SPEC),
         (TRAINER_API, "TrainJob"): _kind(TRAINER_API, "TrainJob", TRAINJOB_SPEC),
         (TRAINER_API, "TrainingRuntime"): _kind(TRAINER_API, "TrainingRuntime", TRAINING_RUNTIME_SPEC),
         (TRAINER_API, "ClusterTrainingRuntime"): _kind(TRAINER_API, "ClusterTrainingRuntime", TRAINING_RUNTIME_SPEC),
-        ("kubeflow.org/v1", "PyTorchJob"): _kind("kubeflow.org/v1", "PyTorchJob", PYTORCHJOB_SPEC),
+        (PYTORCHJOB_API, "PyTorchJob"): _kind(PYTORCHJOB_API, "PyTorchJob", PYTORCHJOB_SPEC),
     }

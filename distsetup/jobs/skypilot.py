@@ -1,8 +1,13 @@
 """The SkyPilot task of a job (skypilot 0.14): `num_nodes` nodes of `--num_gpus_per_node` GPUs of one type, the folder
 distsetup ran in as the workdir every node gets, the checkpoint bucket mounted on each, and the entry point as the
 `run` every node runs. Launched as a managed job (`sky jobs launch`), it is recovered after a preemption, and also
-when the entry point exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`, SkyPilot 0.11 and later)."""
+when the entry point exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`, SkyPilot 0.11 and later). Also the
+task's schema and what `distsetup validate` checks in a task beyond it (task_problems)."""
 
+import re
+
+from distsetup.formats.problems import Problem
+from distsetup.jobs.schema import ANY, BOOLEAN, COUNT, POSITIVE, STRING, array_schema, object_schema
 from distsetup.jobs.spec import BUCKET_MOUNT, RESTART_STATUS, JobSpec
 
 
@@ -29,3 +34,94 @@ def task(spec: JobSpec, entry: str) -> dict:
         "file_mounts": {BUCKET_MOUNT: {"source": spec.checkpoint_bucket, "mode": "MOUNT_CACHED"}},
         "run": entry,
     }
+
+
+# A SkyPilot task (skypilot 0.14: sky/utils/schemas.py, get_task_schema and the resources and storage schemas)
+SKYPILOT_STORE = object_schema(
+    {
+        "name": STRING,
+        "source": {"type": ["string", "array"]},
+        "store": STRING,
+        "persistent": BOOLEAN,
+        "mode": {"enum": ["MOUNT", "COPY", "MOUNT_CACHED", "mount", "copy", "mount_cached"]},
+        "type": STRING,
+        "config": ANY,
+    }
+)
+SKYPILOT_RESOURCES = object_schema(
+    {
+        "accelerators": {"type": ["string", "object", "array"]},
+        "use_spot": BOOLEAN,
+        "job_recovery": {
+            "anyOf": [
+                STRING,
+                object_schema(
+                    {
+                        "strategy": {"enum": ["EAGER_NEXT_REGION", "FAILOVER", None]},
+                        "max_restarts_on_errors": COUNT,
+                        "recover_on_exit_codes": {
+                            "anyOf": [
+                                {"type": "integer", "minimum": 0, "maximum": 255},
+                                array_schema({"type": "integer", "minimum": 0, "maximum": 255}),
+                            ]
+                        },
+                    }
+                ),
+            ]
+        },
+        **{
+            key: ANY
+            for key in (
+                "cloud region zone infra cpus memory instance_type volumes disk_size ephemeral_storage disk_tier "
+                "network_tier local_disk max_hourly_cost ports labels accelerator_args image_id priority any_of "
+                "ordered autostop"
+            ).split()
+        },
+    }
+)
+SKYPILOT_TASK = object_schema(
+    {
+        "name": STRING,
+        "workdir": {"type": ["string", "object"]},
+        "num_nodes": POSITIVE,
+        "resources": SKYPILOT_RESOURCES,
+        "file_mounts": {"type": "object", "additionalProperties": {"anyOf": [STRING, SKYPILOT_STORE]}},
+        "setup": STRING,
+        "run": STRING,
+        "envs": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+        **{key: ANY for key in "event_callback service pool secrets volumes config inputs outputs".split()},
+    },
+    required=("run",),
+)
+
+
+def task_problems(task: dict) -> list[Problem]:
+    """distsetup's contract in a SkyPilot task that runs its entry point: the GPUs asked for are the processes it
+    starts per node, and the status it exits with after a preemption recovers the job."""
+    run = task["run"]
+    if "DISTSETUP_PREEMPTED_FILE" not in run:
+        return []  # another program's task: SkyPilot's schema is all
+    problems = []
+    nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)
+    accelerators = task.get("resources", {}).get("accelerators")
+    count = accelerators.rsplit(":", 1)[1] if isinstance(accelerators, str) and ":" in accelerators else None
+    if nproc and count is not None and count != nproc.group(1):
+        problems.append(
+            Problem(
+                "resources.accelerators",
+                f"{accelerators!r} asks for {count} GPUs a node, and the run starts {nproc.group(1)} processes.",
+                "regenerate the task with distsetup job, or make them agree.",
+            )
+        )
+    recovery = task.get("resources", {}).get("job_recovery")
+    codes = recovery.get("recover_on_exit_codes", []) if isinstance(recovery, dict) else []
+    if RESTART_STATUS not in ([codes] if isinstance(codes, int) else codes):
+        problems.append(
+            Problem(
+                "resources.job_recovery.recover_on_exit_codes",
+                f"the run exits {RESTART_STATUS} once the world has checkpointed for preemption, and this task is not "
+                "recovered on it.",
+                f"add {RESTART_STATUS}.",
+            )
+        )
+    return problems

@@ -109,11 +109,12 @@ def job(target, output, dry_run, **opts):
         checkpoint_bucket=opts["checkpoint_bucket"],
         use_spot=opts["use_spot"],
     )
-    objects = job_documents(spec, regenerate_command("job"))
+    command_line = regenerate_command("job")
+    objects = job_documents(spec, command_line)
     refuse_generated_problems(manifest_problems(objects))
     submit = submit_command(spec, output if output != "-" else default_output(target))
     emit(
-        manifest_text(objects, regenerate_command("job"), submit),
+        manifest_text(objects, command_line, submit),
         output,
         dry_run,
         next_step=submit,
