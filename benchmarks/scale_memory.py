@@ -17,6 +17,7 @@ from pathlib import Path
 
 from common import REPO, launch, record, table
 
+from distsetup.formats.deepspeed import unset_sizes
 from distsetup.planning.models import gpt_params
 
 # a bare process: python, torch, distsetup's trainer and the backend's library imported, nothing built
@@ -51,7 +52,9 @@ def run(backend: str, processes: int, a, work: Path) -> dict:
                     "train_batch_size": processes,
                     "train_micro_batch_size_per_gpu": 1,
                     "gradient_accumulation_steps": 1,
-                    "zero_optimization": {"stage": 3},
+                    # sized from the hidden size, as `distsetup deepspeed --hidden_size` writes them: a model
+                    # bigger than memory's (the trainer keeps DeepSpeed's own where they fit beside the state)
+                    "zero_optimization": {"stage": 3, **unset_sizes({"stage": 3}, a.n_embd)},
                 }
             )
         )

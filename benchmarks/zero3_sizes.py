@@ -1,12 +1,15 @@
-"""ZeRO-3's buffer sizes against its step's pace and peak: src/train.py's ZeRO-3 run of one model under the sizes the
-trainer fills in (formats.deepspeed.MODEL_SIZED), under the HF integration's "auto" three alone, and under DeepSpeed's
-own defaults, beside the plain run of the same model (its tokens/s the 1 of the ratio column).
+"""ZeRO-3's buffer sizes against its step's pace and peak: src/train.py's ZeRO-3 run of one model with a file that
+leaves the sizes unset (the trainer keeps DeepSpeed's defaults where the rank has room for them, else sizes them from
+the hidden size: planning.estimates.room_for_deepspeed_buffers), with the sizes from the hidden size written in the
+file (formats.deepspeed.MODEL_SIZED, as `distsetup deepspeed --hidden_size` writes them), under the HF integration's
+"auto" three alone, and under DeepSpeed's own defaults, beside the plain run of the same model (its tokens/s the 1 of
+the ratio column).
 
-The trainer sizes six of ZeRO-3's buffers from the hidden size h where a file leaves them unset: the reduce and
-prefetch buckets and the persistence threshold as the HF integration's "auto" does (h^2, 0.9 h^2, 10 h), and the
-parameters kept gathered, the distance they are kept over and the optimizer's sub-group at a block or two (24 h^2,
-12 h^2, 12 h^2) where DeepSpeed keeps 1e9 elements of each, on the CPU the whole of a small model. This measures what
-each choice costs in speed and gains in memory. Default: the GPU check's 1B GPT on one GPU, bf16.
+From the hidden size h, the reduce and prefetch buckets and the persistence threshold are sized as the HF
+integration's "auto" does (h^2, 0.9 h^2, 10 h), and the parameters kept gathered, the distance they are kept over and
+the optimizer's sub-group at a block or two (24 h^2, 12 h^2, 12 h^2) where DeepSpeed keeps 1e9 elements of each, the
+whole of a model up to that size. This measures what each choice costs in speed and gains in memory. Default: the GPU
+check's 1B GPT on one GPU, bf16.
 """
 
 import argparse
@@ -19,6 +22,8 @@ from pathlib import Path
 
 from common import add_run_arguments, launch, median, record, rounds, table, train_py_argv
 
+from distsetup.formats.deepspeed import unset_sizes
+
 DEEPSPEED_DEFAULTS = {
     "reduce_bucket_size": int(5e8),
     "stage3_prefetch_bucket_size": int(5e7),
@@ -29,16 +34,27 @@ DEEPSPEED_DEFAULTS = {
 }
 
 
-def variants(h: int) -> dict[str, dict | None]:
-    """run name -> the zero_optimization sizes its file sets (None: the plain run, no DeepSpeed)."""
+PLAIN = "plain (no ZeRO)"
+NAMES = {
+    "unset": "ZeRO-3, the file leaving them unset",  # the trainer's choice
+    "from_h": "ZeRO-3, sized from h",
+    "hf_auto": "ZeRO-3, HF auto's three",
+    "defaults": "ZeRO-3, DeepSpeed's defaults",
+}
+
+
+def variants(h: int, chosen: list[str]) -> dict[str, dict | None]:
+    """run name -> the zero_optimization sizes its file sets (None: the plain run, no DeepSpeed), for the `chosen`
+    keys of NAMES."""
     hf_auto = {"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h)}
     hf_auto["stage3_param_persistence_threshold"] = 10 * h
-    return {
-        "plain (no ZeRO)": None,
-        "ZeRO-3, the trainer's sizes": {},  # the file leaves them unset: the trainer fills them from h
-        "ZeRO-3, HF auto's three": {**DEEPSPEED_DEFAULTS, **hf_auto},
-        "ZeRO-3, DeepSpeed's defaults": DEEPSPEED_DEFAULTS,
+    sizes = {
+        "unset": {},
+        "from_h": {**DEEPSPEED_DEFAULTS, **unset_sizes({"stage": 3}, h)},
+        "hf_auto": {**DEEPSPEED_DEFAULTS, **hf_auto},
+        "defaults": DEEPSPEED_DEFAULTS,
     }
+    return {PLAIN: None} | {NAMES[key]: sizes[key] for key in chosen}
 
 
 def measure(name: str, sizes: dict | None, work: Path, a):
@@ -69,13 +85,14 @@ def main():
         parser, n_layer=20, n_head=16, n_embd=2048, block_size=2048, micro_batch_size=4, steps=12, precision="bf16"
     )
     parser.add_argument("--repeats", type=int, default=1, help="alternating rounds; each figure is their median")
+    parser.add_argument("--runs", nargs="+", choices=list(NAMES), default=list(NAMES), help="beside the plain run")
     parser.add_argument("--work_dir", type=Path, help="where the runs write (their checkpoints); default: a temp dir")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-zero3-", dir=a.work_dir) as work:
-        measures = {name: measure(name, sizes, Path(work), a) for name, sizes in variants(a.n_embd).items()}
+        measures = {name: measure(name, sizes, Path(work), a) for name, sizes in variants(a.n_embd, a.runs).items()}
         samples = rounds(measures, a.repeats)
     medians = {name: median(values) for name, values in samples.items()}
-    plain = medians["plain (no ZeRO)"]["tokens_per_s"]
+    plain = medians[PLAIN]["tokens_per_s"]
     rows = []
     for name, m in medians.items():
         spread = [s["tokens_per_s"] / plain for s in samples[name]]

@@ -57,6 +57,7 @@ from distsetup.planning.units import GB
 
 DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
 DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
+DS_MAX_LIVE = 1_000_000_000  # DeepSpeed's default stage3_max_live_parameters and stage3_max_reuse_distance (elements)
 RUNTIME_BYTES = 1.0 * GB  # CUDA context, NCCL buffers, allocator slack (GPU only)
 
 
@@ -203,12 +204,24 @@ class Estimate:
         return {**asdict(self), "model_states": self.model_states, "total": self.total, "headroom_bytes": self.headroom}
 
 
-def zero_buffer(key: str, model: ModelShape) -> int:
-    """Elements of ZeRO buffer `key` where a file leaves it unset: sized from the hidden size as the trainer fills it
-    (formats.deepspeed.MODEL_SIZED), else DeepSpeed's default."""
-    if model.hidden_size:
+def zero_buffer(key: str, model: ModelShape, room: bool) -> int:
+    """Elements of ZeRO buffer `key` where a file leaves it unset, as the trainer fills it: DeepSpeed's default where
+    the rank has `room` for DeepSpeed's sizes (room_for_deepspeed_buffers), else sized from the hidden size
+    (formats.deepspeed.MODEL_SIZED); DeepSpeed's default where the hidden size is unknown."""
+    if model.hidden_size and not room:
         return model_sized(key, model.hidden_size)
     return DS_PREFETCH_BUCKET if key == "stage3_prefetch_bucket_size" else DS_REDUCE_BUCKET
+
+
+def room_for_deepspeed_buffers(params: int, state_bytes: float, free_bytes: float, element_bytes: int) -> bool:
+    """Whether a rank holding `state_bytes` of training state has room for ZeRO's buffers at DeepSpeed's own sizes:
+    its reduce bucket (allocated whole), its prefetch bucket and the parameters it keeps gathered (the whole model, up
+    to 1e9 elements), beside the state in half of the rank's `free_bytes` (the other half for the activations and the
+    runtime). Where they fit, a file that leaves them unset means what DeepSpeed and the HF Trainer read it as, at
+    DeepSpeed's pace; where they do not, they are sized from the model, so that a model bigger than one device still
+    fits."""
+    buffers = DS_REDUCE_BUCKET + min(DS_PREFETCH_BUCKET, params) + min(DS_MAX_LIVE, params)
+    return state_bytes + element_bytes * buffers <= free_bytes / 2
 
 
 def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> dict:
@@ -232,9 +245,6 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
         out["fp32_grads"], out["optimizer"] = 4 * P / n, 12 * P / n
         if stage == 3:
             out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
-            out["buffers"] = e * min(zero_buffer("stage3_prefetch_bucket_size", model), P)
-        else:  # reduce + all-gather buckets
-            out["buffers"] = e * (min(zero_buffer("reduce_bucket_size", model), P) + min(DS_REDUCE_BUCKET, P))
         on_cpu = 0.0
         if strategy.offload_optimizer:
             on_cpu += out["fp32_grads"] + out["optimizer"]  # 16-bit grads are copied into the CPU fp32 ones
@@ -243,6 +253,12 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
             on_cpu += out["params"]
             out["params"] = 0.0
         out["cpu"] = on_cpu * hw.gpus_per_node
+        held = out["params"] + out["grads"] + out["fp32_grads"] + out["optimizer"]
+        room = room_for_deepspeed_buffers(P, held, hw.gpu_memory * (1 - hw.headroom) - hw.runtime_bytes, e)
+        if stage == 3:
+            out["buffers"] = e * min(zero_buffer("stage3_prefetch_bucket_size", model, room), P)
+        else:  # reduce + all-gather buckets
+            out["buffers"] = e * (min(zero_buffer("reduce_bucket_size", model, room), P) + min(DS_REDUCE_BUCKET, P))
     if hw.runtime_bytes:
         out["buffers"] += hw.runtime_bytes
     return out

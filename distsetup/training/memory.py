@@ -1,5 +1,6 @@
 """Bytes a rank really holds, counted from the tensors themselves (shared storage counted once)."""
 
+import os
 import resource
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,7 +13,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+STATUS, CLEAR_REFS, MEMINFO = Path("/proc/self/status"), Path("/proc/self/clear_refs"), Path("/proc/meminfo")
 
 
 def host_peak_bytes() -> int:
@@ -33,6 +34,25 @@ def reset_host_peak() -> None:
         CLEAR_REFS.write_text("5")
     except OSError:
         pass
+
+
+def available_memory() -> int:
+    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def free_bytes_per_rank(device: torch.device, local_processes: int) -> int:
+    """Memory a rank may still use: its GPU's free memory, or on the CPU its share of what the kernel could hand out
+    to this node's `local_processes`."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_memory() // local_processes
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:

@@ -90,7 +90,8 @@ Examples:
 @option(
     "hidden_size",
     type=click.IntRange(min=1),
-    help="The model's hidden size: the buffer sizes not given are sized from it (as the trainer and HF's auto do).",
+    help="The model's hidden size: the buffer sizes not given are sized from it (as HF's auto does, and the trainer "
+    "where DeepSpeed's own leave no room).",
 )
 @switch(
     "stage3_gather_16bit_weights_on_model_save",

@@ -22,7 +22,7 @@ from distsetup.formats.deepspeed import enabled_precisions, offload_device, unse
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
-from distsetup.planning.estimates import zero_strategy
+from distsetup.planning.estimates import element_bytes, room_for_deepspeed_buffers, zero_strategy
 from distsetup.training import memory
 from distsetup.training.backends import zero3_construction
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, device_supports
@@ -71,7 +71,6 @@ class DeepSpeedBackend(Backend):
         if self.precision != "fp32" and not enabled_precisions(self.ds_config):
             self.ds_config[self.precision] = {"enabled": True}
         self.zero_stage = zero_stage_of(self.ds_config)
-        self._size_buffers_for_the_model()
         # ZeRO-3 partitions the model as it is constructed, rank 0's values put in: no rank holds it whole but rank 0
         self.fills_shards_from_rank0 = self.partitions_at_construction = self.zero_stage == 3
         self.reads_pretrained = "rank 0 one parameter at a time, into every rank's partitions"
@@ -94,19 +93,26 @@ class DeepSpeedBackend(Backend):
     ) -> nn.Module:
         return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
 
-    def _size_buffers_for_the_model(self) -> None:
-        """ZeRO's buffers the file leaves unset, sized from the model's hidden size as the HF integration's "auto"
-        sizes them (DeepSpeed's own defaults, a 5e8-element reduce bucket, are 2 GB in fp32 on every rank whatever
-        the model); a python model, whose hidden size is unknown, keeps DeepSpeed's."""
+    def fit_to_the_model(self, parameters: int) -> None:
+        """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where this rank has room for them beside its
+        training state (planning.estimates.room_for_deepspeed_buffers: the file then means what it means to DeepSpeed
+        and the HF Trainer, at DeepSpeed's pace), else sized from the model's hidden size as the HF integration's
+        "auto" sizes them (DeepSpeed's 5e8-element reduce bucket is 2 GB in fp32 whatever the model). A python model,
+        whose hidden size is unknown, keeps DeepSpeed's."""
         hidden = models.hidden_size(self.cfg.model)
         zero = self.ds_config.get("zero_optimization")
-        if not hidden or not isinstance(zero, dict):
+        if not hidden or not isinstance(zero, dict) or not (sized := unset_sizes(zero, hidden)):
             return
-        sized = unset_sizes(zero, hidden)
-        if sized:
-            zero.update(sized)
-            said = ", ".join(f"{key} {value:,}" for key, value in sized.items())
-            self.notes.append(f"ZeRO buffers sized for hidden size {hidden} (as the HF integration's auto): {said}")
+        state = models.training_state_bytes(self.memory_strategy, parameters, self.world, self.precision)
+        free = memory.free_bytes_per_rank(self.device, self.world.local_size)
+        if room_for_deepspeed_buffers(parameters, state, free, element_bytes(self.precision)):
+            return
+        zero.update(sized)
+        said = ", ".join(f"{key} {value:,}" for key, value in sized.items())
+        self.notes.append(
+            f"ZeRO buffers sized for hidden size {hidden} (as the HF integration's auto; no room for DeepSpeed's "
+            f"defaults beside {models.gib(state)} GiB of state in {models.gib(free)} GiB free): {said}"
+        )
 
     def details(self) -> str:
         offloads = [

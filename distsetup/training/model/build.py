@@ -6,7 +6,6 @@ as the module it is, so its parameters keep their own names in checkpoints and e
 the builder is checked, the block classes found and the parameters counted."""
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from distsetup.formats.runconfig import BUILTIN_BLOCK
 from distsetup.planning.estimates import BY_KEY, Hardware, model_states
 from distsetup.planning.models import ModelShape, gpt_params
 from distsetup.training import user_code
+from distsetup.training.memory import available_memory
 from distsetup.training.model import moe
 from distsetup.training.model.blocks import layer_modules
 from distsetup.training.model.gpt import GPT
@@ -279,14 +279,3 @@ def size_settings(m) -> str:
         "gpt": "model.n_embd, model.n_layer or model.vocab_size",
         "hf": f"the sizes in {m.hf_path}/config.json",
     }.get(m.type, "model.args")
-
-
-def available_memory() -> int:
-    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
