@@ -22,7 +22,11 @@ from distsetup.planning.models import gpt_params
 
 # a bare process: python, torch, distsetup's trainer and the backend's library imported, nothing built
 BARE = "import resource, torch, distsetup.training.trainer{}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
-LIBRARY = {"fsdp": "", "zero3": ", deepspeed"}
+# what a run of each backend imports beside the trainer: FSDP2 (with DTensor and DCP, its checkpoints) or DeepSpeed
+LIBRARY = {
+    "fsdp": ", torch.distributed.fsdp, torch.distributed.tensor, torch.distributed.checkpoint",
+    "zero3": ", deepspeed",
+}
 GOAL_OTHERS, GOAL_RANK0 = 0.75, 1.25
 RECOMPUTED = {"none": "", "full": ", activation checkpointing full (each block's activations recomputed)"}
 
