@@ -1,6 +1,7 @@
 """ZeRO-3's buffer sizes against its step's pace and peak: src/train.py's ZeRO-3 run of one model with a file that
 leaves the sizes unset (the trainer keeps DeepSpeed's defaults where the rank has room for them, else sizes them from
-the hidden size: planning.estimates.room_for_deepspeed_buffers), with the sizes from the hidden size written in the
+the hidden size, and sub_group_size always: planning.estimates.keeps_deepspeed_sizes), with the sizes from the hidden
+size written in the
 file (formats.deepspeed.MODEL_SIZED, as `distsetup deepspeed --hidden_size` writes them), under the HF integration's
 "auto" three alone, and under DeepSpeed's own defaults, beside the plain run of the same model (its tokens/s the 1 of
 the ratio column).
@@ -22,17 +23,9 @@ from pathlib import Path
 
 from common import add_run_arguments, launch, median, record, rounds, table, train_py_argv
 
-from distsetup.formats.deepspeed import unset_sizes
+from distsetup.formats.deepspeed import DEEPSPEED_DEFAULTS, MODEL_SIZED, unset_sizes
 
-DEEPSPEED_DEFAULTS = {
-    "reduce_bucket_size": int(5e8),
-    "stage3_prefetch_bucket_size": int(5e7),
-    "stage3_param_persistence_threshold": int(1e5),
-    "stage3_max_live_parameters": int(1e9),
-    "stage3_max_reuse_distance": int(1e9),
-    "sub_group_size": int(1e9),
-}
-
+DEFAULT_SIZES = {key: DEEPSPEED_DEFAULTS[key] for key in MODEL_SIZED}  # DeepSpeed's, of the six the trainer may fill in
 
 PLAIN = "plain (no ZeRO)"
 NAMES = {
@@ -50,9 +43,9 @@ def variants(h: int, chosen: list[str]) -> dict[str, dict | None]:
     hf_auto["stage3_param_persistence_threshold"] = 10 * h
     sizes = {
         "unset": {},
-        "from_h": {**DEEPSPEED_DEFAULTS, **unset_sizes({"stage": 3}, h)},
-        "hf_auto": {**DEEPSPEED_DEFAULTS, **hf_auto},
-        "defaults": DEEPSPEED_DEFAULTS,
+        "from_h": {**DEFAULT_SIZES, **unset_sizes({"stage": 3}, h)},
+        "hf_auto": {**DEFAULT_SIZES, **hf_auto},
+        "defaults": DEFAULT_SIZES,
     }
     return {PLAIN: None} | {NAMES[key]: sizes[key] for key in chosen}
 

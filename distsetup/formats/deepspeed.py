@@ -56,6 +56,28 @@ MODEL_SIZED = {
     "sub_group_size": (12.0, 2),
 }
 
+# DeepSpeed's own sizes of the same buffers (its ZeRO config's defaults): what a file that leaves them unset means to
+# DeepSpeed and the HF Trainer
+DEEPSPEED_DEFAULTS = {
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "sub_group_size": 1_000_000_000,
+}
+# Those the trainer keeps at DeepSpeed's sizes where a rank has room for them (planning.estimates): not
+# sub_group_size, which shapes a ZeRO-3 checkpoint's optimizer partitions, so that a run resumes its checkpoint on a
+# machine that decided otherwise
+SIZED_BY_ROOM = (
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+)
+
 
 def model_sized(key: str, hidden_size: int) -> int:
     """The size of ZeRO buffer `key` (MODEL_SIZED) for a model of hidden size `hidden_size`."""

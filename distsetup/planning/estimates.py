@@ -23,6 +23,9 @@ fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper
 DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
 layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
 
+ZeRO's buffers, where the file leaves them unset: DeepSpeed's own sizes where the GPU has room for them beside the
+states (room_for_deepspeed_buffers, as the trainer decides), else sized from the hidden size (MODEL_SIZED).
+
 The peak is the larger of two moments (measured within 5% on an H200, benchmarks/gpu_throughput.py, 1B GPT):
 the end of forward, with every activation kept, the weights and optimizer states, torch.autocast's 16-bit copies of
 fp32 weights (eP, DDP and one process), and gradients only where they outlive a step (DDP's buckets, ZeRO's 16-bit
@@ -50,14 +53,11 @@ backward); hybrid shard 1.5x inside a node but only 1/G of DDP's volume between 
 
 from dataclasses import asdict, dataclass, replace
 
-from distsetup.formats.deepspeed import model_sized
+from distsetup.formats.deepspeed import DEEPSPEED_DEFAULTS, SIZED_BY_ROOM, model_sized
 from distsetup.planning import loss_slices
 from distsetup.planning.models import ModelShape
 from distsetup.planning.units import GB
 
-DS_REDUCE_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
-DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
-DS_MAX_LIVE = 1_000_000_000  # DeepSpeed's default stage3_max_live_parameters and stage3_max_reuse_distance (elements)
 RUNTIME_BYTES = 1.0 * GB  # CUDA context, NCCL buffers, allocator slack (GPU only)
 
 
@@ -178,6 +178,7 @@ class Estimate:
     autocast_weights: float = 0.0  # torch.autocast's 16-bit copies of fp32 weights, kept through forward
     activation_checkpointing: bool = False
     fits: bool = False
+    keeps_deepspeed_sizes: bool = False  # ZeRO's buffers at DeepSpeed's sizes (zero_buffer), not the hidden size's
 
     def setup_per_node(self, gpus_per_node: int) -> float:
         """Host bytes at set-up on the node of rank 0."""
@@ -205,23 +206,42 @@ class Estimate:
 
 
 def zero_buffer(key: str, model: ModelShape, room: bool) -> int:
-    """Elements of ZeRO buffer `key` where a file leaves it unset, as the trainer fills it: DeepSpeed's default where
-    the rank has `room` for DeepSpeed's sizes (room_for_deepspeed_buffers), else sized from the hidden size
-    (formats.deepspeed.MODEL_SIZED); DeepSpeed's default where the hidden size is unknown."""
-    if model.hidden_size and not room:
+    """Elements of ZeRO buffer `key` where a file leaves it unset, as the trainer fills it: DeepSpeed's own size
+    where the rank has `room` for DeepSpeed's sizes (room_for_deepspeed_buffers) or the hidden size is unknown, else
+    sized from the hidden size (formats.deepspeed.MODEL_SIZED)."""
+    if model.hidden_size and not (room and key in SIZED_BY_ROOM):
         return model_sized(key, model.hidden_size)
-    return DS_PREFETCH_BUCKET if key == "stage3_prefetch_bucket_size" else DS_REDUCE_BUCKET
+    return DEEPSPEED_DEFAULTS[key]
 
 
-def room_for_deepspeed_buffers(params: int, state_bytes: float, free_bytes: float, element_bytes: int) -> bool:
-    """Whether a rank holding `state_bytes` of training state has room for ZeRO's buffers at DeepSpeed's own sizes:
-    its reduce bucket (allocated whole), its prefetch bucket and the parameters it keeps gathered (the whole model, up
-    to 1e9 elements), beside the state in half of the rank's `free_bytes` (the other half for the activations and the
-    runtime). Where they fit, a file that leaves them unset means what DeepSpeed and the HF Trainer read it as, at
-    DeepSpeed's pace; where they do not, they are sized from the model, so that a model bigger than one device still
-    fits."""
-    buffers = DS_REDUCE_BUCKET + min(DS_PREFETCH_BUCKET, params) + min(DS_MAX_LIVE, params)
-    return state_bytes + element_bytes * buffers <= free_bytes / 2
+def room_for_deepspeed_buffers(
+    stage: int, params: int, state_bytes: float, memory_bytes: float, element_bytes: int
+) -> bool:
+    """Whether a rank of `memory_bytes` (its device's whole memory: the same figure on every rank and on every
+    resume on the same kind of device) that holds `state_bytes` of training state has room for ZeRO's buffers at
+    DeepSpeed's own sizes, beside the state in half of its memory (the other half for the activations and the
+    runtime): at ZeRO-3 its reduce bucket (allocated whole) and the parameters it keeps gathered (the whole model, up
+    to 1e9 elements; the prefetched ones among them), at ZeRO 1-2 two reduce buckets (overlap_comm's second). Where
+    they fit, a file that leaves them unset means what DeepSpeed and the HF Trainer read it as, at DeepSpeed's pace;
+    where they do not, they are sized from the model, so that a model bigger than one device still fits."""
+    reduce = DEEPSPEED_DEFAULTS["reduce_bucket_size"]
+    buffers = reduce + min(DEEPSPEED_DEFAULTS["stage3_max_live_parameters"], params) if stage == 3 else 2 * reduce
+    return state_bytes + element_bytes * buffers <= memory_bytes / 2
+
+
+def device_state(states: dict) -> float:
+    """Bytes of weights, gradients and optimizer states that model_states' `states` keep on the device (what is
+    offloaded left out)."""
+    return states["params"] + states["grads"] + states["fp32_grads"] + states["optimizer"]
+
+
+def keeps_deepspeed_sizes(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> bool:
+    """Whether ZeRO's buffers that a file leaves unset keep DeepSpeed's own sizes on `hw` (room_for_deepspeed_buffers):
+    what the trainer asks, and what model_states counts."""
+    states = model_states(strategy, model, hw, precision)
+    return room_for_deepspeed_buffers(
+        strategy.zero_stage, model.params, device_state(states), hw.gpu_memory, element_bytes(precision)
+    )
 
 
 def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision: str) -> dict:
@@ -253,12 +273,12 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
             on_cpu += out["params"]
             out["params"] = 0.0
         out["cpu"] = on_cpu * hw.gpus_per_node
-        held = out["params"] + out["grads"] + out["fp32_grads"] + out["optimizer"]
-        room = room_for_deepspeed_buffers(P, held, hw.gpu_memory * (1 - hw.headroom) - hw.runtime_bytes, e)
-        if stage == 3:
-            out["buffers"] = e * min(zero_buffer("stage3_prefetch_bucket_size", model, room), P)
+        room = room_for_deepspeed_buffers(stage, P, device_state(out), hw.gpu_memory, e)
+        reduce = zero_buffer("reduce_bucket_size", model, room)
+        if stage == 3:  # the prefetch bucket, and the reduce bucket, allocated whole
+            out["buffers"] = e * (min(zero_buffer("stage3_prefetch_bucket_size", model, room), P) + reduce)
         else:  # reduce + all-gather buckets
-            out["buffers"] = e * (min(zero_buffer("reduce_bucket_size", model, room), P) + min(DS_REDUCE_BUCKET, P))
+            out["buffers"] = e * (min(reduce, P) + min(DEEPSPEED_DEFAULTS["allgather_bucket_size"], P))
     if hw.runtime_bytes:
         out["buffers"] += hw.runtime_bytes
     return out
@@ -347,6 +367,8 @@ def estimate(
         grads_in_forward=states["grads"] if grads_in_forward(strategy, hw, accumulation) else 0.0,
         autocast_weights=autocast_weight_bytes(strategy, model, work.precision),
         activation_checkpointing=checkpointing,
+        keeps_deepspeed_sizes=strategy.framework == "deepspeed"
+        and keeps_deepspeed_sizes(strategy, model, hw, work.precision),
     )
     host_peak = max(est.cpu_per_node, est.setup_per_node(hw.gpus_per_node))
     cpu_ok = hw.cpu_memory is None or host_peak <= hw.cpu_memory * (1 - hw.headroom)

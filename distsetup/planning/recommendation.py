@@ -22,14 +22,16 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
     if s.framework == "ddp":
         return None, {}
     if s.framework == "deepspeed":
-        args = deepspeed_args(choice, micro, accumulation, precision, world, result.model.hidden_size)
+        # the file leaves ZeRO's buffers unset where DeepSpeed's own sizes fit, as the estimate counts them
+        hidden_size = None if choice.keeps_deepspeed_sizes else result.model.hidden_size
+        args = deepspeed_args(choice, micro, accumulation, precision, world, hidden_size)
         ds_spec = DeepSpeedSpec(
             zero_stage=s.zero_stage,
             offload_optimizer="cpu" if s.offload_optimizer else None,
             offload_param="cpu" if s.offload_param else None,
             precision=precision,
             batch=resolve_batch(micro, accumulation, None, world),
-            hidden_size=result.model.hidden_size,
+            hidden_size=hidden_size,
         )
         check_spec(ds_spec)
         name, config = "ds_config.json", build_deepspeed_config(ds_spec)

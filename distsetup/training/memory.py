@@ -1,4 +1,5 @@
-"""Bytes a rank really holds, counted from the tensors themselves (shared storage counted once)."""
+"""Bytes a rank really holds, counted from the tensors themselves (shared storage counted once), and the memory the
+machine has for it."""
 
 import os
 import resource
@@ -38,21 +39,27 @@ def reset_host_peak() -> None:
 
 def available_memory() -> int:
     """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
+    return _meminfo("MemAvailable") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_per_rank(device: torch.device, local_processes: int) -> int:
+    """The memory a rank trains in: its GPU's whole memory, or on the CPU its share of the node's (MemTotal over
+    this node's `local_processes`). The same on every rank of a kind of machine, and from one run to the next."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    total = _meminfo("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return total // local_processes
+
+
+def _meminfo(key: str) -> int | None:
+    """/proc/meminfo's `key`, in bytes; None where it cannot be read."""
     try:
         for line in MEMINFO.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def free_bytes_per_rank(device: torch.device, local_processes: int) -> int:
-    """Memory a rank may still use: its GPU's free memory, or on the CPU its share of what the kernel could hand out
-    to this node's `local_processes`."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return available_memory() // local_processes
+    return None
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:

@@ -68,7 +68,6 @@ class Trainer:
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
         check_model_fits(cfg.model, self.model_description, backend, world, self.device)
-        backend.fit_to_the_model(self.model_description.parameters)
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
         self.built_data = self._datasets() if cfg.data.type == "python" else None
@@ -163,6 +162,7 @@ class Trainer:
     def _set_up(self) -> Loop:
         """The checkpoint to resume (decided by rank 0), the data, the model wrapped by the backend, the state
         loaded, and what the loop keeps (metrics, progress bar, loader, timer)."""
+        self.backend.fit_to_the_model(self.model_description.parameters)
         resume = self._resume_decision()
         self._say_backend()
         self._set_aside_old_checkpoints()

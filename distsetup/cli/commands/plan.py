@@ -49,7 +49,11 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 )
 @option("params", help="Parameter count, e.g. 7B, 350M (or give --config).")
 @option("config", type=click.Path(dir_okay=False, exists=True), help="Run config: the model is counted from it.")
-@option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="Hidden size (for activations).")
+@option(
+    "hidden_size",
+    type=click.IntRange(1, MODEL_MAXIMA["n_embd"]),
+    help="Hidden size (for activations and ZeRO's buffers).",
+)
 @option("num_layers", type=click.IntRange(1, MODEL_MAXIMA["n_layer"]), help="Transformer layers (for activations).")
 @option(
     "num_heads", type=click.IntRange(1, MODEL_MAXIMA["n_head"]), help="Attention heads (only without flash attention)."

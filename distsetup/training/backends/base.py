@@ -285,7 +285,8 @@ class Backend(abc.ABC):
             torch.set_float32_matmul_precision("high")
 
     def fit_to_the_model(self, parameters: int) -> None:  # noqa: B027 (only DeepSpeed sizes anything by the model)
-        """Settle what depends on the model's size, `parameters`, once it is known (before the model is built)."""
+        """Settle what depends on the model's size, `parameters`, before the model is built (in the process group:
+        the ranks may have to agree)."""
 
     def construct(
         self, build: Callable[[], nn.Module], whole: nn.Module, source: Pretrained | None = None

@@ -18,11 +18,12 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import Marker, layout
-from distsetup.formats.deepspeed import enabled_precisions, offload_device, unset_sizes, zero_stage_of
+from distsetup.formats.deepspeed import SIZED_BY_ROOM, enabled_precisions, offload_device, unset_sizes, zero_stage_of
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
-from distsetup.planning.estimates import element_bytes, room_for_deepspeed_buffers, zero_strategy
+from distsetup.planning.estimates import BY_KEY, Hardware, keeps_deepspeed_sizes, zero_strategy
+from distsetup.planning.models import ModelShape
 from distsetup.training import memory
 from distsetup.training.backends import zero3_construction
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, device_supports
@@ -37,7 +38,7 @@ from distsetup.training.model import build as models
 from distsetup.training.model import moe, pretrained
 from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
-from distsetup.training.world import World, ranks
+from distsetup.training.world import World, decided_by_rank0, ranks
 
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
@@ -94,25 +95,35 @@ class DeepSpeedBackend(Backend):
         return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
 
     def fit_to_the_model(self, parameters: int) -> None:
-        """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where this rank has room for them beside its
-        training state (planning.estimates.room_for_deepspeed_buffers: the file then means what it means to DeepSpeed
-        and the HF Trainer, at DeepSpeed's pace), else sized from the model's hidden size as the HF integration's
-        "auto" sizes them (DeepSpeed's 5e8-element reduce bucket is 2 GB in fp32 whatever the model). A python model,
-        whose hidden size is unknown, keeps DeepSpeed's."""
+        """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its
+        training state (planning.estimates.keeps_deepspeed_sizes, as `distsetup plan` decides: the file then means
+        what it means to DeepSpeed and the HF Trainer, at DeepSpeed's pace), else sized from the model's hidden size
+        as the HF integration's "auto" sizes them (DeepSpeed's 5e8-element reduce bucket is 2 GB in fp32 whatever the
+        model). ZeRO-3's sub_group_size is always the hidden size's (formats.deepspeed.SIZED_BY_ROOM). Every rank
+        takes rank 0's answer: ranks that sized them otherwise would run other collectives. A python model, whose
+        hidden size is unknown, keeps DeepSpeed's."""
         hidden = models.hidden_size(self.cfg.model)
         zero = self.ds_config.get("zero_optimization")
         if not hidden or not isinstance(zero, dict) or not (sized := unset_sizes(zero, hidden)):
             return
-        state = models.training_state_bytes(self.memory_strategy, parameters, self.world, self.precision)
-        free = memory.free_bytes_per_rank(self.device, self.world.local_size)
-        if room_for_deepspeed_buffers(parameters, state, free, element_bytes(self.precision)):
-            return
-        zero.update(sized)
-        said = ", ".join(f"{key} {value:,}" for key, value in sized.items())
-        self.notes.append(
-            f"ZeRO buffers sized for hidden size {hidden} (as the HF integration's auto; no room for DeepSpeed's "
-            f"defaults beside {models.gib(state)} GiB of state in {models.gib(free)} GiB free): {said}"
+        rank_memory = memory.device_memory_per_rank(self.device, self.world.local_size)
+        hardware = Hardware(
+            num_nodes=self.world.size // self.world.local_size,
+            gpus_per_node=self.world.local_size,
+            gpu_memory=rank_memory,
+            runtime_bytes=0,
         )
+        shape = ModelShape(params=parameters, hidden_size=hidden)
+        strategy = BY_KEY[self.memory_strategy]
+        if decided_by_rank0(lambda: keeps_deepspeed_sizes(strategy, shape, hardware, self.precision)):
+            sized = {key: value for key, value in sized.items() if key not in SIZED_BY_ROOM}
+            why = f"room for DeepSpeed's own sizes of the others in {models.gib(rank_memory)} GiB a rank"
+        else:
+            why = f"no room for DeepSpeed's own sizes in {models.gib(rank_memory)} GiB a rank"
+        if sized:
+            zero.update(sized)
+            said = ", ".join(f"{key} {value:,}" for key, value in sized.items())
+            self.notes.append(f"ZeRO buffers sized for hidden size {hidden} ({why}): {said}")
 
     def details(self) -> str:
         offloads = [
