@@ -140,7 +140,11 @@ def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     for section_name, key, role, needed_by in PYTHON_REFERENCES:
         section = getattr(config, section_name)
         where, value = f"{section_name}.{key}", getattr(section, key)
-        if value is not None:
+        # a reference the run never reads is a stray (below), whether its module exists or not
+        read = (needed_by is None or section.type == needed_by) and not (
+            where == "data.collate" and config.data.type != "python"
+        )
+        if value is not None and read:
             problems += python_refs.problems(value, where, role, base_dir)
         if needed_by is None:
             continue

@@ -74,6 +74,16 @@ def test_bad_config_is_one_clear_error(tmp_path, text, message):
     assert "\n" not in info.value.message
 
 
+@pytest.mark.parametrize("section", ["model", "data"])
+def test_a_reference_the_run_never_reads_is_one_stray_problem_whether_its_module_exists_or_not(tmp_path, section):
+    """model.builder with the built-in GPT, data.builder with token data: the fix is the type or the key, not the
+    module (which was looked for, and said missing first where the folder had no such module)."""
+    for module in ("no_such_module_anywhere", "config"):
+        with pytest.raises(DistsetupError, match=rf"builder is read only with {section}.type python") as info:
+            load_run_config(write_yaml(tmp_path, f"{section}:\n  builder: {module}:build\n"))
+        assert "and 1 more" not in info.value.message and f"module {module}" not in info.value.message
+
+
 def test_missing_file_and_bad_override():
     with pytest.raises(DistsetupError, match="cannot read run config"):
         load_run_config("no/such/config.yaml")
