@@ -1,10 +1,9 @@
 """ZeRO-3's buffer sizes against its step's pace and peak: src/train.py's ZeRO-3 run of one model with a file that
 leaves the sizes unset (the trainer keeps DeepSpeed's defaults where the rank has room for them, else sizes them from
 the hidden size, and sub_group_size always: planning.estimates.keeps_deepspeed_sizes), with the sizes from the hidden
-size written in the
-file (formats.deepspeed.MODEL_SIZED, as `distsetup deepspeed --hidden_size` writes them), under the HF integration's
-"auto" three alone, and under DeepSpeed's own defaults, beside the plain run of the same model (its tokens/s the 1 of
-the ratio column).
+size written in the file (formats.deepspeed.MODEL_SIZED, as `distsetup deepspeed --hidden_size` writes them), under
+the HF integration's "auto" three alone, and under DeepSpeed's own defaults, beside the plain run of the same model
+(its tokens/s the 1 of the ratio column).
 
 From the hidden size h, the reduce and prefetch buckets and the persistence threshold are sized as the HF
 integration's "auto" does (h^2, 0.9 h^2, 10 h), and the parameters kept gathered, the distance they are kept over and

@@ -39,7 +39,7 @@ def reset_host_peak() -> None:
 
 def available_memory() -> int:
     """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
-    return _meminfo("MemAvailable") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return _meminfo("MemAvailable")
 
 
 def device_memory_per_rank(device: torch.device, local_processes: int) -> int:
@@ -47,19 +47,18 @@ def device_memory_per_rank(device: torch.device, local_processes: int) -> int:
     this node's `local_processes`). The same on every rank of a kind of machine, and from one run to the next."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    total = _meminfo("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return total // local_processes
+    return _meminfo("MemTotal") // local_processes
 
 
-def _meminfo(key: str) -> int | None:
-    """/proc/meminfo's `key`, in bytes; None where it cannot be read."""
+def _meminfo(key: str) -> int:
+    """/proc/meminfo's `key`, in bytes; where it cannot be read, the machine's physical memory."""
     try:
         for line in MEMINFO.read_text().splitlines():
             if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return None
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def full_shape(parameter: torch.Tensor) -> torch.Size:

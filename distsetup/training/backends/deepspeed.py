@@ -22,7 +22,7 @@ from distsetup.formats.deepspeed import SIZED_BY_ROOM, enabled_precisions, offlo
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
-from distsetup.planning.estimates import BY_KEY, Hardware, keeps_deepspeed_sizes, zero_strategy
+from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
 from distsetup.training import memory
 from distsetup.training.backends import zero3_construction
@@ -107,12 +107,7 @@ class DeepSpeedBackend(Backend):
         if not hidden or not isinstance(zero, dict) or not (sized := unset_sizes(zero, hidden)):
             return
         rank_memory = memory.device_memory_per_rank(self.device, self.world.local_size)
-        hardware = Hardware(
-            num_nodes=self.world.size // self.world.local_size,
-            gpus_per_node=self.world.local_size,
-            gpu_memory=rank_memory,
-            runtime_bytes=0,
-        )
+        hardware = models.world_hardware(self.world, gpu_memory=rank_memory, runtime_bytes=0)
         shape = ModelShape(params=parameters, hidden_size=hidden)
         strategy = BY_KEY[self.memory_strategy]
         if decided_by_rank0(lambda: keeps_deepspeed_sizes(strategy, shape, hardware, self.precision)):

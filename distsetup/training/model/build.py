@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import BUILTIN_BLOCK
-from distsetup.planning.estimates import BY_KEY, Hardware, model_states
+from distsetup.planning.estimates import BY_KEY, Hardware, device_state, model_states
 from distsetup.planning.models import ModelShape, gpt_params
 from distsetup.training import user_code
 from distsetup.training.memory import available_memory
@@ -243,10 +243,13 @@ def hidden_size(m) -> int | None:
 def training_state_bytes(strategy: str, parameters: int, world: World, precision: str) -> float:
     """Bytes of weights, gradients and optimizer states that one rank holds under the planner's strategy `strategy`
     (planning.estimates.STRATEGIES), counted as `distsetup plan` counts them, offloaded ones included."""
-    hardware = Hardware(num_nodes=max(1, world.size // world.local_size), gpus_per_node=world.local_size)
-    states = model_states(BY_KEY[strategy], ModelShape(parameters), hardware, precision)
-    held = ("params", "grads", "fp32_grads", "optimizer")
-    return sum(states[key] for key in held) + states["cpu"] / world.local_size  # "cpu": offloaded, per node
+    states = model_states(BY_KEY[strategy], ModelShape(parameters), world_hardware(world), precision)
+    return device_state(states) + states["cpu"] / world.local_size  # "cpu": offloaded, per node
+
+
+def world_hardware(world: World, **settings) -> Hardware:
+    """The planner's hardware of this run's world (its nodes, and its processes a node as GPUs), with `settings`."""
+    return Hardware(num_nodes=max(1, world.size // world.local_size), gpus_per_node=world.local_size, **settings)
 
 
 def check_model_fits(parameters: int, builders: int, setting: str, holders: int = 0, state_bytes: float = 0.0) -> None:
