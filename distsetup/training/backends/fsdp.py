@@ -27,6 +27,7 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, Fsd
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
+from distsetup.training.backends import fsdp_on_cpu
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.loss.objective import MicroLoss
@@ -112,6 +113,8 @@ class FSDPBackend(Backend):
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)
+        if self.device.type == "cpu":
+            fsdp_on_cpu.hold_one_layer_at_a_time([*units, model])
         # FSDP2 keeps offloaded shards on the CPU: the state dict then goes there too (one device for all), and the
         # buffers, which FSDP2 never offloads, onto this rank's device after it
         offloaded = self.fsdp.cpu_offload and self.device.type == "cuda"
