@@ -240,12 +240,13 @@ SECTIONS = {  # section name -> its dataclass, in field order
 }
 
 
-# (section, key, what the function it names does, the type that needs it or None)
+# (section, key, what the function it names does, the section's type that needs it or None, the section's type with
+# which the run reads it or None: with any)
 PYTHON_REFERENCES = (
-    ("model", "builder", "builds the model", "python"),
-    ("data", "builder", "builds a dataset for a split", "python"),
-    ("data", "collate", "makes a batch of samples", None),
-    ("training", "loss", "computes a micro-batch's loss", None),
+    ("model", "builder", "builds the model", "python", "python"),
+    ("data", "builder", "builds a dataset for a split", "python", "python"),
+    ("data", "collate", "makes a batch of samples", None, "python"),
+    ("training", "loss", "computes a micro-batch's loss", None, None),
 )
 
 

@@ -137,14 +137,11 @@ def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     module:function, its module found (not imported: checking a file runs none of its code), and present exactly
     where its section's type needs it."""
     problems = []
-    for section_name, key, role, needed_by in PYTHON_REFERENCES:
+    for section_name, key, role, needed_by, read_with in PYTHON_REFERENCES:
         section = getattr(config, section_name)
         where, value = f"{section_name}.{key}", getattr(section, key)
         # a reference the run never reads is a stray (below), whether its module exists or not
-        read = (needed_by is None or section.type == needed_by) and not (
-            where == "data.collate" and config.data.type != "python"
-        )
-        if value is not None and read:
+        if value is not None and (read_with is None or section.type == read_with):
             problems += python_refs.problems(value, where, role, base_dir)
         if needed_by is None:
             continue
