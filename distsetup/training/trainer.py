@@ -6,9 +6,10 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -83,6 +84,7 @@ class Trainer:
         self.step, self.loss = 0, float("nan")
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
+        self.peak_counted_after_step = -1  # the step of the last checkpoint: the count since covers no training yet
         self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
         self.model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each
 
@@ -131,7 +133,7 @@ class Trainer:
                 tell_the_entry_point()
                 return PREEMPTED
         if loop.pending is not None:
-            with loop.timer.checkpointing():
+            with self._left_out_of_the_training_peak(), loop.timer.checkpointing():
                 loop.pending.finish(self.world, self.backend)
         loop.bar.close()
         self._summarize(loop, self._host_peaks())
@@ -336,8 +338,7 @@ class Trainer:
             loop.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
     def _checkpoint(self, loop: Loop, background: bool) -> None:
-        self._note_training_peak()
-        with loop.timer.checkpointing():
+        with self._left_out_of_the_training_peak(), loop.timer.checkpointing():
             if loop.pending is not None:  # the one before completes first
                 loop.pending.finish(self.world, self.backend)
             marker = Marker(
@@ -358,16 +359,22 @@ class Trainer:
                 loop.pending.finish(self.world, self.backend)
                 loop.pending = None
 
-    def _note_training_peak(self) -> None:
-        """The peak resident memory of the training since set-up or the last checkpoint, kept; the count starts again
-        (so a checkpoint's own peak, which follows, is left out)."""
+    @contextlib.contextmanager
+    def _left_out_of_the_training_peak(self) -> Iterator[None]:
+        """The training's peak resident memory so far kept, and the count started again after the block, so that
+        the block's own peak (a checkpoint's) is in no figure."""
         self.train_peak = max(self.train_peak, memory.host_peak_bytes())
-        memory.reset_host_peak()
+        try:
+            yield
+        finally:
+            memory.reset_host_peak()
+            self.peak_counted_after_step = self.step
 
     def _host_peaks(self) -> dict[str, list[int]]:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
         pretrained weights it read: a collective."""
-        self.train_peak = max(self.train_peak, memory.host_peak_bytes())  # since the last checkpoint
+        if self.step > self.peak_counted_after_step:  # steps ran since the last checkpoint (or there was none)
+            self.train_peak = max(self.train_peak, memory.host_peak_bytes())
         read = self.pretrained.bytes_read if self.pretrained else 0
         return memory.every_ranks(
             {"setup": self.setup_peak, "training": self.train_peak, "read": read}, self.world.size

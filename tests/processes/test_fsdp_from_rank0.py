@@ -17,6 +17,7 @@ from distsetup.formats.checkpoint_folder import latest_complete
 from distsetup.training.checkpoint.export import consolidated_state_dict
 
 SEED = 11
+BALLAST_MIB = 512
 
 
 ZERO3 = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "train_batch_size": 8}
@@ -51,7 +52,7 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
 
     # an update of 1e-30 is below fp32's resolution at these weights: the checkpoint holds the initial ones
     # (the run config refuses lr 0)
-    out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30)
+    out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30, model_args={"checkpoint_ballast_mib": BALLAST_MIB})
     # rank 1 built it on the meta device only (and, under ZeRO-3, its partitions), never whole; rank 0 on the CPU
     assert {line.split()[1] for line in built if line.startswith("1 ")} == (
         {"meta", "partitioned"} if backend == "zero3" else {"meta"}
@@ -66,6 +67,9 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
     peaks = json.loads((out / "summary.json").read_text())["host_peak_bytes"]  # what benchmarks/scale_memory.py reads
     assert len(peaks["setup"]) == len(peaks["training"]) == 2
     assert all(peak > 0 for peak in peaks["setup"] + peaks["training"]), peaks
+    # the checkpoint at the last step touched BALLAST_MIB more in state_dict(): no training peak counts it
+    for setup, training in zip(peaks["setup"], peaks["training"], strict=True):
+        assert training < setup + BALLAST_MIB * 2**20 / 2, peaks
 
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])  # ZeRO-2 fills its copies as DDP does

@@ -1,7 +1,9 @@
 """A user's own language model with what sharding from rank 0 must keep (tests/processes/test_fsdp_from_rank0.py):
 an output head tied to the embedding by attribute, a non-persistent buffer the forward checks, and a persistent one.
-Its builder notes, in the file BUILT_LOG names, on which device each rank built it."""
+Its builder notes, in the file BUILT_LOG names, on which device each rank built it; with `checkpoint_ballast_mib`, each
+state_dict() (a checkpoint's) touches that much memory for a moment, which no training peak may count."""
 
+import functools
 import os
 import sys
 
@@ -49,12 +51,24 @@ class TiedLM(nn.Module):
 
 
 def build(
-    vocab: int = 64, width: int = 16, layers: int = 2, odd_buffers: bool = False, wider_on_rank: int = -1
+    vocab: int = 64,
+    width: int = 16,
+    layers: int = 2,
+    odd_buffers: bool = False,
+    wider_on_rank: int = -1,
+    checkpoint_ballast_mib: int = 0,
 ) -> TiedLM:
     if log := os.environ.get("BUILT_LOG"):
         with open(log, "a") as f:
             f.write(f"{os.environ.get('RANK', '0')} {where_built()}\n")
-    return TiedLM(vocab, width, layers, odd_buffers, wider=os.environ.get("RANK", "0") == str(wider_on_rank))
+    model = TiedLM(vocab, width, layers, odd_buffers, wider=os.environ.get("RANK", "0") == str(wider_on_rank))
+    if checkpoint_ballast_mib:
+        model.register_state_dict_pre_hook(functools.partial(touch_memory, mib=checkpoint_ballast_mib))
+    return model
+
+
+def touch_memory(*_, mib: int) -> None:
+    torch.ones(mib, 2**18).sum()  # mib MiB of float32, resident until freed at once
 
 
 def where_built() -> str:
