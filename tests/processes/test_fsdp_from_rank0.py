@@ -21,7 +21,7 @@ BALLAST_MIB = 512
 
 
 ZERO3 = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "train_batch_size": 8}
-ZERO3["zero_optimization"] = {"stage": 3}
+ZERO3["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}  # no parameter always gathered
 ZERO2 = {**ZERO3, "zero_optimization": {"stage": 2}}
 BACKENDS = {"fsdp": ("fsdp", None), "zero3": ("deepspeed", ZERO3), "ddp": ("ddp", None), "zero2": ("deepspeed", ZERO2)}
 
@@ -73,12 +73,17 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
 
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp", "zero3"])  # ZeRO-2 fills its copies as DDP does
-def test_a_tied_weight_stays_one_weight_through_training(tmp_path, backend):
-    out, _ = tied_run(tmp_path, backend, steps=3, lr=3e-2)
+def test_a_tied_weight_stays_one_weight_through_training_and_evaluation(tmp_path, backend):
+    evaluating = ["data.val_fraction=0.01", "training.eval_interval=1"]
+    out, built = tied_run(tmp_path, backend, steps=3, lr=3e-2, args=evaluating)
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
     assert torch.equal(saved["head.weight"], saved["embed.weight"])
     curve = losses(out)
     assert len(curve) == 3 and curve[-1] < curve[0], curve
+    # each training forward but the first follows an evaluation, whose forward ran no backward: ZeRO-3 holds no
+    # parameter gathered from it
+    gathered = [line.split()[1:] for line in built if line.startswith("gathered ")]
+    assert sorted(gathered) == [["0", "0"]] * 3 + [["1", "0"]] * 3, gathered
 
 
 def test_ddp_copies_take_rank_0s_buffers_whatever_their_dtype_or_sharing_and_ranks_built_otherwise_stop(tmp_path):

@@ -1,6 +1,7 @@
 """A user's own language model with what sharding from rank 0 must keep (tests/processes/test_fsdp_from_rank0.py):
 an output head tied to the embedding by attribute, a non-persistent buffer the forward checks, and a persistent one.
-Its builder notes, in the file BUILT_LOG names, on which device each rank built it; with `checkpoint_ballast_mib`, each
+Its builder notes, in the file BUILT_LOG names, on which device each rank built it, and before each training forward
+how many parameters ZeRO-3 holds gathered; with `checkpoint_ballast_mib`, each
 state_dict() (a checkpoint's) touches that much memory for a moment, which no training peak may count."""
 
 import functools
@@ -62,9 +63,21 @@ def build(
         with open(log, "a") as f:
             f.write(f"{os.environ.get('RANK', '0')} {where_built()}\n")
     model = TiedLM(vocab, width, layers, odd_buffers, wider=os.environ.get("RANK", "0") == str(wider_on_rank))
+    if log:
+        model.register_forward_pre_hook(functools.partial(log_gathered_parameters, log=log))
     if checkpoint_ballast_mib:
         model.register_state_dict_pre_hook(functools.partial(touch_memory, mib=checkpoint_ballast_mib))
     return model
+
+
+def log_gathered_parameters(model: nn.Module, _, log: str) -> None:
+    """Before each training forward: "gathered <rank> <n>", the parameters ZeRO-3 holds whole (persistent ones
+    aside)."""
+    if model.training:
+        gathered = [p for p in model.parameters() if getattr(p, "ds_status", None) is not None]
+        gathered = [p for p in gathered if p.ds_status.name == "AVAILABLE" and not p.ds_persist]
+        with open(log, "a") as f:
+            f.write(f"gathered {os.environ.get('RANK', '0')} {len(gathered)}\n")
 
 
 def touch_memory(*_, mib: int) -> None:

@@ -26,7 +26,7 @@ from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_str
 from distsetup.planning.models import ModelShape
 from distsetup.training import memory
 from distsetup.training.backends import zero3_construction
-from distsetup.training.backends.base import PRECISION_DTYPES, Backend, device_supports
+from distsetup.training.backends.base import PRECISION_DTYPES, Backend, T, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.files import atomic_write_text
@@ -241,6 +241,13 @@ class DeepSpeedBackend(Backend):
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter
         return micro.detached()
+
+    def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
+        try:
+            return super().evaluate(compute)
+        finally:
+            if self.zero_stage == 3:  # a forward keeps its last layers gathered for a backward, which eval never runs
+                self.engine.empty_partition_cache()
 
     def step(self) -> None:
         if self.memory is None:
