@@ -1,5 +1,5 @@
 """Bytes a rank really holds, counted from the tensors themselves (shared storage counted once), and the memory the
-machine has for it."""
+machine (or its container) has for it."""
 
 import os
 import resource
@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+
+from distsetup.training.cgroup_memory import limiting_group
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -38,16 +40,20 @@ def reset_host_peak() -> None:
 
 
 def available_memory() -> int:
-    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not)."""
-    return _meminfo("MemAvailable")
+    """Bytes the kernel could hand out now (MemAvailable counts reclaimable caches; free pages do not), within what
+    this process's memory cgroup (a container's, a pod's) has left, where that is less."""
+    available, group = _meminfo("MemAvailable"), limiting_group()
+    return available if group is None else min(available, group.free)
 
 
 def device_memory_per_rank(device: torch.device, local_processes: int) -> int:
-    """The memory a rank trains in: its GPU's whole memory, or on the CPU its share of the node's (MemTotal over
-    this node's `local_processes`). The same on every rank of a kind of machine, and from one run to the next."""
+    """The memory a rank trains in: its GPU's whole memory, or on the CPU its share of the node's (MemTotal, or the
+    memory cgroup's limit where that is less, over this node's `local_processes`). The same on every rank of a kind
+    of machine, and from one run to the next."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    return _meminfo("MemTotal") // local_processes
+    total, group = _meminfo("MemTotal"), limiting_group()
+    return (total if group is None else min(total, group.limit)) // local_processes
 
 
 def _meminfo(key: str) -> int:

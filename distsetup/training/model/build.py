@@ -266,8 +266,8 @@ def check_model_fits(parameters: int, builders: int, setting: str, holders: int 
     if holders:
         parts.append(f"{holders} training it on the CPU ({gib(state_bytes)} GiB of state each)")
     raise DistsetupError(
-        f"the model has {parameters:,} parameters: {' and '.join(parts)} need {gib(needed)} GiB, more than this "
-        f"machine's {gib(available)} GiB of free memory.",
+        f"the model has {parameters:,} parameters: {' and '.join(parts)} need {gib(needed)} GiB, more than the "
+        f"{gib(available)} GiB of memory free here (the machine's, within its container's limit).",
         f"lower {setting}" + (", or shard it over more processes (FSDP2, ZeRO-3)" if holders else "") + ".",
     )
 

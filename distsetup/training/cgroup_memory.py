@@ -1,0 +1,99 @@
+"""The memory this process's control group allows it: a container's limit, a Kubernetes pod's `resources.limits`, a
+SLURM job's `--mem` under cgroup confinement. /proc/meminfo tells the node's memory whatever the limit, so a run that
+read it alone would plan for memory it cannot have and meet the OOM killer instead of a refusal.
+
+Linux's two layouts: cgroup v2 (one hierarchy: memory.max, memory.current) and v1 (a memory hierarchy of its own:
+memory.limit_in_bytes, memory.usage_in_bytes). A limit set on a parent group (a pod's, around its containers') binds
+too, so the tightest one on the path counts."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+# v1 writes "no limit" as the largest page-aligned 64-bit number; anything from 2^62 on is no limit in practice
+NO_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one cgroup version keeps a group's limit, usage and statistics (the page cache it may drop)."""
+
+    hierarchy: str  # the folder under CGROUP_MOUNT ("" for v2's unified one)
+    limit: str
+    usage: str
+    reclaimable: str  # the memory.stat key of the inactive page cache, which the kernel drops before it kills
+
+
+V2 = Layout("", "memory.max", "memory.current", "inactive_file")
+V1 = Layout("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+
+
+@dataclass(frozen=True)
+class GroupMemory:
+    """The tightest memory limit on this process's cgroup path, and what its group has in use (less the page cache
+    the kernel would drop first)."""
+
+    limit: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+def limiting_group() -> GroupMemory | None:
+    """The memory limit that binds this process, or None where there is none (or nothing can be read: not Linux)."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            layout = V2
+        elif "memory" in controllers.split(","):
+            layout = V1
+        else:
+            continue
+        if (found := _tightest(layout, path)) is not None:
+            return found
+    return None
+
+
+def _tightest(layout: Layout, path: str) -> GroupMemory | None:
+    """The tightest limit among the group at `path` and its parents. Inside a container's cgroup namespace the mount
+    shows its own group as the root, while /proc may name the path outside it: the mount's root is then the group."""
+    root = CGROUP_MOUNT / layout.hierarchy if layout.hierarchy else CGROUP_MOUNT
+    group = root / path.lstrip("/")
+    folders = [group, *group.parents[: len(group.relative_to(root).parts)]] if group.is_dir() else [root]
+    tightest = None
+    for folder in folders:
+        limit = _number(folder / layout.limit)
+        if limit is not None and limit < NO_LIMIT and (tightest is None or limit < tightest[0]):
+            tightest = (limit, folder)
+    if tightest is None:
+        return None
+    limit, folder = tightest
+    used = _number(folder / layout.usage) or 0
+    return GroupMemory(limit, max(0, used - _stat(folder / "memory.stat", layout.reclaimable)))
+
+
+def _number(path: Path) -> int | None:
+    """A cgroup file's number; None where it is "max" (v2's no limit) or cannot be read."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
