@@ -25,7 +25,7 @@ from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
 from distsetup.training import memory
-from distsetup.training.backends import zero3_construction
+from distsetup.training.backends import zero3_construction, zero_memory
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, T, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
@@ -251,7 +251,7 @@ class DeepSpeedBackend(Backend):
 
     def step(self) -> None:
         if self.memory is None:
-            self._grad_bytes = self._held_grads()
+            self._grad_bytes = zero_memory.held_grad_bytes(self.engine)
         self.engine.step()
         self._measure_memory()
 
@@ -365,45 +365,6 @@ class DeepSpeedBackend(Backend):
     def current_loss_scale(self) -> float | None:
         return float(self.engine.optimizer.loss_scale) if self.precision == "fp16" else None
 
-    # -- the bytes each ZeRO stage really holds ---------------------------------------------------
-    def _held_grads(self) -> int:
-        """Gradients at the accumulation boundary: full .grad (stages 0-1) or this rank's partitions."""
-        opt = self.engine.optimizer
-        tensors = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-        for name in ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
-            tensors += memory.state_tensors(getattr(opt, name, None))
-        # ZeRO-Offload accumulates this rank's gradients on its CPU master partition.
-        tensors += [
-            t.grad
-            for t in memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
-            if t.grad is not None
-        ]
-        tensors += memory.state_tensors(
-            getattr(opt, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", None)
-        )
-        return memory.tensor_bytes(tensors)
-
     def _measure_memory(self) -> None:
-        if self.memory is not None:
-            return
-        opt, params = self.engine.optimizer, list(self.engine.module.parameters())
-        if self.zero_stage == 3:
-            held = [p.ds_tensor for p in params] + [p.data for p in params if getattr(p, "ds_persist", False)]
-        else:
-            held = params
-        inner = getattr(opt, "optimizer", opt)
-        # fp32 master copies of this rank's partition (ZeRO keeps them even when training in fp32).
-        master = (
-            (
-                memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
-                + memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))
-            )
-            if self.zero_stage
-            else []
-        )
-        self.memory = {
-            "params": memory.tensor_bytes(held),
-            "grads": self._grad_bytes,
-            "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
-            "master_params": memory.tensor_bytes(master),
-        }
+        if self.memory is None:
+            self.memory = zero_memory.held_bytes(self.engine, self.zero_stage, self._grad_bytes)
