@@ -68,12 +68,13 @@ def record(title: str, text: str) -> None:
         f.write(f"\n## {title}\n\n{stamp}; {machine()}; `{command}`\n\n{text}\n")
 
 
-def launch(nproc: int, argv: list) -> str:
-    """stdout of `torchrun --standalone` running `argv` in `nproc` processes (the cores shared among them)."""
+def launch(nproc: int, argv: list, preexec_fn=None) -> str:
+    """stdout of `torchrun --standalone` running `argv` in `nproc` processes (the cores shared among them);
+    `preexec_fn` runs in the launcher's process before it starts."""
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
     # torchrun as a module: the GPU check's interpreter may have no torchrun script beside it
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, argv)]
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=preexec_fn)
     if result.returncode != 0:
         said = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # the trainer's own line
         raise RuntimeError(

@@ -9,7 +9,9 @@ part only. Goal (issue 37): at W=8 every rank but 0 peaks at <= 0.75 of the whol
 """
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,8 +33,37 @@ GOAL_OTHERS, GOAL_RANK0 = 0.75, 1.25
 RECOMPUTED = {"none": "", "full": ", activation checkpointing full (each block's activations recomputed)"}
 
 
-def run(backend: str, processes: int, a, work: Path) -> dict:
-    """One run's summary.json: `processes` ranks, 2 steps of micro-batch 1."""
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int | None):
+    """A memory cgroup of `limit_bytes` under this process's own (cgroup v1's memory hierarchy, or v2's where its
+    memory controller is delegated), as a container's limit: yields what puts a launcher in it (None: no limit).
+    Needs the right to create groups there (root, or a delegated subtree)."""
+    if limit_bytes is None:
+        yield None
+        return
+    line = next(
+        (line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.split(":")[1] in ("memory", "")),
+        None,
+    )
+    if line is None:
+        raise SystemExit("--memory_limit: this process is in no memory cgroup")
+    v1 = line.split(":")[1] == "memory"
+    mount = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup")
+    group = mount / line.split(":", 2)[2].lstrip("/") / f"scale-memory-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit_bytes))
+    except OSError as e:
+        raise SystemExit(f"--memory_limit: cannot make a memory cgroup at {group} ({e}); run as root") from e
+    try:
+        yield lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
+    finally:
+        group.rmdir()
+
+
+def run(backend: str, processes: int, a, work: Path, join_cgroup=None) -> dict:
+    """One run's summary.json: `processes` ranks, 2 steps of micro-batch 1 (its launcher put in a memory cgroup by
+    `join_cgroup`, where given)."""
     out = work / f"{backend}-{processes}"
     overrides = [
         f"model.n_layer={a.n_layer}",
@@ -65,8 +96,16 @@ def run(backend: str, processes: int, a, work: Path) -> dict:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
     else:
         overrides += ["distributed.backend=fsdp"]
-    launch(processes, ["src/train.py", "--config", REPO / "config" / "config.yaml", *overrides, "--no_resume"])
+    train = ["src/train.py", "--config", REPO / "config" / "config.yaml", *overrides, "--no_resume"]
+    launch(processes, train, preexec_fn=join_cgroup)
     return json.loads((out / "summary.json").read_text())
+
+
+def within(a) -> str:
+    """What the table's note says of a memory limit."""
+    if a.memory_limit is None:
+        return ""
+    return f", every launch in a memory cgroup of {a.memory_limit:g} GiB (a container's limit, which the trainer reads)"
 
 
 COLOURS = {"fsdp": "#1f77b4", "zero3": "#d62728", "sharded": "#555555"}
@@ -148,16 +187,19 @@ def main():
     # the blocks' activations recomputed in backward: what the state and the gathers cost without most of them
     parser.add_argument("--activation_checkpointing", default="none", choices=["none", "full"])
     parser.add_argument("--plot", type=Path, help="the SVG plot (default: the docs' one, for a run without recompute)")
+    # a container's limit: the trainer plans within it (a rank without room hands its heap's free pages back)
+    parser.add_argument("--memory_limit", type=float, help="GiB: run each launch in a memory cgroup of this limit")
     a = parser.parse_args()
-    if a.plot is None and a.activation_checkpointing == "none":
+    if a.plot is None and a.activation_checkpointing == "none" and a.memory_limit is None:
         a.plot = REPO / "docs" / "img" / "scale_memory.svg"
     params = gpt_params(256, 64, a.n_layer, a.n_embd)
     unit, bare = 4 * params, {backend: bare_process_bytes(backend) for backend in a.backends}
     rows, figures = [], []
-    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work:
+    limit = None if a.memory_limit is None else int(a.memory_limit * 2**30)
+    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work, memory_cgroup(limit) as join_cgroup:
         for backend in a.backends:
             for processes in a.processes:
-                peaks = run(backend, processes, a, Path(work))["host_peak_bytes"]
+                peaks = run(backend, processes, a, Path(work), join_cgroup)["host_peak_bytes"]
                 setup = [(b - bare[backend]) / unit for b in peaks["setup"]]
                 training = [(b - bare[backend]) / unit for b in peaks["training"]]
                 others = max(setup[1:] + training[1:], default=None)
@@ -191,14 +233,16 @@ def main():
     )
     text += (
         f"\n\nGPT {a.n_layer} x {a.n_embd} ({params / 1e6:.0f}M parameters, 1 unit = {unit / 2**30:.2f} GiB in fp32), "
-        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}. Each figure: a rank's "
+        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}{within(a)}. Each "
+        "figure: a rank's "
         "peak resident memory less a bare "
         f"process's ({', '.join(f'{b}: {v / 2**30:.2f}' for b, v in bare.items())} GiB), in units of the whole fp32 "
         "model; 'sharded state': 16 bytes a parameter "
         "/ W. Goal: at W=8, others <= 0.75, rank 0 <= 1.25."
     )
     title = "Peak host memory per rank at scale (FSDP2, ZeRO-3)"
-    record(title + (", activations recomputed" if a.activation_checkpointing != "none" else ""), text)
+    title += ", activations recomputed" if a.activation_checkpointing != "none" else ""
+    record(title + (f", in {a.memory_limit:g} GiB" if a.memory_limit else ""), text)
     if a.plot is not None:
         a.plot.write_text(plot(figures))
         print(f"plot: {a.plot}")

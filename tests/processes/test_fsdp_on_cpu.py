@@ -4,7 +4,9 @@ as soon as it is reduced. Seen on two spawned ranks (in a world of one FSDP2 gat
 reduce-scatter is also called directly in a group of one. The memory this saves is measured by
 benchmarks/scale_memory.py."""
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +144,46 @@ def test_the_reduce_scatter_reduces_and_frees_its_input():
     comm(output_tensor=out, input_tensor=flat, group=dist.group.WORLD, op=dist.ReduceOp.SUM)
     torch.testing.assert_close(out, values)  # a world of one: its own values
     assert flat.untyped_storage().nbytes() == 0
+
+
+def resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("hands_back", [False, True])
+def test_a_rank_without_room_hands_the_heap_s_free_pages_back_once_reduced(hands_back):
+    """128 MiB of small tensors (each from glibc's heap, below its mapping threshold) freed below one still held, as
+    backward frees a layer's activations below what it allocates next: the heap keeps those pages resident, unless
+    the reduce-scatter of a rank without room hands them back."""
+    freed = [torch.ones(2**14) for _ in range(2048)]  # 64 KiB each
+    held = torch.ones(2**14)  # above them in the heap: glibc trims only the heap's top by itself
+    del freed
+    before = resident_bytes()
+    comm = fsdp_on_cpu.ReduceScatterFreeingItsInput(then_hand_back_freed_heap=hands_back)
+    flat, out = torch.ones(6), torch.empty(6)
+    comm(output_tensor=out, input_tensor=flat, group=dist.group.WORLD, op=dist.ReduceOp.SUM)
+    handed_back = before - resident_bytes()
+    assert (handed_back > 64 * 2**20) if hands_back else (handed_back < 16 * 2**20), handed_back / 2**20
+    assert held.sum() == 2**14
+
+
+def test_a_rank_hands_freed_pages_back_only_where_its_state_takes_more_than_half_its_memory(monkeypatch):
+    """The trainer's FSDP2 on the CPU: a 1B-parameter GPT's state on 4 ranks (16 bytes a parameter / 4: 3.75 GiB, and
+    the root and three blocks of width 2048 gathered: 0.56) against a rank's share of the node's memory, or of its
+    container's limit. Nothing is built: the decision comes before the model."""
+    from distsetup.training import memory
+    from distsetup.training.model import build as models
+
+    cfg = load_run_config(
+        None, ["distributed.backend=fsdp", "model.n_embd=2048", "model.n_head=16", "model.n_layer=20"]
+    )
+    world = World(rank=0, local_rank=0, size=4, local_size=4)
+    decided = {}
+    for rank_memory in (16 * 2**30, 8 * 2**30):  # half of 16 GiB holds 4.3 GiB of state, half of 8 does not
+        monkeypatch.setattr(memory, "device_memory_per_rank", lambda device, local, m=rank_memory: m)
+        backend = FSDPBackend(cfg, world, torch.device("cpu"))
+        backend.fit_to_the_model(models.describe(cfg.model).parameters)
+        decided[rank_memory] = (backend.hands_back_freed_heap, backend.notes)
+    assert decided[16 * 2**30] == (False, [])
+    hands_back, notes = decided[8 * 2**30]
+    assert hands_back and len(notes) == 1 and "4.3 GiB of training state in 8.0 GiB a rank" in notes[0], notes

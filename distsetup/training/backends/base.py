@@ -284,7 +284,7 @@ class Backend(abc.ABC):
         if self.tf32:
             torch.set_float32_matmul_precision("high")
 
-    def fit_to_the_model(self, parameters: int) -> None:  # noqa: B027 (only DeepSpeed sizes anything by the model)
+    def fit_to_the_model(self, parameters: int) -> None:  # noqa: B027 (DDP fits nothing to the model)
         """Settle what depends on the model's size, `parameters`, before the model is built (in the process group:
         the ranks may have to agree)."""
 

@@ -27,10 +27,14 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, Fsd
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
+from distsetup.planning.estimates import BY_KEY, device_state, model_states
+from distsetup.planning.models import ModelShape
+from distsetup.training import memory
 from distsetup.training.backends import fsdp_on_cpu
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules
 from distsetup.training.model.build import ModelParts
@@ -79,6 +83,7 @@ class FSDPBackend(Backend):
             raise DistsetupError(*TRAINER_FP16_PROBLEM)
         self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
         self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
+        self.hands_back_freed_heap = False  # on the CPU, where a rank has no room (fit_to_the_model)
         if len(self.mesh_shape) == 2:
             self.notes.append(
                 f"{self.strategy}: 2-D device mesh, replicate {self.mesh_shape[0]} x shard {self.mesh_shape[1]}"
@@ -86,6 +91,27 @@ class FSDPBackend(Backend):
 
     def details(self) -> str:
         return self.strategy
+
+    def fit_to_the_model(self, parameters: int) -> None:
+        """On the CPU, whether this rank has room to keep the pages its heap frees (fsdp_on_cpu.has_room): its
+        training state as `distsetup plan` counts it against its share of the node's (or its container's) memory."""
+        if self.device.type != "cpu" or self.memory_strategy == "ddp":
+            return
+        rank_memory = memory.device_memory_per_rank(self.device, self.world.local_size)
+        hardware = models.world_hardware(self.world, gpu_memory=rank_memory, runtime_bytes=0)
+        m = self.cfg.model
+        shape = ModelShape(
+            params=parameters, hidden_size=models.hidden_size(m), num_layers=m.n_layer if m.type == "gpt" else None
+        )
+        states = model_states(BY_KEY[self.memory_strategy], shape, hardware, self.precision)
+        state = device_state(states) + (states["gathered"] if shape.hidden_size else 0)  # layers of unknown size: none
+        self.hands_back_freed_heap = not fsdp_on_cpu.has_room(state, rank_memory)
+        if self.hands_back_freed_heap:
+            self.notes.append(
+                "the heap's free pages handed back after each layer's gradients are reduced (a lower peak, slower "
+                f"steps): no room for them beside {models.gib(state)} GiB of training state in "
+                f"{models.gib(rank_memory)} GiB a rank"
+            )
 
     def wrap(self, parts: ModelParts, steps: int) -> None:
         """Shard the model before anything is allocated whole: each rank's model goes to the meta device (rank 0 keeps
@@ -114,7 +140,7 @@ class FSDPBackend(Backend):
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)
         if self.device.type == "cpu":
-            fsdp_on_cpu.hold_one_layer_at_a_time([*units, model])
+            fsdp_on_cpu.hold_one_layer_at_a_time([*units, model], self.hands_back_freed_heap)
         # FSDP2 keeps offloaded shards on the CPU: the state dict then goes there too (one device for all), and the
         # buffers, which FSDP2 never offloads, onto this rank's device after it
         offloaded = self.fsdp.cpu_offload and self.device.type == "cuda"

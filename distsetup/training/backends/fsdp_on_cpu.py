@@ -5,8 +5,10 @@ gathers the next layer's weights before backward reaches it, keeps a layer's all
 next layer's is copied out, and keeps each layer's flat gradient buffer (its reduce-scatter input) until the next
 layer's reduce-scatter. On the CPU a collective is done when its call returns: none of these buys time, and each
 holds a layer's worth of memory (docs/benchmarks.md: a 200M model's ranks at 8 processes held 0.90 of the whole
-model with them, 0.82 without)."""
+model with them, 0.82 without). A rank without room also hands its heap's free pages back after each reduce-scatter
+(0.71 in a 7 GiB container, at 10-12% of a small model's step)."""
 
+import ctypes
 from typing import cast
 
 import torch.nn as nn
@@ -18,9 +20,10 @@ except ImportError:  # pragma: no cover - an older torch keeps FSDP2's gradient 
     DefaultReduceScatter = None  # type: ignore[assignment,misc]
 
 
-def hold_one_layer_at_a_time(sharded: list[nn.Module]) -> None:
+def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: bool = False) -> None:
     """Each of the modules fully_shard made FSDP2's units (the root among them) gathered where it is used and
-    released as soon as it is not."""
+    released as soon as it is not; with `hand_back_freed_heap`, for a rank without room (has_room), the heap's free
+    pages also handed back to the system after each layer's reduce-scatter."""
     for module in (cast(FSDPModule, m) for m in sharded):
         # FSDP2's one switch for its default backward prefetch (the next unit) is naming the units to prefetch: a
         # unit naming itself prefetches nothing, being gathered already
@@ -30,7 +33,26 @@ def hold_one_layer_at_a_time(sharded: list[nn.Module]) -> None:
         if hasattr(module, "_set_unshard_async_op"):
             module._set_unshard_async_op(True)
         if DefaultReduceScatter is not None:
-            module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput())
+            module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput(hand_back_freed_heap))
+
+
+def has_room(state_bytes: float, memory_bytes: float) -> bool:
+    """Whether a rank that holds `state_bytes` of training state (its shards, gradients, AdamW's moments and the
+    layers it gathers, as `distsetup plan` counts them) in `memory_bytes` keeps the pages glibc's heap frees: the
+    state in half of its memory, the rule by which the trainer keeps DeepSpeed's own buffer sizes. Without room,
+    backward's freed activations go back to the system before its gradients take new pages: at 8 processes the
+    others' peak fell from 0.82 to 0.72 of a 200M model, and a CPU step took 10-12% longer, as the next forward faults
+    those pages in again (docs/benchmarks.md)."""
+    return state_bytes <= memory_bytes / 2
+
+
+def hand_back_freed_heap() -> None:
+    """glibc's malloc_trim(0): every free page of the heap back to the system, not only its top. Another C library:
+    nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 if DefaultReduceScatter is not None:
@@ -40,7 +62,13 @@ if DefaultReduceScatter is not None:
         freed: FSDP2 holds on to that tensor until the next layer's reduce-scatter, for a GPU's stream that may
         still be reading it."""
 
+        def __init__(self, then_hand_back_freed_heap: bool = False):
+            super().__init__()
+            self.then_hand_back_freed_heap = then_hand_back_freed_heap
+
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             done = super().__call__(output_tensor, input_tensor, group, op, async_op=False)
             input_tensor.untyped_storage().resize_(0)
+            if self.then_hand_back_freed_heap:
+                hand_back_freed_heap()
             return done
