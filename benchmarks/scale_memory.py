@@ -33,32 +33,53 @@ GOAL_OTHERS, GOAL_RANK0 = 0.75, 1.25
 RECOMPUTED = {"none": "", "full": ", activation checkpointing full (each block's activations recomputed)"}
 
 
+class MemoryCgroup:
+    """A memory cgroup of `limit_bytes` under this process's own (cgroup v1's memory hierarchy, or v2's where its
+    memory controller is delegated), as a container's limit. Needs the right to make groups there (root, or a
+    delegated subtree)."""
+
+    def __init__(self, limit_bytes: int):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        v1 = [line for line in lines if "memory" in line.split(":")[1].split(",")]
+        line = v1[0] if v1 else next((line for line in lines if line.startswith("0::")), None)
+        if line is None:
+            raise SystemExit("--memory_limit: this process is in no memory cgroup")
+        mount = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup")
+        self.files = ("memory.limit_in_bytes", "memory.max_usage_in_bytes") if v1 else ("memory.max", "memory.peak")
+        self.group = mount / line.split(":", 2)[2].lstrip("/") / f"scale-memory-{os.getpid()}"
+        try:
+            self.group.mkdir()
+        except OSError as e:
+            raise SystemExit(f"--memory_limit: cannot make a memory cgroup at {self.group} ({e})") from e
+        try:
+            (self.group / self.files[0]).write_text(str(limit_bytes))
+        except OSError as e:
+            self.group.rmdir()
+            raise SystemExit(f"--memory_limit: cannot limit {self.group} ({e}): is the memory controller on?") from e
+
+    def join(self) -> None:
+        """Put the calling process (a launcher, before it starts) in the group: its children follow."""
+        (self.group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int:
+        """The most the group has held at once (the kernel's count, page cache included)."""
+        return int((self.group / self.files[1]).read_text())
+
+    def remove(self) -> None:
+        self.group.rmdir()
+
+
 @contextlib.contextmanager
 def memory_cgroup(limit_bytes: int | None):
-    """A memory cgroup of `limit_bytes` under this process's own (cgroup v1's memory hierarchy, or v2's where its
-    memory controller is delegated), as a container's limit: yields what puts a launcher in it (None: no limit).
-    Needs the right to create groups there (root, or a delegated subtree)."""
+    """MemoryCgroup of `limit_bytes` for the launches, removed after; None where there is no limit."""
     if limit_bytes is None:
         yield None
         return
-    line = next(
-        (line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.split(":")[1] in ("memory", "")),
-        None,
-    )
-    if line is None:
-        raise SystemExit("--memory_limit: this process is in no memory cgroup")
-    v1 = line.split(":")[1] == "memory"
-    mount = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup")
-    group = mount / line.split(":", 2)[2].lstrip("/") / f"scale-memory-{os.getpid()}"
+    group = MemoryCgroup(limit_bytes)
     try:
-        group.mkdir()
-        (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit_bytes))
-    except OSError as e:
-        raise SystemExit(f"--memory_limit: cannot make a memory cgroup at {group} ({e}); run as root") from e
-    try:
-        yield lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
+        yield group
     finally:
-        group.rmdir()
+        group.remove()
 
 
 def run(backend: str, processes: int, a, work: Path, join_cgroup=None) -> dict:
@@ -101,11 +122,14 @@ def run(backend: str, processes: int, a, work: Path, join_cgroup=None) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def within(a) -> str:
-    """What the table's note says of a memory limit."""
-    if a.memory_limit is None:
+def within(a, group_peak: int | None) -> str:
+    """What the table's note says of a memory limit, and the most its group held (the kernel's count)."""
+    if a.memory_limit is None or group_peak is None:
         return ""
-    return f", every launch in a memory cgroup of {a.memory_limit:g} GiB (a container's limit, which the trainer reads)"
+    return (
+        f", every launch in a memory cgroup of {a.memory_limit:g} GiB (a container's limit, which the trainer reads; "
+        f"the group held at most {group_peak / 2**30:.2f} GiB, page cache included)"
+    )
 
 
 COLOURS = {"fsdp": "#1f77b4", "zero3": "#d62728", "sharded": "#555555"}
@@ -195,11 +219,11 @@ def main():
     params = gpt_params(256, 64, a.n_layer, a.n_embd)
     unit, bare = 4 * params, {backend: bare_process_bytes(backend) for backend in a.backends}
     rows, figures = [], []
-    limit = None if a.memory_limit is None else int(a.memory_limit * 2**30)
-    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work, memory_cgroup(limit) as join_cgroup:
+    limit, group_peak = (None if a.memory_limit is None else int(a.memory_limit * 2**30)), None
+    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work, memory_cgroup(limit) as group:
         for backend in a.backends:
             for processes in a.processes:
-                peaks = run(backend, processes, a, Path(work), join_cgroup)["host_peak_bytes"]
+                peaks = run(backend, processes, a, Path(work), group and group.join)["host_peak_bytes"]
                 setup = [(b - bare[backend]) / unit for b in peaks["setup"]]
                 training = [(b - bare[backend]) / unit for b in peaks["training"]]
                 others = max(setup[1:] + training[1:], default=None)
@@ -218,6 +242,7 @@ def main():
                         "met" if met or processes < 8 else "NOT met",
                     ]
                 )
+        group_peak = group.peak_bytes() if group else None
     text = table(
         [
             "backend",
@@ -233,9 +258,8 @@ def main():
     )
     text += (
         f"\n\nGPT {a.n_layer} x {a.n_embd} ({params / 1e6:.0f}M parameters, 1 unit = {unit / 2**30:.2f} GiB in fp32), "
-        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}{within(a)}. Each "
-        "figure: a rank's "
-        "peak resident memory less a bare "
+        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}"
+        f"{within(a, group_peak)}. Each figure: a rank's peak resident memory less a bare "
         f"process's ({', '.join(f'{b}: {v / 2**30:.2f}' for b, v in bare.items())} GiB), in units of the whole fp32 "
         "model; 'sharded state': 16 bytes a parameter "
         "/ W. Goal: at W=8, others <= 0.75, rank 0 <= 1.25."

@@ -31,26 +31,23 @@ V1 = Layout("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_i
 
 @dataclass(frozen=True)
 class GroupMemory:
-    """The tightest memory limit on this process's cgroup path, and what its group has in use (less the page cache
-    the kernel would drop first)."""
+    """The tightest memory limit on this process's cgroup path, and the least any limited group on it has left (a
+    pod's other containers use its limit too): both bind."""
 
     limit: int
-    used: int
-
-    @property
-    def free(self) -> int:
-        return max(0, self.limit - self.used)
+    free: int
 
 
 def limiting_group() -> GroupMemory | None:
-    """The memory limit that binds this process, or None where there is none (or nothing can be read: not Linux)."""
+    """The memory limits that bind this process, or None where there is none (or nothing can be read: not Linux).
+    Where a v1 memory line and v2's line are both listed (a hybrid layout), the first that names a limit counts."""
     try:
         lines = PROC_CGROUP.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if line.startswith("0::"):
             layout = V2
         elif "memory" in controllers.split(","):
             layout = V1
@@ -62,21 +59,22 @@ def limiting_group() -> GroupMemory | None:
 
 
 def _tightest(layout: Layout, path: str) -> GroupMemory | None:
-    """The tightest limit among the group at `path` and its parents. Inside a container's cgroup namespace the mount
-    shows its own group as the root, while /proc may name the path outside it: the mount's root is then the group."""
+    """The limits of the group at `path` and its parents. Inside a container's cgroup namespace the mount shows its
+    own group as the root, while /proc may name the path outside it: the mount's root is then the group."""
     root = CGROUP_MOUNT / layout.hierarchy if layout.hierarchy else CGROUP_MOUNT
     group = root / path.lstrip("/")
     folders = [group, *group.parents[: len(group.relative_to(root).parts)]] if group.is_dir() else [root]
-    tightest = None
-    for folder in folders:
-        limit = _number(folder / layout.limit)
-        if limit is not None and limit < NO_LIMIT and (tightest is None or limit < tightest[0]):
-            tightest = (limit, folder)
-    if tightest is None:
+    limited = [(limit, folder) for folder in folders if (limit := _number(folder / layout.limit)) is not None]
+    limited = [(limit, folder) for limit, folder in limited if limit < NO_LIMIT]
+    if not limited:
         return None
-    limit, folder = tightest
-    used = _number(folder / layout.usage) or 0
-    return GroupMemory(limit, max(0, used - _stat(folder / "memory.stat", layout.reclaimable)))
+    return GroupMemory(min(limit for limit, _ in limited), min(_free(layout, *pair) for pair in limited))
+
+
+def _free(layout: Layout, limit: int, folder: Path) -> int:
+    """What a group of `limit` has left: the limit less its usage, less the page cache the kernel drops first."""
+    used = (_number(folder / layout.usage) or 0) - _stat(folder / "memory.stat", layout.reclaimable)
+    return max(0, limit - max(0, used))
 
 
 def _number(path: Path) -> int | None:

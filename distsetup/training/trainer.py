@@ -363,18 +363,24 @@ class Trainer:
     def _left_out_of_the_training_peak(self) -> Iterator[None]:
         """The training's peak resident memory so far kept, and the count started again after the block, so that
         the block's own peak (a checkpoint's) is in no figure."""
-        self.train_peak = max(self.train_peak, memory.host_peak_bytes())
+        self._note_training_peak()
         try:
             yield
         finally:
             memory.reset_host_peak()
             self.peak_counted_after_step = self.step
 
+    def _note_training_peak(self) -> None:
+        """The peak resident memory since the count last started, kept where steps ran since: after a checkpoint
+        and no step (the last one, a background one finishing), it is that checkpoint's (its staged copy, its
+        writer). A background checkpoint's staged copy, resident while later steps run, counts in theirs."""
+        if self.step > self.peak_counted_after_step:
+            self.train_peak = max(self.train_peak, memory.host_peak_bytes())
+
     def _host_peaks(self) -> dict[str, list[int]]:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
         pretrained weights it read: a collective."""
-        if self.step > self.peak_counted_after_step:  # steps ran since the last checkpoint (or there was none)
-            self.train_peak = max(self.train_peak, memory.host_peak_bytes())
+        self._note_training_peak()
         read = self.pretrained.bytes_read if self.pretrained else 0
         return memory.every_ranks(
             {"setup": self.setup_peak, "training": self.train_peak, "read": read}, self.world.size

@@ -187,3 +187,17 @@ def test_a_rank_hands_freed_pages_back_only_where_its_state_takes_more_than_half
     assert decided[16 * 2**30] == (False, [])
     hands_back, notes = decided[8 * 2**30]
     assert hands_back and len(notes) == 1 and "4.3 GiB of training state in 8.0 GiB a rank" in notes[0], notes
+
+
+@pytest.mark.parametrize("decided", [False, True])
+def test_the_layers_reduce_scatter_as_decided(decided):
+    """What fit_to_the_model decided reaches every unit's reduce-scatter (FSDP2's custom comm, read from its private
+    state), in a world of one."""
+    cfg = load_run_config(None, ["distributed.backend=fsdp"])
+    backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+    backend.hands_back_freed_heap = decided
+    model = Stack(Notes())
+    backend.wrap(ModelParts(model, list(model.blocks), []), cfg.training.max_steps)
+    for unit in [*model.blocks, model]:
+        comm = unit._get_fsdp_state()._fsdp_param_group._reduce_scatter_comm
+        assert isinstance(comm, fsdp_on_cpu.ReduceScatterFreeingItsInput) and comm.then_hand_back_freed_heap is decided

@@ -32,9 +32,12 @@ def test_v2_the_tightest_limit_on_the_path_binds_and_the_page_cache_counts_as_fr
     write("kubepods/pod1/memory.current", f"{3 * GIB}\n")
     write("kubepods/pod1/memory.stat", f"anon {2 * GIB}\ninactive_file {GIB}\nactive_file 0\n")
     write("kubepods/memory.max", f"{64 * GIB}\n")
-    group = cgroup_memory.limiting_group()
-    assert group == cgroup_memory.GroupMemory(limit=8 * GIB, used=2 * GIB)
-    assert group.free == 6 * GIB
+    assert cgroup_memory.limiting_group() == cgroup_memory.GroupMemory(limit=8 * GIB, free=6 * GIB)
+    # a container limited below its pod, whose other containers use most of the pod's: the pod's room binds
+    write("kubepods/pod1/ctr/memory.max", f"{6 * GIB}\n")
+    write("kubepods/pod1/ctr/memory.current", f"{GIB}\n")
+    write("kubepods/pod1/memory.current", f"{8 * GIB}\n")
+    assert cgroup_memory.limiting_group() == cgroup_memory.GroupMemory(limit=6 * GIB, free=GIB)
 
 
 def test_v1_inside_a_namespace_reads_the_mount_s_root_as_its_group(cgroups):
@@ -44,7 +47,7 @@ def test_v1_inside_a_namespace_reads_the_mount_s_root_as_its_group(cgroups):
     write("memory/memory.limit_in_bytes", f"{2 * GIB}\n")
     write("memory/memory.usage_in_bytes", f"{GIB}\n")
     write("memory/memory.stat", f"cache 5\ntotal_inactive_file {GIB // 2}\n")
-    assert cgroup_memory.limiting_group() == cgroup_memory.GroupMemory(limit=2 * GIB, used=GIB // 2)
+    assert cgroup_memory.limiting_group() == cgroup_memory.GroupMemory(limit=2 * GIB, free=3 * GIB // 2)
 
 
 @pytest.mark.parametrize(
@@ -61,8 +64,12 @@ def test_no_limit_is_none(cgroups, proc_line, path, unlimited):
     assert cgroup_memory.limiting_group() is None
 
 
-def test_without_proc_there_is_no_limit(cgroups):
+def test_without_proc_there_is_no_limit_and_an_odd_line_is_passed_over(cgroups):
+    write, proc = cgroups
     assert cgroup_memory.limiting_group() is None  # /proc/self/cgroup never written: not Linux, or hidden
+    proc("odd\n0::/pod:a\n")  # a path may hold ':'
+    write("pod:a/memory.max", f"{GIB}\n")
+    assert cgroup_memory.limiting_group() == cgroup_memory.GroupMemory(limit=GIB, free=GIB)
 
 
 def test_the_trainer_plans_within_the_limit_where_it_is_below_the_node_s_memory(cgroups, tmp_path, monkeypatch):

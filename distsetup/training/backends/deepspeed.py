@@ -243,11 +243,12 @@ class DeepSpeedBackend(Backend):
         return micro.detached()
 
     def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
-        try:
-            return super().evaluate(compute)
-        finally:
-            if self.zero_stage == 3:  # a forward keeps its last layers gathered for a backward, which eval never runs
-                self.engine.empty_partition_cache()
+        result = super().evaluate(compute)
+        if self.zero_stage == 3:
+            # a forward keeps its last layers gathered for a backward, which evaluation never runs: released here,
+            # by the optimizer's call (the engine's also collects Python's garbage and empties the device's cache)
+            self.engine.optimizer.empty_partition_cache()
+        return result
 
     def step(self) -> None:
         if self.memory is None:

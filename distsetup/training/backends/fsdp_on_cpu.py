@@ -9,6 +9,8 @@ model with them, 0.82 without). A rank without room also hands its heap's free p
 (0.71 in a 7 GiB container, at 10-12% of a small model's step)."""
 
 import ctypes
+import functools
+from collections.abc import Callable
 from typing import cast
 
 import torch.nn as nn
@@ -46,13 +48,19 @@ def has_room(state_bytes: float, memory_bytes: float) -> bool:
     return state_bytes <= memory_bytes / 2
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # another C library
+        return None
+
+
 def hand_back_freed_heap() -> None:
     """glibc's malloc_trim(0): every free page of the heap back to the system, not only its top. Another C library:
     nothing."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
 
 
 if DefaultReduceScatter is not None:
