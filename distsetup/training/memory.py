@@ -1,9 +1,10 @@
 """Bytes a rank really holds, counted from the tensors themselves (shared storage counted once), and the memory the
 machine (or its container) has for it."""
 
+import contextlib
 import os
 import resource
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -37,6 +38,33 @@ def reset_host_peak() -> None:
         CLEAR_REFS.write_text("5")
     except OSError:
         pass
+
+
+class TrainingPeak:
+    """This rank's peak resident memory in training, every checkpoint's own left out (summary.json's
+    host_peak_bytes): the high-water mark kept before each checkpoint and started again after it. After a checkpoint
+    and no step since (the last one, a background one finishing), what the mark holds is that checkpoint's (its
+    staged copy, its writer), so it counts only where steps ran since. A background checkpoint's staged copy,
+    resident while later steps run, counts in theirs."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.counted_after_step = -1  # the step of the last checkpoint
+
+    @contextlib.contextmanager
+    def left_out(self, step: int) -> Iterator[None]:
+        """The peak so far kept, and the count started again after the block (a checkpoint at `step`)."""
+        self.note(step)
+        try:
+            yield
+        finally:
+            reset_host_peak()
+            self.counted_after_step = step
+
+    def note(self, step: int) -> None:
+        """The peak since the count last started, kept where steps ran since (the run is at `step`)."""
+        if step > self.counted_after_step:
+            self.bytes = max(self.bytes, host_peak_bytes())
 
 
 def available_memory() -> int:

@@ -6,10 +6,9 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 """
 
 import argparse
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -83,8 +82,8 @@ class Trainer:
         self.preemption = Preemption()
         self.step, self.loss = 0, float("nan")
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
-        self.setup_peak = self.train_peak = 0  # this rank's peak resident bytes in set-up, in training
-        self.peak_counted_after_step = -1  # the step of the last checkpoint: the count since covers no training yet
+        self.setup_peak = 0  # this rank's peak resident bytes in set-up
+        self.training_peak = memory.TrainingPeak()
         self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
         self.model_section = dataclasses.asdict(cfg.model)  # checked against a checkpoint's, stored in each
 
@@ -133,7 +132,7 @@ class Trainer:
                 tell_the_entry_point()
                 return PREEMPTED
         if loop.pending is not None:
-            with self._left_out_of_the_training_peak(), loop.timer.checkpointing():
+            with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 loop.pending.finish(self.world, self.backend)
         loop.bar.close()
         self._summarize(loop, self._host_peaks())
@@ -338,7 +337,7 @@ class Trainer:
             loop.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
     def _checkpoint(self, loop: Loop, background: bool) -> None:
-        with self._left_out_of_the_training_peak(), loop.timer.checkpointing():
+        with self.training_peak.left_out(self.step), loop.timer.checkpointing():
             if loop.pending is not None:  # the one before completes first
                 loop.pending.finish(self.world, self.backend)
             marker = Marker(
@@ -359,31 +358,13 @@ class Trainer:
                 loop.pending.finish(self.world, self.backend)
                 loop.pending = None
 
-    @contextlib.contextmanager
-    def _left_out_of_the_training_peak(self) -> Iterator[None]:
-        """The training's peak resident memory so far kept, and the count started again after the block, so that
-        the block's own peak (a checkpoint's) is in no figure."""
-        self._note_training_peak()
-        try:
-            yield
-        finally:
-            memory.reset_host_peak()
-            self.peak_counted_after_step = self.step
-
-    def _note_training_peak(self) -> None:
-        """The peak resident memory since the count last started, kept where steps ran since: after a checkpoint
-        and no step (the last one, a background one finishing), it is that checkpoint's (its staged copy, its
-        writer). A background checkpoint's staged copy, resident while later steps run, counts in theirs."""
-        if self.step > self.peak_counted_after_step:
-            self.train_peak = max(self.train_peak, memory.host_peak_bytes())
-
     def _host_peaks(self) -> dict[str, list[int]]:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
         pretrained weights it read: a collective."""
-        self._note_training_peak()
+        self.training_peak.note(self.step)
         read = self.pretrained.bytes_read if self.pretrained else 0
         return memory.every_ranks(
-            {"setup": self.setup_peak, "training": self.train_peak, "read": read}, self.world.size
+            {"setup": self.setup_peak, "training": self.training_peak.bytes, "read": read}, self.world.size
         )
 
     def _summarize(self, loop: Loop, host_peaks: dict[str, list[int]]) -> None:
