@@ -214,6 +214,14 @@ def zero_buffer(key: str, model: ModelShape, room: bool) -> int:
     return DEEPSPEED_DEFAULTS[key]
 
 
+def has_room(held_bytes: float, memory_bytes: float) -> bool:
+    """Whether a rank of `memory_bytes` holds `held_bytes` (its training state, with what is kept for speed) in half of
+    its memory, the other half for the activations and the runtime: the rule by which the trainer keeps what it may
+    keep for speed where there is room (ZeRO's buffers at DeepSpeed's own sizes, the pages FSDP2's heap frees on a
+    CPU) and gives it up where there is not."""
+    return held_bytes <= memory_bytes / 2
+
+
 def room_for_deepspeed_buffers(
     stage: int, params: int, state_bytes: float, memory_bytes: float, element_bytes: int
 ) -> bool:
@@ -226,7 +234,7 @@ def room_for_deepspeed_buffers(
     where they do not, they are sized from the model, so that a model bigger than one device still fits."""
     reduce = DEEPSPEED_DEFAULTS["reduce_bucket_size"]
     buffers = reduce + min(DEEPSPEED_DEFAULTS["stage3_max_live_parameters"], params) if stage == 3 else 2 * reduce
-    return state_bytes + element_bytes * buffers <= memory_bytes / 2
+    return has_room(state_bytes + element_bytes * buffers, memory_bytes)
 
 
 def device_state(states: dict) -> float:

@@ -6,6 +6,7 @@ import pytest
 from train_runs import assert_clean_error, train, write_run_config
 
 from distsetup.errors import DistsetupError
+from distsetup.training import memory
 from distsetup.training.model import build
 from distsetup.training.world import World
 
@@ -24,7 +25,7 @@ def test_each_rank_holds_its_share_of_the_state():
 
 def test_rank_0_s_whole_copy_and_the_shards_are_what_must_fit(monkeypatch):
     sharded = build.training_state_bytes("fsdp_full_shard", P, EIGHT, "fp32")
-    monkeypatch.setattr(build, "available_memory", lambda: 4 * P + 8 * sharded)
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * P + 8 * sharded)
     build.check_model_fits(P, 1, "model.n_embd", holders=8, state_bytes=sharded)  # exactly fits
     with pytest.raises(DistsetupError) as refused:
         build.check_model_fits(P, 8, "model.n_embd", holders=8, state_bytes=sharded)  # every rank builds it whole

@@ -24,7 +24,6 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
-from distsetup.training import memory
 from distsetup.training.backends import zero3_construction, zero_memory
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, T, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
@@ -106,15 +105,14 @@ class DeepSpeedBackend(Backend):
         zero = self.ds_config.get("zero_optimization")
         if not hidden or not isinstance(zero, dict) or not (sized := unset_sizes(zero, hidden)):
             return
-        rank_memory = memory.device_memory_per_rank(self.device, self.world.local_size)
-        hardware = models.world_hardware(self.world, gpu_memory=rank_memory, runtime_bytes=0)
+        hardware = models.rank_hardware(self.world, self.device)
         shape = ModelShape(params=parameters, hidden_size=hidden)
         strategy = BY_KEY[self.memory_strategy]
         if decided_by_rank0(lambda: keeps_deepspeed_sizes(strategy, shape, hardware, self.precision)):
             sized = {key: value for key, value in sized.items() if key not in SIZED_BY_ROOM}
-            why = f"room for DeepSpeed's own sizes of the others in {models.gib(rank_memory)} GiB a rank"
+            why = f"room for DeepSpeed's own sizes of the others in {models.gib(hardware.gpu_memory)} GiB a rank"
         else:
-            why = f"no room for DeepSpeed's own sizes in {models.gib(rank_memory)} GiB a rank"
+            why = f"no room for DeepSpeed's own sizes in {models.gib(hardware.gpu_memory)} GiB a rank"
         if sized:
             zero.update(sized)
             said = ", ".join(f"{key} {value:,}" for key, value in sized.items())

@@ -27,9 +27,8 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, Fsd
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
-from distsetup.planning.estimates import BY_KEY, device_state, model_states
+from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_states
 from distsetup.planning.models import ModelShape
-from distsetup.training import memory
 from distsetup.training.backends import fsdp_on_cpu
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend
 from distsetup.training.checkpoint.files import atomic_save
@@ -93,19 +92,24 @@ class FSDPBackend(Backend):
         return self.strategy
 
     def fit_to_the_model(self, parameters: int) -> None:
-        """On the CPU, whether this rank has room to keep the pages its heap frees (fsdp_on_cpu.has_room): its
-        training state as `distsetup plan` counts it against its share of the node's (or its container's) memory."""
+        """On the CPU, whether this rank has room to keep the pages its heap frees (planning.estimates.has_room, the
+        rule for DeepSpeed's buffer sizes too): its training state as `distsetup plan` counts it (shards, gradients,
+        AdamW's moments, the layers it gathers) against its share of the node's (or its container's) memory. Without
+        room, backward's freed activations go back to the system before its gradients take new pages
+        (fsdp_on_cpu.hold_one_layer_at_a_time): at 8 processes the others' peak fell from 0.82 to 0.72 of a 200M
+        model, and a CPU step took 10-12% longer, as the next forward faults those pages in again
+        (docs/benchmarks.md)."""
         if self.device.type != "cpu" or self.memory_strategy == "ddp":
             return
-        rank_memory = memory.device_memory_per_rank(self.device, self.world.local_size)
-        hardware = models.world_hardware(self.world, gpu_memory=rank_memory, runtime_bytes=0)
+        hardware = models.rank_hardware(self.world, self.device)
+        rank_memory = hardware.gpu_memory
         m = self.cfg.model
         shape = ModelShape(
             params=parameters, hidden_size=models.hidden_size(m), num_layers=m.n_layer if m.type == "gpt" else None
         )
         states = model_states(BY_KEY[self.memory_strategy], shape, hardware, self.precision)
         state = device_state(states) + (states["gathered"] if shape.hidden_size else 0)  # layers of unknown size: none
-        self.hands_back_freed_heap = not fsdp_on_cpu.has_room(state, rank_memory)
+        self.hands_back_freed_heap = not has_room(state, rank_memory)
         if self.hands_back_freed_heap:
             self.notes.append(
                 "the heap's free pages handed back after each layer's gradients are reduced (a lower peak, slower "

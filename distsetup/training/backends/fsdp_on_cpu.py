@@ -24,8 +24,8 @@ except ImportError:  # pragma: no cover - an older torch keeps FSDP2's gradient 
 
 def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: bool = False) -> None:
     """Each of the modules fully_shard made FSDP2's units (the root among them) gathered where it is used and
-    released as soon as it is not; with `hand_back_freed_heap`, for a rank without room (has_room), the heap's free
-    pages also handed back to the system after each layer's reduce-scatter."""
+    released as soon as it is not; with `hand_back_freed_heap`, for a rank without room (FSDPBackend.fit_to_the_model),
+    the heap's free pages also handed back to the system after each layer's reduce-scatter."""
     for module in (cast(FSDPModule, m) for m in sharded):
         # FSDP2's one switch for its default backward prefetch (the next unit) is naming the units to prefetch: a
         # unit naming itself prefetches nothing, being gathered already
@@ -36,16 +36,6 @@ def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: boo
             module._set_unshard_async_op(True)
         if DefaultReduceScatter is not None:
             module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput(hand_back_freed_heap))
-
-
-def has_room(state_bytes: float, memory_bytes: float) -> bool:
-    """Whether a rank that holds `state_bytes` of training state (its shards, gradients, AdamW's moments and the
-    layers it gathers, as `distsetup plan` counts them) in `memory_bytes` keeps the pages glibc's heap frees: the
-    state in half of its memory, the rule by which the trainer keeps DeepSpeed's own buffer sizes. Without room,
-    backward's freed activations go back to the system before its gradients take new pages: at 8 processes the
-    others' peak fell from 0.82 to 0.72 of a 200M model, and a CPU step took 10-12% longer, as the next forward faults
-    those pages in again (docs/benchmarks.md)."""
-    return state_bytes <= memory_bytes / 2
 
 
 @functools.cache

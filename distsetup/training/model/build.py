@@ -17,8 +17,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import BUILTIN_BLOCK
 from distsetup.planning.estimates import BY_KEY, Hardware, device_state, model_states
 from distsetup.planning.models import ModelShape, gpt_params
-from distsetup.training import user_code
-from distsetup.training.memory import available_memory
+from distsetup.training import memory, user_code
 from distsetup.training.model import moe
 from distsetup.training.model.blocks import layer_modules
 from distsetup.training.model.gpt import GPT
@@ -252,13 +251,21 @@ def world_hardware(world: World, **settings) -> Hardware:
     return Hardware(num_nodes=max(1, world.size // world.local_size), gpus_per_node=world.local_size, **settings)
 
 
+def rank_hardware(world: World, device: torch.device) -> Hardware:
+    """This run's world as the planner's hardware, each rank with the memory it trains in (its device's, or on a CPU
+    its share of the node's or its container's): what a backend weighs a rank's state against before the model is
+    built."""
+    rank_memory = memory.device_memory_per_rank(device, world.local_size)
+    return world_hardware(world, gpu_memory=rank_memory, runtime_bytes=0)
+
+
 def check_model_fits(parameters: int, builders: int, setting: str, holders: int = 0, state_bytes: float = 0.0) -> None:
     """Refuse, before any process group, a model this node's memory cannot hold, rather than a traceback from the
     allocator or a visit from the OOM killer: `builders` of its processes build the whole model in CPU memory first
     (4 bytes a parameter): rank 0 alone (the others build it on the meta device), or every one where the builder
     cannot build there; and `holders` of them (those training on the CPU) hold `state_bytes` each of training
     state. `setting`: what the user changes to make the model smaller."""
-    whole, available = 4 * parameters * builders, available_memory()
+    whole, available = 4 * parameters * builders, memory.available_memory()
     needed = whole + holders * state_bytes
     if needed <= available:
         return
