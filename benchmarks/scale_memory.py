@@ -21,6 +21,7 @@ from common import REPO, launch, record, table
 
 from distsetup.formats.deepspeed import unset_sizes
 from distsetup.planning.models import gpt_params
+from distsetup.training import cgroup_memory
 
 # a bare process: python, torch, distsetup's trainer and the backend's library imported, nothing built
 BARE = "import resource, torch, distsetup.training.trainer{}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
@@ -34,28 +35,29 @@ RECOMPUTED = {"none": "", "full": ", activation checkpointing full (each block's
 
 
 class MemoryCgroup:
-    """A memory cgroup of `limit_bytes` under this process's own (cgroup v1's memory hierarchy, or v2's where its
-    memory controller is delegated), as a container's limit. Needs the right to make groups there (root, or a
-    delegated subtree)."""
+    """A memory cgroup of `limit_bytes` inside this process's own (cgroup v1's memory hierarchy, or v2's where its
+    memory controller is delegated), as a container's limit, removed on leaving. Needs the right to make groups there
+    (root, or a delegated subtree)."""
 
     def __init__(self, limit_bytes: int):
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-        v1 = [line for line in lines if "memory" in line.split(":")[1].split(",")]
-        line = v1[0] if v1 else next((line for line in lines if line.startswith("0::")), None)
-        if line is None:
+        if (own := cgroup_memory.own_group()) is None:
             raise SystemExit("--memory_limit: this process is in no memory cgroup")
-        mount = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup")
-        self.files = ("memory.limit_in_bytes", "memory.max_usage_in_bytes") if v1 else ("memory.max", "memory.peak")
-        self.group = mount / line.split(":", 2)[2].lstrip("/") / f"scale-memory-{os.getpid()}"
+        self.layout, self.group = own[0], own[1] / f"scale-memory-{os.getpid()}"
         try:
             self.group.mkdir()
         except OSError as e:
             raise SystemExit(f"--memory_limit: cannot make a memory cgroup at {self.group} ({e})") from e
         try:
-            (self.group / self.files[0]).write_text(str(limit_bytes))
+            (self.group / self.layout.limit).write_text(str(limit_bytes))
         except OSError as e:
             self.group.rmdir()
             raise SystemExit(f"--memory_limit: cannot limit {self.group} ({e}): is the memory controller on?") from e
+
+    def __enter__(self) -> "MemoryCgroup":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.group.rmdir()
 
     def join(self) -> None:
         """Put the calling process (a launcher, before it starts) in the group: its children follow."""
@@ -63,23 +65,7 @@ class MemoryCgroup:
 
     def peak_bytes(self) -> int:
         """The most the group has held at once (the kernel's count, page cache included)."""
-        return int((self.group / self.files[1]).read_text())
-
-    def remove(self) -> None:
-        self.group.rmdir()
-
-
-@contextlib.contextmanager
-def memory_cgroup(limit_bytes: int | None):
-    """MemoryCgroup of `limit_bytes` for the launches, removed after; None where there is no limit."""
-    if limit_bytes is None:
-        yield None
-        return
-    group = MemoryCgroup(limit_bytes)
-    try:
-        yield group
-    finally:
-        group.remove()
+        return int((self.group / self.layout.peak).read_text())
 
 
 def run(backend: str, processes: int, a, work: Path, join_cgroup=None) -> dict:
@@ -220,7 +206,8 @@ def main():
     unit, bare = 4 * params, {backend: bare_process_bytes(backend) for backend in a.backends}
     rows, figures = [], []
     limit, group_peak = (None if a.memory_limit is None else int(a.memory_limit * 2**30)), None
-    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work, memory_cgroup(limit) as group:
+    limited = MemoryCgroup(limit) if limit else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="scale-memory-") as work, limited as group:
         for backend in a.backends:
             for processes in a.processes:
                 peaks = run(backend, processes, a, Path(work), group and group.join)["host_peak_bytes"]

@@ -6,6 +6,7 @@ Linux's two layouts: cgroup v2 (one hierarchy: memory.max, memory.current) and v
 memory.limit_in_bytes, memory.usage_in_bytes). A limit set on a parent group (a pod's, around its containers') binds
 too, so the tightest one on the path counts."""
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,16 +18,24 @@ NO_LIMIT = 2**62
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one cgroup version keeps a group's limit, usage and statistics (the page cache it may drop)."""
+    """Where one cgroup version keeps a group's limit, usage, most usage and statistics (the page cache it may
+    drop)."""
 
     hierarchy: str  # the folder under CGROUP_MOUNT ("" for v2's unified one)
     limit: str
     usage: str
+    peak: str
     reclaimable: str  # the memory.stat key of the inactive page cache, which the kernel drops before it kills
 
+    @property
+    def mount(self) -> Path:
+        return CGROUP_MOUNT / self.hierarchy if self.hierarchy else CGROUP_MOUNT
 
-V2 = Layout("", "memory.max", "memory.current", "inactive_file")
-V1 = Layout("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+
+V2 = Layout("", "memory.max", "memory.current", "memory.peak", "inactive_file")
+V1 = Layout(
+    "memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes", "total_inactive_file"
+)
 
 
 @dataclass(frozen=True)
@@ -38,13 +47,29 @@ class GroupMemory:
     free: int
 
 
+def own_group() -> tuple[Layout, Path] | None:
+    """This process's memory cgroup, the first /proc lists (v1's memory one before v2's in a hybrid layout), and its
+    folder; None where there is none."""
+    return next(_memory_groups(), None)
+
+
 def limiting_group() -> GroupMemory | None:
     """The memory limits that bind this process, or None where there is none (or nothing can be read: not Linux).
     Where a v1 memory line and v2's line are both listed (a hybrid layout), the first that names a limit counts."""
+    for layout, folder in _memory_groups():
+        if (found := _tightest(layout, folder)) is not None:
+            return found
+    return None
+
+
+def _memory_groups() -> Iterator[tuple[Layout, Path]]:
+    """The memory cgroups /proc/self/cgroup lists, each with its folder. Inside a container's cgroup namespace the
+    mount shows its own group as the root, while /proc may name the path outside it: the mount's root is then the
+    group."""
     try:
         lines = PROC_CGROUP.read_text().splitlines()
     except OSError:
-        return None
+        return
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if line.startswith("0::"):
@@ -53,17 +78,13 @@ def limiting_group() -> GroupMemory | None:
             layout = V1
         else:
             continue
-        if (found := _tightest(layout, path)) is not None:
-            return found
-    return None
+        group = layout.mount / path.lstrip("/")
+        yield layout, group if group.is_dir() else layout.mount
 
 
-def _tightest(layout: Layout, path: str) -> GroupMemory | None:
-    """The limits of the group at `path` and its parents. Inside a container's cgroup namespace the mount shows its
-    own group as the root, while /proc may name the path outside it: the mount's root is then the group."""
-    root = CGROUP_MOUNT / layout.hierarchy if layout.hierarchy else CGROUP_MOUNT
-    group = root / path.lstrip("/")
-    folders = [group, *group.parents[: len(group.relative_to(root).parts)]] if group.is_dir() else [root]
+def _tightest(layout: Layout, group: Path) -> GroupMemory | None:
+    """The limits of `group` and its parents."""
+    folders = [group, *group.parents[: len(group.relative_to(layout.mount).parts)]]
     limited = [(limit, folder) for folder in folders if (limit := _number(folder / layout.limit)) is not None]
     limited = [(limit, folder) for limit, folder in limited if limit < NO_LIMIT]
     if not limited:
