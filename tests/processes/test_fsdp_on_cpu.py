@@ -4,6 +4,7 @@ as soon as it is reduced. Seen on two spawned ranks (in a world of one FSDP2 gat
 reduce-scatter is also called directly in a group of one. The memory this saves is measured by
 benchmarks/scale_memory.py."""
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -187,6 +188,27 @@ def test_a_rank_hands_freed_pages_back_only_where_its_state_takes_more_than_half
     assert decided[16 * 2**30] == (False, [])
     hands_back, notes = decided[8 * 2**30]
     assert hands_back and len(notes) == 1 and "4.3 GiB of training state in 8.0 GiB a rank" in notes[0], notes
+
+
+def test_a_hugging_face_model_s_root_counts_in_the_decision(tmp_path, monkeypatch):
+    """A Llama of 20 blocks of width 2048 and a vocabulary of 128000 (1.53B parameters, 0.52B of them in the root
+    unit: embeddings and head, kept gathered) on 4 ranks of 16 GiB: its state, 5.7 GiB sharded and 2.5 gathered
+    (the root, and three blocks), takes more than half. Counting three blocks alone (0.56 GiB), as when its config's
+    num_hidden_layers was not read, it would keep the pages."""
+    from distsetup.training import memory
+
+    h, layers, vocab = 2048, 20, 128_000
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    config = {"model_type": "llama", "hidden_size": h, "num_hidden_layers": layers, "vocab_size": vocab}
+    (folder / "config.json").write_text(json.dumps(config))
+    cfg = load_run_config(None, ["distributed.backend=fsdp", "model.type=hf", f"model.hf_path={folder}"])
+    monkeypatch.setattr(memory, "device_memory_per_rank", lambda device, local: 16 * 2**30)
+    backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=4, local_size=4), torch.device("cpu"))
+    block, root = 12 * h * h + 13 * h, 2 * vocab * h + h
+    backend.fit_to_the_model(layers * block + root)
+    assert backend.hands_back_freed_heap
+    assert "8.2 GiB of training state in 16.0 GiB a rank" in backend.notes[0], backend.notes
 
 
 @pytest.mark.parametrize("decided", [False, True])

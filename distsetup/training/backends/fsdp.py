@@ -104,9 +104,7 @@ class FSDPBackend(Backend):
         hardware = models.rank_hardware(self.world, self.device)
         rank_memory = hardware.gpu_memory
         m = self.cfg.model
-        shape = ModelShape(
-            params=parameters, hidden_size=models.hidden_size(m), num_layers=m.n_layer if m.type == "gpt" else None
-        )
+        shape = ModelShape(params=parameters, hidden_size=models.hidden_size(m), num_layers=models.num_layers(m))
         states = model_states(BY_KEY[self.memory_strategy], shape, hardware, self.precision)
         state = device_state(states) + (states["gathered"] if shape.hidden_size else 0)  # layers of unknown size: none
         self.hands_back_freed_heap = not has_room(state, rank_memory)

@@ -227,15 +227,25 @@ def hidden_size(m) -> int | None:
     """The hidden size of the model section `m`'s model, where it has one that is known without building it: the
     built-in GPT's n_embd, a Hugging Face folder's config.json hidden_size (the key `distsetup plan` reads); None for
     a python model."""
-    if m.type == "gpt":
-        return m.n_embd
+    return m.n_embd if m.type == "gpt" else _hf_config_size(m, "hidden_size")
+
+
+def num_layers(m) -> int | None:
+    """The number of blocks of the model section `m`'s model, where it is known without building it: the built-in
+    GPT's n_layer, a Hugging Face folder's config.json num_hidden_layers; None for a python model."""
+    return m.n_layer if m.type == "gpt" else _hf_config_size(m, "num_hidden_layers")
+
+
+def _hf_config_size(m, key: str) -> int | None:
+    """A positive size `key` of a Hugging Face model section's config.json; None for another model, or where the file
+    does not say."""
     if m.type != "hf":
         return None
     try:
         config = json.loads((Path(m.hf_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    value = config.get("hidden_size")
+    value = config.get(key)
     return value if isinstance(value, int) and value > 0 else None
 
 
