@@ -10,7 +10,7 @@ import yaml
 from distsetup.formats.reading import read_config_text
 from distsetup.jobs import kubernetes, skypilot
 from distsetup.jobs.entry import ENTRY_NAME, entry_script, shipped_files
-from distsetup.jobs.rules import CHECKPOINT_ANNOTATION
+from distsetup.jobs.file_rules import CHECKPOINT_ANNOTATION
 from distsetup.jobs.spec import JobSpec, check_job
 
 

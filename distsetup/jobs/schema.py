@@ -4,7 +4,7 @@ kubeflow/trainer v2.3.0 (pkg/apis/trainer/v1alpha1), jobset v0.12.0 (api/jobset/
 (pkg/apis/kubeflow.org/v1) and Kubernetes' core and batch v1. Written here as Python data rather than vendored
 (each part of the pod is written once and shared by every engine); `distsetup validate --crd FILE` checks a file
 against the cluster's own CustomResourceDefinition as well (crd.py). What the API types cannot say (name lengths,
-the CEL and webhook rules) is in rules.py; a SkyPilot task's schema is in skypilot.py."""
+the CEL and webhook rules) is in object_rules.py; a SkyPilot task's schema is in skypilot.py."""
 
 from functools import cache
 

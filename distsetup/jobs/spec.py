@@ -61,7 +61,7 @@ class JobSpec:
 
 
 def check_job(spec: JobSpec) -> None:
-    """Every rule of a job spec that spans flags; the engines' own limits (names, replicas) are rules.py's."""
+    """Every rule of a job spec that spans flags; the engines' own limits (names, replicas) are object_rules.py's."""
     if spec.target not in TARGETS:
         raise DistsetupError(
             f"--target {spec.target!r} is not an engine distsetup writes.", f"use {'|'.join(TARGETS)}."
