@@ -30,12 +30,12 @@ import yaml
 from common import BIN, REPO, record, rounds, table
 
 from distsetup.planning.estimates import BY_KEY
-from distsetup.train import MAPPED_APART_BYTES
+from distsetup.training.host_allocator import MAPPED_APART_BYTES
 
 SEQ, MICRO, HIDDEN, LAYERS, HEADS = 128, 8, 256, 4, 4
 VOCABULARIES = (8192, 256)
-# what distsetup/train.py sets for its own process (ask_for_huge_pages; map_large_tensors_apart where the backend
-# gathers weights), as environment
+# what distsetup/train.py sets for its own process (host_allocator's ask_for_huge_pages; map_large_tensors_apart
+# where the backend gathers weights), as environment
 HUGE_PAGES = {"THP_MEM_ALLOC_ENABLE": "1"}
 MAPPED_APART = {"MALLOC_MMAP_THRESHOLD_": str(MAPPED_APART_BYTES)}
 STRATEGY_OF = {"ddp": "ddp", "fsdp": "fsdp_full_shard", "zero3": "zero3"}

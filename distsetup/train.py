@@ -21,7 +21,6 @@ user's signal) ends there, its checkpoint ready for the next `sbatch`, which res
 """
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.runconfig_load import load_run_config
+from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
 
 if TYPE_CHECKING:
@@ -142,34 +142,6 @@ def export(cfg: RunConfig, args: argparse.Namespace) -> int:
     used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
     print(f"exported {count} tensors ({args.export_dtype}) from {used} to {args.export}")
     return 0
-
-
-def ask_for_huge_pages() -> None:
-    """Large CPU tensors in transparent huge pages, unless THP_MEM_ALLOC_ENABLE is set already. glibc maps each large
-    tensor fresh from the kernel and unmaps it when freed, so a CPU run faults in its 4 KiB pages every step, which
-    costs more than the arithmetic on the logits (docs/benchmarks.md). torch reads the variable once, at its first
-    allocation: it must be set before torch is imported."""
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-
-# glibc's mallopt option, and the size from which it is set to map each allocation apart
-M_MMAP_THRESHOLD, MAPPED_APART_BYTES = -3, 4 << 20
-
-
-def map_large_tensors_apart() -> None:
-    """Each allocation of 4 MiB or more in a mapping of its own, returned to the system as soon as it is freed.
-    glibc's own threshold rises with each large block freed, up to 32 MiB, after which a layer's gathered weights
-    and gradients come from its heap, which keeps the pages they leave: a rank's resident memory grows past what it
-    holds (under FSDP2, by a third of a 200M model at 2 processes; docs/trainer.md). Smaller allocations stay in the
-    heap: mapping those too (glibc's starting threshold, 128 KiB) held a little less but faulted in every activation,
-    and a small model's CPU step ran at 0.6 of the speed. Only for a backend that gathers weights (prepare): where
-    each rank holds its weights whole, nothing of a layer's size comes and goes each step, and an activation of
-    4 MiB or more would be faulted in afresh each time. mallopt(3); a C library other than glibc is left as is."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, MAPPED_APART_BYTES)
 
 
 # The runs of this process, kept until it leaves (exit_now): their torch objects are never destroyed (see exit_now).

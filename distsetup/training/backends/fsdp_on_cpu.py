@@ -8,13 +8,12 @@ holds a layer's worth of memory (docs/benchmarks.md: a 200M model's ranks at 8 p
 model with them, 0.82 without). A rank without room also hands its heap's free pages back after each reduce-scatter
 (0.71 in a 7 GiB container, at 10-12% of a small model's step)."""
 
-import ctypes
-import functools
-from collections.abc import Callable
 from typing import cast
 
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
+
+from distsetup.training.host_allocator import hand_back_freed_heap
 
 try:  # torch >= 2.8 (setup.cfg allows 2.6): FSDP2's collectives can be replaced
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
@@ -36,21 +35,6 @@ def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: boo
             module._set_unshard_async_op(True)
         if DefaultReduceScatter is not None:
             module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput(hand_back_freed_heap))
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # another C library
-        return None
-
-
-def hand_back_freed_heap() -> None:
-    """glibc's malloc_trim(0): every free page of the heap back to the system, not only its top. Another C library:
-    nothing."""
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
 
 
 if DefaultReduceScatter is not None:

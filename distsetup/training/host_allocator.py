@@ -1,0 +1,56 @@
+"""How the trainer's process asks for host memory (glibc's, and torch's CPU allocator's): large CPU tensors in
+transparent huge pages; where the backend gathers weights, glibc's large allocations mapped apart; on an FSDP2 CPU
+rank without room, the heap's free pages handed back (backends/fsdp_on_cpu.py). Imports no torch: the huge pages are
+asked for before torch is."""
+
+import ctypes
+import functools
+import os
+from collections.abc import Callable
+
+# glibc's mallopt option, and the size from which it is set to map each allocation apart
+M_MMAP_THRESHOLD, MAPPED_APART_BYTES = -3, 4 << 20
+
+
+def ask_for_huge_pages() -> None:
+    """Large CPU tensors in transparent huge pages, unless THP_MEM_ALLOC_ENABLE is set already. glibc maps each large
+    tensor fresh from the kernel and unmaps it when freed, so a CPU run faults in its 4 KiB pages every step, which
+    costs more than the arithmetic on the logits (docs/benchmarks.md). torch reads the variable once, at its first
+    allocation: it must be set before torch is imported."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # another C library
+        return None
+
+
+def map_large_tensors_apart() -> None:
+    """Each allocation of 4 MiB or more in a mapping of its own, returned to the system as soon as it is freed.
+    glibc's own threshold rises with each large block freed, up to 32 MiB, after which a layer's gathered weights
+    and gradients come from its heap, which keeps the pages they leave: a rank's resident memory grows past what it
+    holds (under FSDP2, by a third of a 200M model at 2 processes; at 8 processes ZeRO-3's others peaked at 1.56 of
+    it with glibc's own threshold, FSDP2's at 1.03: docs/benchmarks.md). Smaller allocations stay in the heap:
+    mapping those too (glibc's starting threshold, 128 KiB) held a little less but faulted in every activation, and
+    a small model's CPU step ran at 0.6 of the speed. Only for a backend that gathers weights (distsetup/train.py):
+    where each rank holds its weights whole, nothing of a layer's size comes and goes each step, and an activation
+    of 4 MiB or more would be faulted in afresh each time (a small model's step 6-8% slower). mallopt(3); another C
+    library is left as is."""
+    if (libc := _libc()) is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MAPPED_APART_BYTES)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    libc = _libc()
+    return getattr(libc, "malloc_trim", None) if libc is not None else None
+
+
+def hand_back_freed_heap() -> None:
+    """glibc's malloc_trim(0): every free page of the heap back to the system, not only its top. Another C library:
+    nothing."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
