@@ -18,8 +18,10 @@ Model states per GPU (what each strategy holds between steps, plus the fp32 grad
 
 L = the largest module's own parameters (ZeRO-3 gathers module by module); FSDP gathers whole blocks
 (B) and keeps its root unit (R: embeddings, head) gathered: 3eL there stands for eR + 3eB.
-For hybrid shard N is the GPUs of one node. DeepSpeed keeps an fp32 master copy of its partition even for
-fp32 models, so its optimizer column is 12P/N at every precision; the ZeRO paper's K=12 with mixed precision gives
+For hybrid shard N is the GPUs of one node. ZeRO 1-2 keep an fp32 master copy of their partition even for
+fp32 models, so their optimizer column is 12P/N at every precision; ZeRO-3 training in fp32 (its optimizer not
+offloaded) steps the partition itself, 8P/N (the trainer's zero3_master_weights). The ZeRO paper's K=12 with mixed
+precision gives
 DDP 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N (without the fp32 gradient and gathered
 layers, which DeepSpeed's own estimators add: 2P + 18P/N at stage 2).
 
@@ -270,7 +272,8 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
         stage = strategy.zero_stage
         out["params"] = e * P / n if stage == 3 else e * P
         out["grads"] = e * P if stage == 1 else e * P / n
-        out["fp32_grads"], out["optimizer"] = 4 * P / n, 12 * P / n
+        master = 0 if stage == 3 and e == 4 and not strategy.offload_optimizer else 4 * P / n  # the partition's own
+        out["fp32_grads"], out["optimizer"] = 4 * P / n, master + 8 * P / n
         if stage == 3:
             out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
         on_cpu = 0.0

@@ -27,6 +27,7 @@ from distsetup.planning.models import ModelShape
 from distsetup.training.backends import zero3_construction, zero_memory
 from distsetup.training.backends.base import PRECISION_DTYPES, Backend, T, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
+from distsetup.training.backends.zero3_master_weights import share_master_weights
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.files import atomic_write_text
 from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
@@ -186,6 +187,8 @@ class DeepSpeedBackend(Backend):
                 config=self.ds_config,
             )
         self.model = self.engine
+        if self.zero_stage == 3:
+            share_master_weights(self.engine.optimizer)
         if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
             self._read_wrapper_of_the_other_form(self.own_checkpoint)
 

@@ -28,8 +28,8 @@ def held_grad_bytes(engine: "DeepSpeedEngine") -> int:
 
 def held_bytes(engine: "DeepSpeedEngine", zero_stage: int, grad_bytes: int) -> dict[str, int]:
     """Parameters (ZeRO-3: this rank's partitions and the persistent ones whole), the gradients counted before the
-    step (`grad_bytes`), the optimizer's state and the fp32 master copies of this rank's partition (ZeRO keeps them
-    even when training in fp32)."""
+    step (`grad_bytes`), the optimizer's state and the fp32 master copies of this rank's partition (ZeRO 1-2 keep
+    them even when training in fp32; ZeRO-3's are then the partition itself: zero3_master_weights)."""
     opt, params = engine.optimizer, list(engine.module.parameters())
     if zero_stage == 3:
         held = [p.ds_tensor for p in params] + [p.data for p in params if getattr(p, "ds_persist", False)]
@@ -40,9 +40,10 @@ def held_bytes(engine: "DeepSpeedEngine", zero_stage: int, grad_bytes: int) -> d
     if zero_stage:
         master = memory.state_tensors(getattr(opt, "single_partition_of_fp32_groups", None))
         master += memory.state_tensors(getattr(opt, "fp32_partitioned_groups_flat", None))
+    param_bytes = memory.tensor_bytes(held)
     return {
-        "params": memory.tensor_bytes(held),
+        "params": param_bytes,
         "grads": grad_bytes,
         "optimizer": memory.tensor_bytes(memory.state_tensors(inner.state)),
-        "master_params": memory.tensor_bytes(master),
+        "master_params": memory.tensor_bytes(held + master) - param_bytes,  # a master that is the partition: none
     }
