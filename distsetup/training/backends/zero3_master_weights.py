@@ -5,8 +5,9 @@ DeepSpeed's stage 3 means to do this itself: where a sub-group's flat partition 
 dtype and is on the optimizer's device, `_create_fp32_partitions` takes the partition as its master ("we don't need
 another copy of the weights"), and its step's copy back from master to partition then copies nothing. Its test
 compares a tensor's `torch.device` with the accelerator's device name, a string, which is never equal (DeepSpeed
-0.19.8, stage3.py), so every fp32 run clones the partition: 4 bytes a parameter / W more on every rank, an eighth of
-a 200M GPT at 8 CPU processes (docs/benchmarks.md). This applies the test as meant, after `deepspeed.initialize`."""
+0.19.8, stage3.py), so every fp32 run clones the partition: 4 bytes a parameter / W more on every rank (a 200M GPT's
+ranks at 8 CPU processes peaked at 1.07 of its whole fp32 model with the copy, 0.99 without: docs/benchmarks.md).
+This applies the test as meant, after `deepspeed.initialize`."""
 
 import torch
 
