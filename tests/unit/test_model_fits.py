@@ -17,8 +17,10 @@ EIGHT = World(rank=0, local_rank=0, size=8, local_size=8)
 def test_each_rank_holds_its_share_of_the_state():
     assert build.training_state_bytes("ddp", P, EIGHT, "fp32") == 16 * P  # weights, gradients, AdamW's two moments
     assert build.training_state_bytes("fsdp_full_shard", P, EIGHT, "fp32") == 16 * P / 8
-    # DeepSpeed's fp32 master copy and gradient partitions come on top of ZeRO-3's share
-    assert build.training_state_bytes("zero3", P, EIGHT, "fp32") == 24 * P / 8
+    # DeepSpeed's fp32 gradient partition comes on top of ZeRO-3's share; training in fp32 its master is the
+    # partition itself (zero3_master_weights), where ZeRO-2 keeps a copy
+    assert build.training_state_bytes("zero3", P, EIGHT, "fp32") == 20 * P / 8
+    assert build.training_state_bytes("zero2", P, EIGHT, "fp32") == 4 * P + 4 * P / 8 + 16 * P / 8
     two_nodes = World(rank=0, local_rank=0, size=16, local_size=8)
     assert build.training_state_bytes("fsdp_full_shard", P, two_nodes, "fp32") == 16 * P / 16
 
