@@ -21,9 +21,9 @@ except ImportError:  # pragma: no cover - an older torch keeps FSDP2's gradient 
     DefaultReduceScatter = None  # type: ignore[assignment,misc]
 
 
-def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: bool = False) -> None:
+def hold_one_layer_at_a_time(sharded: list[nn.Module], short_of_room: bool = False) -> None:
     """Each of the modules fully_shard made FSDP2's units (the root among them) gathered where it is used and
-    released as soon as it is not; with `hand_back_freed_heap`, for a rank without room (FSDPBackend.fit_to_the_model),
+    released as soon as it is not; with `short_of_room`, for a rank without room (FSDPBackend.fit_to_the_model),
     the heap's free pages also handed back to the system after each layer's reduce-scatter."""
     for module in (cast(FSDPModule, m) for m in sharded):
         # FSDP2's one switch for its default backward prefetch (the next unit) is naming the units to prefetch: a
@@ -34,7 +34,7 @@ def hold_one_layer_at_a_time(sharded: list[nn.Module], hand_back_freed_heap: boo
         if hasattr(module, "_set_unshard_async_op"):
             module._set_unshard_async_op(True)
         if DefaultReduceScatter is not None:
-            module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput(hand_back_freed_heap))
+            module.set_custom_reduce_scatter(ReduceScatterFreeingItsInput(short_of_room))
 
 
 if DefaultReduceScatter is not None:

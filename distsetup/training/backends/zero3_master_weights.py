@@ -12,32 +12,27 @@ This applies the test as meant, after `deepspeed.initialize`."""
 import torch
 
 
-def share_master_weights(optimizer) -> int:
+def share_master_weights(optimizer) -> None:
     """Make each fp32 master partition of ZeRO-3's `optimizer` the sub-group's flat partition itself, where the two
     have one dtype, device and size (fp32 training without an offloaded optimizer). The master tensors stay the
     objects the wrapped optimizer steps and keys its state by; only their storage changes, to the partition's, whose
-    values they hold. Returns the bytes freed; 0 for another optimizer, or where nothing qualifies."""
+    values they hold. Another optimizer, or one where nothing qualifies, is left as it is."""
     masters = getattr(optimizer, "fp32_partitioned_groups_flat", None)
     partitions = getattr(optimizer, "fp16_partitioned_groups_flat", None)
     if getattr(optimizer, "offload_optimizer", False):  # DeepSpeed's test comes after its offload's copy
-        return 0
+        return
     if not masters or not partitions or len(masters) != len(partitions):
-        return 0
-    freed = 0
+        return
     for master, partition in zip(masters, partitions, strict=True):
-        if not _copy_of(master, partition):
-            continue
-        freed += master.numel() * master.element_size()
-        master.data = partition.data
-    return freed
+        if _copy_of(master, partition):
+            master.data = partition.data
 
 
 def _copy_of(master: torch.Tensor, partition: torch.Tensor | None) -> bool:
     """Whether `master` is a separate copy of `partition` that the partition itself could stand in for."""
     return (
         partition is not None
-        and master is not partition
-        and master.data_ptr() != partition.data_ptr()
+        and master.data_ptr() != partition.data_ptr()  # not the partition already
         and master.dtype == partition.dtype
         and master.device == partition.device
         and master.shape == partition.shape
