@@ -30,14 +30,14 @@ import yaml
 from common import BIN, REPO, record, rounds, table
 
 from distsetup.planning.estimates import BY_KEY
-from distsetup.training.host_allocator import MAPPED_APART_BYTES
+from distsetup.training.host_allocator import mapped_apart_from
 
 SEQ, MICRO, HIDDEN, LAYERS, HEADS = 128, 8, 256, 4, 4
 VOCABULARIES = (8192, 256)
-# what distsetup/train.py sets for its own process (host_allocator's ask_for_huge_pages; map_large_tensors_apart
-# where the backend gathers weights), as environment
+# what distsetup's trainer sets for its own process (host_allocator's ask_for_huge_pages; map_large_tensors_apart
+# where the backend gathers weights, from the size mapped_apart_from gives), as environment
 HUGE_PAGES = {"THP_MEM_ALLOC_ENABLE": "1"}
-MAPPED_APART = {"MALLOC_MMAP_THRESHOLD_": str(MAPPED_APART_BYTES)}
+MAPPED_APART = "MALLOC_MMAP_THRESHOLD_"
 STRATEGY_OF = {"ddp": "ddp", "fsdp": "fsdp_full_shard", "zero3": "zero3"}
 SAME_ALLOCATOR = " (same allocator)"
 RUNS = {  # backend -> the tools run on it; distsetup first
@@ -62,9 +62,13 @@ FSDP = {
 }
 
 
-def write_model(folder: Path, vocab: int) -> None:
+def write_model(folder: Path, vocab: int) -> int:
+    """The peers' Llama saved in `folder`; the size from which distsetup's trainer maps its allocations apart (where
+    the backend gathers weights)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from distsetup.training.model_setup import largest_activation_bytes
 
     config = LlamaConfig(
         vocab_size=vocab,
@@ -76,7 +80,9 @@ def write_model(folder: Path, vocab: int) -> None:
         max_position_embeddings=SEQ,
     )
     torch.manual_seed(1234)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    return mapped_apart_from(largest_activation_bytes(model, MICRO * SEQ))
 
 
 def environment() -> dict:
@@ -168,18 +174,19 @@ def _step_ends(stdout: str) -> dict | None:
         return None
 
 
-def distsetup_allocator(backend: str) -> dict:
-    """The environment that gives a peer distsetup's allocator settings on `backend`."""
-    return HUGE_PAGES | (MAPPED_APART if BY_KEY[STRATEGY_OF[backend]].gathers_weights else {})
+def distsetup_allocator(backend: str, mapped_apart: int) -> dict:
+    """The environment that gives a peer distsetup's allocator settings on `backend` (`mapped_apart`: write_model's)."""
+    gathers_weights = BY_KEY[STRATEGY_OF[backend]].gathers_weights
+    return HUGE_PAGES | ({MAPPED_APART: str(mapped_apart)} if gathers_weights else {})
 
 
-def measures(backend: str, steps: int, vocab: int, work: Path) -> dict:
+def measures(backend: str, steps: int, vocab: int, mapped_apart: int, work: Path) -> dict:
     """Each run of a round on `backend`, as a function of no arguments: distsetup, then each peer as its users run it
-    and with distsetup's allocator settings."""
+    and with distsetup's allocator settings (`mapped_apart`: write_model's)."""
     runs = {"distsetup": lambda: distsetup_run(backend, steps, vocab, work)}
     for tool in RUNS[backend][1:]:
         runs[tool] = lambda tool=tool: peer_run(tool, backend, steps, vocab, work, None)
-        same = distsetup_allocator(backend)
+        same = distsetup_allocator(backend, mapped_apart)
         runs[tool + SAME_ALLOCATOR] = lambda tool=tool, same=same: peer_run(tool, backend, steps, vocab, work, same)
     return runs
 
@@ -201,16 +208,16 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--vocabularies", type=int, nargs="+", default=list(VOCABULARIES))
     a = parser.parse_args()
-    rows = []
+    rows, mapped_apart = [], {}  # vocabulary -> the size from which distsetup maps allocations apart
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         work = Path(tmp)
         build_ops()
         (work / "ds.json").write_text(json.dumps(DEEPSPEED))
         (work / "fsdp.json").write_text(json.dumps(FSDP))
         for vocab in a.vocabularies:
-            write_model(work / "llama", vocab)
+            mapped_apart[vocab] = write_model(work / "llama", vocab)
             for backend in a.backends:
-                results = rounds(measures(backend, a.steps, vocab, work), a.repeats)
+                results = rounds(measures(backend, a.steps, vocab, mapped_apart[vocab], work), a.repeats)
                 ours = results["distsetup"]
                 for tool, runs in results.items():
                     step_ratios = [steady(peer) / steady(mine) for peer, mine in zip(runs, ours, strict=True)]
@@ -248,7 +255,10 @@ def main() -> None:
         "takes no FSDP plugin: peer_loops.py sets its state to FSDP, and its own FSDP2 path runs). "
         f"'{SAME_ALLOCATOR.strip()}': the peer run with distsetup's allocator settings "
         f"({', '.join(f'{k}={v}' for k, v in HUGE_PAGES.items())}; where the backend gathers weights, fsdp and "
-        f"zero3, also {', '.join(f'{k}={v}' for k, v in MAPPED_APART.items())})."
+        f"zero3, also {MAPPED_APART}, the size from which distsetup maps allocations apart, just above a step's "
+        "largest activation: "
+        + ", ".join(f"{size} at vocabulary {vocab}" for vocab, size in mapped_apart.items())
+        + ")."
     )
     everything = a.backends == list(RUNS) and a.vocabularies == list(VOCABULARIES)
     scope = "" if everything else f" ({', '.join(a.backends)}; vocabulary {', '.join(map(str, a.vocabularies))})"

@@ -13,10 +13,12 @@ import torch
 import torch.nn as nn
 
 from distsetup.formats.runconfig import ModelConfig
+from distsetup.planning.loss_slices import slice_width
 from distsetup.training.backends.base import Backend
 from distsetup.training.checkpoint.export import load_weights
 from distsetup.training.data.datasets import Datasets
 from distsetup.training.data.loader import Placement, fetched, placed
+from distsetup.training.loss.sliced import LossHead
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import counted_flops, flops_per_token
@@ -91,3 +93,15 @@ def flops_per_item(
         say(f"note: MFU left out: the FLOPs of the model cannot be counted ({why_not})")
         return None
     return flops / (micro_batch * (m.block_size if data.tokens else 1))
+
+
+def largest_activation_bytes(module: nn.Module, tokens: int) -> int:
+    """A micro-batch's widest activation, in fp32 bytes: its `tokens` x the widest output of the model's nn.Linear
+    layers (of an output head computing the loss in slices, one slice's). `tokens` 0 (a python data.builder's
+    samples, whose size is not known): 0."""
+    widths = [
+        slice_width(m.out_features) if isinstance(m, LossHead) else m.out_features
+        for m in module.modules()
+        if isinstance(m, nn.Linear)
+    ]
+    return 4 * tokens * max(widths, default=0)

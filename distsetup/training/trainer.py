@@ -24,13 +24,14 @@ from distsetup.training.checkpoint import universal_folder
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
+from distsetup.training.host_allocator import map_large_tensors_apart, mapped_apart_from
 from distsetup.training.loop import Loop
 from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenObjective, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import device_peak_tflops, mfu
-from distsetup.training.model_setup import check_model_fits, flops_per_item, whole_model
+from distsetup.training.model_setup import check_model_fits, flops_per_item, largest_activation_bytes, whole_model
 from distsetup.training.preemption import PREEMPTED, Preemption, tell_the_entry_point
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
@@ -265,6 +266,9 @@ class Trainer:
         flops = flops_per_item(m, whole, data, backend.micro_batch, peak, objective.unchecked_loss, self.say)
         del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them
         backend.wrap(parts, self.max_steps)
+        if backend.gathers_weights:  # set up mapping 4 MiB apart (train.py); the step's activations kept in the heap
+            tokens = backend.micro_batch * m.block_size if data.tokens else 0
+            map_large_tensors_apart(mapped_apart_from(largest_activation_bytes(module, tokens)))
         if self.pretrained:  # every rank has read its part
             self.pretrained.close()
         for note in backend.notes:  # after wrap(): it adds notes of its own

@@ -1,0 +1,69 @@
+"""Where the trainer's CPU tensors come from (training/host_allocator.py): with the threshold a rank whose backend
+gathers weights sets once its model is known, a step's largest activation stays in glibc's heap and a larger
+gathered weight is mapped apart, as glibc's own counters (mallinfo2's bytes in mappings) say, with torch's huge-page
+alignment on as the trainer has it. mallopt is the process's: each case runs in a process of its own."""
+
+import json
+import subprocess
+import sys
+
+import torch.nn as nn
+
+from distsetup.planning.loss_slices import slice_width
+from distsetup.training.host_allocator import MAPPED_APART_BYTES, MOST_MAPPED_APART_BYTES, mapped_apart_from
+from distsetup.training.loss.sliced import as_loss_head
+from distsetup.training.model_setup import largest_activation_bytes
+
+MAPPED = """
+import ctypes, json, os, sys
+os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # the trainer's (ask_for_huge_pages)
+import torch
+from distsetup.training.host_allocator import map_large_tensors_apart
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+map_large_tensors_apart(int(sys.argv[1]))
+mapped = {}
+for size in map(int, sys.argv[2:]):
+    before = libc.mallinfo2().hblkhd
+    tensor = torch.empty(size // 4)
+    mapped[size] = libc.mallinfo2().hblkhd - before >= size
+    del tensor
+print(json.dumps(mapped))
+"""
+
+
+def mapped_apart(threshold: int, *sizes: int) -> dict[int, bool]:
+    """Whether a CPU tensor of each of `sizes` bytes is mapped apart, under `threshold`."""
+    argv = [sys.executable, "-c", MAPPED, str(threshold), *map(str, sizes)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return {int(size): mapped for size, mapped in json.loads(result.stdout).items()}
+
+
+def test_a_steps_largest_activation_stays_in_the_heap_and_a_larger_gathered_weight_is_mapped_apart():
+    activation = 4 << 20  # the peers' Llama: 8 x 128 tokens x its MLP's 1024, in fp32
+    threshold = mapped_apart_from(activation)
+    weight = threshold + (1 << 20)
+    # with 4 MiB, as before, the activation was faulted in afresh at each of its allocations
+    assert mapped_apart(MAPPED_APART_BYTES, activation, weight) == {activation: True, weight: True}
+    assert mapped_apart(threshold, activation, weight) == {activation: False, weight: True}
+
+
+def test_the_threshold_is_never_below_4_mib_nor_above_glibcs_highest():
+    assert mapped_apart_from(0) == mapped_apart_from(1 << 20) == MAPPED_APART_BYTES
+    assert mapped_apart_from(1 << 30) == MOST_MAPPED_APART_BYTES
+
+
+def test_the_largest_activation_is_the_widest_linear_output_and_a_sliced_heads_slice():
+    vocab, tokens = 50000, 8 * 128
+    model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 16), nn.Linear(16, vocab))
+    assert largest_activation_bytes(model, tokens) == 4 * tokens * vocab
+    as_loss_head(model[2])
+    assert slice_width(vocab) < vocab
+    assert largest_activation_bytes(model, tokens) == 4 * tokens * slice_width(vocab)
+    assert largest_activation_bytes(model, 0) == 0  # a python data.builder's samples: size unknown
