@@ -24,7 +24,7 @@ from distsetup.training.checkpoint import universal_folder
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
-from distsetup.training.host_allocator import map_large_tensors_apart, mapped_apart_from
+from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
 from distsetup.training.loop import Loop
 from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenObjective, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
@@ -269,6 +269,8 @@ class Trainer:
         if backend.gathers_weights:  # set up mapping 4 MiB apart (train.py); the step's activations kept in the heap
             tokens = backend.micro_batch * m.block_size if data.tokens else 0
             map_large_tensors_apart(mapped_apart_from(largest_activation_bytes(module, tokens)))
+        if self.device.type == "cpu":  # what set-up freed (rank 0's whole copy, ZeRO-3's partitions made flat)
+            hand_back_freed_heap()
         if self.pretrained:  # every rank has read its part
             self.pretrained.close()
         for note in backend.notes:  # after wrap(): it adds notes of its own
