@@ -26,32 +26,36 @@ class Mallinfo2(ctypes.Structure):
 
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
-map_large_tensors_apart(int(sys.argv[1]))
-mapped = {}
-for size in map(int, sys.argv[2:]):
-    before = libc.mallinfo2().hblkhd
-    tensor = torch.empty(size // 4)
-    mapped[size] = libc.mallinfo2().hblkhd - before >= size
-    del tensor
+mapped = []
+for threshold, sizes in json.loads(sys.argv[1]):
+    map_large_tensors_apart(threshold)
+    mapped.append({})
+    for size in sizes:
+        before = libc.mallinfo2().hblkhd
+        tensor = torch.empty(size // 4)
+        mapped[-1][size] = libc.mallinfo2().hblkhd - before >= size
+        del tensor
 print(json.dumps(mapped))
 """
 
 
-def mapped_apart(threshold: int, *sizes: int) -> dict[int, bool]:
-    """Whether a CPU tensor of each of `sizes` bytes is mapped apart, under `threshold`."""
-    argv = [sys.executable, "-c", MAPPED, str(threshold), *map(str, sizes)]
+def mapped_apart(*cases: tuple[int, list[int]]) -> list[dict[int, bool]]:
+    """For each (threshold, sizes), in turn in one process: whether a CPU tensor of each size (bytes) is mapped
+    apart under that threshold."""
+    argv = [sys.executable, "-c", MAPPED, json.dumps(cases)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    return {int(size): mapped for size, mapped in json.loads(result.stdout).items()}
+    return [{int(size): mapped for size, mapped in case.items()} for case in json.loads(result.stdout)]
 
 
 def test_a_steps_largest_activation_stays_in_the_heap_and_a_larger_gathered_weight_is_mapped_apart():
     activation = 4 << 20  # the peers' Llama: 8 x 128 tokens x its MLP's 1024, in fp32
     threshold = mapped_apart_from(activation)
     weight = threshold + (1 << 20)
+    before, now = mapped_apart((MAPPED_APART_BYTES, [activation, weight]), (threshold, [activation, weight]))
     # with 4 MiB, as before, the activation was faulted in afresh at each of its allocations
-    assert mapped_apart(MAPPED_APART_BYTES, activation, weight) == {activation: True, weight: True}
-    assert mapped_apart(threshold, activation, weight) == {activation: False, weight: True}
+    assert before == {activation: True, weight: True}
+    assert now == {activation: False, weight: True}
 
 
 def test_the_threshold_is_never_below_4_mib_nor_above_glibcs_highest():
