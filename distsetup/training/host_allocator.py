@@ -1,7 +1,7 @@
 """How the trainer's process asks for host memory (glibc's, and torch's CPU allocator's): large CPU tensors in
-transparent huge pages; where the backend gathers weights, glibc's large allocations mapped apart; on an FSDP2 CPU
-rank without room, the heap's free pages handed back (backends/fsdp_on_cpu.py). Imports no torch: the huge pages are
-asked for before torch is."""
+transparent huge pages; where the backend gathers weights, glibc's large allocations mapped apart; the heap's free
+pages handed back, on a CPU rank once after set-up (training/trainer.py) and on an FSDP2 CPU rank without room after
+each reduce-scatter (backends/fsdp_on_cpu.py). Imports no torch: the huge pages are asked for before torch is."""
 
 import ctypes
 import functools
@@ -47,8 +47,9 @@ def map_large_tensors_apart(from_bytes: int = MAPPED_APART_BYTES) -> None:
     ZeRO-3's others peaked at 1.56 of it with glibc's own threshold, FSDP2's at 1.03: docs/benchmarks.md). Smaller
     allocations stay in the heap: mapping those too (glibc's starting threshold, 128 KiB) held a little less but
     faulted in every activation, and a small model's CPU step ran at 0.6 of the speed. Only for a backend that
-    gathers weights (distsetup/train.py): where each rank holds its weights whole, nothing of a layer's size comes
-    and goes each step. mallopt(3); another C library is left as is."""
+    gathers weights (distsetup/train.py before set-up, 4 MiB; training/trainer.py once the model is known): where
+    each rank holds its weights whole, nothing of a layer's size comes and goes each step. mallopt(3); another C
+    library is left as is."""
     if (libc := _libc()) is not None:
         libc.mallopt(M_MMAP_THRESHOLD, from_bytes)
 

@@ -1,7 +1,7 @@
 """Where the trainer's CPU tensors come from (training/host_allocator.py): with the threshold a rank whose backend
 gathers weights sets once its model is known, a step's largest activation stays in glibc's heap and a larger
 gathered weight is mapped apart, as glibc's own counters (mallinfo2's bytes in mappings) say, with torch's huge-page
-alignment on as the trainer has it. mallopt is the process's: each case runs in a process of its own."""
+alignment on as the trainer has it. mallopt is the process's: the cases run in a process of their own."""
 
 import json
 import subprocess
