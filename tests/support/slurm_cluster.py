@@ -92,6 +92,9 @@ class LocalSlurm:
             "RealMemory=2000 Gres=gpu:2 State=UNKNOWN"
             for n, p in zip(NODES, node_ports, strict=True)
         )
+        # sched_interval: SLURM holds a requeued job until its credential expires (cred_expire + 1 s), and nothing
+        # wakes the scheduler then: its main loop runs every 60 s by default, backfill every 30, which kept the
+        # requeue test's second run waiting 19-35 s; every 2 s, it starts 6 s after the requeue
         self.conf.write_text(f"""\
 ClusterName=distsetup-test
 SlurmctldHost={host}(127.0.0.1)
@@ -117,6 +120,7 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
 SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
