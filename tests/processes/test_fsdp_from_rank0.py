@@ -50,17 +50,22 @@ def tied_attempt(folder, backend: str, steps: int, lr: float, args: list | None,
 def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path, backend):
     from tied_model import build  # tests/support is on pytest's path
 
+    # DDP's copies take rank 0's buffers whatever their dtype or sharing: a float64 buffer, one two modules hold
+    odd = {"odd_buffers": True} if backend == "ddp" else {}
     # an update of 1e-30 is below fp32's resolution at these weights: the checkpoint holds the initial ones
     # (the run config refuses lr 0)
-    out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30, model_args={"checkpoint_ballast_mib": BALLAST_MIB})
+    model_args = {"checkpoint_ballast_mib": BALLAST_MIB, **odd}
+    out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30, model_args=model_args)
     # rank 1 built it on the meta device only (and, under ZeRO-3, its partitions), never whole; rank 0 on the CPU
     assert {line.split()[1] for line in built if line.startswith("1 ")} == (
         {"meta", "partitioned"} if backend == "zero3" else {"meta"}
     ), built
     assert "0 cpu" in built, built
     torch.manual_seed(SEED)
-    expected = build().state_dict()
+    # the checkpoint holds the float64 buffer in the run's precision, fp32
+    expected = {name: t.float() for name, t in build(**odd).state_dict().items()}
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
+    assert saved.keys() == expected.keys()
     for name, tensor in saved.items():  # the same values (a zero bias moved by the update's 1e-30 alone)
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-28, msg=name)
     assert "scale" in saved and len(losses(out)) == 1  # the forward checked the non-persistent buffer
@@ -86,12 +91,9 @@ def test_a_tied_weight_stays_one_weight_through_training_and_evaluation(tmp_path
     assert sorted(gathered) == [["0", "0"]] * 3 + [["1", "0"]] * 3, gathered
 
 
-def test_ddp_copies_take_rank_0s_buffers_whatever_their_dtype_or_sharing_and_ranks_built_otherwise_stop(tmp_path):
-    """Rank 0 builds its values on the CPU, the others on the meta device: a float64 buffer and a buffer two modules
-    hold reach every rank's copy; a builder that builds other shapes on another rank is one line, not a hang."""
-    out, _ = tied_run(tmp_path, "ddp", steps=1, lr=1e-30, model_args={"odd_buffers": True})
-    assert len(losses(out)) == 1
-    (tmp_path / "out").rename(tmp_path / "out-first")
+def test_ranks_that_built_the_model_otherwise_stop_in_one_line(tmp_path):
+    """Rank 0 builds its values on the CPU, the others on the meta device: a builder that builds other shapes on
+    another rank is one line, not a hang."""
     refused = tied_attempt(tmp_path, "ddp", 1, 1e-30, None, {"wider_on_rank": 1})
     said = [line for line in refused.stderr.splitlines() if "built the model differently" in line]
     assert refused.returncode != 0 and said and "extra.weight" in said[0], refused.stderr[-3000:]

@@ -7,9 +7,9 @@ import json
 import shutil
 
 import pytest
-from train_runs import train, write_run_config
+from train_runs import STEPS, shared_run, train, write_run_config
 
-from distsetup.formats.checkpoint_folder import MARKER
+from distsetup.formats.checkpoint_folder import MARKER, step_dir
 
 NEWER = {"written_by_version": "9.9", "data_files": {"train": "a.bin"}}  # what a newer distsetup might add
 
@@ -25,12 +25,12 @@ def strict_json(text: str):
 
 @pytest.fixture(scope="module")
 def older_checkpoint(tmp_path_factory):
-    """A one-step run's output folder, its checkpoint's marker made as another distsetup would write it."""
-    folder = tmp_path_factory.mktemp("one_step")
-    config = write_run_config(folder, "single", max_steps=1, checkpoint_interval=1)
-    result = train(config, 1)
-    assert result.returncode == 0, result.stderr[-3000:]
-    marker = folder / "out" / "checkpoints" / "step_0000001" / MARKER
+    """A copy of the session's finished one-process run, its last checkpoint's marker made as another distsetup
+    would write it; its config (the shared run's, writing into the copy)."""
+    folder = tmp_path_factory.mktemp("older")
+    shutil.copytree(shared_run("single"), folder / "out")
+    config = write_run_config(folder, "single")
+    marker = step_dir(folder / "out" / "checkpoints", STEPS) / MARKER
     raw = json.loads(marker.read_text())
     del raw["loss"]
     raw["sampler"] = {"epoch": 0}  # a data position without the samples read
@@ -42,14 +42,14 @@ def test_a_run_resumed_at_its_last_step_from_an_older_marker_writes_valid_json(t
     shutil.copytree(older_checkpoint.parent / "out", tmp_path / "out")
     result = train(older_checkpoint, 1, f"training.output_dir={tmp_path / 'out'}")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "(step 1)" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]
+    assert f"(step {STEPS})" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]
     summary = strict_json((tmp_path / "out" / "summary.json").read_text())
-    assert summary["steps"] == 1 and summary["final_loss"] is None  # no step ran, and the marker held no loss
+    assert summary["steps"] == STEPS and summary["final_loss"] is None  # no step ran, and the marker held no loss
 
 
 def test_checkpoint_convert_keeps_the_marker_keys_it_does_not_know(run_cli, tmp_path, older_checkpoint):
     result = run_cli("checkpoint", "convert", older_checkpoint.parent / "out", "--to", "fsdp", "-o", tmp_path / "new")
     assert result.exit_code == 0, result.output
-    converted = json.loads((tmp_path / "new" / "checkpoints" / "step_0000001" / MARKER).read_text())
+    converted = json.loads((step_dir(tmp_path / "new" / "checkpoints", STEPS) / MARKER).read_text())
     assert {key: converted.get(key) for key in NEWER} == NEWER
     assert converted["backend"] == "fsdp" and converted["sampler"] == {"epoch": 0}

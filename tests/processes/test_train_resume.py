@@ -81,12 +81,10 @@ DAMAGE = {
 
 
 @pytest.fixture(scope="module")
-def finished_single_run(tmp_path_factory):
-    """A finished one-process run with checkpoints at steps 10, 20 and 30."""
-    folder = tmp_path_factory.mktemp("single")
-    config = write_run_config(folder, "single")
-    assert train(config, 1).returncode == 0
-    return config
+def finished_single_run():
+    """The config of the session's finished one-process run (checkpoints at steps 10, 20 and 30), which each test
+    copies and resumes elsewhere."""
+    return shared_run("single").parent / "config.yaml"
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))

@@ -351,6 +351,7 @@ FEATURE_RUNS = {
             "SIZE_BASED_WRAP",
             "--min_num_params",
             "5000",
+            "--cpu_offload",  # ignored on the CPU, in a note (test_train_features)
         ),
         {},
         None,
