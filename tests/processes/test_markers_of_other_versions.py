@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from train_runs import STEPS, shared_run, train, write_run_config
+from train_runs import STEPS, copied_run, train
 
 from distsetup.formats.checkpoint_folder import MARKER, step_dir
 
@@ -28,8 +28,7 @@ def older_checkpoint(tmp_path_factory):
     """A copy of the session's finished one-process run, its last checkpoint's marker made as another distsetup
     would write it; its config (the shared run's, writing into the copy)."""
     folder = tmp_path_factory.mktemp("older")
-    shutil.copytree(shared_run("single"), folder / "out")
-    config = write_run_config(folder, "single")
+    config = copied_run("single", folder)
     marker = step_dir(folder / "out" / "checkpoints", STEPS) / MARKER
     raw = json.loads(marker.read_text())
     del raw["loss"]

@@ -3,23 +3,15 @@ take it, and a checkpoint of a model of another shape, each one clear line; and 
 which needs a process group, takes a free port rather than torch's default 29500."""
 
 import json
-import shutil
 import socket
-from pathlib import Path
 
-from train_runs import GLOBAL_BATCH, assert_clean_error, ds_file, shared_run, train, write_run_config
-
-
-def finished_single_run(folder: Path) -> Path:
-    """The session's finished one-process run copied into folder/out; its config, writing there."""
-    shutil.copytree(shared_run("single"), folder / "out")
-    return write_run_config(folder, "single")
+from train_runs import GLOBAL_BATCH, assert_clean_error, copied_run, ds_file, train, write_run_config
 
 
 def test_checkpoint_another_backend_wrote_into_deepspeed_runs_that_cannot_take_it(tmp_path):
     """Conversions load DeepSpeed's universal format, which a run offloading its optimizer to NVMe cannot; a
     DeepSpeed file's own scheduler cannot continue distsetup's schedule."""
-    config = finished_single_run(tmp_path)
+    config = copied_run("single", tmp_path)
     metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
     one_rank = {**ds_file(2), "train_micro_batch_size_per_gpu": GLOBAL_BATCH}
     one_rank["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path)}
@@ -35,7 +27,7 @@ def test_checkpoint_another_backend_wrote_into_deepspeed_runs_that_cannot_take_i
 
 
 def test_checkpoint_of_a_model_of_another_shape(tmp_path):
-    config = finished_single_run(tmp_path)
+    config = copied_run("single", tmp_path)
     metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
     result = train(config, 1, "model.n_layer=3")
     assert_clean_error(result, "holds a model with model.n_layer 2; this run config says 3", "trained with")

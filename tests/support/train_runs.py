@@ -204,6 +204,13 @@ def shared_run(name: str) -> Path:
     return SHARED / name / "out"
 
 
+def copied_run(name: str, folder: Path) -> Path:
+    """Shared run `name`, finished, copied into folder/out (to damage, resume or refuse without touching it); its
+    config, writing there."""
+    shutil.copytree(shared_run(name), folder / "out")
+    return write_run_config(folder, name)
+
+
 def losses(output_dir: Path) -> list[float]:
     """The last logged training loss of each step (a resumed run logs some steps twice)."""
     by_step = {}
