@@ -4,7 +4,6 @@ weights (kill -9 at random moments, resumed to the same weights: test_faults.py)
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from train_runs import (
     REPO,
     STEPS,
     command,
+    copied_run,
     environment,
     final_weights,
     losses,
@@ -80,21 +80,14 @@ DAMAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def finished_single_run():
-    """The config of the session's finished one-process run (checkpoints at steps 10, 20 and 30), which each test
-    copies and resumes elsewhere."""
-    return shared_run("single").parent / "config.yaml"
-
-
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, finished_single_run, damage):
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage):
     out = tmp_path / "out"
-    shutil.copytree(finished_single_run.parent / "out", out)
+    config = copied_run("single", tmp_path)  # checkpoints at steps 10, 20 and 30
     DAMAGE[damage](out / "checkpoints" / f"step_{STEPS:07d}")
     (out / "checkpoints" / "step_backup").mkdir()  # a folder a user made by hand: not a checkpoint
     (out / "checkpoints" / "step_backup" / "COMPLETE").write_text("{}")
-    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    result = train(config, 1, f"training.max_steps={STEPS + 2}")
     assert result.returncode == 0, result.stderr[-3000:]
     passed_over = [line for line in result.stdout.splitlines() if line.startswith("passed over damaged checkpoint")]
     assert len(passed_over) == 1 and f"step_{STEPS:07d}" in passed_over[0], result.stdout[-2000:]
@@ -102,23 +95,23 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, finish
     assert len(losses(out)) == STEPS + 2
 
 
-def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_path, finished_single_run):
+def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_path):
     out = tmp_path / "out"
-    shutil.copytree(finished_single_run.parent / "out", out)
+    config = copied_run("single", tmp_path)  # checkpoints at steps 10, 20 and 30
     marker = out / "checkpoints" / f"step_{STEPS:07d}" / "COMPLETE"
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "sampler"}))
-    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    result = train(config, 1, f"training.max_steps={STEPS + 2}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"(step {STEPS})" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]
     assert len(losses(out)) == STEPS + 2
 
 
-def test_content_damage_of_the_same_size_is_one_line_naming_the_folder(tmp_path, finished_single_run):
+def test_content_damage_of_the_same_size_is_one_line_naming_the_folder(tmp_path):
     out = tmp_path / "out"
-    shutil.copytree(finished_single_run.parent / "out", out)
+    config = copied_run("single", tmp_path)  # checkpoints at steps 10, 20 and 30
     rng = out / "checkpoints" / f"step_{STEPS:07d}" / "rng_rank0.pt"
     rng.write_bytes(b"\xff" * rng.stat().st_size)
-    result = train(finished_single_run, 1, f"training.output_dir={out}", f"training.max_steps={STEPS + 2}")
+    result = train(config, 1, f"training.max_steps={STEPS + 2}")
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"cannot load checkpoint {rng.parent}" in lines[0] and "--no_resume" in lines[0]

@@ -94,7 +94,7 @@ class LocalSlurm:
         )
         # sched_interval: SLURM holds a requeued job until its credential expires (cred_expire + 1 s), and nothing
         # wakes the scheduler then: its main loop runs every 60 s by default, backfill every 30, which kept the
-        # requeue test's second run waiting 19-35 s; every 2 s, it starts 6 s after the requeue
+        # requeue test's second run waiting 19 s; every 2 s, it starts 6 s after the requeue
         self.conf.write_text(f"""\
 ClusterName=distsetup-test
 SlurmctldHost={host}(127.0.0.1)
