@@ -2,8 +2,6 @@
 
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.data.datasets import Datasets, ShardedSampler
 from distsetup.training.data.loader import StepLoader
@@ -11,13 +9,14 @@ from distsetup.training.loss.objective import PythonObjective, TokenObjective
 from distsetup.training.metrics import MetricsLog, StepTimer
 from distsetup.training.model.throughput import mfu
 from distsetup.training.preemption import PREEMPTED
+from distsetup.training.progress import Progress
 from distsetup.training.world import StepAgreement
 
 
 @dataclass
 class Loop:
     """What set-up made for the loop (Trainer._set_up): the data and the order ranks read it in, the objective, the
-    FLOPs and peak MFU is computed from, and the loader, metrics, progress bar, timer and per-step agreement."""
+    FLOPs and peak MFU is computed from, and the loader, metrics, progress, timer and per-step agreement."""
 
     data: Datasets
     sampler: ShardedSampler
@@ -25,7 +24,7 @@ class Loop:
     flops: float | None  # training FLOPs per token or sample
     peak: float | None  # the device's peak TFLOP/s in the run's precision
     metrics: MetricsLog
-    bar: tqdm
+    progress: Progress
     loader: StepLoader
     # the timer leaves checkpoints and evaluations out, and waits for the GPU's queued work wherever it reads time
     timer: StepTimer
@@ -56,6 +55,6 @@ class Loop:
     def close(self, status: int) -> None:
         try:
             self.loader.close()
-            self.bar.close()
+            self.progress.close()
         finally:  # also when training raised: the last metrics line reaches the disk
             self.metrics.close(status, preempted=status == PREEMPTED)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, resume_point
@@ -33,6 +32,7 @@ from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import device_peak_tflops, mfu
 from distsetup.training.model_setup import check_model_fits, flops_per_item, largest_activation_bytes, whole_model
 from distsetup.training.preemption import PREEMPTED, Preemption, tell_the_entry_point
+from distsetup.training.progress import Progress
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
 from distsetup.training.world import (
@@ -135,7 +135,7 @@ class Trainer:
         if loop.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 loop.pending.finish(self.world, self.backend)
-        loop.bar.close()
+        loop.progress.close()
         self._summarize(loop, self._host_peaks())
         return 0
 
@@ -149,7 +149,7 @@ class Trainer:
         self.backend.step()
         self.step += 1
         loop.timer.step_done()
-        loop.bar.update(1)
+        loop.progress.step_done()
         return micro_losses, loss_scale
 
     def forward_backward(self, loop: Loop, batches: list, weights: Sequence[float | torch.Tensor]) -> list[MicroLoss]:
@@ -163,7 +163,7 @@ class Trainer:
     # -- set-up, after the process group ----------------------------------------------------------------------
     def _set_up(self) -> Loop:
         """The checkpoint to resume (decided by rank 0), the data, the model wrapped by the backend, the state
-        loaded, and what the loop keeps (metrics, progress bar, loader, timer)."""
+        loaded, and what the loop keeps (metrics, progress, loader, timer)."""
         self.backend.fit_to_the_model(self.model_description.parameters)
         resume = self._resume_decision()
         self._say_backend()
@@ -175,16 +175,27 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         wandb = wandb_settings(self.cfg, resume is not None, self.max_steps)
         metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb)
-        bar = tqdm(total=self.max_steps, initial=self.step, disable=not self.world.is_main, dynamic_ncols=True)
+        progress = Progress(self.max_steps, self.step, shown=self.world.is_main)
         try:  # what the Loop closes, closed here until there is one
             timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
             loader = StepLoader(data.train, sampler, data.collate, self.cfg.data.num_workers, self.backend.placement)
         except BaseException:
-            bar.close()
+            progress.close()
             metrics.close(1)
             raise
         loop = Loop(
-            data, sampler, objective, flops, peak, metrics, bar, loader, timer, agreement, self.step, (self.step, 0.0)
+            data,
+            sampler,
+            objective,
+            flops,
+            peak,
+            metrics,
+            progress,
+            loader,
+            timer,
+            agreement,
+            self.step,
+            (self.step, 0.0),
         )
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -327,7 +338,7 @@ class Trainer:
         throughput = {f"{loop.objective.unit}_per_s": per_s}
         mfu_now = mfu(per_s, loop.flops, self.world.size, loop.peak) if loop.flops else None
         loop.metrics.write(self.step, **terms, lr=lr, **throughput, mfu=mfu_now, loss_scale=loss_scale)
-        loop.bar.set_postfix(loss=f"{self.loss:.4f}", lr=f"{lr:.2e}")
+        loop.progress.logged(self.step, self.loss, lr, per_s, loop.objective.unit)
 
     def _items_per_step(self, loop: Loop) -> int:
         """What throughput counts in one step: tokens (token data) or samples."""
@@ -340,7 +351,7 @@ class Trainer:
         loop.metrics.write(self.step, "eval", **result)
         if self.world.is_main:
             perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
-            loop.bar.write(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
+            loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
     def _checkpoint(self, loop: Loop, background: bool) -> None:
         with self.training_peak.left_out(self.step), loop.timer.checkpointing():

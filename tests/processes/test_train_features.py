@@ -68,6 +68,18 @@ def test_accumulating_runs_match_the_single_process_curve(name):
     assert reference[-1] < reference[0] - 0.1, reference
 
 
+def test_a_run_logged_to_a_file_prints_a_line_per_logged_step_and_no_bar():
+    """Its output is a pipe, as a job's log is: rank 0 prints each logged step's figures once, the loss as
+    metrics.jsonl has it, and no bar redraws itself with carriage returns."""
+    result = feature_attempt("acc_ddp_ckpt")
+    printed = re.findall(r"^step (\d+)/(\d+): loss (\S+), lr \S+, \S+ tokens/s$", result.stdout, re.M)
+    logged = losses(feature_run("acc_ddp_ckpt"))
+    assert [int(step) for step, _, _ in printed] == list(range(1, FEATURE_STEPS + 1))  # log_interval 1, rank 0 alone
+    assert {int(total) for _, total, _ in printed} == {FEATURE_STEPS}
+    assert [float(loss) for _, _, loss in printed] == pytest.approx(logged, abs=5e-5)
+    assert "\r" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("name", ["acc_ddp_ckpt", "acc_fsdp_ckpt_full_sd"])
 def test_activation_checkpointing_was_on(name):
     """Same losses (above); and a block keeps only its input: far fewer bytes saved for backward."""

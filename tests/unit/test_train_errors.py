@@ -111,9 +111,9 @@ def test_fsdp_file_with_impossible_values_is_refused(tmp_path):
     assert_clean_error(result, "fsdp.json", "fsdp_", "distsetup validate")
 
 
-def test_an_error_mid_training_closes_the_progress_bar_and_keeps_the_metrics(tmp_path):
-    """An error during training closes the progress bar (the error line starts a line of its own) and the metrics
-    file. Here the checkpoint of step 2 cannot be written: a file is where it goes."""
+def test_an_error_mid_training_closes_its_progress_and_keeps_the_metrics(tmp_path):
+    """An error during training closes rank 0's progress (in a terminal its bar: the error line starts a line of its
+    own) and the metrics file. Here the checkpoint of step 2 cannot be written: a file is where it goes."""
     config = write_run_config(tmp_path, "single")
     checkpoints = tmp_path / "out" / "checkpoints"
     checkpoints.mkdir(parents=True)
