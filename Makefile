@@ -39,7 +39,7 @@ constraints: venv
 		--extra train --extra hf --extra test --extra lint --extra docs --pip-args "--no-build-isolation" \
 		--output-file $(CONSTRAINTS) setup.cfg requirements/ci.in
 
-# Lint first in CI (`make lint docs test`): ruff's rules and format, then mypy's types.
+# Lint in CI (`make -j2 lint docs test`, beside the ops' compile): ruff's rules and format, then mypy's types.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
