@@ -17,10 +17,15 @@ def test_a_log_gets_a_line_per_logged_step_and_no_bar(capsys):
     for _ in (41, 42):
         progress.step_done()
     progress.logged(42, 0.123456, 3e-4, 51234.5, "tokens")
-    progress.say("step 42: validation loss 0.2000")
+    progress.logged(43, 0.1, 2e-4, 6.0, "samples", mfu=0.4567)
+    progress.say("step 43: validation loss 0.2000")
     progress.close()
     printed = capsys.readouterr().out.splitlines()
-    assert printed == ["step 42/100: loss 0.1235, lr 3.00e-04, 5.12e+04 tokens/s", "step 42: validation loss 0.2000"]
+    assert printed == [
+        "step 42/100: loss 0.1235, lr 3.00e-04, 5.12e+04 tokens/s",  # MFU not known (a CPU without a peak)
+        "step 43/100: loss 0.1000, lr 2.00e-04, 6 samples/s, MFU 45.7%",
+        "step 43: validation loss 0.2000",
+    ]
     assert log.getvalue() == ""  # no bar drawn where a terminal would be
 
 
