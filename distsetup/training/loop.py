@@ -30,9 +30,13 @@ class Loop:
     timer: StepTimer
     agreement: StepAgreement
     first_step: int
-    logged: tuple[int, float]  # the step and training seconds of the last log line: throughput since then
     pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
     evals: list[dict] = field(default_factory=list)
+    # the step and training seconds of the last log line (throughput is since then); the first step's at first
+    logged: tuple[int, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logged = (self.first_step, 0.0)
 
     def figures(self, step: int, world_size: int, items_per_step: int) -> dict:
         """The loop's figures for summary.json at step `step`: its evaluations, its pace since set-up (items: tokens

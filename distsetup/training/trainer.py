@@ -183,20 +183,7 @@ class Trainer:
             progress.close()
             metrics.close(1)
             raise
-        loop = Loop(
-            data,
-            sampler,
-            objective,
-            flops,
-            peak,
-            metrics,
-            progress,
-            loader,
-            timer,
-            agreement,
-            self.step,
-            (self.step, 0.0),
-        )
+        loop = Loop(data, sampler, objective, flops, peak, metrics, progress, loader, timer, agreement, self.step)
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
         self.setup_peak = memory.host_peak_bytes()
