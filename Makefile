@@ -17,12 +17,16 @@ DEMO_PROCS ?= 2
 # (`make constraints` refreshes it); users' own installs keep the ranges.
 CONSTRAINTS := requirements/constraints.txt
 
-$(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
+# torch first, the CPU build (an unpinned torch pulls the CUDA wheels), then DeepSpeed built against it: all that
+# DeepSpeed's CPU ops need, so that `make -j2` compiles them while pip installs the rest.
+$(VENV)/.deepspeed: $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) pip setuptools wheel
-	# torch first, the CPU build (an unpinned torch pulls the CUDA wheels), then DeepSpeed built against it.
 	$(PY) -m pip install -q -c $(CONSTRAINTS) torch
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-build-isolation deepspeed
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.deepspeed setup.cfg pyproject.toml
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train,hf,test,lint,docs]'
 	touch $@
 
@@ -30,7 +34,7 @@ venv: $(VENV)/.installed
 
 # DeepSpeed's CPU ops (CPU Adam, fused Adam, shared-memory collectives), compiled at set-up rather than by
 # whichever test first needs them; a no-op once built.
-ops: venv
+ops: $(VENV)/.deepspeed
 	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A, FusedAdamBuilder as F, ShareMemCommBuilder as S; [b().load(verbose=False) for b in (A, F, S)]"
 
 constraints: venv
