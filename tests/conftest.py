@@ -8,8 +8,9 @@ tests/gpu/        need a CUDA GPU: marked `gpu` (and `slow`) here, and deselecte
                   in the GPU check's dry run (GPU_CHECK_DRY=1: gpu/check.py), which runs them on the CPU
 tests/support/    helpers and data, imported as top-level modules (setup.cfg: pythonpath = tests/support)
 
-`make test` runs them on two pytest-xdist workers (`--dist loadfile`): a test module stays on one worker, so the tests
-of the one SLURM cluster share a module; runs shared between modules are made once for both workers (train_runs.py).
+`make test` runs them on three pytest-xdist workers (`--dist loadfile`): a test module stays on one worker, so the
+tests of the one SLURM cluster share a module; runs shared between modules are made once for every worker
+(train_runs.py).
 """
 
 import json
