@@ -57,16 +57,16 @@ docs: venv
 # The whole suite (under 20 minutes on 2 cores); test-fast is its in-process tier, tests/unit/ (tests/processes/
 # starts torchrun, deepspeed, sbatch), and takes under 3 minutes. Three pytest-xdist workers on 2 cores: a test that
 # starts processes waits on their start-up and their collectives as much as it computes, and a third worker fills
-# those waits (the suite in 14:43, against 16:20 and 16:41 with two in the runs just before); the in-process tier
-# computes only: two workers. A test module stays on one worker (tests/conftest.py says why).
+# those waits (docs/development.md has the times); the in-process tier computes only: two workers. A test module
+# stays on one worker (tests/conftest.py says why).
 TEST_WORKERS ?= 3
 FAST_TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadfile
+XDIST := --dist loadfile
 test: venv ops
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(XDIST)
 
 test-fast: venv
-	$(PY) -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile tests/unit
+	$(PY) -m pytest -q -n $(FAST_TEST_WORKERS) $(XDIST) tests/unit
 
 # The README's main job: a ZeRO-2 config and a launcher for this machine, then the run itself.
 demo: venv
