@@ -288,12 +288,19 @@ def test_plan_never_imports_torch():
     assert heavy_imports(args, ("torch", "deepspeed", "pynvml")) == ([], 0)
 
 
-def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli):
-    result = run_cli("plan", "--params", "1B", "--num_gpus", "2")
-    if result.exit_code == 0:  # a machine with GPUs: their memory was used
-        assert "GPU(s) of" in result.stdout
-    else:
-        assert "no NVIDIA GPU" in result.output or "nvidia-ml-py" in result.output
+def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli, tmp_path):
+    """Without --gpu_memory the plan is for this machine's GPUs; where it has none (a laptop, a login node, CI), the
+    error says how to plan for the GPUs the run will use, before a run config's model is counted (with torch)."""
+    config = tmp_path / "config.yaml"
+    config.write_text("model: {n_layer: 2, n_embd: 64, n_head: 2, block_size: 32, vocab_size: 128}\n")
+    for args in (["--params", "1B", "--num_gpus", "2"], ["--config", str(config)]):
+        result = run_cli("plan", *args)
+        if result.exit_code == 0:  # a machine with GPUs: their memory was used
+            assert "GPU(s) of" in result.stdout
+            continue
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert "no NVIDIA GPU" in result.output and "HINT: give --gpu_memory" in result.output
+        assert heavy_imports(["plan", *args], ("torch",)) == ([], 1)
 
 
 def test_bad_sizes_are_errors(run_cli):

@@ -91,8 +91,8 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_command(**o):
     """Estimate per-GPU memory for DDP, ZeRO 1-3 (+offload) and FSDP, and recommend the fastest that fits."""
+    hw = hardware_from_options(o)  # first: a missing GPU is said before the model is counted (seconds, with torch)
     model, defaults, notes = model_from_options(o)
-    hw = hardware_from_options(o)
     precision = chosen_precision(o["bf16"], o["fp16"], o["fp32"]) or defaults.get("precision", "fp32")
     global_batch = o["global_batch_size"] or (
         global_batch_of(defaults["micro_batch"], defaults["accumulation"], hw.world_size)
@@ -274,9 +274,13 @@ def hardware_from_options(o: dict) -> Hardware:
     if o["gpu_memory"]:
         memory = parse_memory(o["gpu_memory"])
     else:
-        from distsetup.planning.gpus import query_gpus
+        from distsetup.planning.gpus import NoGpuError, query_gpus
 
-        gpus = query_gpus()  # NoGpuError (a DistsetupError) says there is none
+        try:
+            gpus = query_gpus()
+        except NoGpuError as e:  # planning for GPUs elsewhere, from a laptop or a login node, is the common case
+            hint = "give --gpu_memory (e.g. 80GB) to plan for the GPUs the run will use."
+            raise DistsetupError(e.problem, hint) from None
         memory = min(g.memory_total for g in gpus)
         per_node = per_node or len(gpus)
     return Hardware(
