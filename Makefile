@@ -58,12 +58,10 @@ docs: venv
 # starts torchrun, deepspeed, sbatch), and takes under 3 minutes. Three pytest-xdist workers on 2 cores: a test that
 # starts processes waits on their start-up and their collectives as much as it computes, and a third worker fills
 # those waits (docs/development.md has the times); the in-process tier computes only: two workers. A test module
-# stays on one worker (tests/conftest.py says why), handed out in the order collected: the long process modules
-# first, the many short unit modules last to fill the end (pytest-xdist's own order, most tests first, left the
-# longest modules, of one to three tests, for last).
+# stays on one worker (tests/conftest.py says why).
 TEST_WORKERS ?= 3
 FAST_TEST_WORKERS ?= 2
-XDIST := --dist loadfile --no-loadscope-reorder
+XDIST := --dist loadfile
 test: venv ops
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(XDIST)
 
