@@ -301,6 +301,8 @@ def launch_context(spec: LaunchSpec) -> dict:
         # distsetup's trainer checks the run config and its arguments once before the launch (--check); a user's
         # program owns its arguments
         "check_config": spec.runs_default_trainer,
+        # the user's own program, whose Accelerator (if any) reads accelerate's settings; distsetup's trainer does not
+        "own_program": not spec.runs_default_trainer,
         "workdir": spec.workdir,
         "workdir_why": "where distsetup ran: relative paths here and in the run config start there",
         "workdir_missing": "(where this script was written): regenerate it in the project folder or edit WORKDIR",

@@ -140,3 +140,57 @@ def test_two_node_scripts_form_one_world(run_cli, tmp_path, method):
         assert f"node {rank} of 2" in out
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
+
+
+# A user's own Accelerate program: each process writes what its Accelerator made of the world, and its weights.
+ACCELERATE_PROGRAM = """\
+import json
+import sys
+
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+inputs = torch.randn(64, 4)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, inputs.sum(-1, keepdim=True)), batch_size=8)
+model, optimizer, data = accelerator.prepare(model, optimizer, data)
+batches = 0
+for x, y in data:
+    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+    optimizer.step()
+    optimizer.zero_grad()
+    batches += 1
+seen = {"processes": accelerator.num_processes, "type": str(accelerator.distributed_type), "batches": batches}
+seen.update(wrapped=type(model).__name__, weights=accelerator.unwrap_model(model).weight.tolist())
+with open(f"{sys.argv[1]}/process{accelerator.process_index}.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, tmp_path, monkeypatch):
+    """Without a GPU, Accelerate forms a world of CPU processes only when told to (ACCELERATE_USE_CPU): the script
+    tells it, so the program's Accelerator trains 2 CPU processes as one DDP world (each takes half the batches and
+    the weights agree), not as two worlds of one. Accelerate applies FSDP to GPU processes only: the script says so."""
+    (tmp_path / "own_train.py").write_text(ACCELERATE_PROGRAM)
+    monkeypatch.chdir(tmp_path)  # the script's folder, where it starts the program
+    script = tmp_path / "run.sh"
+    assert run_cli("fsdp", "-o", "fsdp.json").exit_code == 0
+    generated = run_cli(
+        "launcher", "--script", "own_train.py", "--launch_method", "accelerate", "--use_fsdp", "--fsdp_config",
+        "fsdp.json", "--num_gpus_per_node", 2, "--master_port", free_port(), "-o", script,
+    )  # fmt: skip
+    assert generated.exit_code == 0, generated.output
+    env = {**run_env(), "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, on any machine
+    result = subprocess.run(
+        ["bash", str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Accelerate applies FSDP to GPU processes only" in result.stderr
+    seen = [json.loads((tmp_path / f"process{index}.json").read_text()) for index in (0, 1)]
+    for process in seen:
+        assert process["processes"] == 2 and process["type"] == "DistributedType.MULTI_CPU", process
+        assert process["wrapped"] == "DistributedDataParallel" and process["batches"] == 4, process
+    assert seen[0]["weights"] == seen[1]["weights"]

@@ -56,5 +56,10 @@ PYTHON="${PYTHON%/*}/python3"
 echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(accelerate launch --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
+# Without a GPU an Accelerator forms a world of CPU processes (gloo) only when told to: otherwise each process
+# trains alone, a world of one.
+if [[ -z "${ACCELERATE_USE_CPU:-}" ]] && { [[ "${CUDA_VISIBLE_DEVICES-unset}" == "" ]] || ! nvidia-smi -L >/dev/null 2>&1; }; then
+  export ACCELERATE_USE_CPU=true
+fi
 LAUNCH+=(--use_deepspeed --deepspeed_config_file "$DEEPSPEED_CONFIG")
 exec "${LAUNCH[@]}" -m "$MODULE" "$@"
