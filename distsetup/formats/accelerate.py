@@ -47,6 +47,8 @@ KEYS = frozenset(
     }
 )
 OLD_KEYS = frozenset({"fp16", "dynamo_backend"})
+# Keys an older `accelerate config` wrote and Accelerate refuses now: a near spelling of another key is no fix.
+DROPPED_KEYS = frozenset({"ipex_config", "use_mps_device"})
 DISTRIBUTED_TYPES = frozenset(
     {
         "NO",
@@ -112,7 +114,13 @@ def accelerate_problems(
     """Every place `accelerate launch` would refuse the file or run something else than it says; the world is
     `world_size` processes, or num_machines x `num_gpus_per_node`."""
     problems = [
-        Problem(str(key), 'Accelerate refuses unknown keys ("had unknown keys").', suggest(str(key), KEYS))
+        Problem(
+            str(key),
+            'Accelerate refuses unknown keys ("had unknown keys").',
+            "remove it: an older `accelerate config` wrote it, Accelerate no longer reads it."
+            if key in DROPPED_KEYS
+            else suggest(str(key), KEYS),
+        )
         for key in data
         if key not in KEYS | OLD_KEYS
     ]

@@ -92,6 +92,8 @@ MULTI_NODE = {
             "deepspeed_config.deepspeed_config_file -> bf16.enabled",
             "fp16 and bf16 are both enabled",
         ),
+        # an older `accelerate config` wrote it (MULTI_CPU); its near spelling, fp8_config, is no fix
+        ({"ipex_config": {"ipex": False}}, "ipex_config", "remove it: an older `accelerate config` wrote it"),
     ],
 )
 def test_classic_accelerate_mistakes_are_named_with_their_key_and_fix(run_cli, tmp_path, change, path, words):
