@@ -106,6 +106,21 @@ def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:
     }
 
 
+def script_notes(spec: LaunchSpec, run_command: str) -> list[str]:
+    """A --script that names no file in the folder the script starts it from: refused where it is a file followed by
+    its arguments, a note otherwise (it may come later, or from another checkout; the script checks again when it
+    starts). Not for a Kubernetes job, whose script is in the image."""
+    if spec.script is None or spec.workdir is None or (Path(spec.workdir) / spec.script).is_file():
+        return []
+    program, _, arguments = spec.script.partition(" ")
+    if arguments and (Path(spec.workdir) / program).is_file():
+        raise DistsetupError(
+            f"--script {spec.script!r} is a file name followed by arguments.",
+            f"give --script {shlex.quote(program)}, and the arguments when you run it: {run_command} {arguments}",
+        )
+    return [f"--script {spec.script}: no such file in {spec.workdir} yet; the script stops with one line until it is."]
+
+
 def regenerate_command(name: str) -> str:
     """`distsetup NAME --option value ...` for the options given on the command line (for the header)."""
     ctx = click.get_current_context()

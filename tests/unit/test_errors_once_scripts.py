@@ -61,3 +61,33 @@ def test_a_users_own_program_gets_no_check_and_the_trainers_old_path_does():
         assert "--check" not in build_slurm(launch=dict(target))
     text = build_launcher_script(LaunchSpec(config="c.yaml", script="src/train.py"), command_line="d")
     assert f'"$PYTHON" "$SCRIPT" {CHECK}' in text
+
+
+@pytest.mark.parametrize("kind", ["launcher", "slurm"])
+def test_a_missing_training_script_is_one_line_before_any_launcher(tmp_path, kind):
+    """A user's --script that is not in the folder the script starts it from stops the script in one line, before
+    torchrun or srun (which would print a traceback per process); once the file is there, the launch goes on."""
+    launch = {"script": "mine.py", "workdir": str(tmp_path)}
+    launcher, env = "torchrun", {}
+    text = build_launcher_script(LaunchSpec(nproc_per_node=2, **launch), command_line="distsetup launcher")
+    if kind == "slurm":
+        launcher, env = "srun", {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+        text = build_slurm(nodes=2, gpus=2, launch=launch)
+    result = run_script(text, tmp_path, launcher, "scontrol", env=env)
+    assert result.returncode == 1 and result.stdout == "", result.stdout  # the launcher never ran
+    (line,) = [line for line in result.stderr.splitlines() if "mine.py" in line]
+    assert line.startswith(f"distsetup: no training script mine.py in {tmp_path}: create it, or regenerate"), line
+    (tmp_path / "mine.py").write_text("")
+    launched = run_script(text, tmp_path, launcher, "scontrol", env=env)
+    assert launched.returncode == 0 and launched.stdout, launched.stderr  # the launcher ran
+
+
+def test_a_script_given_with_its_arguments_is_refused_and_one_not_there_yet_noted(run_cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    refused = run_cli("launcher", "--script", "mine.py --epochs 3", "--num_gpus_per_node", 2, "-o", "run.sh")
+    assert refused.exit_code == 1 and not (tmp_path / "run.sh").exists()
+    assert "give --script mine.py, and the arguments when you run it: bash run.sh --epochs 3" in refused.output
+    noted = run_cli("launcher", "--script", "later.py", "--num_gpus_per_node", 2, "-o", "run.sh")
+    assert noted.exit_code == 0 and (tmp_path / "run.sh").exists()
+    assert f"--script later.py: no such file in {tmp_path} yet" in noted.output

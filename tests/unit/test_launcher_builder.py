@@ -254,7 +254,9 @@ def test_weird_values_survive_bash(tmp_path):
         deepspeed_config=f"{WEIRD}/ds.json",
         nproc_per_node=1,
     )
-    result = run_script(text, tmp_path, args=("extra arg", "x=$y"))
+    (tmp_path / WEIRD).mkdir(parents=True)
+    (tmp_path / WEIRD / "train.py").write_text("")  # the script checks that it is there
+    result = run_script(text, tmp_path, args=("extra arg", "x=$y"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-7:] == [
         f"{WEIRD}/train.py",

@@ -4,7 +4,13 @@ import shlex
 
 import click
 
-from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.launch_options import (
+    launch_inputs,
+    launch_options,
+    launch_spec_from_options,
+    regenerate_command,
+    script_notes,
+)
 from distsetup.cli.options import option, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.scripts.launch_plan import RDZV_BACKENDS, build_launcher_script, launch_warnings
@@ -53,7 +59,8 @@ def launcher(output, dry_run, **opts):
     """
     take_renamed(opts, "module", "python_module")
     spec, notes = launch_spec_from_options(opts)
-    text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     run_command = f"bash {shlex.quote(str(output))}"
+    notes += script_notes(spec, run_command)
+    text = build_launcher_script(spec, command_line=regenerate_command("launcher"), output=output)
     remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in launch_warnings(spec, run_command)]
     emit(text, output, dry_run, next_step=run_command, executable=True, inputs=launch_inputs(spec), remarks=remarks)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.launch_options import (
+    launch_inputs,
+    launch_options,
+    launch_spec_from_options,
+    regenerate_command,
+    script_notes,
+)
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
@@ -87,8 +93,9 @@ def slurm(output, dry_run, submit, **opts):
     if submit and (dry_run or output in (None, "-")):
         raise DistsetupError("--submit needs a script file.", "drop --dry_run / -o - or drop --submit.")
     spec, notes = slurm_spec_from_options(opts)
-    text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     run_command = f"sbatch {shlex.quote(str(output))}"
+    notes += script_notes(spec.launch, run_command)
+    text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     remarks = [f"Note: {note}" for note in notes] + [
         f"Warning: {w}" for w in launch_warnings(spec.launch, run_command) + slurm_warnings(spec)
     ]
