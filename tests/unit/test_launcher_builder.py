@@ -267,3 +267,32 @@ def test_weird_values_survive_bash(tmp_path):
         "extra arg",
         "x=$y",
     ]
+
+
+@pytest.mark.parametrize(
+    "visible, nvidia_smi, torch_sees_one, preset, told",
+    [
+        (None, 6, 1, None, "true"),  # no nvidia-smi GPU and none torch sees: CPU processes
+        ("", 0, 0, None, "true"),  # GPUs hidden
+        (None, 0, 1, None, "<unset>"),  # nvidia-smi lists GPUs
+        (None, 6, 0, None, "<unset>"),  # no NVIDIA GPU, but torch sees one (ROCm, XPU)
+        (None, 6, 1, "false", "false"),  # the user's own choice stands
+    ],
+)
+def test_accelerate_is_told_its_processes_are_cpu_ones_only_where_no_gpu_is_seen(
+    tmp_path, visible, nvidia_smi, torch_sees_one, preset, told
+):
+    text = build(script="mine.py", launch_method="accelerate", nproc_per_node=2)
+    fake = fake_tools(tmp_path, "accelerate", show_env=("ACCELERATE_USE_CPU",))
+    for tool, status in (("nvidia-smi", nvidia_smi), ("python3", torch_sees_one)):  # python3 beside accelerate
+        (fake / tool).write_text(f"#!/bin/bash\nexit {status}\n")
+        (fake / tool).chmod(0o755)
+    (tmp_path / "mine.py").write_text("")
+    env = {
+        key: value
+        for key, value in (("CUDA_VISIBLE_DEVICES", visible), ("ACCELERATE_USE_CPU", preset))
+        if value is not None
+    }
+    result = run_script(text, tmp_path, "accelerate", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == f"ACCELERATE_USE_CPU={told}"

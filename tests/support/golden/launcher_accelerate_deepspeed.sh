@@ -57,8 +57,17 @@ echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per nod
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(accelerate launch --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
 # Without a GPU an Accelerator forms a world of CPU processes (gloo) only when told to: otherwise each process
-# trains alone, a world of one.
-if [[ -z "${ACCELERATE_USE_CPU:-}" ]] && { [[ "${CUDA_VISIBLE_DEVICES-unset}" == "" ]] || ! nvidia-smi -L >/dev/null 2>&1; }; then
+# trains alone, a world of one. A GPU is one nvidia-smi lists, else one torch sees (ROCm, Intel XPU).
+sees_a_gpu() {
+  [[ "${CUDA_VISIBLE_DEVICES-unset}" != "" ]] || return 1
+  nvidia-smi -L >/dev/null 2>&1 && return 0
+  local python
+  python="$(command -v accelerate || true)"
+  python="${python%/*}/python3"
+  [[ -x "$python" ]] || python=python3
+  "$python" -c "import sys, torch; sys.exit(not (torch.cuda.is_available() or torch.xpu.is_available()))" 2>/dev/null
+}
+if [[ -z "${ACCELERATE_USE_CPU:-}" ]] && ! sees_a_gpu; then
   export ACCELERATE_USE_CPU=true
 fi
 LAUNCH+=(--use_deepspeed --deepspeed_config_file "$DEEPSPEED_CONFIG")
