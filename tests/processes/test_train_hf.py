@@ -37,6 +37,8 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_in_transformers_and_in_fsdp2_a_
         "checkpoint", "export", tmp_path / "out", "-o", exported, "--format", "hf", "--max_shard_size", "60KB"
     )
     assert result.exit_code == 0, result.output
+    plain = run_cli("checkpoint", "export", tmp_path / "out", "-o", tmp_path / "plain")  # the default format
+    assert plain.exit_code == 0 and "--format hf writes one it does" in plain.output
     loaded, info = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched key
 

@@ -91,6 +91,10 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
     else:
         used, count = export_safetensors(run, output, dtype)
     click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")
+    if layout == "safetensors" and json.loads((output / "model.json").read_text()).get("type") == "hf":
+        click.echo(
+            "note: a Hugging Face model: from_pretrained does not load this folder, --format hf writes one it does"
+        )
 
 
 @checkpoint.command("convert")
