@@ -298,11 +298,9 @@ def launch_context(spec: LaunchSpec) -> dict:
         "launch_method": spec.launch_method,
         "target": spec.target,
         "is_module": spec.script is None,
-        # distsetup's trainer checks the run config and its arguments once before the launch (--check); a user's
-        # program owns its arguments
-        "check_config": spec.runs_default_trainer,
-        # the user's own program, whose Accelerator (if any) reads accelerate's settings; distsetup's trainer does not
-        "own_program": not spec.runs_default_trainer,
+        # distsetup's trainer checks the run config and its arguments once before the launch (--check), and reads no
+        # accelerate setting; a user's program owns its arguments, and its Accelerator (if any) reads accelerate's
+        "default_trainer": spec.runs_default_trainer,
         "workdir": spec.workdir,
         "workdir_why": "where distsetup ran: relative paths here and in the run config start there",
         "workdir_missing": "(where this script was written): regenerate it in the project folder or edit WORKDIR",
