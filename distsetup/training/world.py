@@ -75,17 +75,12 @@ def init_process_group(
     # nobody else joins, any free port: two such runs on one machine must not both take 29500.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()) if world.size == 1 else "29500")
-    # ...and DeepSpeed asserts LOCAL_RANK is set, which only a launcher does: describe the plain run to it. LOCAL_SIZE
-    # is the deepspeed launcher's name for the processes on this node, which DeepSpeed's CPU accelerator takes as its
-    # device count: without it (torchrun sets none) it asks `numactl` in a subprocess at every gradient reduction,
-    # counts NUMA nodes instead, and each subprocess resets Python's warning registry, so a warning meant to show
-    # once per process shows once per step.
+    # ...and DeepSpeed asserts LOCAL_RANK is set, which only a launcher does: describe the plain run to it.
     for key, value in (
         ("RANK", world.rank),
         ("LOCAL_RANK", world.local_rank),
         ("WORLD_SIZE", world.size),
         ("LOCAL_WORLD_SIZE", world.local_size),
-        ("LOCAL_SIZE", world.local_size),
     ):
         os.environ.setdefault(key, str(value))
     if device.type == "cuda":  # read when an NCCL group is made: this one and every group made after it

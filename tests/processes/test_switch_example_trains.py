@@ -1,30 +1,16 @@
-"""examples/switch_moe as shipped, on 2 processes, under DDP and under ZeRO-3 (its README's two commands): its router
-learns (the load-balancing loss is logged and the cross-entropy falls), and MFU, which the FLOP counter cannot follow
-through a routing the data decides, is left out with one note. A warning shows at most once per rank, not once per
-step (DeepSpeed's CPU accelerator, asked for its device count at every gradient reduction, ran `numactl` in a
-subprocess each time, which reset Python's record of the warnings shown: torch's deprecation of the collectives
-DeepSpeed calls came 300 times per rank in the README's 150 steps)."""
+"""examples/switch_moe as shipped, on 2 processes: its router learns (the load-balancing loss is logged and the
+cross-entropy falls), and MFU, which the FLOP counter cannot follow through a routing the data decides, is left
+out with one note."""
 
 import json
-import re
 
-import pytest
 from repo import REPO
 from train_runs import train
 
 EXAMPLES = REPO / "examples"
 
 
-@pytest.mark.parametrize("backend", ["ddp", "zero3"])
-def test_the_switch_example_trains_with_its_own_router_on_two_ranks(run_cli, tmp_path, backend):
-    zero3 = []
-    if backend == "zero3":  # the README's file
-        ds = tmp_path / "ds_switch.json"
-        made = run_cli(
-            "deepspeed", "--zero_stage", 3, "--world_size", 2, "--micro_batch_size", 8, "--optimizer", "none", "-o", ds
-        )  # fmt: skip
-        assert made.exit_code == 0, made.output
-        zero3 = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={ds}"]
+def test_the_switch_example_trains_with_its_own_router_on_two_ranks(tmp_path):
     result = train(
         EXAMPLES / "switch_moe" / "config.yaml",
         2,
@@ -32,7 +18,6 @@ def test_the_switch_example_trains_with_its_own_router_on_two_ranks(run_cli, tmp
         "training.log_interval=4",
         "training.peak_tflops=0.5",
         f"training.output_dir={tmp_path / 'out'}",
-        *zero3,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # the FLOP counter cannot follow a routing decided by the data on the meta device: MFU is left out, said once
@@ -42,5 +27,3 @@ def test_the_switch_example_trains_with_its_own_router_on_two_ranks(run_cli, tmp
     assert [row["step"] for row in trained] == [4, 8, 12] and all("mfu" not in row for row in trained)
     assert trained[-1]["ce_loss"] < trained[0]["ce_loss"] and all(row["aux_loss"] > 0 for row in trained)
     assert any("val_loss" in row for row in rows)
-    warnings = re.findall(r"\w+Warning: .*", result.stderr)
-    assert all(warnings.count(warning) <= 2 for warning in warnings), sorted(set(warnings))
