@@ -9,6 +9,7 @@ torch backends do.
 """
 
 import contextlib
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -92,7 +93,22 @@ class DeepSpeedBackend(Backend):
     def construct(
         self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None
     ) -> nn.Module:
+        self._join_deepspeed_comm()
         return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
+
+    def _join_deepspeed_comm(self) -> None:
+        """DeepSpeed's communication onto the run's process group (else its config reads a world of 1), and only then
+        LOCAL_SIZE, the deepspeed launcher's name for the processes on this node, where no launcher set it.
+
+        DeepSpeed's CPU accelerator takes LOCAL_SIZE as its device count; without it (torchrun sets none) it asks
+        `numactl` in a subprocess at every ZeRO-3 gradient reduction and counts NUMA nodes instead, and each
+        subprocess resets Python's record of the warnings shown, so a warning meant once per process came once per
+        step. Set before this join, it would turn on DeepSpeed's shared-memory all-reduce, whose /dev/shm buffers
+        (69 MB a rank) are never unlinked."""
+        import deepspeed
+
+        deepspeed.init_distributed()
+        os.environ.setdefault("LOCAL_SIZE", str(self.world.local_size))
 
     def fit_to_the_model(self, parameters: int) -> None:
         """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its
@@ -158,6 +174,7 @@ class DeepSpeedBackend(Backend):
     def wrap(self, parts: ModelParts, steps: int) -> None:
         import deepspeed
 
+        self._join_deepspeed_comm()
         model = parts.module
         self._prepare_blocks(model, parts.blocks)
         self._handle_conditional(parts.conditional)

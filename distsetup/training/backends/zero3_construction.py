@@ -16,13 +16,13 @@ def partitioned(
     is_main: bool,
     device: torch.device,
 ) -> nn.Module:
-    """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file `ds_config`): each parameter
-    partitioned as it is created; then rank 0's values (its `whole` model: the run's seed on the CPU, --init_from's
-    or a Hugging Face folder's weights; or, where `source` holds every parameter, read from it one at a time) put
-    into every rank's partitions, one parameter at a time, and every buffer broadcast from rank 0."""
+    """The model built inside deepspeed.zero.Init (with this run's DeepSpeed file `ds_config`, on the process group
+    DeepSpeed's communication has joined): each parameter partitioned as it is created; then rank 0's values (its
+    `whole` model: the run's seed on the CPU, --init_from's or a Hugging Face folder's weights; or, where `source`
+    holds every parameter, read from it one at a time) put into every rank's partitions, one parameter at a time,
+    and every buffer broadcast from rank 0."""
     import deepspeed
 
-    deepspeed.init_distributed()  # onto the run's process group: else its config reads a world of 1
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = build()
     values = dict(whole.named_parameters()) if is_main and source is None else {}
