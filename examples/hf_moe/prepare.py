@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tokenizer(folder: Path) -> int:
+def write_tokenizer(folder: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -33,14 +33,17 @@ def write_tokenizer(folder: Path) -> int:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|eos|>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(folder))
-    return len(fast)
+    return fast
 
 
-def write_model(folder: Path, vocab_size: int) -> None:
+def write_model(folder: Path, tokenizer) -> None:
+    """The model's BOS and EOS are the tokenizer's: generate() stops at the EOS that ends each turn."""
     from transformers import MixtralConfig
 
     MixtralConfig(
-        vocab_size=vocab_size,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -65,10 +68,10 @@ def chat_records(count: int) -> list[dict]:
 
 
 if __name__ == "__main__":
-    vocab = write_tokenizer(HERE / "model")
-    write_model(HERE / "model", vocab)
+    tokenizer = write_tokenizer(HERE / "model")
+    write_model(HERE / "model", tokenizer)
     (HERE / "data").mkdir(exist_ok=True)
     records = chat_records(640)
     for name, part in (("chat.jsonl", records[:520]), ("chat_val.jsonl", records[520:])):
         (HERE / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in part))
-    print(f"wrote {HERE / 'model'} (vocabulary {vocab}) and {HERE / 'data'}")
+    print(f"wrote {HERE / 'model'} (vocabulary {len(tokenizer)}) and {HERE / 'data'}")

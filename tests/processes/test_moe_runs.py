@@ -129,6 +129,7 @@ def test_the_hf_moe_example_reports_transformers_loss_on_two_ranks(tmp_path):
     args = ["training.max_steps=3", "training.log_interval=1", f"training.output_dir={tmp_path / 'out'}"]
     result = train(HF_MOE / "config.yaml", 2, *args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "eos_token_id" not in result.stdout  # its config stops generating at its tokenizer's EOS
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     coefficient = 0.02  # examples/hf_moe/model/config.json's router_aux_loss_coef
     assert all(row["loss"] == pytest.approx(row["ce_loss"] + coefficient * row["aux_loss"]) for row in rows[:3])

@@ -15,8 +15,8 @@ from distsetup.formats.batch import global_batch_of
 from distsetup.formats.runconfig import TOKEN_SUFFIX, RunConfig
 from distsetup.training import user_code
 from distsetup.training.data.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
-from distsetup.training.data.tokenizer import check_vocabulary, load_tokenizer
-from distsetup.training.model.build import embedding_rows
+from distsetup.training.data.tokenizer import check_vocabulary, load_tokenizer, stop_mismatch
+from distsetup.training.model.build import embedding_rows, end_of_sequence_ids
 from distsetup.training.world import decided_by_rank0, first_line
 
 
@@ -180,6 +180,9 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         )
     rows, where = embedding_rows(m)
     check_vocabulary(tokenizer, rows, where)
+    stops = end_of_sequence_ids(m)
+    stop_note = stop_mismatch(tokenizer, *stops) if stops else None
+    model_notes = [stop_note] if stop_note else []
     width = m.block_size + 1
     if d.paths[0].endswith(TOKEN_SUFFIX):
         splits = {"train": (d.paths[0], "data.paths[0]")}
@@ -187,7 +190,7 @@ def prepared_token_files(cfg: RunConfig) -> dict:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
         for path, setting in splits.values():
             check_ids(open_token_file(Path(path), width, tokenizer.fingerprint, setting), Path(path), rows, where)
-        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": []}
+        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": model_notes}
     cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
     folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)
     if counts["train"]["blocks"] == 0:
@@ -206,7 +209,7 @@ def prepared_token_files(cfg: RunConfig) -> dict:
     notes.append(f"data: {sizes} of {width} ids in {folder}")
     if cut or left_out:
         notes.append(f"data: {cut} samples cut to a block's length, {left_out} left out (no target left to learn)")
-    return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
+    return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes + model_notes}
 
 
 def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:

@@ -94,3 +94,18 @@ def check_vocabulary(tokenizer, model_vocab_size: int, where: str) -> None:
             f"{what} need an embedding of at least {tokenizer.vocab_size} rows; {where} is {model_vocab_size}.",
             f"raise {where} to {tokenizer.vocab_size} or more.",
         )
+
+
+def stop_mismatch(tokenizer, stop_ids: set[int], where: str) -> str | None:
+    """A note where the model would not stop generating at the end of a document or turn as the data end them:
+    the tokenizer's EOS, which the formats append and chat templates write, is not among the ids that `where`
+    (the model's config.json or generation_config.json) names."""
+    eos = tokenizer.eos_token_id
+    if not isinstance(tokenizer, HFTokenizer) or eos is None or eos in stop_ids:
+        return None
+    token = tokenizer.hf.convert_ids_to_tokens(eos)
+    named = ", ".join(str(i) for i in sorted(stop_ids))
+    return (
+        f"note: model: the data end documents and turns with the tokenizer's {token} (id {eos}), but {where} names "
+        f"eos_token_id {named}: generate() on the trained model will not stop there; set eos_token_id to {eos} in it"
+    )

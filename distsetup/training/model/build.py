@@ -223,6 +223,22 @@ def embedding_rows(m) -> tuple[int, str]:
         raise DistsetupError(f"model.hf_path {m.hf_path}: {e}.", "point it at a folder with a config.json.") from None
 
 
+def end_of_sequence_ids(m) -> tuple[set[int], str] | None:
+    """The ids at which generate() stops for the model section `m`'s Hugging Face model, and the file that names
+    them: its folder's generation_config.json where it has one (from_pretrained reads it), else its config.json.
+    None for another model, or a folder that names none (a composite model may name them in a part's config)."""
+    if m.type != "hf":
+        return None
+    folder = Path(m.hf_path)
+    name = "generation_config.json" if (folder / "generation_config.json").is_file() else "config.json"
+    try:
+        value = json.loads((folder / name).read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return None  # embedding_rows has said what is wrong with the folder
+    ids = set(value) if isinstance(value, list) else {value} if isinstance(value, int) else set()
+    return (ids, str(folder / name)) if ids else None
+
+
 def hidden_size(m) -> int | None:
     """The hidden size of the model section `m`'s model, where it has one that is known without building it: the
     built-in GPT's n_embd, a Hugging Face folder's config.json hidden_size (the key `distsetup plan` reads); None for
