@@ -328,7 +328,9 @@ def render_table(result: Plan, command: str | None) -> str:
         lines.append("  ".join(cells))
     lines.append(
         "total: the peak, at the end of forward (the activations, autocast's 16-bit weights, and gradients only where "
-        "they outlive a step or accumulate) or in the optimizer step (every state), plus gathered and buffers."
+        "they outlive a step or accumulate) or in the optimizer step (every state), plus gathered and buffers. "
+        "CPU/node and set-up r0/rank are host memory: the node's offloaded state, and what rank 0 and each other "
+        "rank take at set-up (rank 0 alone builds the model whole)."
     )
     choice = result.choice
     if choice is None:
