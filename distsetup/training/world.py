@@ -22,7 +22,16 @@ def pick_device(world: World) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(world.local_rank)
         return torch.device("cuda", world.local_rank)
+    name_the_cpu_to_deepspeed()
     return torch.device("cpu")
+
+
+def name_the_cpu_to_deepspeed() -> None:
+    """Where torch sees no GPU, DS_ACCELERATOR=cpu (DeepSpeed's own setting; one the user set stays), before DeepSpeed
+    is imported: what DeepSpeed would pick itself, but for its warning, on every rank, that it was "unable to
+    detect" a GPU."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:

@@ -83,6 +83,9 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
         export_hf,
         export_safetensors,
     )
+    from distsetup.training.world import name_the_cpu_to_deepspeed
+
+    name_the_cpu_to_deepspeed()
 
     if layout == "hf":
         used, count = export_hf(run, output, dtype, max_shard_size or "50GB")
@@ -116,6 +119,9 @@ def convert(run: Path, backend: str, output: Path):
     from distsetup.training.checkpoint.convert import (
         convert as convert_checkpoint,  # torch: only this subcommand needs it
     )
+    from distsetup.training.world import name_the_cpu_to_deepspeed
+
+    name_the_cpu_to_deepspeed()
 
     used, written = convert_checkpoint(run, backend, output)
     click.echo(f"converted {used} for {backend} into {written}")
