@@ -137,10 +137,10 @@ def exit_now(status: int) -> None:
 
 
 def export(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from distsetup.training.checkpoint.export import export_weights
     from distsetup.training.world import name_the_cpu_to_deepspeed
 
     name_the_cpu_to_deepspeed()
+    from distsetup.training.checkpoint.export import export_weights
 
     used, count = export_weights(Path(cfg.training.output_dir) / "checkpoints", Path(args.export), args.export_dtype)
     print(f"exported {count} tensors ({args.export_dtype}) from {used} to {args.export}")

@@ -79,13 +79,10 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
     model.safetensors and model.json (the model section of its run config), or with --format hf a Hugging Face
     folder (config.json, tokenizer files, weights sharded as save_pretrained shards them). Imports torch (and
     DeepSpeed for its checkpoints); reads one tensor at a time."""
-    from distsetup.training.checkpoint.export import (  # torch: only this subcommand needs it
-        export_hf,
-        export_safetensors,
-    )
-    from distsetup.training.world import name_the_cpu_to_deepspeed
+    from distsetup.training.world import name_the_cpu_to_deepspeed  # torch: only this subcommand needs it
 
     name_the_cpu_to_deepspeed()
+    from distsetup.training.checkpoint.export import export_hf, export_safetensors
 
     if layout == "hf":
         used, count = export_hf(run, output, dtype, max_shard_size or "50GB")
@@ -116,12 +113,10 @@ def convert(run: Path, backend: str, output: Path):
     scale, data position.
     OUTPUT becomes a run folder (OUTPUT/checkpoints/step_N): set training.output_dir to it. RUN is only read.
     Imports torch (and DeepSpeed for its checkpoints)."""
-    from distsetup.training.checkpoint.convert import (
-        convert as convert_checkpoint,  # torch: only this subcommand needs it
-    )
-    from distsetup.training.world import name_the_cpu_to_deepspeed
+    from distsetup.training.world import name_the_cpu_to_deepspeed  # torch: only this subcommand needs it
 
     name_the_cpu_to_deepspeed()
+    from distsetup.training.checkpoint.convert import convert as convert_checkpoint
 
     used, written = convert_checkpoint(run, backend, output)
     click.echo(f"converted {used} for {backend} into {written}")
