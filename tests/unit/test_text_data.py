@@ -364,16 +364,17 @@ def test_the_first_answer_token_counts_when_the_prompt_ends_in_a_space(tmp_path)
 
 
 def test_a_model_that_would_not_stop_where_the_data_end_gets_a_note(tmp_path, tokenizer_folder):
-    """The tokenizer's EOS ends each turn the chat template writes. A model whose config.json names another EOS (as
-    a config made with a model class's defaults does) would generate on past it once trained: said in one note,
-    naming the file and the id to set; none where the config, or a generation_config.json beside it, names it."""
+    """What the data end with (the EOS after a document; in chat, the end of turn the template writes after an
+    assistant message) must be an id the model stops at. A model whose config.json names another EOS (as a config
+    made with a model class's defaults does) would generate on past it once trained: said in one note, naming the
+    file and the id to set or add; none where the config, or a generation_config.json beside it, names it."""
     from transformers import GenerationConfig
 
     chat = write_jsonl(tmp_path / "chat.jsonl", chat_records(40))
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(chat)], val_fraction=0.2)
     llama = write_llama(tmp_path / "llama", vocab_size=320)
     cfg.model.type, cfg.model.hf_path = "hf", str(llama)
-    eos = load_tokenizer(str(tokenizer_folder)).eos_token_id
+    eos = load_tokenizer(str(tokenizer_folder)).eos_token_id  # the template's end of turn too (<|eos|>)
 
     def stop_notes() -> list[str]:
         return [note for note in build_datasets(cfg, eval_batch=2).notes if "eos_token_id" in note]
@@ -382,9 +383,17 @@ def test_a_model_that_would_not_stop_where_the_data_end_gets_a_note(tmp_path, to
     config = json.loads((llama / "config.json").read_text())
     (llama / "config.json").write_text(json.dumps({**config, "eos_token_id": eos + 1}))
     assert stop_notes() == [
-        f"note: model: the data end documents and turns with the tokenizer's <|eos|> (id {eos}), but "
-        f"{llama / 'config.json'} names eos_token_id {eos + 1}: generate() on the trained model will not stop "
-        f"there; set eos_token_id to {eos} in it"
+        f"note: model: the data end each assistant turn with <|eos|> (id {eos}), but {llama / 'config.json'} names "
+        f"eos_token_id {eos + 1}: generate() on the trained model will not stop at <|eos|>; set it to {eos}"
     ]
-    GenerationConfig(eos_token_id=[eos + 1, eos]).save_pretrained(llama)  # what from_pretrained reads first
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": f"the fox {i}"} for i in range(200)])
+    cfg.data.format, cfg.data.paths = "text", [str(text)]
+    assert [note.split(",")[0] for note in stop_notes()] == [
+        f"note: model: the data end each document with <|eos|> (id {eos})"
+    ]
+    GenerationConfig(eos_token_id=[eos + 1, eos + 2]).save_pretrained(llama)  # what from_pretrained reads first
+    (note,) = stop_notes()
+    assert f"{llama / 'generation_config.json'} names eos_token_id {eos + 1}, {eos + 2}" in note
+    assert note.endswith(f"add {eos} to it")
+    GenerationConfig(eos_token_id=[eos + 1, eos]).save_pretrained(llama)
     assert stop_notes() == []

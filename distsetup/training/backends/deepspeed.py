@@ -97,8 +97,9 @@ class DeepSpeedBackend(Backend):
         return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
 
     def _join_deepspeed_comm(self) -> None:
-        """DeepSpeed's communication onto the run's process group (else its config reads a world of 1), and only then
-        LOCAL_SIZE, the deepspeed launcher's name for the processes on this node, where no launcher set it.
+        """DeepSpeed's communication onto the run's process group (else its config reads a world of 1), and only then,
+        on CPU processes, LOCAL_SIZE, the deepspeed launcher's name for the processes on this node, where no launcher
+        set it.
 
         DeepSpeed's CPU accelerator takes LOCAL_SIZE as its device count; without it (torchrun sets none) it asks
         `numactl` in a subprocess at every ZeRO-3 gradient reduction and counts NUMA nodes instead, and each
@@ -108,7 +109,8 @@ class DeepSpeedBackend(Backend):
         import deepspeed
 
         deepspeed.init_distributed()
-        os.environ.setdefault("LOCAL_SIZE", str(self.world.local_size))
+        if self.device.type == "cpu":
+            os.environ.setdefault("LOCAL_SIZE", str(self.world.local_size))
 
     def fit_to_the_model(self, parameters: int) -> None:
         """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its

@@ -14,6 +14,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.runconfig import TOKEN_SUFFIX, RunConfig
 from distsetup.training import user_code
+from distsetup.training.data.samples import SampleEncoder
 from distsetup.training.data.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
 from distsetup.training.data.tokenizer import check_vocabulary, load_tokenizer, stop_mismatch
 from distsetup.training.model.build import embedding_rows, end_of_sequence_ids
@@ -180,9 +181,6 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         )
     rows, where = embedding_rows(m)
     check_vocabulary(tokenizer, rows, where)
-    stops = end_of_sequence_ids(m)
-    stop_note = stop_mismatch(tokenizer, *stops) if stops else None
-    model_notes = [stop_note] if stop_note else []
     width = m.block_size + 1
     if d.paths[0].endswith(TOKEN_SUFFIX):
         splits = {"train": (d.paths[0], "data.paths[0]")}
@@ -190,7 +188,7 @@ def prepared_token_files(cfg: RunConfig) -> dict:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
         for path, setting in splits.values():
             check_ids(open_token_file(Path(path), width, tokenizer.fingerprint, setting), Path(path), rows, where)
-        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": model_notes}
+        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": []}
     cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
     folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)
     if counts["train"]["blocks"] == 0:
@@ -205,11 +203,14 @@ def prepared_token_files(cfg: RunConfig) -> dict:
     cut = sum(c["truncated"] for c in counts.values())
     left_out = sum(c["dropped"] for c in counts.values())
     notes = [rebuilt] if rebuilt else []
+    stops = end_of_sequence_ids(m)
+    end = SampleEncoder(tokenizer, d).sample_end() if stops else None
+    stop_note = stop_mismatch(tokenizer, end, *stops) if stops and end else None
     sizes = ", ".join(f"{c['blocks']} {split} blocks" for split, c in counts.items())
     notes.append(f"data: {sizes} of {width} ids in {folder}")
     if cut or left_out:
         notes.append(f"data: {cut} samples cut to a block's length, {left_out} left out (no target left to learn)")
-    return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes + model_notes}
+    return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes + ([stop_note] if stop_note else [])}
 
 
 def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:

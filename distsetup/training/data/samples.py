@@ -67,6 +67,24 @@ class SampleEncoder:
         self.bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
+    def sample_end(self) -> tuple[int, str] | None:
+        """The id that ends what the model learns to write, and what it ends: the EOS after each document or
+        completion; in chat, the first token the template writes after an assistant message's content (its end of
+        turn). None where there is none, or the template does not render a two-message conversation."""
+        if self.format != "chat":
+            return (self.eos[0], "each document" if self.format == "text" else "each completion") if self.eos else None
+        reply = "That is all."
+        try:
+            text = self.tokenizer.chat_text(
+                [{"role": "user", "content": "Say it."}, {"role": "assistant", "content": reply}], False
+            )
+        except Exception:  # a template that wants a system message first, or other roles: no answer here
+            return None
+        ids, offsets = self.tokenizer.encode_with_offsets(text)
+        after = text.rfind(reply) + len(reply)
+        following = [i for i, (start, _) in zip(ids, offsets, strict=True) if start >= after]
+        return (following[0], "each assistant turn") if reply in text and following else None
+
     @staticmethod
     def field_settings(format: str) -> tuple[str, ...]:
         """The data settings that name the fields format `format` reads."""

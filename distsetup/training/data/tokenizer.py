@@ -96,16 +96,17 @@ def check_vocabulary(tokenizer, model_vocab_size: int, where: str) -> None:
         )
 
 
-def stop_mismatch(tokenizer, stop_ids: set[int], where: str) -> str | None:
-    """A note where the model would not stop generating at the end of a document or turn as the data end them:
-    the tokenizer's EOS, which the formats append and chat templates write, is not among the ids that `where`
-    (the model's config.json or generation_config.json) names."""
-    eos = tokenizer.eos_token_id
-    if not isinstance(tokenizer, HFTokenizer) or eos is None or eos in stop_ids:
+def stop_mismatch(tokenizer, end: tuple[int, str], stop_ids: set[int], where: str) -> str | None:
+    """A note where the model would not stop generating where its data end: `end`, the id that ends what it learns
+    to write and what it ends (SampleEncoder.sample_end), is not among the ids that `where` (the model's
+    generation_config.json or config.json) names."""
+    ending, what = end
+    if not isinstance(tokenizer, HFTokenizer) or ending in stop_ids:
         return None
-    token = tokenizer.hf.convert_ids_to_tokens(eos)
+    token = tokenizer.hf.convert_ids_to_tokens(ending)
     named = ", ".join(str(i) for i in sorted(stop_ids))
+    fix = f"add {ending} to it" if len(stop_ids) > 1 else f"set it to {ending}"
     return (
-        f"note: model: the data end documents and turns with the tokenizer's {token} (id {eos}), but {where} names "
-        f"eos_token_id {named}: generate() on the trained model will not stop there; set eos_token_id to {eos} in it"
+        f"note: model: the data end {what} with {token} (id {ending}), but {where} names eos_token_id {named}: "
+        f"generate() on the trained model will not stop at {token}; {fix}"
     )

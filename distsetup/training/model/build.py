@@ -225,18 +225,24 @@ def embedding_rows(m) -> tuple[int, str]:
 
 def end_of_sequence_ids(m) -> tuple[set[int], str] | None:
     """The ids at which generate() stops for the model section `m`'s Hugging Face model, and the file that names
-    them: its folder's generation_config.json where it has one (from_pretrained reads it), else its config.json.
-    None for another model, or a folder that names none (a composite model may name them in a part's config)."""
+    them: its folder's generation_config.json, which from_pretrained reads first, else its config.json (or that
+    config's text_config, a composite model's). None for another model, or a folder that names none."""
     if m.type != "hf":
         return None
     folder = Path(m.hf_path)
-    name = "generation_config.json" if (folder / "generation_config.json").is_file() else "config.json"
-    try:
-        value = json.loads((folder / name).read_text()).get("eos_token_id")
-    except (OSError, ValueError):
-        return None  # embedding_rows has said what is wrong with the folder
-    ids = set(value) if isinstance(value, list) else {value} if isinstance(value, int) else set()
-    return (ids, str(folder / name)) if ids else None
+    for name in ("generation_config.json", "config.json"):
+        try:
+            settings = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue  # absent; embedding_rows says what is wrong with a broken config.json
+        if not isinstance(settings, dict):
+            continue
+        value = settings.get("eos_token_id", (settings.get("text_config") or {}).get("eos_token_id"))
+        values = value if isinstance(value, list) else [value]
+        ids = {i for i in values if isinstance(i, int) and not isinstance(i, bool)}
+        if ids:
+            return ids, str(folder / name)
+    return None
 
 
 def hidden_size(m) -> int | None:
