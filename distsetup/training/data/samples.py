@@ -80,10 +80,11 @@ class SampleEncoder:
             )
         except Exception:  # a template that wants a system message first, or other roles: no answer here
             return None
+        if (at := text.rfind(reply)) < 0:
+            return None
         ids, offsets = self.tokenizer.encode_with_offsets(text)
-        after = text.rfind(reply) + len(reply)
-        following = [i for i, (start, _) in zip(ids, offsets, strict=True) if start >= after]
-        return (following[0], "each assistant turn") if reply in text and following else None
+        following = [i for i, (start, _) in zip(ids, offsets, strict=True) if start >= at + len(reply)]
+        return (following[0], "each assistant turn") if following else None
 
     @staticmethod
     def field_settings(format: str) -> tuple[str, ...]:

@@ -229,19 +229,13 @@ def end_of_sequence_ids(m) -> tuple[set[int], str] | None:
     config's text_config, a composite model's). None for another model, or a folder that names none."""
     if m.type != "hf":
         return None
-    folder = Path(m.hf_path)
     for name in ("generation_config.json", "config.json"):
-        try:
-            settings = json.loads((folder / name).read_text())
-        except (OSError, ValueError):
-            continue  # absent; embedding_rows says what is wrong with a broken config.json
-        if not isinstance(settings, dict):
-            continue
+        settings = _hf_folder_json(m, name)
         value = settings.get("eos_token_id", (settings.get("text_config") or {}).get("eos_token_id"))
         values = value if isinstance(value, list) else [value]
         ids = {i for i in values if isinstance(i, int) and not isinstance(i, bool)}
         if ids:
-            return ids, str(folder / name)
+            return ids, str(Path(m.hf_path) / name)
     return None
 
 
@@ -263,12 +257,18 @@ def _hf_config_size(m, key: str) -> int | None:
     does not say."""
     if m.type != "hf":
         return None
-    try:
-        config = json.loads((Path(m.hf_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = config.get(key)
+    value = _hf_folder_json(m, "config.json").get(key)
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _hf_folder_json(m, name: str) -> dict:
+    """The JSON object in file `name` of a Hugging Face model section's folder; {} where it is absent, unreadable or
+    not an object (embedding_rows says what is wrong with a broken config.json)."""
+    try:
+        settings = json.loads((Path(m.hf_path) / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def training_state_bytes(strategy: str, parameters: int, world: World, precision: str) -> float:
