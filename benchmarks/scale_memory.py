@@ -69,15 +69,15 @@ class MemoryCgroup:
 
 
 def run(backend: str, processes: int, a, work: Path, join_cgroup=None) -> dict:
-    """One run's summary.json: `processes` ranks, 2 steps of micro-batch 1 (its launcher put in a memory cgroup by
-    `join_cgroup`, where given)."""
+    """One run's summary.json: `processes` ranks, `a.steps` steps of micro-batch 1 (its launcher put in a memory
+    cgroup by `join_cgroup`, where given)."""
     out = work / f"{backend}-{processes}"
     overrides = [
         f"model.n_layer={a.n_layer}",
         f"model.n_embd={a.n_embd}",
         f"model.n_head={a.n_head}",
         "model.block_size=64",
-        "training.max_steps=2",
+        f"training.max_steps={a.steps}",
         "training.micro_batch_size=1",
         "training.gradient_accumulation_steps=1",
         "training.checkpoint_interval=1000",
@@ -194,13 +194,16 @@ def main():
     parser.add_argument("--n_head", type=int, default=13)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--backends", nargs="+", default=["fsdp", "zero3"], choices=["fsdp", "zero3"])
+    # the issue's measure is 2 steps (AdamW's moments exist from the first); later steps' peaks are higher where the
+    # heap grows between trims (docs/benchmarks.md)
+    parser.add_argument("--steps", type=int, default=2)
     # the blocks' activations recomputed in backward: what the state and the gathers cost without most of them
     parser.add_argument("--activation_checkpointing", default="none", choices=["none", "full"])
     parser.add_argument("--plot", type=Path, help="the SVG plot (default: the docs' one, for a run without recompute)")
     # a container's limit: the trainer plans within it (a rank without room hands its heap's free pages back)
     parser.add_argument("--memory_limit", type=float, help="GiB: run each launch in a memory cgroup of this limit")
     a = parser.parse_args()
-    if a.plot is None and a.activation_checkpointing == "none" and a.memory_limit is None:
+    if a.plot is None and a.activation_checkpointing == "none" and a.memory_limit is None and a.steps == 2:
         a.plot = REPO / "docs" / "img" / "scale_memory.svg"
     params = gpt_params(256, 64, a.n_layer, a.n_embd)
     unit, bare = 4 * params, {backend: bare_process_bytes(backend) for backend in a.backends}
@@ -245,7 +248,7 @@ def main():
     )
     text += (
         f"\n\nGPT {a.n_layer} x {a.n_embd} ({params / 1e6:.0f}M parameters, 1 unit = {unit / 2**30:.2f} GiB in fp32), "
-        f"fp32, micro-batch 1 x 64 positions, 2 steps{RECOMPUTED[a.activation_checkpointing]}"
+        f"fp32, micro-batch 1 x 64 positions, {a.steps} steps{RECOMPUTED[a.activation_checkpointing]}"
         f"{within(a, group_peak)}. Each figure: a rank's peak resident memory less a bare "
         f"process's ({', '.join(f'{b}: {v / 2**30:.2f}' for b, v in bare.items())} GiB), in units of the whole fp32 "
         "model; 'sharded state': 16 bytes a parameter "
@@ -253,6 +256,7 @@ def main():
     )
     title = "Peak host memory per rank at scale (FSDP2, ZeRO-3)"
     title += ", activations recomputed" if a.activation_checkpointing != "none" else ""
+    title += f", {a.steps} steps" if a.steps != 2 else ""
     record(title + (f", in {a.memory_limit:g} GiB" if a.memory_limit else ""), text)
     if a.plot is not None:
         a.plot.write_text(plot(figures))

@@ -96,8 +96,8 @@ class FSDPBackend(Backend):
         rule for DeepSpeed's buffer sizes too): its training state as `distsetup plan` counts it (shards, gradients,
         AdamW's moments, the layers it gathers) against its share of the node's (or its container's) memory. Without
         room, backward's freed activations go back to the system before its gradients take new pages
-        (fsdp_on_cpu.hold_one_layer_at_a_time): at 8 processes the others' peak fell from 0.82 to 0.72 of a 200M
-        model, and a CPU step took 10-12% longer, as the next forward faults those pages in again
+        (fsdp_on_cpu.hold_one_layer_at_a_time): at 8 processes the others' peak over 2 steps fell from 0.82 to 0.72
+        of a 200M model, and a CPU step took 10-12% longer, as the next forward faults those pages in again
         (docs/benchmarks.md)."""
         if self.device.type != "cpu" or self.memory_strategy == "ddp":
             return
