@@ -12,9 +12,10 @@ is divided by distsetup's of the same round and the ratios' median is reported, 
 is faster).
 
 Each peer runs twice a round: as its users run it, and with distsetup's allocator settings (transparent huge pages
-for large CPU tensors, and where the backend gathers weights, FSDP and ZeRO-3, glibc mapping allocations of 4 MiB
-or more apart, as distsetup/train.py sets them), so that the loops are compared on their own merits too. At two
-vocabulary sizes: the default 8192, and 256, where the tensors are small and a step's fixed costs show."""
+for large CPU tensors, and where the backend gathers weights, FSDP and ZeRO-3, glibc mapping allocations apart from
+the size the trainer sets, just above a step's largest activation), so that the loops are compared on their own
+merits too. At two vocabulary sizes: the default 8192, and 256, where the tensors are small and a step's fixed costs
+show."""
 
 import argparse
 import json

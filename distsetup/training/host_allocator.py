@@ -8,8 +8,9 @@ import functools
 import os
 from collections.abc import Callable
 
-# glibc's mallopt option; the size from which gathered weights are mapped apart; glibc's own highest threshold
-M_MMAP_THRESHOLD, MAPPED_APART_BYTES, MOST_MAPPED_APART_BYTES = -3, 4 << 20, 32 << 20
+# glibc's mallopt option; the size from which gathered weights are mapped apart (a huge page: a block's sharded
+# gradients of a few MiB then leave the heap too, docs/benchmarks.md); glibc's own highest threshold
+M_MMAP_THRESHOLD, MAPPED_APART_BYTES, MOST_MAPPED_APART_BYTES = -3, 2 << 20, 32 << 20
 HUGE_PAGE_BYTES = 2 << 20  # torch aligns a CPU tensor of this size or more to a huge page (ask_for_huge_pages)
 
 
@@ -31,23 +32,26 @@ def _libc() -> ctypes.CDLL | None:
 
 def mapped_apart_from(largest_activation: int) -> int:
     """The size from which a rank whose backend gathers weights maps allocations apart, once its step's largest
-    activation (bytes) is known: 4 MiB, or just above that activation where it is larger (a huge page above: torch's
-    alignment takes up to one more from glibc), so that activations, which come and go several times a step, stay in
-    the heap rather than being faulted in afresh each time; at most glibc's own highest threshold, 32 MiB. Gathered
-    weights larger than that are still mapped apart. Where a step's activations outgrow its gathered weights, the
-    weights stay in the heap too: the activations of every layer, held for backward, then outweigh them anyway."""
+    activation (bytes) is known: just above that activation (a huge page above: torch's alignment takes up to one
+    more from glibc), at least 2 MiB and at most glibc's own highest threshold, 32 MiB. Activations, which come and go
+    several times a step, stay in the heap rather than being faulted in afresh each time; larger tensors, a block's
+    gathered weights and its sharded gradients, do not. With a floor of 4 MiB a 200M GPT's sharded gradients at 8
+    processes (4.15 MB a block) took heap pages amid the activations' each step, and FSDP2's other ranks peaked at
+    0.91 of the model over 5 steps against 0.82 over 2; mapped apart, 0.82 over both (docs/benchmarks.md). Where a
+    step's activations outgrow its gathered weights, the weights stay in the heap too: the activations of every
+    layer, held for backward, then outweigh them anyway."""
     return max(MAPPED_APART_BYTES, min(MOST_MAPPED_APART_BYTES, largest_activation + HUGE_PAGE_BYTES))
 
 
 def map_large_tensors_apart(from_bytes: int = MAPPED_APART_BYTES) -> None:
-    """Each allocation of `from_bytes` (4 MiB, or mapped_apart_from's) or more in a mapping of its own, returned to
+    """Each allocation of `from_bytes` (2 MiB, or mapped_apart_from's) or more in a mapping of its own, returned to
     the system as soon as it is freed. glibc's own threshold rises with each large block freed, up to 32 MiB, after
     which a layer's gathered weights and gradients come from its heap, which keeps the pages they leave: a rank's
     resident memory grows past what it holds (under FSDP2, by a third of a 200M model at 2 processes; at 8 processes
     ZeRO-3's others peaked at 1.56 of it with glibc's own threshold, FSDP2's at 1.03: docs/benchmarks.md). Smaller
     allocations stay in the heap: mapping those too (glibc's starting threshold, 128 KiB) held a little less but
     faulted in every activation, and a small model's CPU step ran at 0.6 of the speed. Only for a backend that
-    gathers weights (distsetup/train.py before set-up, 4 MiB; training/trainer.py once the model is known): where
+    gathers weights (distsetup/train.py before set-up, 2 MiB; training/trainer.py once the model is known): where
     each rank holds its weights whole, nothing of a layer's size comes and goes each step. mallopt(3); another C
     library is left as is."""
     if (libc := _libc()) is not None:

@@ -264,7 +264,7 @@ class Trainer:
         flops = flops_per_item(m, whole, data, backend.micro_batch, peak, objective.unchecked_loss, self.say)
         del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them
         backend.wrap(parts, self.max_steps)
-        if backend.gathers_weights:  # set up mapping 4 MiB apart (train.py); the step's activations kept in the heap
+        if backend.gathers_weights:  # set up mapping 2 MiB apart (train.py); the step's activations kept in the heap
             tokens = backend.micro_batch * m.block_size if data.tokens else 0
             map_large_tensors_apart(mapped_apart_from(largest_activation_bytes(module, tokens)))
         if self.device.type == "cpu":  # what set-up freed (rank 0's whole copy, ZeRO-3's partitions made flat)

@@ -6,7 +6,7 @@ next layer's is copied out, and keeps each layer's flat gradient buffer (its red
 layer's reduce-scatter. On the CPU a collective is done when its call returns: none of these buys time, and each
 holds a layer's worth of memory (docs/benchmarks.md: a 200M model's ranks at 8 processes held 0.90 of the whole
 model with them, 0.82 without). A rank without room also hands its heap's free pages back after each reduce-scatter
-(over 2 steps 0.71 in a 7 GiB container, over 5 steps 0.82; at 10-12% of a small model's step)."""
+(0.70 over 5 steps in a 7 GiB container, at 10-12% of a small model's step)."""
 
 from typing import cast
 
