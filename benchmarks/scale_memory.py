@@ -194,8 +194,8 @@ def main():
     parser.add_argument("--n_head", type=int, default=13)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--backends", nargs="+", default=["fsdp", "zero3"], choices=["fsdp", "zero3"])
-    # the issue's measure is 2 steps (AdamW's moments exist from the first); later steps' peaks are higher where the
-    # heap grows between trims (docs/benchmarks.md)
+    # the issue's measure is 2 steps (AdamW's moments exist from the first); more show whether the heap grows from
+    # step to step (FSDP2's did, until the trainer mapped its sharded gradients apart: docs/benchmarks.md)
     parser.add_argument("--steps", type=int, default=2)
     # the blocks' activations recomputed in backward: what the state and the gathers cost without most of them
     parser.add_argument("--activation_checkpointing", default="none", choices=["none", "full"])

@@ -8,10 +8,11 @@ import functools
 import os
 from collections.abc import Callable
 
-# glibc's mallopt option; the size from which gathered weights are mapped apart (a huge page: a block's sharded
-# gradients of a few MiB then leave the heap too, docs/benchmarks.md); glibc's own highest threshold
-M_MMAP_THRESHOLD, MAPPED_APART_BYTES, MOST_MAPPED_APART_BYTES = -3, 2 << 20, 32 << 20
+M_MMAP_THRESHOLD, MOST_MAPPED_APART_BYTES = -3, 32 << 20  # glibc's mallopt option; its own highest threshold
 HUGE_PAGE_BYTES = 2 << 20  # torch aligns a CPU tensor of this size or more to a huge page (ask_for_huge_pages)
+# the size from which allocations are mapped apart before a step's activations are known: mapped_apart_from(0), so
+# that a block's sharded gradients of a few MiB leave the heap too (docs/benchmarks.md)
+MAPPED_APART_BYTES = HUGE_PAGE_BYTES
 
 
 def ask_for_huge_pages() -> None:
@@ -33,14 +34,14 @@ def _libc() -> ctypes.CDLL | None:
 def mapped_apart_from(largest_activation: int) -> int:
     """The size from which a rank whose backend gathers weights maps allocations apart, once its step's largest
     activation (bytes) is known: just above that activation (a huge page above: torch's alignment takes up to one
-    more from glibc), at least 2 MiB and at most glibc's own highest threshold, 32 MiB. Activations, which come and go
+    more from glibc, so at least 2 MiB), at most glibc's own highest threshold, 32 MiB. Activations, which come and go
     several times a step, stay in the heap rather than being faulted in afresh each time; larger tensors, a block's
     gathered weights and its sharded gradients, do not. With a floor of 4 MiB a 200M GPT's sharded gradients at 8
     processes (4.15 MB a block) took heap pages amid the activations' each step, and FSDP2's other ranks peaked at
     0.91 of the model over 5 steps against 0.82 over 2; mapped apart, 0.82 over both (docs/benchmarks.md). Where a
     step's activations outgrow its gathered weights, the weights stay in the heap too: the activations of every
     layer, held for backward, then outweigh them anyway."""
-    return max(MAPPED_APART_BYTES, min(MOST_MAPPED_APART_BYTES, largest_activation + HUGE_PAGE_BYTES))
+    return min(MOST_MAPPED_APART_BYTES, largest_activation + HUGE_PAGE_BYTES)
 
 
 def map_large_tensors_apart(from_bytes: int = MAPPED_APART_BYTES) -> None:
