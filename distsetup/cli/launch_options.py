@@ -106,17 +106,23 @@ def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:
     }
 
 
-def script_notes(spec: LaunchSpec, run_command: str) -> list[str]:
+def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
     """A --script that names no file in the folder the script starts it from: refused where it is a file followed by
     its arguments, a note otherwise (it may come later, or from another checkout; the script checks again when it
-    starts). Not for a Kubernetes job, whose script is in the image."""
+    starts). `run_command`: how the written script is run, with the arguments after it (None: a job, whose nodes pass
+    none). Not for a Kubernetes job, whose script is in the image."""
     if spec.script is None or spec.workdir is None or (Path(spec.workdir) / spec.script).is_file():
         return []
     program, _, arguments = spec.script.partition(" ")
     if arguments and (Path(spec.workdir) / program).is_file():
+        passed = (
+            f"and the arguments when you run it: {run_command} {arguments}"
+            if run_command
+            else "and read its settings from the run config or the environment (--env): a job's nodes pass it none"
+        )
         raise DistsetupError(
             f"--script {spec.script!r} is a file name followed by arguments.",
-            f"give --script {shlex.quote(program)}, and the arguments when you run it: {run_command} {arguments}",
+            f"give --script {shlex.quote(program)}, {passed}.",
         )
     return [f"--script {spec.script}: no such file in {spec.workdir} yet; the script stops with one line until it is."]
 

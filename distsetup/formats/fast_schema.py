@@ -6,6 +6,8 @@ not know) goes on to jsonschema, which finds and explains the problems. So it ma
 never "yes" too often: tests/unit/test_fast_schema.py holds it to that against jsonschema itself.
 """
 
+import re
+
 KNOWN_KEYWORDS = {
     "$schema",
     "title",
@@ -22,6 +24,9 @@ KNOWN_KEYWORDS = {
     "minItems",
     "maxItems",
     "minLength",
+    "maxLength",
+    "pattern",
+    "propertyNames",
 }
 PYTHON_TYPES = {"array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -38,7 +43,7 @@ def conforms(value, schema: dict) -> bool:
         return False
     if _is_number(value) and not _within_bounds(value, schema):
         return False
-    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+    if isinstance(value, str) and not _conforming_string(value, schema):
         return False
     if isinstance(value, list) and not _conforming_list(value, schema):
         return False
@@ -79,6 +84,12 @@ def _within_bounds(value, schema: dict) -> bool:
     )
 
 
+def _conforming_string(value: str, schema: dict) -> bool:
+    if not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value)):
+        return False
+    return "pattern" not in schema or re.search(schema["pattern"], value) is not None
+
+
 def _conforming_list(value: list, schema: dict) -> bool:
     if not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)):
         return False
@@ -88,6 +99,8 @@ def _conforming_list(value: list, schema: dict) -> bool:
 def _conforming_object(value: dict, schema: dict) -> bool:
     properties, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
     if not set(schema.get("required", [])) <= value.keys():
+        return False
+    if "propertyNames" in schema and not all(conforms(key, schema["propertyNames"]) for key in value):
         return False
     for key, item in value.items():
         if key in properties:

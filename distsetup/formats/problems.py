@@ -117,6 +117,8 @@ def _describe(error) -> tuple[str, str]:
         return f"{value!r} has the wrong type.", f"write a{'n' if expected[0] in 'aeiou' else ''} {expected}."
     if error.validator == "required":
         return error.message + ".", "add it."
+    if error.validator in ("pattern", "maxLength") and "description" in error.schema:  # a form (jobs/forms.py)
+        return f"{value!r} is not {error.schema['description']}.", f"write {error.schema['description']}."
     return error.message + ".", "see the schema in distsetup/formats/schemas/."
 
 

@@ -4,6 +4,8 @@ rule their names follow."""
 
 import re
 
+from distsetup.jobs.forms import DNS_SUBDOMAIN
+
 # The engines' API versions
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -43,8 +45,6 @@ def pytorchjob_master_address(job: str) -> str:
 # The Job controller's random suffix of an indexed pod's name, which JobSet's webhook counts
 POD_SUFFIX = "-abcde"
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-DNS_SUBDOMAIN_MAX = 253
 
 
 def longest_names(target: str, name: str, nodes: int, replicated_job: str = REPLICATED_JOB, replicas: int = 1):
@@ -63,12 +63,9 @@ def longest_names(target: str, name: str, nodes: int, replicated_job: str = REPL
 
 def subdomain_problem(name: str) -> tuple[str, str] | None:
     """(what is wrong, the fix) with the name of another object (ConfigMap, claim, runtime): a DNS subdomain."""
-    if _DNS_SUBDOMAIN.match(name) and len(name) <= DNS_SUBDOMAIN_MAX:
+    if DNS_SUBDOMAIN.fits(name):
         return None
-    return (
-        f"{name!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.', at most {DNS_SUBDOMAIN_MAX}).",
-        "e.g. llm-run-1-files.",
-    )
+    return f"{name!r} is not {DNS_SUBDOMAIN.said}.", "e.g. llm-run-1-files."
 
 
 def name_problem(

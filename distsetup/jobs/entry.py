@@ -107,5 +107,6 @@ def entry_script(spec: JobSpec, command_line: str) -> str:
         exit_margin_seconds=EXIT_MARGIN_SECONDS,
         shutdown_timeout=spec.shutdown_timeout,
         dns_wait_seconds=DNS_WAIT_SECONDS,
+        gpu_nodes=bool(spec.accelerator),  # SkyPilot: nodes of GPUs, whose count `sky jobs launch --gpus` may change
         **context,
     )

@@ -8,6 +8,7 @@ the CEL and webhook rules) is in object_rules.py; a SkyPilot task's schema is in
 
 from functools import cache
 
+from distsetup.jobs import forms
 from distsetup.jobs.engines import JOBSET_API, PYTORCHJOB_API, TRAINER_API, TRAINER_GROUP
 
 
@@ -27,8 +28,15 @@ BOOLEAN = {"type": "boolean"}
 INTEGER = {"type": "integer"}
 COUNT = {"type": "integer", "minimum": 0}
 POSITIVE = {"type": "integer", "minimum": 1}
-QUANTITY = {"type": ["string", "integer", "number"]}
+QUANTITY = {**forms.QUANTITY.schema(), "type": ["string", "integer", "number"]}  # the pattern holds for strings
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+RESOURCE_QUANTITIES = {
+    "type": "object",
+    "propertyNames": forms.RESOURCE_NAME.schema(),
+    "additionalProperties": QUANTITY,
+}
 
 
 def array_schema(items: dict, min_items: int = 0) -> dict:
@@ -42,7 +50,7 @@ OBJECT_META = object_schema(
     {
         "name": STRING,
         "generateName": STRING,
-        "namespace": STRING,
+        "namespace": forms.DNS_LABEL.schema(),
         "labels": STRING_MAP,
         "annotations": STRING_MAP,
         "finalizers": array_schema(STRING),
@@ -55,8 +63,8 @@ OBJECT_META = object_schema(
 ENV_VAR = object_schema({"name": STRING, "value": STRING, "valueFrom": ANY}, required=("name",))
 RESOURCES = object_schema(
     {
-        "limits": {"type": "object", "additionalProperties": QUANTITY},
-        "requests": {"type": "object", "additionalProperties": QUANTITY},
+        "limits": RESOURCE_QUANTITIES,
+        "requests": RESOURCE_QUANTITIES,
         "claims": array_schema(ANY),
     }
 )
@@ -119,7 +127,9 @@ VOLUME = object_schema(
             {"name": STRING, "items": array_schema(ANY), "defaultMode": INTEGER, "optional": BOOLEAN}
         ),
         "emptyDir": object_schema({"medium": STRING, "sizeLimit": QUANTITY}),  # "", Memory, HugePages, HugePages-<size>
-        "persistentVolumeClaim": object_schema({"claimName": STRING, "readOnly": BOOLEAN}, required=("claimName",)),
+        "persistentVolumeClaim": object_schema(
+            {"claimName": forms.DNS_SUBDOMAIN.schema(), "readOnly": BOOLEAN}, required=("claimName",)
+        ),
         **{key: ANY for key in VOLUME_SOURCES},
     },
     required=("name",),
@@ -356,11 +366,11 @@ def schemas() -> dict[tuple[str, str], dict]:
                     ),
                     "resources": object_schema(
                         {
-                            "requests": {"type": "object", "additionalProperties": QUANTITY},
-                            "limits": {"type": "object", "additionalProperties": QUANTITY},
+                            "requests": RESOURCE_QUANTITIES,
+                            "limits": RESOURCE_QUANTITIES,
                         }
                     ),
-                    "storageClassName": STRING,
+                    "storageClassName": forms.DNS_SUBDOMAIN.schema(),
                     **{key: ANY for key in ("dataSource", "dataSourceRef", "selector", "volumeMode", "volumeName")},
                     "volumeAttributesClassName": STRING,
                 }

@@ -1,8 +1,9 @@
 """The SkyPilot task of a job (skypilot 0.14): `num_nodes` nodes of `--num_gpus_per_node` GPUs of one type, the folder
-distsetup ran in as the workdir every node gets, the checkpoint bucket mounted on each, and the entry point as the
-`run` every node runs. Launched as a managed job (`sky jobs launch`), it is recovered after a preemption, and also
-when the entry point exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`, SkyPilot 0.11 and later). Also the
-task's schema and what `distsetup validate` checks in a task beyond it (task_problems)."""
+distsetup ran in as the workdir every node gets, the checkpoint bucket mounted on each, the run's software from
+`--image` (a Docker image, `resources.image_id`) or `--setup`, and the entry point as the `run` every node runs.
+Launched as a managed job (`sky jobs launch`), it is recovered after a preemption, and also when the entry point
+exits RESTART_STATUS (`job_recovery.recover_on_exit_codes`, SkyPilot 0.11 and later). Also the task's schema and
+what `distsetup validate` checks in a task beyond it (task_problems)."""
 
 import re
 
@@ -19,6 +20,8 @@ def task(spec: JobSpec, entry: str) -> dict:
         resources["accelerators"] = f"{spec.accelerator}:{launch.nproc_per_node}"
     if spec.use_spot:
         resources["use_spot"] = True
+    if spec.image:
+        resources["image_id"] = f"docker:{spec.image}"  # setup and run then run in this container
     resources["job_recovery"] = {
         "strategy": "EAGER_NEXT_REGION",
         "max_restarts_on_errors": spec.restart_limit,
@@ -32,6 +35,7 @@ def task(spec: JobSpec, entry: str) -> dict:
         # cached: written locally, then uploaded; the checkpoints' renames (a file written whole, then put in place)
         # work there, and not on a plain MOUNT (goofys, gcsfuse)
         "file_mounts": {BUCKET_MOUNT: {"source": spec.checkpoint_bucket, "mode": "MOUNT_CACHED"}},
+        **({"setup": spec.setup} if spec.setup else {}),
         "run": entry,
     }
 
@@ -96,13 +100,23 @@ SKYPILOT_TASK = object_schema(
 
 
 def task_problems(task: dict) -> list[Problem]:
-    """distsetup's contract in a SkyPilot task that runs its entry point: the GPUs asked for are the processes it
-    starts per node, and the status it exits with after a preemption recovers the job."""
+    """distsetup's contract in a SkyPilot task that runs its entry point: its nodes get the run's software (a setup or
+    an image), the GPUs asked for are the processes it starts per node, and the status it exits with after a
+    preemption recovers the job."""
     run = task["run"]
     if "DISTSETUP_PREEMPTED_FILE" not in run:
         return []  # another program's task: SkyPilot's schema is all
     problems = []
-    nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)
+    if not task.get("setup") and "image_id" not in task.get("resources", {}):
+        problems.append(
+            Problem(
+                "setup",
+                "the task installs nothing: a node of SkyPilot's own image has no torch or distsetup, and the entry "
+                "point stops at its first python3.",
+                "add setup: (e.g. pip install -r requirements.txt), or resources.image_id: docker:IMAGE with them.",
+            )
+        )
+    nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)  # fixed (CPU nodes, or written by hand)
     accelerators = task.get("resources", {}).get("accelerators")
     count = accelerators.rsplit(":", 1)[1] if isinstance(accelerators, str) and ":" in accelerators else None
     if nproc and count is not None and count != nproc.group(1):

@@ -2,9 +2,10 @@
 engine and its image or GPU type, where checkpoints live, and the preemption contract (the grace period a node has
 after SIGTERM, the time a checkpoint takes). Checked here, each problem one line naming the flag."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from distsetup.errors import DistsetupError
+from distsetup.jobs import forms
 from distsetup.jobs.engines import name_problem
 from distsetup.scripts.launch_plan import LaunchSpec
 
@@ -25,6 +26,11 @@ WORK_MOUNT = "/workspace"
 # On each SkyPilot node: the bucket the run's output and checkpoints go to
 BUCKET_MOUNT = "/distsetup-work"
 BUCKET_SCHEMES = ("s3://", "gs://", "r2://", "cos://", "oci://", "https://")  # SkyPilot's stores (Azure: https)
+# A SkyPilot accelerator's name, as its catalogs write them (H100, A100-80GB, tpu-v5e-8)
+ACCELERATOR = forms.Form(r"[A-Za-z0-9][-A-Za-z0-9_.]*", 64, "a GPU type (letters, digits, '-', '_' and '.')", "H100")
+# What only one kind of engine reads (JobSpec's fields, the flags of the same names)
+KUBERNETES_ONLY = ("namespace", "gpu_resource", "checkpoint_claim", "checkpoint_storage", "storage_class", "shm_size")
+SKYPILOT_ONLY = ("accelerator", "checkpoint_bucket", "use_spot", "setup")
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class JobSpec:
     target: str
     name: str
     launch: LaunchSpec
-    image: str | None = None  # Kubernetes: the container image, with Python, torch and distsetup in it
+    image: str | None = None  # the container image, with Python, torch and distsetup in it (SkyPilot: or `setup`)
     namespace: str | None = None
     gpu_resource: str = "nvidia.com/gpu"  # the resource a pod asks GPUs of; "" for CPU pods
     checkpoint_claim: str | None = None  # an existing ReadWriteMany PersistentVolumeClaim; None: one is written
@@ -48,6 +54,7 @@ class JobSpec:
     accelerator: str | None = None  # SkyPilot: the GPU type, e.g. H100; "" for CPU nodes
     checkpoint_bucket: str | None = None  # SkyPilot: the bucket the run works in (mounted at BUCKET_MOUNT)
     use_spot: bool = False  # SkyPilot: spot (preemptible) instances
+    setup: str | None = None  # SkyPilot: the commands that install Python, torch and distsetup on each node
 
     @property
     def restart_limit(self) -> int:
@@ -84,6 +91,7 @@ def check_job(spec: JobSpec) -> None:
             "job on 1-127; no limit counts those restarts.",
             "drop --max_restarts, or use --target trainjob or jobset (the world restarts as one, up to the limit).",
         )
+    _check_for_another_engine(spec)
     if launch.nproc_per_node is None:
         raise DistsetupError(
             "distsetup job needs a number for --num_gpus_per_node (not auto, and not left out).",
@@ -91,10 +99,8 @@ def check_job(spec: JobSpec) -> None:
         )
     if spec.target == "skypilot":
         _check_skypilot(spec)
-    elif not spec.image:
-        raise DistsetupError(
-            f"--target {spec.target} needs --image.", "name an image with Python, torch and distsetup installed."
-        )
+    else:
+        _check_kubernetes(spec)
     found = name_problem(spec.target, spec.name, launch.num_nodes)
     if found:
         raise DistsetupError(f"--name {found[0]}", found[1])
@@ -103,18 +109,59 @@ def check_job(spec: JobSpec) -> None:
         raise DistsetupError(f"--grace_seconds {found[0]}", found[1].replace("give it", "give --grace_seconds"))
 
 
+def _check_for_another_engine(spec: JobSpec) -> None:
+    """A flag only the other kind of engine reads is refused, not left unused."""
+    on_skypilot = spec.target == "skypilot"
+    defaults = {field.name: field.default for field in fields(JobSpec)}
+    given = [
+        name for name in (KUBERNETES_ONLY if on_skypilot else SKYPILOT_ONLY) if getattr(spec, name) != defaults[name]
+    ]
+    if given:
+        kind, own = ("a Kubernetes", SKYPILOT_ONLY) if on_skypilot else ("a SkyPilot", KUBERNETES_ONLY)
+        raise DistsetupError(
+            f"--{given[0]} is {kind} flag: --target {spec.target} does not read it.",
+            f"drop it (--target {spec.target} takes {', '.join('--' + name for name in own)}).",
+        )
+
+
+def _check_kubernetes(spec: JobSpec) -> None:
+    if not spec.image:
+        raise DistsetupError(
+            f"--target {spec.target} needs --image.", "name an image with Python, torch and distsetup installed."
+        )
+    for flag, value, form in (
+        ("--namespace", spec.namespace, forms.DNS_LABEL),
+        ("--checkpoint_claim", spec.checkpoint_claim, forms.DNS_SUBDOMAIN),
+        ("--storage_class", spec.storage_class, forms.DNS_SUBDOMAIN),
+        ("--checkpoint_storage", spec.checkpoint_storage, forms.QUANTITY),
+        ("--shm_size", spec.shm_size, forms.QUANTITY),
+        ("--gpu_resource", spec.gpu_resource or None, forms.RESOURCE_NAME),
+    ):
+        if found := form.problem(flag, value):
+            raise DistsetupError(*found)
+
+
 def _check_skypilot(spec: JobSpec) -> None:
     if spec.accelerator is None:
         raise DistsetupError(
             "--target skypilot needs --accelerator: the GPU type, counted by --num_gpus_per_node.",
             "e.g. --accelerator H100 (or none for CPU nodes).",
         )
+    if found := ACCELERATOR.problem("--accelerator", spec.accelerator or None):
+        raise DistsetupError(*found)
     bucket = spec.checkpoint_bucket
-    if not bucket or not bucket.startswith(BUCKET_SCHEMES):
+    if not bucket or not bucket.startswith(BUCKET_SCHEMES) or any(c.isspace() for c in bucket):
         raise DistsetupError(
-            f"--target skypilot needs --checkpoint_bucket, a bucket URL ({', '.join(BUCKET_SCHEMES)}), not {bucket!r}:"
-            " a recovered job resumes from the checkpoints there.",
+            f"--target skypilot needs --checkpoint_bucket, a bucket URL ({', '.join(BUCKET_SCHEMES)})"
+            f"{f', not {bucket!r}' if bucket else ''}: a recovered job resumes from the checkpoints there.",
             "e.g. --checkpoint_bucket s3://my-bucket/runs.",
+        )
+    if not spec.image and not spec.setup:
+        raise DistsetupError(
+            "--target skypilot needs --image or --setup: a node of SkyPilot's own image has no torch or distsetup, "
+            "and each start of the job would fail at once.",
+            "give --image IMAGE (a Docker image with Python, torch and distsetup) or --setup COMMANDS "
+            "(e.g. --setup 'pip install -r requirements.txt'), run on each node before the run.",
         )
 
 

@@ -42,8 +42,11 @@ def project(tmp_path, max_steps: int, checkpoint_interval: int):
     return root
 
 
+SOFTWARE_CHECK = "python3 -c 'import torch, distsetup' && echo distsetup: setup done"
 # CPU "nodes": Kubernetes pods that ask for no GPU, SkyPilot nodes of no accelerator
-CPU_NODES = {"skypilot": ("--accelerator", "none", "--checkpoint_bucket", "s3://bucket/runs")}
+CPU_NODES = {  # and the setup a SkyPilot node runs first: here, what checks that the node has the run's software
+    "skypilot": ("--accelerator", "none", "--checkpoint_bucket", "s3://bucket/runs", "--setup", SOFTWARE_CHECK)
+}
 KUBERNETES_CPU_PODS = ("--gpu_resource", "none", "--image", "distsetup-test:1")
 
 
@@ -87,6 +90,7 @@ def test_each_pod_of_two_nodes_joins_one_world_that_trains_and_checkpoints(run_c
     assert (pods.work / "runs" / "demo" / "checkpoints" / "step_0000003" / "COMPLETE").exists()
     log = pods.text()
     assert "node_rank 0 of 2" in log and "node_rank 1 of 2" in log
+    assert log.count("distsetup: setup done") == (2 if target == "skypilot" else 0)  # on each node, before its run
 
 
 def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(run_cli, tmp_path, monkeypatch):
@@ -118,3 +122,21 @@ def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(
     assert resumed == [(f"runs/demo/checkpoints/step_{step:07d}", str(step))], again.log()
     summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == step + 2
+
+
+def test_a_relative_script_is_found_in_the_image_and_runs_in_the_shared_volume(run_cli, tmp_path, monkeypatch):
+    """--script train.py on Kubernetes: the file in the folder the pod starts in (the image's), run in the shared
+    volume, where what it writes outlives the pod."""
+    root = project(tmp_path, max_steps=1, checkpoint_interval=1)
+    (root / "train.py").write_text(
+        "import os, pathlib\npathlib.Path(f\"ran-{os.environ['RANK']}\").write_text(os.getcwd())\n"
+    )
+    monkeypatch.chdir(root)
+    args = ["--config", "config.yaml", "--num_nodes", 1, "--num_gpus_per_node", 2, *KUBERNETES_CPU_PODS, "--name", "t1"]
+    result = run_cli("job", "--target", "jobset", *args, "--script", "train.py", "-o", "k8s/jobset.yaml")
+    assert result.exit_code == 0, result.output
+    pods = PodRunner(read_manifest(root / "k8s" / "jobset.yaml"), tmp_path / "pods", free_port(), PATH, workdir=root)
+    pods.start()
+    assert pods.wait(timeout=120) == [0], pods.log()
+    ran = {path.name: path.read_text() for path in pods.work.glob("ran-*")}
+    assert ran == {"ran-0": "/workspace", "ran-1": "/workspace"}, pods.log()

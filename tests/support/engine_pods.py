@@ -71,7 +71,9 @@ def pods(objects: list[dict], port: int) -> list[Pod]:
             "SKYPILOT_NUM_NODES": str(nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": task["resources"].get("accelerators", ":0").rsplit(":", 1)[1],
         }
-        return [Pod(f"node{i}", env | {"SKYPILOT_NODE_RANK": str(i)}, ["bash", "run.sh"]) for i in range(nodes)]
+        # SkyPilot runs the task's setup on each node, then its run
+        command = ["bash", "-c", "bash setup.sh && exec bash run.sh"] if "setup" in task else ["bash", "run.sh"]
+        return [Pod(f"node{i}", env | {"SKYPILOT_NODE_RANK": str(i)}, command) for i in range(nodes)]
     if any(o["kind"] == "JobSet" for o in objects):
         jobset = _one(objects, "JobSet")
         name, job = jobset["metadata"]["name"], jobset["spec"]["replicatedJobs"][0]
@@ -155,6 +157,8 @@ class PodRunner:
         self.cwd = workdir
         if "run" in objects[0]:
             (workdir / "run.sh").write_text(objects[0]["run"])
+            if "setup" in objects[0]:
+                (workdir / "setup.sh").write_text(objects[0]["setup"])
             ((bucket, _),) = objects[0]["file_mounts"].items()
             self.binds = [(str(self.work), bucket)]
         else:

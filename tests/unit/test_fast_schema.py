@@ -12,6 +12,7 @@ from repo import REPO
 from distsetup.formats.fast_schema import conforms
 from distsetup.formats.problems import load_schema, schema_problems
 from distsetup.formats.reading import parse_yaml
+from distsetup.jobs import forms
 
 SCHEMAS = ["deepspeed", "fsdp", "run_config"]
 ANY_JSON = st.recursive(
@@ -120,3 +121,21 @@ def test_shipped_files_take_the_fast_path(label, name, document):
 )
 def test_says_no_where_it_must(document, schema):
     assert not conforms(document, schema)
+
+
+@pytest.mark.parametrize(
+    "document, schema, valid",
+    [  # the forms of Kubernetes' names and sizes (jobs/forms.py): the fast path and jsonschema agree
+        ("my ns", forms.DNS_LABEL.schema(), False),
+        ("a" * 64, forms.DNS_LABEL.schema(), False),
+        ("16 GB", forms.QUANTITY.schema(), False),
+        ({"nvidia gpu": 1}, {"propertyNames": forms.RESOURCE_NAME.schema()}, False),
+        ("team-a", forms.DNS_LABEL.schema(), True),
+        ("runs.example.com", forms.DNS_SUBDOMAIN.schema(), True),
+        ("16Gi", forms.QUANTITY.schema(), True),
+        ("1.5e3", forms.QUANTITY.schema(), True),
+        ({"nvidia.com/gpu": 8, "cpu": "500m"}, {"propertyNames": forms.RESOURCE_NAME.schema()}, True),
+    ],
+)
+def test_the_forms_kubernetes_takes(document, schema, valid):
+    assert conforms(document, schema) == valid == jsonschema_valid(document, schema)

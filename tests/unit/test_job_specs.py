@@ -4,15 +4,18 @@ with the path to fix; bad flags are one line and write nothing. The entry point 
 real in tests/processes/test_kubernetes_jobs.py.)"""
 
 import copy
+import re
 
 import pytest
 import yaml
 from golden_files import check_golden
 from hostile_input import one_line_error
+from repo import REPO
 from shell_checks import shellcheck
 
 from distsetup.jobs.rules import manifest_problems
 from distsetup.jobs.spec import RESTART_STATUS
+from distsetup.scripts.launch_plan import SCRIPT_VARIABLES
 
 TARGETS = ("trainjob", "jobset", "pytorchjob")
 CONFIG = {
@@ -193,6 +196,29 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         [f"TrainingRuntime/llm-run-runtime.spec.template.{POD_SHOWN}.containers[0].env[0].name"],
     ),
     "runtime kind": ("trainjob", "TrainJob", "spec.runtimeRef.kind", None, ["TrainJob/llm-run.spec.runtimeRef.kind"]),
+    # the forms the API server holds names and sizes to (jobs/forms.py)
+    "namespace": ("jobset", "JobSet", "metadata.namespace", "my ns", ["JobSet/llm-run.metadata.namespace"]),
+    "size": (
+        "jobset",
+        "PersistentVolumeClaim",
+        "spec.resources.requests.storage",
+        "100 GB",
+        ["PersistentVolumeClaim/llm-run-work.spec.resources.requests.storage"],
+    ),
+    "resource": (
+        "jobset",
+        "JobSet",
+        f"{POD}.containers.0.resources.limits",
+        {"nvidia gpu": 8},
+        [f"JobSet/llm-run.{POD_SHOWN}.containers[0].resources.limits"],
+    ),
+    "class": (
+        "jobset",
+        "PersistentVolumeClaim",
+        "spec.storageClassName",
+        "Fast SSD",
+        ["PersistentVolumeClaim/llm-run-work.spec.storageClassName"],
+    ),
 }
 
 
@@ -247,13 +273,34 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
         (("--launch_method", "deepspeed"), ("--launch_method deepspeed", "torchrun")),
         (("--target", "slurm"), ("--target",)),
         (("--master_port", 30000), ("--master_port", "29500")),
+        (("--env", "NNODES=5"), ("--env NNODES", "--num_nodes")),  # the entry point's own: a world it would not form
+        (("--use_spot",), ("--use_spot", "SkyPilot flag")),
+        (("--checkpoint_bucket", "s3://b"), ("--checkpoint_bucket", "SkyPilot flag")),
+        (("--namespace", "my ns"), ("--namespace 'my ns'", "DNS label")),
+        (("--shm_size", "16 GB"), ("--shm_size '16 GB'", "quantity")),
+        (("--gpu_resource", "nvidia gpu"), ("--gpu_resource", "resource name")),
+        (("--checkpoint_claim", "Bad_Claim"), ("--checkpoint_claim", "DNS subdomain")),
     ],
-    ids=["image", "long name", "name", "grace", "auto", "launcher", "target", "port"],
+    ids=["image", "long name", "name", "grace", "auto", "launcher", "target", "port", "env"]
+    + ["spot", "bucket", "namespace", "shm", "resource", "claim"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     result = write(run_cli, "trainjob", *extra, nodes=2)
     one_line_error(result, *words)
     assert not (project / "k8s").exists()
+
+
+def test_env_may_not_set_what_the_scripts_set_themselves(run_cli, project):
+    """Every variable the scripts that take --env assign (slurm_job.sh, the entry point, their parts) is one --env
+    refuses, as its export would change the world they start or the program they run. ACCELERATE_USE_CPU and
+    PYTHONPATH are the user's to set: the scripts set the one only where it is unset and add to the other."""
+    templates = ["slurm_job.sh.j2", "pod_entry.sh.j2", *(path.name for path in (REPO / "templates").glob("_*.sh.j2"))]
+    assignment = re.compile(r"^\s*(?:export |local |\{\{ export_prefix \}\})?([A-Z][A-Z0-9_]*)=", re.MULTILINE)
+    assigned = {name for t in templates for name in assignment.findall((REPO / "templates" / t).read_text())}
+    assert {"NNODES", "WORKDIR", "TRAIN_ARGS"} <= assigned  # the templates were read
+    assert assigned - {"IFS", "ACCELERATE_USE_CPU", "PYTHONPATH"} <= SCRIPT_VARIABLES.keys()
+    one_line_error(run_cli("slurm", "--env", "MASTER_PORT=1", "-o", "job.sh"), "--env MASTER_PORT", "--master_port")
+    assert not (project / "job.sh").exists()
 
 
 def test_a_pytorchjob_takes_no_restart_limit_the_operator_would_not_keep(run_cli, project):
@@ -272,7 +319,14 @@ def test_a_world_the_deepspeed_files_batch_does_not_divide_is_refused(run_cli, p
     assert not (project / "k8s").exists()
 
 
-SKYPILOT = ("--accelerator", "H100", "--checkpoint_bucket", "s3://my-bucket/runs")
+SKYPILOT = (
+    "--accelerator",
+    "H100",
+    "--checkpoint_bucket",
+    "s3://my-bucket/runs",
+    "--setup",
+    "pip install -r requirements.txt",
+)
 
 
 def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_on_its_status(run_cli, project):
@@ -293,7 +347,14 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     entry = project / "run.sh"
     entry.write_text(task["run"])
     shellcheck([entry])
-    problems = manifest_problems([dict(task, resources=dict(task["resources"], accelerators="H100:4"))])
+    # one process a GPU, as many as SkyPilot gives a node (`sky jobs launch --gpus H100:4` too); a fixed count that
+    # differs from the GPUs asked for is a problem
+    gpus_given = 'NPROC_PER_NODE="${SKYPILOT_NUM_GPUS_PER_NODE:-8}"'
+    assert gpus_given in task["run"]
+    four = dict(task["resources"], accelerators="H100:4")
+    assert manifest_problems([dict(task, resources=four)]) == []
+    fixed = task["run"].replace(gpus_given, "NPROC_PER_NODE=8")
+    problems = manifest_problems([dict(task, resources=four, run=fixed)])
     assert [p.path for p in problems] == ["Task/distsetup.resources.accelerators"]
     del task["resources"]["job_recovery"]["recover_on_exit_codes"]
     assert [p.path for p in manifest_problems([task])] == [
@@ -307,10 +368,14 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     [
         (("--checkpoint_bucket", "s3://b/runs"), ("--accelerator", "H100")),
         (("--accelerator", "H100", "--checkpoint_bucket", "/mnt/runs"), ("--checkpoint_bucket", "s3://")),
-        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b", "--config", "OUTSIDE"), ("SkyPilot copies",)),
-        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b", "--config", "RELATIVE"), ("SkyPilot copies",)),
+        (SKYPILOT + ("--config", "OUTSIDE"), ("SkyPilot copies",)),
+        (SKYPILOT + ("--config", "RELATIVE"), ("SkyPilot copies",)),
+        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b"), ("--image or --setup",)),  # installs nothing
+        (("--accelerator", "H100;rm", "--checkpoint_bucket", "s3://b", "--setup", "x"), ("--accelerator", "GPU type")),
+        (SKYPILOT + ("--namespace", "team-a"), ("--namespace", "Kubernetes flag")),
+        (SKYPILOT + ("--gpu_resource", "none"), ("--gpu_resource", "Kubernetes flag")),
     ],
-    ids=["accelerator", "bucket", "outside", "relative outside"],
+    ids=["accelerator", "bucket", "outside", "relative outside", "no software", "gpu type", "namespace", "gpus"],
 )
 def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy

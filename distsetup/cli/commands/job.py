@@ -5,13 +5,19 @@ SkyPilot task, which `sky jobs launch` runs as a managed job."""
 
 import click
 
-from distsetup.cli.launch_options import launch_inputs, launch_options, launch_spec_from_options, regenerate_command
+from distsetup.cli.launch_options import (
+    launch_inputs,
+    launch_options,
+    launch_spec_from_options,
+    regenerate_command,
+    script_notes,
+)
 from distsetup.cli.options import option, positive
 from distsetup.cli.output import emit, refuse_generated_problems
 from distsetup.errors import DistsetupError
 from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
 from distsetup.jobs.rules import manifest_problems
-from distsetup.jobs.spec import TARGETS, JobSpec
+from distsetup.jobs.spec import BUCKET_MOUNT, KUBERNETES_ONLY, SKYPILOT_ONLY, TARGETS, JobSpec
 from distsetup.scripts.launch_plan import parse_env_pairs
 
 
@@ -33,22 +39,24 @@ Examples:
     "skypilot (a SkyPilot task).",
 )
 @launch_options
-@option("image", help="Container image with Python, torch and distsetup (and your code and data) installed.")
+@option(
+    "image",
+    help="Container image with Python, torch and distsetup (and your code and data) installed; on SkyPilot, a Docker "
+    "image (resources.image_id), or --setup.",
+)
 @option("name", default="distsetup", show_default=True, help="The job's name (a DNS label; pods are named after it).")
 @option("namespace", help="Namespace of every object (else kubectl's current one).")
 @option(
     "gpu_resource",
-    default="nvidia.com/gpu",
-    show_default=True,
-    help="The resource each pod asks --num_gpus_per_node of; 'none' for CPU pods.",
+    help="The resource each pod asks --num_gpus_per_node of; 'none' for CPU pods [nvidia.com/gpu].",
 )
 @option(
     "checkpoint_claim",
     help="An existing ReadWriteMany PersistentVolumeClaim to work in [a claim NAME-work is written].",
 )
-@option("checkpoint_storage", default="100Gi", show_default=True, help="Size of the claim written.")
+@option("checkpoint_storage", help="Size of the claim written [100Gi].")
 @option("storage_class", help="StorageClass of the claim written (one that offers ReadWriteMany).")
-@option("shm_size", default="16Gi", show_default=True, help="/dev/shm of each pod (memory-backed; 64 MB otherwise).")
+@option("shm_size", help="/dev/shm of each pod (memory-backed; 64 MB otherwise) [16Gi].")
 @option(
     "grace_seconds",
     type=positive,
@@ -71,6 +79,12 @@ Examples:
 @option("accelerator", help="SkyPilot: the GPU type, e.g. H100 (--num_gpus_per_node of them); none for CPU nodes.")
 @option("checkpoint_bucket", help="SkyPilot: the bucket the run works in, e.g. s3://my-bucket/runs.")
 @option("use_spot", is_flag=True, help="SkyPilot: spot instances (preempted, then recovered and resumed).")
+@option(
+    "setup",
+    metavar="COMMANDS",
+    help="SkyPilot: what installs Python, torch and distsetup on each node, e.g. 'pip install -r requirements.txt' "
+    "(or --image).",
+)
 @option("env", multiple=True, metavar="KEY=VALUE", help="Export a variable on every node (repeatable).")
 @option(
     "output",
@@ -91,24 +105,24 @@ def job(target, output, dry_run, **opts):
         raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
     output = output or default_output(target)
     launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
+    given = {key: opts[key] for key in (*KUBERNETES_ONLY, *SKYPILOT_ONLY) if opts[key] not in (None, False)}
+    given.update({key: "" for key in ("gpu_resource", "accelerator") if given.get(key) == "none"})  # CPU nodes
     spec = JobSpec(
         target=target,
         name=opts["name"],
         launch=launch,
         image=opts["image"],
-        namespace=opts["namespace"],
-        gpu_resource="" if opts["gpu_resource"] == "none" else opts["gpu_resource"],
-        checkpoint_claim=opts["checkpoint_claim"],
-        checkpoint_storage=opts["checkpoint_storage"],
-        storage_class=opts["storage_class"],
-        shm_size=opts["shm_size"],
         grace_seconds=opts["grace_seconds"],
         checkpoint_seconds=opts["checkpoint_seconds"],
         max_restarts=opts["max_restarts"],
-        accelerator="" if opts["accelerator"] == "none" else opts["accelerator"],
-        checkpoint_bucket=opts["checkpoint_bucket"],
-        use_spot=opts["use_spot"],
+        **given,
     )
+    if target == "skypilot" and not launch.runs_default_trainer:  # the program comes from this folder
+        notes += script_notes(launch, run_command=None)
+        notes.append(
+            f"a node's disk goes with the node: your program writes what a recovered job resumes from under "
+            f"{BUCKET_MOUNT} (the bucket), as distsetup's trainer does."
+        )
     command_line = regenerate_command("job")
     objects = job_documents(spec, command_line)
     refuse_generated_problems(manifest_problems(objects))
