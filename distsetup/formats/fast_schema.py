@@ -12,6 +12,7 @@ KNOWN_KEYWORDS = {
     "$schema",
     "title",
     "description",
+    "examples",
     "type",
     "enum",
     "minimum",

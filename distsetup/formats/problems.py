@@ -118,7 +118,8 @@ def _describe(error) -> tuple[str, str]:
     if error.validator == "required":
         return error.message + ".", "add it."
     if error.validator in ("pattern", "maxLength") and "description" in error.schema:  # a form (jobs/forms.py)
-        return f"{value!r} is not {error.schema['description']}.", f"write {error.schema['description']}."
+        examples = error.schema.get("examples", [])
+        return f"{value!r} is not {error.schema['description']}.", (f"e.g. {examples[0]}." if examples else "fix it.")
     return error.message + ".", "see the schema in distsetup/formats/schemas/."
 
 

@@ -2,9 +2,7 @@
 training-operator v1.9.4): the containers they look for, the pods' host names and the address of node 0, and the
 rule their names follow."""
 
-import re
-
-from distsetup.jobs.forms import DNS_SUBDOMAIN
+from distsetup.jobs.forms import DNS_1035_LABEL, DNS_SUBDOMAIN
 
 # The engines' API versions
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -18,7 +16,7 @@ CONTAINER = {"trainjob": "node", "jobset": "node", "pytorchjob": "pytorch"}
 REPLICATED_JOB = "node"
 # How Kubeflow Trainer finds the replicated Job its trainer settings apply to
 ANCESTOR_LABEL, TRAINER_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
-DNS_LABEL_MAX = 63
+DNS_LABEL_MAX = DNS_1035_LABEL.max_length
 
 
 def jobset_job_name(jobset: str, replicated_job: str = REPLICATED_JOB, job_index: int = 0) -> str:
@@ -44,7 +42,6 @@ def pytorchjob_master_address(job: str) -> str:
 
 # The Job controller's random suffix of an indexed pod's name, which JobSet's webhook counts
 POD_SUFFIX = "-abcde"
-_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def longest_names(target: str, name: str, nodes: int, replicated_job: str = REPLICATED_JOB, replicas: int = 1):
@@ -73,12 +70,8 @@ def name_problem(
 ) -> tuple[str, str] | None:
     """(what is wrong, the fix) with a job's name, or None: an RFC 1035 label (TrainJob's CEL rule, the operators'
     webhooks), short enough for the longest names the engine makes of it (a SkyPilot task's is its own)."""
-    if not _DNS_1035_LABEL.match(name) or len(name) > DNS_LABEL_MAX:
-        return (
-            f"{name!r} is not a DNS label (at most {DNS_LABEL_MAX} lower-case letters, digits and '-', starting with a "
-            "letter, ending with a letter or digit).",
-            "e.g. llm-run-1.",
-        )
+    if not DNS_1035_LABEL.fits(name):
+        return f"{name!r} is not {DNS_1035_LABEL.said}.", f"e.g. {DNS_1035_LABEL.example}."
     made = [] if target == "skypilot" else longest_names(target, name, nodes, replicated_job, replicas)
     too_long = [made_name for made_name in made if len(made_name) > DNS_LABEL_MAX]
     if too_long:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = rf"{_LABEL}(\.{_LABEL})*"
+_RESOURCE = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"  # a resource's own name, at most 63 characters
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,16 @@ class Form:
     def fits(self, value: str) -> bool:
         return len(value) <= self.max_length and re.fullmatch(self.pattern, value) is not None
 
-    def schema(self) -> dict:
-        """The JSON Schema of a string of this form; `description` is what a problem says (formats/problems.py)."""
+    def schema(self, or_empty: bool = False) -> dict:
+        """The JSON Schema of a string of this form (`or_empty`: or ""); its `description` and `examples` are what
+        a problem says (formats/problems.py). The pattern ends at the string's end, not before a final newline."""
+        pattern = f"(?:{self.pattern})?" if or_empty else f"(?:{self.pattern})"
         return {
             "type": "string",
-            "pattern": f"^{self.pattern}$",
+            "pattern": f"^{pattern}(?![\\s\\S])",
             "maxLength": self.max_length,
             "description": self.said,
+            "examples": [self.example],
         }
 
     def problem(self, flag: str, value: str | None) -> tuple[str, str] | None:
@@ -37,18 +41,31 @@ class Form:
 
 
 DNS_LABEL = Form(_LABEL, 63, "a DNS label (at most 63 lower-case letters, digits and '-')", "team-a")
+# An object name that must also start with a letter (RFC 1035): TrainJob's CEL rule, the operators' webhooks
+DNS_1035_LABEL = Form(
+    r"[a-z]([-a-z0-9]*[a-z0-9])?",
+    63,
+    "a DNS label (at most 63 lower-case letters, digits and '-', starting with a letter, ending with a letter or "
+    "digit)",
+    "llm-run-1",
+)
 DNS_SUBDOMAIN = Form(
     _SUBDOMAIN, 253, "a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253)", "shared-runs"
 )
-# A resource's name: an optional DNS-subdomain prefix and '/', then a name of letters, digits, '-', '_' and '.'
+# A container's resource: a standard one (cpu, memory) or an extended one, DOMAIN/NAME
 RESOURCE_NAME = Form(
-    rf"({_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?",
+    rf"({_SUBDOMAIN}/)?{_RESOURCE}", 253 + 1 + 63, "a resource name (cpu, memory, or a domain, '/' and a name)", "cpu"
+)
+# What GPUs are asked for as: an extended resource, outside the kubernetes.io domain and not a quota's requests.
+GPU_RESOURCE = Form(
+    rf"(?!requests\.)(?!([^/]*\.)?kubernetes\.io/){_SUBDOMAIN}/{_RESOURCE}",
     253 + 1 + 63,
-    "a resource name (e.g. nvidia.com/gpu: a domain, '/', letters, digits, '-', '_' and '.')",
+    "an extended resource name (a domain other than kubernetes.io, '/' and a name, e.g. nvidia.com/gpu)",
     "amd.com/gpu",
 )
+# A size: a number and a unit (Quantity's, without the sign a size cannot have)
 QUANTITY = Form(
-    r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?",
+    r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?",
     64,
     "a quantity (a number and a unit such as Gi, G or M, with no space)",
     "16Gi",

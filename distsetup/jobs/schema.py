@@ -370,7 +370,7 @@ def schemas() -> dict[tuple[str, str], dict]:
                             "limits": RESOURCE_QUANTITIES,
                         }
                     ),
-                    "storageClassName": forms.DNS_SUBDOMAIN.schema(),
+                    "storageClassName": forms.DNS_SUBDOMAIN.schema(or_empty=True),  # "": no provisioning
                     **{key: ANY for key in ("dataSource", "dataSourceRef", "selector", "volumeMode", "volumeName")},
                     "volumeAttributesClassName": STRING,
                 }

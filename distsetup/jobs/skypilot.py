@@ -107,6 +107,7 @@ def task_problems(task: dict) -> list[Problem]:
     if "DISTSETUP_PREEMPTED_FILE" not in run:
         return []  # another program's task: SkyPilot's schema is all
     problems = []
+    # a task written by hand or edited (distsetup job refuses the flags that would leave both out, naming them)
     if not task.get("setup") and "image_id" not in task.get("resources", {}):
         problems.append(
             Problem(

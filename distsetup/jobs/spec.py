@@ -2,7 +2,7 @@
 engine and its image or GPU type, where checkpoints live, and the preemption contract (the grace period a node has
 after SIGTERM, the time a checkpoint takes). Checked here, each problem one line naming the flag."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
 from distsetup.jobs import forms
@@ -27,7 +27,12 @@ WORK_MOUNT = "/workspace"
 BUCKET_MOUNT = "/distsetup-work"
 BUCKET_SCHEMES = ("s3://", "gs://", "r2://", "cos://", "oci://", "https://")  # SkyPilot's stores (Azure: https)
 # A SkyPilot accelerator's name, as its catalogs write them (H100, A100-80GB, tpu-v5e-8)
-ACCELERATOR = forms.Form(r"[A-Za-z0-9][-A-Za-z0-9_.]*", 64, "a GPU type (letters, digits, '-', '_' and '.')", "H100")
+ACCELERATOR = forms.Form(
+    r"[A-Za-z0-9][-A-Za-z0-9_.]*",
+    64,
+    "a GPU type (letters, digits, '-', '_' and '.')",
+    "H100 (the count is --num_gpus_per_node)",
+)
 # What only one kind of engine reads (JobSpec's fields, the flags of the same names)
 KUBERNETES_ONLY = ("namespace", "gpu_resource", "checkpoint_claim", "checkpoint_storage", "storage_class", "shm_size")
 SKYPILOT_ONLY = ("accelerator", "checkpoint_bucket", "use_spot", "setup")
@@ -91,7 +96,6 @@ def check_job(spec: JobSpec) -> None:
             "job on 1-127; no limit counts those restarts.",
             "drop --max_restarts, or use --target trainjob or jobset (the world restarts as one, up to the limit).",
         )
-    _check_for_another_engine(spec)
     if launch.nproc_per_node is None:
         raise DistsetupError(
             "distsetup job needs a number for --num_gpus_per_node (not auto, and not left out).",
@@ -109,18 +113,16 @@ def check_job(spec: JobSpec) -> None:
         raise DistsetupError(f"--grace_seconds {found[0]}", found[1].replace("give it", "give --grace_seconds"))
 
 
-def _check_for_another_engine(spec: JobSpec) -> None:
-    """A flag only the other kind of engine reads is refused, not left unused."""
-    on_skypilot = spec.target == "skypilot"
-    defaults = {field.name: field.default for field in fields(JobSpec)}
-    given = [
-        name for name in (KUBERNETES_ONLY if on_skypilot else SKYPILOT_ONLY) if getattr(spec, name) != defaults[name]
-    ]
-    if given:
+def check_flags_for_target(target: str, given: list[str]) -> None:
+    """Of the flags `given` (JobSpec's field names), one only the other kind of engine reads is refused, not left
+    unused (given at its default value too)."""
+    on_skypilot = target == "skypilot"
+    other = [name for name in given if name in (KUBERNETES_ONLY if on_skypilot else SKYPILOT_ONLY)]
+    if other:
         kind, own = ("a Kubernetes", SKYPILOT_ONLY) if on_skypilot else ("a SkyPilot", KUBERNETES_ONLY)
         raise DistsetupError(
-            f"--{given[0]} is {kind} flag: --target {spec.target} does not read it.",
-            f"drop it (--target {spec.target} takes {', '.join('--' + name for name in own)}).",
+            f"--{other[0]} is {kind} flag: --target {target} does not read it.",
+            f"drop it (--target {target} takes {', '.join('--' + name for name in own)}).",
         )
 
 
@@ -135,7 +137,7 @@ def _check_kubernetes(spec: JobSpec) -> None:
         ("--storage_class", spec.storage_class, forms.DNS_SUBDOMAIN),
         ("--checkpoint_storage", spec.checkpoint_storage, forms.QUANTITY),
         ("--shm_size", spec.shm_size, forms.QUANTITY),
-        ("--gpu_resource", spec.gpu_resource or None, forms.RESOURCE_NAME),
+        ("--gpu_resource", spec.gpu_resource or None, forms.GPU_RESOURCE),
     ):
         if found := form.problem(flag, value):
             raise DistsetupError(*found)

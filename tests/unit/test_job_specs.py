@@ -10,7 +10,6 @@ import pytest
 import yaml
 from golden_files import check_golden
 from hostile_input import one_line_error
-from repo import REPO
 from shell_checks import shellcheck
 
 from distsetup.jobs.rules import manifest_problems
@@ -23,6 +22,16 @@ CONFIG = {
     "training": {"micro_batch_size": 2, "output_dir": "runs/demo"},
     "distributed": {"backend": "ddp"},
 }
+
+
+SKYPILOT = (
+    "--accelerator",
+    "H100",
+    "--checkpoint_bucket",
+    "s3://my-bucket/runs",
+    "--setup",
+    "pip install -r requirements.txt",
+)
 
 
 @pytest.fixture
@@ -212,6 +221,7 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         {"nvidia gpu": 8},
         [f"JobSet/llm-run.{POD_SHOWN}.containers[0].resources.limits"],
     ),
+    "namespace newline": ("jobset", "JobSet", "metadata.namespace", "team-a\n", ["JobSet/llm-run.metadata.namespace"]),
     "class": (
         "jobset",
         "PersistentVolumeClaim",
@@ -240,6 +250,14 @@ def test_a_mutated_spec_fails_with_the_path_to_fix(run_cli, project, mutation):
     assert manifest_problems(documents) == []
     problems = manifest_problems(mutated(documents, lambda d: set_or_drop(d, kind, path, value)))
     assert [p.path for p in problems] == expected, problems
+
+
+def test_an_empty_storage_class_is_no_provisioning_and_valid(run_cli, project):
+    assert write(run_cli, "jobset").exit_code == 0
+    no_class = mutated(
+        objects(project, "jobset"), lambda d: set_in(d, "PersistentVolumeClaim", "spec.storageClassName", "")
+    )
+    assert manifest_problems(no_class) == []
 
 
 def test_validate_reads_a_broken_manifest_and_names_the_field(run_cli, project):
@@ -280,9 +298,11 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
         (("--shm_size", "16 GB"), ("--shm_size '16 GB'", "quantity")),
         (("--gpu_resource", "nvidia gpu"), ("--gpu_resource", "resource name")),
         (("--checkpoint_claim", "Bad_Claim"), ("--checkpoint_claim", "DNS subdomain")),
+        (("--gpu_resource", "gpu"), ("--gpu_resource", "extended resource")),  # no domain: not a device's
+        (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "quantity")),
     ],
     ids=["image", "long name", "name", "grace", "auto", "launcher", "target", "port", "env"]
-    + ["spot", "bucket", "namespace", "shm", "resource", "claim"],
+    + ["spot", "bucket", "namespace", "shm", "resource", "claim", "no domain", "negative"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     result = write(run_cli, "trainjob", *extra, nodes=2)
@@ -290,14 +310,29 @@ def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words
     assert not (project / "k8s").exists()
 
 
+# Scripts that take --env, written as every launcher and engine writes them
+ENV_TAKING_SCRIPTS = {
+    "slurm torchrun": ("slurm", "--requeue", "--python_module", "train"),
+    "slurm deepspeed": ("slurm", "--launch_method", "deepspeed", "--script", "train.py"),
+    "slurm accelerate": ("slurm", "--launch_method", "accelerate", "--use_deepspeed", "--deepspeed_config", "ds.json"),
+    "jobset": ("job", "--target", "jobset", "--image", "i:1", "--script", "train.py"),
+    "skypilot": ("job", "--target", "skypilot", *SKYPILOT, "--python_module", "train"),
+}
+# An assignment: at a line's start or after && / ||, with export or local, or mapfile's
+ASSIGNMENT = re.compile(r"(?:^\s*|&& |\|\| )(?:export |local )?([A-Z][A-Z0-9_]*)=|mapfile -t ([A-Z][A-Z0-9_]*)", re.M)
+
+
 def test_env_may_not_set_what_the_scripts_set_themselves(run_cli, project):
-    """Every variable the scripts that take --env assign (slurm_job.sh, the entry point, their parts) is one --env
-    refuses, as its export would change the world they start or the program they run. ACCELERATE_USE_CPU and
-    PYTHONPATH are the user's to set: the scripts set the one only where it is unset and add to the other."""
-    templates = ["slurm_job.sh.j2", "pod_entry.sh.j2", *(path.name for path in (REPO / "templates").glob("_*.sh.j2"))]
-    assignment = re.compile(r"^\s*(?:export |local |\{\{ export_prefix \}\})?([A-Z][A-Z0-9_]*)=", re.MULTILINE)
-    assigned = {name for t in templates for name in assignment.findall((REPO / "templates" / t).read_text())}
-    assert {"NNODES", "WORKDIR", "TRAIN_ARGS"} <= assigned  # the templates were read
+    """Every variable the scripts that take --env assign (slurm_job.sh, the entry point) is one --env refuses, as its
+    export would change the world they start or the program they run. ACCELERATE_USE_CPU and PYTHONPATH are the
+    user's to set: the scripts set the one only where it is unset and add to the other."""
+    (project / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 2}')
+    assigned = set()
+    for name, args in ENV_TAKING_SCRIPTS.items():
+        result = run_cli(*args, "--config", "config.yaml", "--num_gpus_per_node", 8, "--num_nodes", 2, "-o", "-")
+        assert result.exit_code == 0, (name, result.output)
+        assigned |= {a or b for a, b in ASSIGNMENT.findall(result.stdout)}
+    assert {"NNODES", "WORKDIR", "TRAIN_ARGS", "PYTHON", "DEEPSPEED_CONFIG", "HOSTFILE"} <= assigned
     assert assigned - {"IFS", "ACCELERATE_USE_CPU", "PYTHONPATH"} <= SCRIPT_VARIABLES.keys()
     one_line_error(run_cli("slurm", "--env", "MASTER_PORT=1", "-o", "job.sh"), "--env MASTER_PORT", "--master_port")
     assert not (project / "job.sh").exists()
@@ -317,16 +352,6 @@ def test_a_world_the_deepspeed_files_batch_does_not_divide_is_refused(run_cli, p
     result = write(run_cli, "jobset", "--deepspeed_config", "ds.json", nodes=2)  # 2 x 8 GPUs do not divide 24
     one_line_error(result, "24")
     assert not (project / "k8s").exists()
-
-
-SKYPILOT = (
-    "--accelerator",
-    "H100",
-    "--checkpoint_bucket",
-    "s3://my-bucket/runs",
-    "--setup",
-    "pip install -r requirements.txt",
-)
 
 
 def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_on_its_status(run_cli, project):
@@ -374,8 +399,9 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
         (("--accelerator", "H100;rm", "--checkpoint_bucket", "s3://b", "--setup", "x"), ("--accelerator", "GPU type")),
         (SKYPILOT + ("--namespace", "team-a"), ("--namespace", "Kubernetes flag")),
         (SKYPILOT + ("--gpu_resource", "none"), ("--gpu_resource", "Kubernetes flag")),
+        (SKYPILOT + ("--shm_size", "16Gi"), ("--shm_size", "Kubernetes flag")),  # its default value, given
     ],
-    ids=["accelerator", "bucket", "outside", "relative outside", "no software", "gpu type", "namespace", "gpus"],
+    ids=["accelerator", "bucket", "outside", "relative outside", "no software", "gpu type", "namespace", "gpus", "shm"],
 )
 def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy
