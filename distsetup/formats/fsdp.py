@@ -57,14 +57,19 @@ class FsdpSpec:
 
     @classmethod
     def from_dict(cls, config: dict) -> "FsdpSpec":
-        """The spec a file states; what it leaves out takes the defaults above (call fsdp_problems first).
-        A file without fsdp_version is read as FSDP2, the version distsetup writes and its trainer runs."""
+        """The spec a file states, in any spelling Accelerate reads (as_accelerate_reads); what it leaves out takes
+        the defaults above (call fsdp_problems first). A file without fsdp_version is read as FSDP2, the version
+        distsetup writes and its trainer runs; one without a sharding strategy as Accelerate reads it, FULL_SHARD
+        (FSDP2: as fsdp_reshard_after_forward says)."""
+        config = as_accelerate_reads(config)[0]
         values = {name: config[key] for name, key in KEYS.items() if key in config}
         if TRAINER_CPU_OFFLOAD in config:
             values.setdefault("cpu_offload", config[TRAINER_CPU_OFFLOAD])
         if isinstance(values.get("reshard_after_forward"), str):  # FSDP1's strategy, the HF Trainer's way
             values.setdefault("sharding_strategy", values["reshard_after_forward"])
             values["reshard_after_forward"] = None
+        if "sharding_strategy" not in values and values.get("reshard_after_forward") is False:
+            values["sharding_strategy"] = "SHARD_GRAD_OP"  # FSDP2's way of saying it
         if "mixed_precision" in values:
             values["mixed_precision"] = FLAG_FOR_PRECISION[PRECISION_OF_FILE[values["mixed_precision"]]]
         if "transformer_layer_cls_to_wrap" in values:
@@ -111,6 +116,43 @@ KEYS = {
     "use_orig_params": "fsdp_use_orig_params",
     "reshard_after_forward": "fsdp_reshard_after_forward",
 }
+
+
+# The HF Trainer's fsdp_config takes each key without its fsdp_ prefix too (TrainingArguments strips it).
+UNPREFIXED = {
+    key.removeprefix("fsdp_"): key for key in (*KEYS.values(), TRAINER_CPU_OFFLOAD) if key.startswith("fsdp_")
+}
+# Names Accelerate's FullyShardedDataParallelPlugin upper-cases before reading them (accelerate/utils/dataclasses.py)
+NAMED = {
+    "fsdp_sharding_strategy": SHARDING_STRATEGIES,
+    "fsdp_backward_prefetch": BACKWARD_PREFETCH,
+    "fsdp_state_dict_type": (*STATE_DICT_TYPES, "LOCAL_STATE_DICT"),
+    "fsdp_auto_wrap_policy": WRAP_POLICIES,
+}
+
+
+def as_accelerate_reads(config: dict) -> tuple[dict, list[str]]:
+    """An FSDP file's settings in the spelling distsetup writes, read as Accelerate and the HF Trainer read them: a
+    key without its fsdp_ prefix (the HF Trainer's fsdp_config), a name in any case, a sharding strategy by its
+    number (1-5, FULL_SHARD first), the classes to wrap as a list; and a note for each read in another spelling."""
+    read, notes, unprefixed = {}, [], []
+    for key, value in config.items():
+        full = UNPREFIXED.get(key, key)
+        if full != key:
+            unprefixed.append(key)
+        spelled = value
+        if isinstance(value, str) and value.upper() in NAMED.get(full, ()):
+            spelled = value.upper()
+        if full == "fsdp_sharding_strategy" and str(value).isdigit() and 1 <= int(value) <= len(SHARDING_STRATEGIES):
+            spelled = SHARDING_STRATEGIES[int(value) - 1]
+        if full == "fsdp_transformer_layer_cls_to_wrap" and isinstance(value, list):
+            spelled = ",".join(map(str, value)) if all(isinstance(name, str) for name in value) else value
+        if spelled != value:
+            notes.append(f"{full}: {value!r} is read as {spelled!r}, as Accelerate and the HF Trainer read it.")
+        read[full] = spelled
+    if unprefixed:
+        notes.insert(0, f"{', '.join(unprefixed)}: read as fsdp_* keys, as the HF Trainer reads its fsdp_config.")
+    return read, notes
 
 
 def build_fsdp_config(spec: FsdpSpec) -> dict:

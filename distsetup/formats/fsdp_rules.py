@@ -3,7 +3,14 @@ flags for `distsetup fsdp` (`check_fsdp_spec`) and in the file's keys for `valid
 Accelerate and the HF Trainer would read differently."""
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.fsdp import KEYS, MIXED_PRECISION, TRAINER_CPU_OFFLOAD, TRANSFORMER, FsdpSpec
+from distsetup.formats.fsdp import (
+    KEYS,
+    MIXED_PRECISION,
+    TRAINER_CPU_OFFLOAD,
+    TRANSFORMER,
+    FsdpSpec,
+    as_accelerate_reads,
+)
 from distsetup.formats.problems import Problem, Violation, schema_problems
 from distsetup.formats.runconfig import BUILTIN_BLOCK
 
@@ -137,6 +144,7 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
     blocks to wrap are model.layer_classes."""
     # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
     implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
+    config, spellings = (config, []) if inline else as_accelerate_reads(config)
     problems = schema_problems({**implied, **config} if inline else config, "fsdp")
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
     readable = {key: value for key, value in config.items() if key not in wrong}
@@ -150,7 +158,7 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
     problems += _reader_problems(readable) + [
         Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
     ]
-    notes = [v.message.format_map(words) for v in broken if v.said]
+    notes = spellings + [v.message.format_map(words) for v in broken if v.said]
     return problems, notes
 
 
@@ -177,7 +185,7 @@ def _reader_problems(config: dict) -> list[Problem]:
             )
         )
     strategy = config.get("fsdp_sharding_strategy")
-    if version == 1 and reshard is not None and reshard != strategy:
+    if version == 1 and reshard is not None and strategy is not None and reshard != strategy:  # None: required
         problems.append(
             Problem(
                 "fsdp_reshard_after_forward",

@@ -8,7 +8,7 @@ from typing import NamedTuple
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
 from distsetup.formats.deepspeed_rules import deepspeed_notes, deepspeed_problems
-from distsetup.formats.fsdp import FsdpSpec, reader_notes
+from distsetup.formats.fsdp import UNPREFIXED, FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
@@ -18,6 +18,9 @@ from distsetup.formats.runconfig_load import check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
+# An FSDP file's keys as the HF Trainer's fsdp_config spells them, without fsdp_ (but activation_checkpointing,
+# which a DeepSpeed file has too)
+HF_TRAINER_FSDP_KEYS = set(UNPREFIXED) - {"activation_checkpointing"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -28,7 +31,7 @@ def detect_kind(path: Path, data: dict) -> str:
         return "training_args"
     if path.suffix in YAML_SUFFIXES:
         return "run_config"
-    if any(k.startswith("fsdp_") for k in data):
+    if any(k.startswith("fsdp_") or k in HF_TRAINER_FSDP_KEYS for k in data):
         return "fsdp"
     return "deepspeed"
 

@@ -180,6 +180,7 @@ class Estimate:
     autocast_weights: float = 0.0  # torch.autocast's 16-bit copies of fp32 weights, kept through forward
     activation_checkpointing: bool = False
     fits: bool = False
+    host_fits: bool = True  # the node's host memory (--cpu_memory) holds its offloaded state and set-up
     keeps_deepspeed_sizes: bool = False  # ZeRO's buffers at DeepSpeed's sizes (zero_buffer), not the hidden size's
 
     def setup_per_node(self, gpus_per_node: int) -> float:
@@ -383,4 +384,4 @@ def estimate(
     )
     host_peak = max(est.cpu_per_node, est.setup_per_node(hw.gpus_per_node))
     cpu_ok = hw.cpu_memory is None or host_peak <= hw.cpu_memory * (1 - hw.headroom)
-    return replace(est, fits=est.total <= est.usable and cpu_ok)
+    return replace(est, fits=est.total <= est.usable and cpu_ok, host_fits=cpu_ok)

@@ -136,9 +136,10 @@ def what_would_fit(
                     "checkpointing (raise gradient accumulation to keep the global batch)."
                 )
                 break
+    sharding = [key for key in ("zero3", "fsdp_full_shard") if allowed is None or key in allowed] or list(allowed or ())
     for nodes in (2, 4, 8, 16, 32, 64, 128, 256):
         bigger = replace(hw, num_nodes=hw.num_nodes * nodes)
-        for key in ("zero3", "fsdp_full_shard"):
+        for key in sharding:
             if estimate(BY_KEY[key], model, bigger, one, 1, True).fits:
                 advice.append(
                     f"more GPUs: {BY_KEY[key].label} fits micro-batch 1 on {bigger.num_nodes} nodes x "

@@ -161,3 +161,39 @@ def _file_values(spec: FsdpSpec, option: str) -> dict:
     """The file's key and value for `option` of `spec` (the one build_fsdp_config may leave out)."""
     value = getattr(spec, option)
     return {} if value is None else {KEYS[option]: value}
+
+
+def test_the_spellings_accelerate_and_the_hf_trainer_read_mean_the_same(run_cli, tmp_path):
+    """An FSDP file as the HF Trainer's fsdp_config spells it (keys without fsdp_, lower-case names, the classes to
+    wrap as a list) and with Accelerate's numbered sharding strategy: no problem, a note for the spellings, and the
+    spec distsetup's own spelling gives (the trainer reads it so too)."""
+    canonical = {
+        "fsdp_version": 1,
+        "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "A,B",
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    }
+    other = {
+        "fsdp_version": 1,
+        "fsdp_sharding_strategy": 2,
+        "auto_wrap_policy": "transformer_based_wrap",
+        "transformer_layer_cls_to_wrap": ["A", "B"],
+        "backward_prefetch": "backward_pre",
+        "state_dict_type": "sharded_state_dict",
+    }
+    assert FsdpSpec.from_dict(other) == FsdpSpec.from_dict(canonical)
+    path = tmp_path / "fsdp.json"
+    path.write_text(json.dumps(other))
+    result = run_cli("validate", path)
+    assert result.exit_code == 0 and "FSDP config, no problems" in result.stdout, result.output
+    assert "2 is read as 'SHARD_GRAD_OP'" in result.stdout + result.stderr
+
+
+def test_an_fsdp2_file_says_its_sharding_with_reshard_after_forward_as_accelerate_writes_it(run_cli, tmp_path):
+    """Accelerate's FSDP2 config has no sharding strategy: fsdp_reshard_after_forward says it."""
+    path = tmp_path / "fsdp.json"
+    path.write_text(json.dumps({"fsdp_version": 2, "fsdp_reshard_after_forward": False}))
+    assert run_cli("validate", path).exit_code == 0
+    assert FsdpSpec.from_dict(json.loads(path.read_text())).sharding_strategy == "SHARD_GRAD_OP"

@@ -437,6 +437,16 @@ def test_setup_counts_one_whole_model_on_rank_0_whatever_the_strategy():
         assert e.fits == (e.cpu_per_node <= 90 * GB), strategy.key
 
 
+def test_the_table_says_what_the_host_memory_does_not_hold(run_cli):
+    """A row whose offloaded state a node's --cpu_memory does not hold is "no (CPU)" in the table, as its JSON is
+    not fit (the table said "yes" from the GPU's figure alone); a row whose GPU figure fits and host holds it, yes."""
+    args = ["plan", "--params", "7B", "--num_gpus", "8", "--gpu_memory", "80GB", "--bf16", "--cpu_memory", "64GB"]
+    verdicts = {line[:34].strip(): line.split()[-1] for line in run_cli(*args).stdout.splitlines()[2:12]}
+    fits = {e["label"]: e["fits"] for e in json.loads(run_cli(*args, "--json").stdout)["estimates"]}
+    assert verdicts["ZeRO-2 + optimizer offload"] == "(CPU)" and not fits["ZeRO-2 + optimizer offload"]
+    assert verdicts["ZeRO-3"] == "yes" and fits["ZeRO-3"]
+
+
 # torch.cuda.max_memory_allocated of benchmarks/gpu_throughput.py's runs in the GPU check on an NVIDIA H200
 # (2026-11-26; torch 2.11, DeepSpeed 0.19.8): a 1B GPT of 20 blocks x 2048, sequence 2048, micro-batch 4, bf16, one
 # process. `distsetup plan` strategy -> GB: the plain run (DDP's on one GPU), FSDP2 and ZeRO-3 with the trainer's sizes.

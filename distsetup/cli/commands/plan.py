@@ -302,7 +302,10 @@ def render_table(result: Plan, command: str | None) -> str:
     rows = [COLUMNS]
     for e in result.estimates:
         fits_ac = replace(e, activation_checkpointing=True)
-        verdict = "yes" if e.total <= e.usable else ("with ckpt" if fits_ac.total <= e.usable else "no")
+        if not e.host_fits:
+            verdict = "no (CPU)"
+        else:
+            verdict = "yes" if e.total <= e.usable else ("with ckpt" if fits_ac.total <= e.usable else "no")
         rows.append(
             (
                 e.label,
@@ -330,7 +333,7 @@ def render_table(result: Plan, command: str | None) -> str:
         "total: the peak, at the end of forward (the activations, autocast's 16-bit weights, and gradients only where "
         "they outlive a step or accumulate) or in the optimizer step (every state), plus gathered and buffers. "
         "CPU/node and set-up r0/rank are host memory: the node's offloaded state, and what rank 0 and each other "
-        "rank take at set-up (rank 0 alone builds the model whole)."
+        "rank take at set-up (rank 0 alone builds the model whole); fits 'no (CPU)': --cpu_memory does not hold them."
     )
     choice = result.choice
     if choice is None:
