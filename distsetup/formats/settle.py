@@ -129,9 +129,19 @@ def _settle_deepspeed(settled: Settled, cfg: RunConfig, config: dict, world_size
         _decide(settled, cfg, "grad_clip", config["gradient_clipping"], f"{file}'s gradient_clipping")
     optimizer = config.get("optimizer")
     if isinstance(optimizer, dict):
-        lr = (optimizer.get("params") or {}).get("lr")
+        params = optimizer.get("params") or {}
+        lr = params.get("lr")
         if isinstance(lr, (int, float)) and not isinstance(lr, bool):
             _decide(settled, cfg, "lr", lr, f"{file}'s optimizer {optimizer.get('type')}")
+        # DeepSpeed builds the optimizer from the block: its other settings decide too, said where they differ
+        t = cfg.training
+        for key, mine in (("betas", list(t.betas)), ("weight_decay", t.weight_decay)):
+            theirs = params.get(key)
+            if theirs is not None and theirs != "auto" and theirs != mine:
+                settled.notes.append(
+                    f"{key} {theirs} from {file}'s optimizer {optimizer.get('type')} (the run config's "
+                    f"{_run_config_source(cfg, key)} says {mine})."
+                )
     scheduler = config.get("scheduler")
     if isinstance(scheduler, dict):
         settled.scheduler, settled.sources["scheduler"] = str(scheduler.get("type")), f"{file}'s scheduler"

@@ -144,3 +144,16 @@ def test_activation_checkpointing_is_one_rule_for_the_trainer_and_doctor(
     said = [f["message"] for f in json.loads(doctor.stdout) if f["message"].startswith("activation checkpointing")]
     overridden = settled_mode != mode
     assert len(said) == int(overridden) and all("fsdp_activation_checkpointing" in line for line in said), said
+
+
+def test_a_files_optimizer_settings_that_differ_from_the_run_configs_are_said(tmp_path):
+    """DeepSpeed builds the optimizer from the file's block: its betas and weight decay decide, and a note says so
+    where the run config's differ (`distsetup deepspeed` writes DeepSpeed's betas, 0.999; the trainer's are 0.95)."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**TINY, "training": {"weight_decay": 0.1}}))
+    cfg = load_run_config(tmp_path / "config.yaml")
+    block = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "weight_decay": 0.1}}
+    notes = settle(cfg, {"optimizer": block}, None, 2).notes
+    assert [n for n in notes if "betas" in n or "weight_decay" in n] == [
+        "betas [0.9, 0.999] from the DeepSpeed file's optimizer AdamW (the run config's training.betas (default) "
+        "says [0.9, 0.95])."
+    ]

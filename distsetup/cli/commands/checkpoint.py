@@ -75,7 +75,8 @@ def ls(run: Path, as_json: bool):
 )
 @click.option("--max_shard_size", help="--format hf: shard above this size, as save_pretrained  [default: 50GB]")
 def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str | None):
-    """Write the newest complete checkpoint of RUN (any backend, any world size) into the new folder OUTPUT:
+    """Write the newest complete checkpoint of RUN (any backend, any world size; RUN may also name one of its
+    checkpoints/step_N folders) into the new folder OUTPUT:
     model.safetensors and model.json (the model section of its run config), or with --format hf a Hugging Face
     folder (config.json, tokenizer files, weights sharded as save_pretrained shards them). Imports torch (and
     DeepSpeed for its checkpoints); reads one tensor at a time."""
@@ -108,9 +109,9 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new run folder to write.")
 def convert(run: Path, backend: str, output: Path):
-    """Rewrite the newest complete checkpoint of RUN (any backend, any world size) as one that BACKEND resumes
-    at any world size, with the whole training state: weights, AdamW moments and steps, scheduler, fp16 loss
-    scale, data position.
+    """Rewrite the newest complete checkpoint of RUN (or the step_N folder RUN names; any backend, any world size)
+    as one that BACKEND resumes at any world size, with the whole training state: weights, AdamW moments and steps,
+    scheduler, fp16 loss scale, data position.
     OUTPUT becomes a run folder (OUTPUT/checkpoints/step_N): set training.output_dir to it. RUN is only read.
     Imports torch (and DeepSpeed for its checkpoints)."""
     from distsetup.training.world import name_the_cpu_to_deepspeed  # torch: only this subcommand needs it

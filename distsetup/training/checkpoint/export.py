@@ -4,15 +4,19 @@ folder; the last two are written one tensor at a time (training/checkpoint/weigh
 
 import contextlib
 import json
+import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import Marker, checkpoints_folder, latest_complete
+from distsetup.formats.checkpoint_folder import MARKER, STEP_FOLDER, Marker, checkpoints_folder, damage, find_resume
 from distsetup.training.checkpoint.files import and_dcp_failures, atomic_save
 from distsetup.training.checkpoint.named_state import weight_stream
 from distsetup.training.checkpoint.safetensors_file import write_safetensors
@@ -29,10 +33,23 @@ def consolidated_state_dict(path: Path) -> dict:
 
 
 def newest_checkpoint(checkpoints: Path) -> Path:
-    path = latest_complete(checkpoints)
+    """The newest intact checkpoint under `checkpoints` (a run's checkpoints/), each newer damaged one passed over in
+    a line, as the trainer says it; or `checkpoints` itself where it is one step's folder (step_N, its marker in it),
+    as DeepSpeed's and the HF Trainer's users name a checkpoint."""
+    step = STEP_FOLDER.fullmatch(checkpoints.name)
+    if step and (checkpoints / MARKER).is_file():
+        if problem := damage(checkpoints, int(step.group(1))):
+            raise DistsetupError(
+                f"checkpoint {checkpoints} is damaged: {problem}.", "name another step_N folder, or the run's folder."
+            )
+        return checkpoints
+    path, damaged = find_resume(checkpoints)
+    for problem in damaged:
+        print(f"passed over damaged checkpoint {problem}", file=sys.stderr)
     if path is None:
         raise DistsetupError(
-            f"no complete checkpoint under {checkpoints}.", "train first, or check training.output_dir."
+            f"no complete checkpoint under {checkpoints}.",
+            "train first, or name the run's output_dir (or one of its checkpoints/step_N folders).",
         )
     return path
 
@@ -203,17 +220,45 @@ def read_errors(path: Path, verb: str):
 
 
 def write_new_folder(out: Path, write) -> None:
-    """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole; removed on any failure."""
+    """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole (with the permissions a new
+    folder gets, not mkdtemp's owner-only ones); removed on any failure, Ctrl-C and SIGTERM (a scheduler's kill)
+    included."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        write(staging)
-        if out.is_dir():
-            out.rmdir()
-        staging.rename(out)
+        with _sigterm_as_exit():
+            write(staging)
+            staging.chmod(0o777 & ~_umask())
+            if out.is_dir():
+                out.rmdir()
+            staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raises SystemExit(143) meanwhile, so that what is half-written is removed as on Ctrl-C (its default
+    action ends the process on the spot). Only the main thread may set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_143)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_143(signum, frame):
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 def load_weights(model: torch.nn.Module, path: str, state: Mapping[str, torch.Tensor] | None = None) -> None:
