@@ -3,6 +3,7 @@ the ZeRO stage ignores, nvme without a path), said in flags, in a file's keys or
 checks of its flags (`check_spec`); and what only a file can get wrong (`deepspeed_problems`: the batch identity,
 "auto", the schema)."""
 
+import math
 from collections.abc import Iterable
 
 from distsetup.errors import DistsetupError
@@ -18,7 +19,26 @@ from distsetup.formats.deepspeed import (
     positive_int_at,
     section_of,
 )
-from distsetup.formats.problems import Problem, Violation, join_path, schema_problems
+from distsetup.formats.problems import Problem, Violation, join_path, schema_problems, wrong_type
+
+# Blocks DeepSpeed 0.19 removed and refuses to start with (runtime/config.py, _reject_removed_config_keys): key -> the
+# way now, if there is one
+REMOVED = {
+    "amp": "use bf16 or fp16 (or torch_autocast)",
+    "elasticity": "set the batch keys directly",
+    "curriculum_learning": "use data_efficiency.data_sampling.curriculum_learning",
+    **dict.fromkeys(
+        "nebula compression_training quantize_training sparse_gradients eigenvalue sparse_attention "
+        "graph_harvesting progressive_layer_drop".split(),
+        "",
+    ),
+    **dict.fromkeys(
+        ("zero_optimization.mics_shard_size", "zero_optimization.mics_hierarchical_params_gather"),
+        "MiCS is gone: use zero_optimization.stage 3",
+    ),
+}
+# The batch keys DeepSpeed reads as they are written and hands the DataLoader (batch_size=2.0 is refused there)
+RAW_INTEGERS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
 def violations(spec: DeepSpeedSpec) -> list[Violation]:
@@ -257,8 +277,17 @@ def deepspeed_problems(
                 "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps).",
             )
         )
+    if hf and "zero_optimization" not in config:
+        problems.append(
+            Problem(
+                "zero_optimization",
+                'is missing: Accelerate, and the HF Trainer through it, refuses such a file ("Please specify the '
+                'ZeRO optimization config").',
+                'add "zero_optimization": {"stage": 0} (or the stage you mean).',
+            )
+        )
     config = without_auto(config)
-    problems += schema_problems(config, "deepspeed")
+    problems += schema_problems(config, "deepspeed") + _removed_and_raw_problems(config)
     if len(enabled_precisions(config)) > 1:
         problems.append(
             Problem(
@@ -277,6 +306,22 @@ def deepspeed_problems(
             )
         )
     problems += _batch_problems(config, world_size)
+    return problems
+
+
+def _removed_and_raw_problems(config: dict) -> list[Problem]:
+    """Blocks DeepSpeed has removed (it refuses the file), and batch keys written as floats (the DataLoader refuses
+    them; JSON Schema counts 8.0 as an integer; NaN and infinities are said as such elsewhere)."""
+    problems = []
+    for path, way in REMOVED.items():
+        section, _, key = path.rpartition(".")
+        if key in (section_of(config, section) if section else config):
+            said = f"; {way}" if way else ""
+            problems.append(Problem(path, f"was removed from DeepSpeed: 0.19 refuses the file{said}.", "remove it."))
+    for key in RAW_INTEGERS:
+        value = config.get(key)
+        if isinstance(value, float) and math.isfinite(value) and (found := wrong_type(key, value, int, "DeepSpeed")):
+            problems.append(found)
     return problems
 
 

@@ -153,3 +153,21 @@ def test_unreadable_file_is_one_clear_error(run_cli, tmp_path, content, message)
     result = run_cli("validate", write(tmp_path, "x.json", content))
     assert result.exit_code == 1 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "content, hf, path, words",
+    [
+        ({"amp": {"enabled": True}}, False, "amp", "removed from DeepSpeed"),
+        ({"zero_optimization": {"stage": 3, "mics_shard_size": 2}}, False, "zero_optimization.mics_shard_size", "MiCS"),
+        ({"train_micro_batch_size_per_gpu": 2.0}, False, "train_micro_batch_size_per_gpu", "whole number"),
+        ({"train_micro_batch_size_per_gpu": "auto"}, True, "zero_optimization", "Accelerate"),
+    ],
+    ids=["removed block", "removed zero key", "float batch", "no zero block for accelerate"],
+)
+def test_what_deepspeed_0_19_or_accelerate_refuse_is_a_problem(tmp_path, content, hf, path, words):
+    """What DeepSpeed 0.19 refuses to start with (its removed blocks), a batch written 2.0 (JSON Schema's integer, the
+    DataLoader's error), and for Accelerate and the HF Trainer a file without zero_optimization."""
+    found = problems_of(tmp_path, {**GOOD_DS, **content} if not hf else content, hf=hf)
+    assert path in found and words in found[path].message + found[path].fix, found
+    assert "zero_optimization" not in problems_of(tmp_path, {**GOOD_DS, "train_micro_batch_size_per_gpu": 2})

@@ -100,7 +100,12 @@ def test_classic_accelerate_mistakes_are_named_with_their_key_and_fix(run_cli, t
     write(tmp_path / "ds.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}})
     write(
         tmp_path / "bad_ds.json",
-        {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "fp16": {"enabled": True}},
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "bf16": {"enabled": True},
+            "fp16": {"enabled": True},
+            "zero_optimization": {"stage": 2},  # Accelerate refuses a file without it
+        },
     )
     config = {key: value for key, value in {**MULTI_NODE, **change}.items() if value is not None}
     file = write(tmp_path / "accelerate.yaml", config)
@@ -201,3 +206,24 @@ def test_kind_run_config_reads_yaml_whatever_the_name(run_cli, tmp_path):
     file = tmp_path / "rc.txt"
     file.write_text("training: {max_steps: 5}\n")
     assert run_cli("validate", file, "--kind", "run_config").exit_code == 0
+
+
+def test_resolve_of_a_deepspeed_file_alone_finds_the_batch_the_trainer_would_stop_on(run_cli, tmp_path):
+    """--hf --resolve with the batch given as flags: a train_batch_size that is not world x micro x accumulation
+    stops the HF Trainer ("mismatch TrainingArguments"), as a TrainingArguments file naming it is told; values the
+    flags do not give (the lr, the clipping) are not compared with TrainingArguments' defaults."""
+    file = write(
+        tmp_path / "ds.json",
+        {
+            "train_batch_size": 32,
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_clipping": 0.5,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            "zero_optimization": {"stage": 2},
+        },
+    )
+    args = ["validate", file, "--hf", "--resolve", "--world_size", 8]
+    result = run_cli(*args, "--micro_batch_size", 2)  # 8 x 2 x 1 = 16, not 32
+    assert result.exit_code == 1 and "train_batch_size: 32" in result.stdout and "(16)" in result.stdout
+    assert "gradient_clipping" not in result.stdout and "lr" not in result.stdout.replace("resolve", "")
+    assert run_cli(*args, "--micro_batch_size", 4).exit_code == 0

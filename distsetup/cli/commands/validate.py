@@ -13,8 +13,8 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import default_config_note
 from distsetup.formats.batch import world_size_from
 from distsetup.formats.fix import fixed_run_config
-from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, resolve_auto
-from distsetup.formats.problems import as_json
+from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, mismatch_problems, resolve_auto
+from distsetup.formats.problems import Problem, as_json
 from distsetup.formats.reading import read_config_text, read_json
 from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
 from distsetup.formats.validate import KINDS, YAML_SUFFIXES, validate_file
@@ -75,7 +75,8 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
         raise DistsetupError(f"--crd checks Kubernetes manifests; {file} is not one.", "drop --crd.")
     else:
         kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node)
-    resolved = resolve(file, kind, data, world, o) if o["resolve"] else []
+    resolved, mismatched = resolve(file, kind, data, world, o) if o["resolve"] else ([], [])
+    problems = problems + mismatched
     if as_json_output:
         if o["resolve"]:
             click.echo(
@@ -111,8 +112,10 @@ def fix(file: Path, kind: str | None) -> None:
         click.echo(f"{file}: fixed: {change}")
 
 
-def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> list[Resolved]:
-    """The "auto" values of the DeepSpeed file (FILE, or the one TrainingArguments name) as the Trainer fills them."""
+def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> tuple[list[Resolved], list[Problem]]:
+    """The "auto" values of the DeepSpeed file (FILE, or the one TrainingArguments name) as the Trainer fills them;
+    for a DeepSpeed file given alone, also the batch values the Trainer, with the batch the flags give, would find
+    mismatched and stop on (validate_file compares a TrainingArguments file's values itself)."""
     if kind == "deepspeed":
         config, trainer = data, TrainerValues()
     elif kind == "training_args" and isinstance(data.get("deepspeed"), str):
@@ -134,4 +137,9 @@ def resolve(file: Path, kind: str, data: dict, world: int | None, o: dict) -> li
         "max_steps": o["max_steps"],
     }
     trainer = replace(trainer, **{key: value for key, value in given.items() if value is not None})
-    return resolve_auto(config, trainer, Context(world_size=world, hidden_size=o["hidden_size"]))
+    context = Context(world_size=world, hidden_size=o["hidden_size"])
+    mismatched = []
+    if kind == "deepspeed" and o["micro_batch_size"]:  # the batch the flags give (the other values are unknown)
+        batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+        mismatched = [p for p in mismatch_problems(config, trainer, context, str(file)) if p.path in batch_keys]
+    return resolve_auto(config, trainer, context), mismatched
