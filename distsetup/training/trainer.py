@@ -8,6 +8,7 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 import argparse
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -280,6 +281,12 @@ class Trainer:
         marker = ckpt.load_checkpoint(self.backend, resume, self.world)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.say(f"resumed from {resume} (step {self.step})")
+        kept = self.backend.scheduled_peak_lr()
+        if kept is not None and not math.isclose(kept, self.backend.lr, rel_tol=1e-6):  # as the HF Trainer resumes
+            self.say(
+                f"note: the checkpoint's learning-rate schedule goes on, to peak lr {kept:.6g}; this run's "
+                f"{self.backend.lr:.6g} is for a fresh start (--no_resume)"
+            )
         position = marker.data_position  # None: a marker written by hand, or by a distsetup that stored none
         if position is None:
             self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")

@@ -39,7 +39,18 @@ RESHAPES = {
     "zero3 2 -> zero2 1": ("zero3", "deepspeed", 1, lambda: ds_split("zero2", 1, GLOBAL_BATCH), GLOBAL_BATCH, 1),
     "ddp 2 -> fsdp 2": ("ddp", "fsdp", 2, lambda: RUNS["fsdp_full"][2], 12, 1),
     "zero2 cpu offload -> ddp": ("zero2_offload", "ddp", 2, lambda: None, 12, 1),
-    "fsdp -> zero3, activation checkpointing": ("fsdp_full", "deepspeed", 2, lambda: ds_split("zero3", 2, 12), 12, 1),
+    # the file's own optimizer, with DeepSpeed's betas and another lr: the checkpoint's (and its schedule) go on
+    "fsdp -> zero3, activation checkpointing, the file's optimizer": (
+        "fsdp_full",
+        "deepspeed",
+        2,
+        lambda: {
+            **ds_split("zero3", 2, 12),
+            "optimizer": {"type": "AdamW", "params": {"lr": 5e-4, "betas": [0.9, 0.999]}},
+        },
+        12,
+        1,
+    ),
     "single -> zero2 cpu offload, 2 ranks": ("single", "deepspeed", 2, lambda: ds_split("zero2_offload", 2, 12), 12, 1),
     "zero1 2 -> zero0 1": ("zero1", "deepspeed", 1, lambda: ZERO0, GLOBAL_BATCH, 1),
 }
@@ -70,6 +81,8 @@ def test_a_run_resumed_elsewhere_continues_the_same_loss_curve(tmp_path, case):
     line = rf"{before} converted.* for this run {after}"
     converts = (RUNS[source][1], backend) != ("fsdp", "fsdp")  # DCP reshards FSDP's own folders as it loads
     assert len(re.findall(line, result.stdout)) == converts, result.stdout  # in one line
+    goes_on = "the checkpoint's learning-rate schedule goes on, to peak lr 0.003; this run's 0.0005" in result.stdout
+    assert goes_on == ("file's optimizer" in case), result.stdout
     assert not list(out.glob(".universal-*"))  # the converted copy is gone once loaded
     resumed, uninterrupted = losses(out), losses(shared_run(source))[INTERVAL:]
     assert len(resumed) == STEPS - INTERVAL >= 20

@@ -262,6 +262,12 @@ class Backend(abc.ABC):
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    def scheduled_peak_lr(self) -> float | None:
+        """The peak lr the schedule runs to (after a resume, the checkpoint's: the scheduler's state holds it), or
+        None for a DeepSpeed file's own scheduler."""
+        peaks = getattr(self.scheduler, "base_lrs", None)
+        return float(peaks[0]) if peaks else None
+
     def current_loss_scale(self) -> float | None:
         """The fp16 loss scale the next backward multiplies the loss by; None out of fp16."""
         return self.scaler.get_scale() if self.scaler else None

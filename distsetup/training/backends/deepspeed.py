@@ -26,7 +26,7 @@ from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import zero3_construction, zero_memory
-from distsetup.training.backends.base import PRECISION_DTYPES, Backend, T, device_supports
+from distsetup.training.backends.base import IMPLEMENTATION, PRECISION_DTYPES, Backend, T, device_supports
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.backends.zero3_master_weights import share_master_weights
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
@@ -362,12 +362,14 @@ class DeepSpeedBackend(Backend):
 
     def _mend_universal_load(self, groups: list[dict]) -> None:
         """Undo what DeepSpeed 0.19's ZeRO-3 universal load gets wrong: it gives every parameter group the first
-        group's settings (the parameters without weight decay would take it) and one `step` tensor to every
-        sub-group, which AdamW then advances once per sub-group, correcting its moments for too many steps
-        (optim.count_steps_as_it_does, called next, gives each sub-group its own)."""
+        group's settings in the checkpoint (the parameters without weight decay would take its decay) and one
+        `step` tensor to every sub-group, which AdamW then advances once per sub-group, correcting its moments for
+        too many steps (optim.count_steps_as_it_does, called next, gives each sub-group its own). Each group gets
+        back its own weight decay and this run's kernel choices; the rest (betas, eps) stays the checkpoint's, as
+        every other backend's resume keeps it (base._load_named)."""
         if self.zero_stage == 3:
             for group, settings in zip(self.optimizer.param_groups, groups, strict=True):
-                group.update(settings)
+                group.update({k: v for k, v in settings.items() if k == "weight_decay" or k in IMPLEMENTATION})
 
     def _load_named_optimizer(self, state: dict, param_groups: list[dict]) -> None:
         if self.zero_stage == 0 and self.precision != "fp32":  # DeepSpeed's wrapper, with fp32 masters
