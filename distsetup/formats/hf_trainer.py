@@ -3,6 +3,7 @@ model's hidden size, the world size, the number of steps), and stops when a valu
 from the TrainingArguments one. The formulas are transformers' `HfTrainerDeepSpeedConfig`
 (`trainer_config_process`, `trainer_config_finalize`), written once here for `validate` and `--resolve`."""
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -168,6 +169,16 @@ def resolve_auto(config: dict, trainer: TrainerValues, context: Context) -> list
         value = fill.value(trainer, context)
         resolved.append(Resolved(fill.path, value, fill.source if value is not None else MISSING_HINTS[fill.path]))
     return resolved
+
+
+def filled_in(config: dict, trainer: TrainerValues, context: Context) -> dict:
+    """The DeepSpeed file as the Trainer hands it to DeepSpeed: each "auto" it fills replaced by its value."""
+    filled = copy.deepcopy(config)
+    for r in resolve_auto(config, trainer, context):
+        node, key = _node(filled, r.path)
+        if node is not None and r.value is not None:
+            node[key] = r.value
+    return filled
 
 
 def mismatch_problems(config: dict, trainer: TrainerValues, context: Context, where: str) -> list[Problem]:

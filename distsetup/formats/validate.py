@@ -10,7 +10,7 @@ from distsetup.formats.accelerate import accelerate_problems, is_accelerate_conf
 from distsetup.formats.deepspeed_rules import deepspeed_notes, deepspeed_problems
 from distsetup.formats.fsdp import UNPREFIXED, FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
-from distsetup.formats.hf_trainer import Context, TrainerValues, is_training_arguments, mismatch_problems
+from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
@@ -104,7 +104,15 @@ def _named_deepspeed_problems(
     except DistsetupError as e:
         return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
     if trainer is not None:
-        found += mismatch_problems(config, trainer, Context(world_size=world_size), str(target))
+        context = Context(world_size=world_size)
+        found += mismatch_problems(config, trainer, context, str(target))
+        # the rules again on what DeepSpeed gets (fp16 "auto" made true by TrainingArguments at stage 0, say)
+        said = {(p.path, p.message) for p in found}
+        found += [
+            Problem(p.path, f'{p.message.rstrip(".")} (with the values TrainingArguments put in its "auto").', p.fix)
+            for p in deepspeed_problems(filled_in(config, trainer, context), world_size, hf=True)
+            if (p.path, p.message) not in said
+        ]
     return _prefixed(key, found)
 
 

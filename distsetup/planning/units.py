@@ -8,17 +8,13 @@ from distsetup.errors import DistsetupError
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+_DECIMAL, _BINARY = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}, {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# 80GB, 80G (as Kubernetes and SLURM users write it), 80GiB, 80Gi; a bare number is GB
 MEMORY_UNITS = {
     "": GB,
     "B": 1,
-    "KB": 1e3,
-    "MB": 1e6,
-    "GB": 1e9,
-    "TB": 1e12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
+    **{f"{prefix}{unit}": size for prefix, size in _DECIMAL.items() for unit in ("", "B")},
+    **{f"{prefix}{unit}": size for prefix, size in _BINARY.items() for unit in ("I", "IB")},
 }
 MAX_PARAMS = 10**15  # a thousand times the largest models: beyond it, a typo
 MAX_BATCH = 10**9  # samples per step: more is a typo (and overflows the activation arithmetic)
@@ -49,7 +45,7 @@ def parse_count(text: str, flag: str = "--params") -> int:
 
 
 def parse_memory(text: str, flag: str = "--gpu_memory") -> float:
-    """'80GB', '80GiB', '80' (GB) -> bytes, more than none."""
+    """'80GB', '80G', '80GiB', '80Gi', '80' (GB) -> bytes, more than none."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?I?B?)\s*", str(text), re.IGNORECASE)
     value = _number(match.group(1)) if match and match.group(2).upper() in MEMORY_UNITS else None
     if match is None or value is None:

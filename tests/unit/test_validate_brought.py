@@ -227,3 +227,14 @@ def test_resolve_of_a_deepspeed_file_alone_finds_the_batch_the_trainer_would_sto
     assert result.exit_code == 1 and "train_batch_size: 32" in result.stdout and "(16)" in result.stdout
     assert "gradient_clipping" not in result.stdout and "lr" not in result.stdout.replace("resolve", "")
     assert run_cli(*args, "--micro_batch_size", 4).exit_code == 0
+
+
+def test_the_rules_hold_for_what_trainingarguments_put_in_the_files_auto(run_cli, tmp_path):
+    """fp16 "auto" at ZeRO stage 0 is fp16 once TrainingArguments(fp16=True) fills it: the run would not learn
+    (DeepSpeed 0.19 does not loss-scale it there), as a file that says true is told."""
+    stage_0 = {"train_micro_batch_size_per_gpu": "auto", "fp16": {"enabled": "auto"}, "zero_optimization": {"stage": 0}}
+    write(tmp_path / "z0.json", stage_0)
+    file = write(tmp_path / "args.json", {"output_dir": "o", "per_device_train_batch_size": 2, "deepspeed": "z0.json"})
+    assert problem_paths(run_cli, file, "--world_size", 2) == []
+    fp16 = write(tmp_path / "fp16.json", {**json.loads(file.read_text()), "fp16": True})
+    assert problem_paths(run_cli, fp16, "--world_size", 2) == ["deepspeed -> fp16.enabled"]
