@@ -197,3 +197,12 @@ def test_an_fsdp2_file_says_its_sharding_with_reshard_after_forward_as_accelerat
     path.write_text(json.dumps({"fsdp_version": 2, "fsdp_reshard_after_forward": False}))
     assert run_cli("validate", path).exit_code == 0
     assert FsdpSpec.from_dict(json.loads(path.read_text())).sharding_strategy == "SHARD_GRAD_OP"
+
+
+@pytest.mark.parametrize("command, flag", [("fsdp", "--fsdp_config"), ("deepspeed", "--deepspeed_config")])
+def test_the_next_step_quotes_the_file_it_names(run_cli, tmp_path, monkeypatch, command, flag):
+    """The "Next:" line is a command to paste: a file name with a space or a $ is quoted in it."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--zero_stage", 2] if command == "deepspeed" else []
+    result = run_cli(command, *args, "-o", "my run$1.json")
+    assert result.exit_code == 0 and f"{flag} 'my run$1.json'" in result.stderr, result.stderr

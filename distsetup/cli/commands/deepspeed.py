@@ -1,6 +1,7 @@
 """`distsetup deepspeed`: write a DeepSpeed JSON config that DeepSpeed accepts."""
 
 import math
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -155,7 +156,7 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
     next_step = (
         f"TrainingArguments(deepspeed={output!r}, ...) in your HF Trainer script"
         if spec.hf_auto
-        else f"distsetup launcher --use_deepspeed --deepspeed_config {output}"
+        else f"distsetup launcher --use_deepspeed --deepspeed_config {shlex.quote(str(output))}"
     )
     notes = [] if spec.hf_auto else deepspeed_notes(config)
     remarks = [f"Warning: {w}" for w in warnings] + [f"Note: {n}" for n in notes]

@@ -1,5 +1,6 @@
 """`distsetup fsdp`: write an FSDP config with Accelerate's key names."""
 
+import shlex
 from typing import Any
 
 import click
@@ -140,6 +141,6 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         json_text(config),
         output,
         dry_run,
-        next_step=f"distsetup launcher --use_fsdp --fsdp_config {output}",
+        next_step=f"distsetup launcher --use_fsdp --fsdp_config {shlex.quote(str(output))}",
         remarks=[f"Warning: {w}" for w in warnings],
     )
