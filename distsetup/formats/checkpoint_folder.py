@@ -224,10 +224,12 @@ def checkpoints_folder(run: Path) -> Path:
 
 
 def list_checkpoints(run: Path) -> list[Listed]:
-    """Every step_* folder of a run, oldest first, with its metadata and whether a resume would use it."""
+    """Every step_* folder of a run, oldest first, with its metadata and whether a resume would use it; where `run`
+    is one step_* folder, that one alone (what export and convert then read)."""
     root = checkpoints_folder(run)
     listed = []
-    for folder in sorted(root.glob("step_*")):
+    one_step = STEP_FOLDER.fullmatch(run.name) is not None and run.is_dir()
+    for folder in [run] if one_step else sorted(root.glob("step_*")):
         match = STEP_FOLDER.fullmatch(folder.name)
         if not match or not folder.is_dir():
             continue
@@ -251,6 +253,8 @@ def list_checkpoints(run: Path) -> list[Listed]:
             )
         )
     listed.sort(key=lambda c: c.step)  # by number: a step past 9,999,999 has a longer name
+    if one_step:  # a resume reads the run's folder, not this one
+        return listed
     # the newest complete and intact folder: what find_resume chooses, from the same damage() checks
     newest = max((c for c in listed if c.complete), key=lambda c: c.step, default=None)
     return [replace(c, resume=True) if c is newest else c for c in listed]

@@ -59,3 +59,13 @@ def test_export_names_the_newest_damaged_checkpoint_it_passes_over_or_takes_the_
     assert newest_checkpoint(step_dir(root, 10)) == step_dir(root, 10)
     with pytest.raises(DistsetupError, match="is damaged"):
         newest_checkpoint(step_dir(root, 30))
+
+
+def test_ls_of_one_step_folder_lists_that_step(run_cli, tmp_path):
+    """`checkpoint ls RUN/checkpoints/step_N` lists that checkpoint (it said "no checkpoints"), without the
+    resume arrow: a resume reads the run's folder."""
+    root = tmp_path / "checkpoints"
+    checkpoints_of_steps(root, (10, 20))
+    result = run_cli("checkpoint", "ls", step_dir(root, 10), "--json")
+    listed = json.loads(result.stdout)
+    assert [(c["step"], c["complete"], c["resume"]) for c in listed] == [(10, True, False)]
