@@ -108,6 +108,8 @@ def _describe(error) -> tuple[str, str]:
     """(what is wrong, the fix) for one schema violation."""
     value, limit = error.instance, error.validator_value
     if error.validator == "enum":
+        if isinstance(value, str) and value in [str(c) for c in limit if not isinstance(c, str | bool)]:
+            return f"{value!r} is a string, not the number it spells.", f"write {value} without quotes."
         return f"{value!r} is not allowed.", f"use one of {', '.join(map(repr, limit))}."
     if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
         bound = {"minimum": "at least", "exclusiveMinimum": "above", "maximum": "at most"}[error.validator]

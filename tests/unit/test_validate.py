@@ -171,3 +171,8 @@ def test_what_deepspeed_0_19_or_accelerate_refuse_is_a_problem(tmp_path, content
     found = problems_of(tmp_path, {**GOOD_DS, **content} if not hf else content, hf=hf)
     assert path in found and words in found[path].message + found[path].fix, found
     assert "zero_optimization" not in problems_of(tmp_path, {**GOOD_DS, "train_micro_batch_size_per_gpu": 2})
+
+
+def test_a_number_written_as_a_string_is_told_to_drop_the_quotes(tmp_path):
+    found = problems_of(tmp_path, {**GOOD_DS, "zero_optimization": {"stage": "3"}})
+    assert found["zero_optimization.stage"].fix == "write 3 without quotes."
