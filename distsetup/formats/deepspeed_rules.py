@@ -18,6 +18,7 @@ from distsetup.formats.deepspeed import (
     enabled_precisions,
     positive_int_at,
     section_of,
+    zero_stage_of,
 )
 from distsetup.formats.problems import Problem, Violation, join_path, schema_problems, wrong_type
 
@@ -287,7 +288,7 @@ def deepspeed_problems(
             )
         )
     config = without_auto(config)
-    problems += schema_problems(config, "deepspeed") + _removed_and_raw_problems(config)
+    problems += schema_problems(config, "deepspeed") + _removed_and_raw_problems(config) + _refused_at_start(config)
     if len(enabled_precisions(config)) > 1:
         problems.append(
             Problem(
@@ -323,6 +324,65 @@ def _removed_and_raw_problems(config: dict) -> list[Problem]:
         if isinstance(value, float) and math.isfinite(value) and (found := wrong_type(key, value, int, "DeepSpeed")):
             problems.append(found)
     return problems
+
+
+def _refused_at_start(config: dict) -> list[Problem]:
+    """Settings DeepSpeed 0.19 refuses when its config is read (runtime/config.py, runtime/zero/config.py), at the
+    ZeRO stage the file has."""
+    stage, zero = zero_stage_of(config), section_of(config, "zero_optimization")
+    bf16, fp16 = section_of(config, "bf16"), section_of(config, "fp16")
+    ratio = section_of(zero, "offload_optimizer").get("ratio")
+    refused = [
+        (
+            "zero_optimization.compute_grad_norm",
+            zero.get("compute_grad_norm") is False and stage not in (1, 2),
+            "false is supported at ZeRO stage 1 or 2 only",
+            "remove it, or use stage 1 or 2",
+        ),
+        (
+            "zero_optimization.offload_optimizer.ratio",
+            isinstance(ratio, int | float) and ratio < 1 and stage != 3,
+            "below 1 (a partial offload) is supported at ZeRO stage 3 only",
+            "remove it, or use stage 3",
+        ),
+        (
+            "gradient_allreduce_op",
+            config.get("gradient_allreduce_op") == "sum" and stage == 3,
+            "'sum' is not supported at ZeRO stage 3",
+            "remove it (gradients are averaged), or use stage 1 or 2",
+        ),
+        (
+            "fp16.fp16_master_weights_and_grads",
+            fp16.get("fp16_master_weights_and_grads") is True and stage == 0,
+            "is supported at ZeRO stage 1, 2 or 3 only",
+            "remove it, or use stage 1 or more",
+        ),
+        (
+            "bf16.bf16_master_weights_and_grads",
+            bf16.get("bf16_master_weights_and_grads") is True and stage == 0,
+            "is supported at ZeRO stage 1, 2 or 3 only",
+            "remove it, or use stage 1 or more",
+        ),
+        (
+            "bf16.bf16_optimizer_states",
+            bf16.get("bf16_optimizer_states") is True and stage == 0,
+            "is supported at ZeRO stage 1, 2 or 3 only",
+            "remove it, or use stage 1 or more",
+        ),
+        (
+            "bf16.bf16_optimizer_states",
+            bf16.get("bf16_optimizer_states") is True
+            and stage != 0
+            and bf16.get("bf16_master_weights_and_grads") is not True,
+            "needs bf16.bf16_master_weights_and_grads",
+            "set bf16_master_weights_and_grads to true, or remove it",
+        ),
+    ]
+    return [
+        Problem(path, f"{message}: DeepSpeed 0.19 refuses the file.", f"{fix}.")
+        for path, broken, message, fix in refused
+        if broken
+    ]
 
 
 def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:

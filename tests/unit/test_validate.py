@@ -176,3 +176,22 @@ def test_what_deepspeed_0_19_or_accelerate_refuse_is_a_problem(tmp_path, content
 def test_a_number_written_as_a_string_is_told_to_drop_the_quotes(tmp_path):
     found = problems_of(tmp_path, {**GOOD_DS, "zero_optimization": {"stage": "3"}})
     assert found["zero_optimization.stage"].fix == "write 3 without quotes."
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}, "ratio"),
+        ({"zero_optimization": {"stage": 3, "compute_grad_norm": False}}, "compute_grad_norm"),
+        ({"zero_optimization": {"stage": 3}, "gradient_allreduce_op": "sum"}, "gradient_allreduce_op"),
+        (
+            {"zero_optimization": {"stage": 0}, "bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
+            "bf16_m",
+        ),
+        ({"bf16": {"enabled": True, "bf16_optimizer_states": True}}, "bf16_optimizer_states"),
+    ],
+)
+def test_what_deepspeed_refuses_when_it_reads_its_config_is_a_problem(tmp_path, change, path):
+    """DeepSpeed 0.19's own checks at start (runtime/config.py, zero/config.py), each at the stage it allows it."""
+    found = problems_of(tmp_path, {**GOOD_DS, **change})
+    assert [p for p in found if path in p] and all("DeepSpeed 0.19 refuses" in found[p].message for p in found)
