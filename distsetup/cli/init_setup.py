@@ -19,7 +19,7 @@ from distsetup.planning.estimates import BY_KEY, STRATEGIES, Hardware, Workload,
 from distsetup.planning.models import BUILTIN_SIZES, ModelShape, hf_context_length, hf_shape_from_json
 from distsetup.planning.planner import Plan, candidates, plan
 from distsetup.planning.recommendation import recommended_files
-from distsetup.planning.units import gb, parse_memory
+from distsetup.planning.units import gb, in_words, parse_memory
 from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script, launch_warnings
 from distsetup.scripts.sbatch import SlurmSpec, build_slurm_script, slurm_warnings
 
@@ -162,7 +162,7 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
     chosen, micro, accumulation = result.choice, result.micro_batch, result.accumulation
     if chosen is None or micro is None or accumulation is None:
         raise DistsetupError(
-            f"nothing fits: {model.name} ({model.shape.params / 1e9:.3g}B parameters, {answers.precision}, "
+            f"nothing fits: {model.name} ({in_words(model.shape.params)} parameters, {answers.precision}, "
             f"sequence {model.seq_len}) on {answers.num_nodes} node(s) x {answers.num_gpus_per_node} GPU(s) of "
             f"{answers.gpu_memory}.",
             "what would: " + " ".join(result.advice),

@@ -136,11 +136,13 @@ def wrong_type(path: str, value, wanted: type, reader: str) -> Problem | None:
     kind = {int: "a whole number", float: "a number", bool: "true or false"}[wanted]
     what = "a string" if isinstance(value, str) else "null" if value is None else f"a {type(value).__name__}"
     converted = _as(value, wanted) if isinstance(value, str) else None
-    fix = (
-        f"write {path.rsplit('.', 1)[-1]}: {_written(converted)} without quotes."
-        if converted is not None
-        else f"write {kind} there."
-    )
+    key = path.rsplit(".", 1)[-1]
+    if converted is None:
+        fix = f"write {kind} there."
+    elif _written(converted) != value.strip():  # 3e-05: YAML 1.1 (PyYAML) reads it as text, quoted or not
+        fix = f"write {key}: {_written(converted)} (PyYAML reads {value.strip()} as text)."
+    else:
+        fix = f"write {key}: {_written(converted)} without quotes."
     return Problem(path, f"{value!r} is {what}; {reader} takes {kind} here and does not convert it.", fix)
 
 

@@ -55,5 +55,12 @@ def parse_memory(text: str, flag: str = "--gpu_memory") -> float:
     return value * MEMORY_UNITS[match.group(2).upper()]
 
 
+def in_words(params: float) -> str:
+    """A parameter count as people say it: 350M, 7B, 1.3B, 1000B (not 1e+03B), 20T."""
+    scale, unit = (1e6, "M") if params < 1e9 else (1e9, "B") if params < 1e13 else (1e12, "T")
+    value = params / scale
+    return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
+
+
 def gb(value: float) -> str:
     return f"{value / GB:.1f}"

@@ -485,3 +485,13 @@ def test_gradients_exist_in_forward_where_they_outlive_the_step_or_accumulate():
         est = estimate(BY_KEY[key], model, hw, work, 4)
         assert est.grads_in_forward == (est.grads if held else 0.0), key
         assert est.total >= est.model_states + est.gathered + est.buffers  # the step holds every state
+
+
+def test_a_shape_that_cannot_be_the_params_is_refused(run_cli):
+    """--params 7B with --hidden_size 64 --num_layers 2 (2M parameters) planned a micro-batch of 1412; an MoE model
+    of several times its dense shape (Mixtral 8x7B: 47B on a 7B shape) is still planned."""
+    args = ["plan", "--gpu_memory", "80GB", "--num_gpus", "8"]
+    refused = run_cli(*args, "--params", "7B", "--hidden_size", "64", "--num_layers", "2")
+    assert refused.exit_code == 1 and "about 2.15M parameters" in refused.stderr
+    assert run_cli(*args, "--params", "47B", "--hidden_size", "4096", "--num_layers", "32").exit_code == 0
+    assert "Model: 1000B parameters" in run_cli(*args, "--params", "1000B").stdout  # not 1e+03B

@@ -186,7 +186,7 @@ def test_training_arguments_in_yaml_are_read_as_pyyaml_reads_them(run_cli, tmp_p
     file.write_text("output_dir: out\nper_device_train_batch_size: 4\nlearning_rate: 3e-5\nwarmup_steps: '0.1'\n")
     result = run_cli("validate", file)
     assert problem_paths(run_cli, file) == ["learning_rate", "warmup_steps"]
-    assert "write learning_rate: 3.0e-05 without quotes." in result.stdout
+    assert "write learning_rate: 3.0e-05 (PyYAML reads 3e-5 as text)." in result.stdout
     assert yaml.safe_load("learning_rate: 3.0e-05")["learning_rate"] == 3e-5  # the fix is a number to PyYAML
 
 

@@ -17,7 +17,7 @@ from distsetup.planning.estimates import BY_KEY, Hardware, Workload
 from distsetup.planning.models import ModelShape, assumed_shape, gpt_params, hf_shape_from_json
 from distsetup.planning.planner import Plan, plan
 from distsetup.planning.recommendation import recommended_files
-from distsetup.planning.units import MAX_BATCH, gb, parse_count, parse_memory
+from distsetup.planning.units import MAX_BATCH, gb, in_words, parse_count, parse_memory
 
 COLUMNS = (
     "strategy",
@@ -158,6 +158,8 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
                 f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.",
             )
         hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params), strict=True))
+        if o["hidden_size"] and o["num_layers"]:
+            check_shape_against_params(params, hidden, layers, vocab)
         notes = (
             [
                 f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
@@ -200,6 +202,21 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     if cfg.model.type == "gpt":
         defaults["seq_len"] = cfg.model.block_size
     return shape, defaults, notes
+
+
+# How far --params may be from what the shape flags give (12 x layers x hidden² + vocab x hidden): an MoE model has
+# several times its dense shape's parameters (Mixtral 8x7B: 7x), a typo a thousand times
+SHAPE_AGREEMENT = 64
+
+
+def check_shape_against_params(params: int, hidden: int, layers: int, vocab: int) -> None:
+    dense = 12 * layers * hidden**2 + vocab * hidden
+    if not dense / SHAPE_AGREEMENT <= params <= dense * SHAPE_AGREEMENT:
+        raise DistsetupError(
+            f"--params {in_words(params)} and --hidden_size {hidden} --num_layers {layers} disagree: a transformer of "
+            f"that shape has about {in_words(dense)} parameters (12 x layers x hidden² + vocab x hidden).",
+            "give the model's own sizes, or leave them out (the published shape nearest --params is assumed).",
+        )
 
 
 def shape_from_run_config(cfg) -> ModelShape:
@@ -295,7 +312,7 @@ def hardware_from_options(o: dict) -> Hardware:
 def render_table(result: Plan, command: str | None) -> str:
     hw, work, model = result.hardware, result.workload, result.model
     lines = [
-        f"Model: {model.params / 1e9:.3g}B parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
+        f"Model: {in_words(model.params)} parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
         f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}, "
         f"sequence {work.seq_len}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"
     ]
