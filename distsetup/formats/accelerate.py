@@ -129,7 +129,11 @@ def accelerate_problems(
         problems.append(Problem("distributed_type", "is missing; Accelerate refuses the file.", "e.g. MULTI_GPU."))
     elif not isinstance(kind, str) or kind not in DISTRIBUTED_TYPES:
         problems.append(
-            Problem("distributed_type", f"{kind!r} is not one Accelerate knows.", suggest(str(kind), DISTRIBUTED_TYPES))
+            Problem(
+                "distributed_type",
+                f"{kind!r} is not one Accelerate knows.",
+                suggest(str(kind), DISTRIBUTED_TYPES, "values"),
+            )
         )
     precision = data.get("mixed_precision")
     if precision is not None and (not isinstance(precision, str) or precision not in MIXED_PRECISIONS):

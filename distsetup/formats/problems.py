@@ -42,17 +42,18 @@ def join_path(parts) -> str:
 
 
 def closest(word: str, choices) -> str | None:
-    """The choice `word` is most likely a typo of, or None where none is close."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    return close[0] if close else None
+    """The choice `word` is most likely a typo of (in any case: fsdp -> FSDP), or None where none is close."""
+    by_lower = {str(choice).lower(): choice for choice in sorted(choices, key=str)}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
 
 
-def suggest(word: str, choices) -> str:
-    """'did you mean X?' for a close match, else the list of valid choices."""
+def suggest(word: str, choices, what: str = "keys") -> str:
+    """'did you mean X?' for a close match, else the list of valid choices (`what` they are: keys, values)."""
     close = closest(word, choices)
     if close is not None:
         return f"did you mean '{close}'?"
-    return "valid keys: " + ", ".join(sorted(choices)) + "."
+    return f"valid {what}: " + ", ".join(sorted(choices)) + "."
 
 
 # What a format says of an unknown key beyond its own keys: hint(section, key, the section's own keys) -> the fix, or

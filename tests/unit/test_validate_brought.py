@@ -39,6 +39,8 @@ MULTI_NODE = {
         ({"machine_rank": 2}, "machine_rank", "is not a rank of 2 machine(s)"),
         ({"main_process_ip": None}, "main_process_ip", "the other machines cannot find the main one"),
         ({"distributed_type": "MULTI_GPUS"}, "distributed_type", "did you mean 'MULTI_GPU'?"),
+        ({"distributed_type": "multi_gpu"}, "distributed_type", "did you mean 'MULTI_GPU'?"),  # in any case
+        ({"distributed_type": "GPU_CLUSTER"}, "distributed_type", "valid values: DEEPSPEED"),
         ({"num_process": 16}, "num_process", "did you mean 'num_processes'?"),
         ({"mixed_precision": "bfloat16"}, "mixed_precision", "use no, fp16, bf16 or fp8"),
         (
