@@ -140,9 +140,10 @@ def stages_text(option: str) -> str:
 
 
 def stage_for(option: str) -> int:
-    """The stage to suggest for an option set at a stage that ignores it."""
+    """The stage to suggest for an option set at a stage that ignores it: 2 where it takes it (ZeRO-Offload is
+    stage 2 with the optimizer on the CPU), else the highest that does."""
     stages = stages_using(option)
-    return 2 if stages == (1, 2) else stages[-1]
+    return 2 if 2 in stages else stages[-1]
 
 
 def needs_nvme_path(device: str | None, nvme_path: str | None) -> bool:

@@ -150,6 +150,8 @@ def test_fp16_gets_dynamic_loss_scaling(run_cli):
         (["--bf16", "--fp16"], "mutually exclusive"),
         (["--zero_stage", "1", "--stage3_max_live_parameters", "10"], "--stage3_max_live_parameters means nothing"),
         (["--zero_stage", "0", "--overlap_comm"], "--overlap_comm means nothing at --zero_stage 0"),
+        # ZeRO-Offload is stage 2 with the optimizer on the CPU: the stage suggested where 1-3 all take it
+        (["--zero_stage", "0", "--offload_optimizer", "cpu"], "set --zero_stage to 2"),
         (["--zero_stage", "0", "--reduce_bucket_size", "100"], "--reduce_bucket_size means nothing"),
         (["--zero_stage", "3", "--allgather_bucket_size", "100"], "at stages 1, 2 only"),
         (["--betas", "1.5", "2"], "each beta must be in [0, 1)"),

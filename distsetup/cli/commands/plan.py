@@ -367,7 +367,10 @@ def render_table(result: Plan, command: str | None) -> str:
     )
     lines += [f"Note: {a}" for a in result.advice]
     if choice.activation_checkpointing:
-        lines.append("Set training.activation_checkpointing: full in the run config.")
+        lines.append(
+            "Set training.activation_checkpointing: full in the run config "
+            "(the HF Trainer: gradient_checkpointing=True)."
+        )
     lines.append(
         f"Next: {command}"
         if command
