@@ -17,6 +17,7 @@ MEMORY_UNITS = {
     **{f"{prefix}{unit}": size for prefix, size in _BINARY.items() for unit in ("I", "IB")},
 }
 MAX_PARAMS = 10**15  # a thousand times the largest models: beyond it, a typo
+MAX_MEMORY = 64e12  # bytes: a GPU has under 300 GB, the largest nodes a few TB; more is a typo (80TB for 80GB)
 MAX_BATCH = 10**9  # samples per step: more is a typo (and overflows the activation arithmetic)
 
 
@@ -52,7 +53,13 @@ def parse_memory(text: str, flag: str = "--gpu_memory") -> float:
         raise DistsetupError(f"{flag}: cannot read '{text}' as an amount of memory.", "write e.g. 80GB or 24GiB.")
     if value <= 0:
         raise DistsetupError(f"{flag} {text} is no memory at all.", "give the memory of one device, e.g. 80GB.")
-    return value * MEMORY_UNITS[match.group(2).upper()]
+    size = value * MEMORY_UNITS[match.group(2).upper()]
+    if size > MAX_MEMORY:
+        raise DistsetupError(
+            f"{flag} {text} is more than any machine has ({MAX_MEMORY / 1e12:.0f} TB at most).",
+            "give the memory of one device or node, e.g. 80GB.",
+        )
+    return size
 
 
 def in_words(params: float) -> str:

@@ -306,6 +306,7 @@ def test_plan_without_gpu_memory_on_a_machine_without_gpus(run_cli, tmp_path):
 def test_bad_sizes_are_errors(run_cli):
     assert run_cli("plan", "--params", "seven", "--gpu_memory", "80GB").exit_code == 1
     assert run_cli("plan", "--params", "7B", "--gpu_memory", "80 parsecs").exit_code == 1
+    assert "more than any machine has" in run_cli("plan", "--params", "7B", "--gpu_memory", "80TB").stderr
     assert parse_memory("24GiB") == 24 * 2**30 and parse_count("1.3e9") == 1_300_000_000
     # as Kubernetes and SLURM users write memory: G decimal (Kubernetes' meaning), Gi binary
     assert (parse_memory("80G"), parse_memory("80Gi"), parse_memory("80")) == (80e9, 80 * 2**30, 80e9)
