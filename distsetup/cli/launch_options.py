@@ -130,11 +130,14 @@ def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
 def regenerate_command(name: str) -> str:
     """`distsetup NAME --option value ...` for the options given on the command line (for the header)."""
     ctx = click.get_current_context()
-    words = ["distsetup", name]
+    words, after = ["distsetup", name], []
     for param in ctx.command.params:
         source = ctx.get_parameter_source(param.name)
         value = ctx.params.get(param.name)
         if source in (None, click.core.ParameterSource.DEFAULT) or value is None:
+            continue
+        if isinstance(param, click.Argument):  # the program's arguments, after --
+            after += ["--", *map(shlex.quote, value)] if value else []
             continue
         flag = getattr(param, "new_flag", None) or param.opts[0].split("/")[0]  # an old spelling: the new one
         if getattr(param, "is_flag", False):
@@ -142,7 +145,7 @@ def regenerate_command(name: str) -> str:
         else:
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 words += [flag, shlex.quote(str(item))]
-    return " ".join(w for w in words if w).replace("\n", "\\n").replace("\r", "\\r")
+    return " ".join(w for w in words + after if w).replace("\n", "\\n").replace("\r", "\\r")
 
 
 def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:

@@ -97,6 +97,7 @@ def entry_script(spec: JobSpec, command_line: str) -> str:
     context["workdir_why"] = "the shared volume: the run config's relative output_dir (and checkpoints) are there"
     context["workdir_missing"] = "(the shared volume): is its claim mounted there?"
     context["output_override"] = output_override(spec)
+    context["program_args"] = spec.program_args
     if spec.target != "skypilot":  # the program is the image's
         context["script_missing"] = (
             "in the image: build it in (a relative --script is in the folder the pod starts in), or regenerate the "

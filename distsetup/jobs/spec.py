@@ -60,6 +60,7 @@ class JobSpec:
     checkpoint_bucket: str | None = None  # SkyPilot: the bucket the run works in (mounted at BUCKET_MOUNT)
     use_spot: bool = False  # SkyPilot: spot (preemptible) instances
     setup: str | None = None  # SkyPilot: the commands that install Python, torch and distsetup on each node
+    program_args: tuple[str, ...] = ()  # after `--`: the program's arguments on every node
 
     @property
     def restart_limit(self) -> int:

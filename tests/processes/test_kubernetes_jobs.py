@@ -126,17 +126,19 @@ def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(
 
 def test_a_relative_script_is_found_in_the_image_and_runs_in_the_shared_volume(run_cli, tmp_path, monkeypatch):
     """--script train.py on Kubernetes: the file in the folder the pod starts in (the image's), run in the shared
-    volume, where what it writes outlives the pod."""
+    volume, where what it writes outlives the pod, with the arguments given after `--` to distsetup job."""
     root = project(tmp_path, max_steps=1, checkpoint_interval=1)
     (root / "train.py").write_text(
-        "import os, pathlib\npathlib.Path(f\"ran-{os.environ['RANK']}\").write_text(os.getcwd())\n"
+        "import os, pathlib, sys\n"
+        "pathlib.Path(f\"ran-{os.environ['RANK']}\").write_text(os.getcwd() + ' ' + sys.argv[-1])\n"
     )
     monkeypatch.chdir(root)
     args = ["--config", "config.yaml", "--num_nodes", 1, "--num_gpus_per_node", 2, *KUBERNETES_CPU_PODS, "--name", "t1"]
-    result = run_cli("job", "--target", "jobset", *args, "--script", "train.py", "-o", "k8s/jobset.yaml")
+    job = ["job", "--target", "jobset", *args, "--script", "train.py", "-o", "k8s/jobset.yaml"]
+    result = run_cli(*job, "--", "--note", "a b$c")  # the program's own arguments
     assert result.exit_code == 0, result.output
     pods = PodRunner(read_manifest(root / "k8s" / "jobset.yaml"), tmp_path / "pods", free_port(), PATH, workdir=root)
     pods.start()
     assert pods.wait(timeout=120) == [0], pods.log()
     ran = {path.name: path.read_text() for path in pods.work.glob("ran-*")}
-    assert ran == {"ran-0": "/workspace", "ran-1": "/workspace"}, pods.log()
+    assert ran == {"ran-0": "/workspace a b$c", "ran-1": "/workspace a b$c"}, pods.log()

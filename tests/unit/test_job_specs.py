@@ -452,3 +452,17 @@ def test_a_clusters_crd_checks_the_manifest_too(run_cli, project):
         "Fix: valid keys: network, replicatedJobs."
     ], result.stdout
     one_line_error(run_cli("validate", "config.yaml", "--crd", "crd.yaml"), "--crd")
+
+
+def test_arguments_after_a_double_dash_reach_the_program_on_every_node(run_cli, project):
+    """`distsetup job ... -- ARGS`: the trainer's overrides (or an own script's arguments) on every node, quoted, and
+    in the command the file says regenerates it."""
+    args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
+    result = run_cli(*args, "--", "training.max_steps=5", "a b$c")
+    assert result.exit_code == 0, result.output
+    (task,) = yaml.safe_load_all((project / "sky" / "task.yaml").read_text())
+    assert "TRAIN_ARGS+=(training.max_steps=5 'a b$c')" in task["run"]
+    assert "-- training.max_steps=5 'a b$c'\n" in task["run"]  # the header's regenerate command
+    entry = project / "run.sh"
+    entry.write_text(task["run"])
+    shellcheck([entry])

@@ -12,7 +12,7 @@ from distsetup.cli.launch_options import (
     regenerate_command,
     script_notes,
 )
-from distsetup.cli.options import option, positive
+from distsetup.cli.options import checked, option, positive
 from distsetup.cli.output import emit, refuse_generated_problems
 from distsetup.errors import DistsetupError
 from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
@@ -92,9 +92,13 @@ Examples:
     type=click.Path(dir_okay=False),
     help="File to write; '-' prints it [k8s/TARGET.yaml; sky/task.yaml].",
 )
-def job(target, output, dry_run, **opts):
+@click.argument("program_args", nargs=-1, type=checked(click.UNPROCESSED), metavar="[-- ARGS...]")
+def job(target, output, dry_run, program_args, **opts):
     """Write a Kubernetes job or a SkyPilot task: every node of ONE torchrun world, restarted as one and resumed
     after a preemption.
+
+    Arguments after `--` go to the program on every node (your script's, or the trainer's overrides such as
+    training.max_steps=1000), as `bash run_training.sh ARGS` passes them.
 
     Each node runs an entry point that reads the engine's variables, starts torchrun, forwards SIGTERM and exits
     143 once the world has checkpointed, which the engine restarts on. On Kubernetes the run config and its backend
@@ -116,6 +120,7 @@ def job(target, output, dry_run, **opts):
         grace_seconds=opts["grace_seconds"],
         checkpoint_seconds=opts["checkpoint_seconds"],
         max_restarts=opts["max_restarts"],
+        program_args=tuple(program_args),
         **given,
     )
     if target == "skypilot" and not launch.runs_default_trainer:  # the program comes from this folder
