@@ -169,7 +169,7 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
         )
     strategy = BY_KEY[chosen.strategy]
     backend = {"ddp": "ddp" if answers.world_size > 1 else "single"}.get(strategy.framework, strategy.framework)
-    _, files = recommended_files(result)
+    _, files, _ = recommended_files(result)
     memory = f"{gb(chosen.total)} of {gb(chosen.usable)} GB usable per GPU" + (
         f", {gb(chosen.cpu_per_node)} GB of CPU memory per node" if chosen.cpu_per_node else ""
     )

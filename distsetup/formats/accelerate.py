@@ -205,7 +205,7 @@ def _block_problems(data: dict, kind) -> list[Problem]:
     for block, owner in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
         if data.get(block) is not None and not isinstance(data[block], dict):
             problems.append(Problem(block, f"{data[block]!r} is not a mapping of keys.", f"write {block}: as keys."))
-        elif data.get(block) and kind != owner and kind is not None:
+        elif data.get(block) and kind != owner and kind in DISTRIBUTED_TYPES:  # an unknown kind is said once
             problems.append(
                 Problem(
                     block,

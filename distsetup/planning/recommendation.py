@@ -12,15 +12,16 @@ from distsetup.planning.estimates import BY_KEY, Estimate
 from distsetup.planning.planner import Plan
 
 
-def recommended_files(result: Plan) -> tuple[str | None, dict]:
-    """The exact `distsetup deepspeed|fsdp` command and the config it writes (via the same builders)."""
+def recommended_files(result: Plan) -> tuple[str | None, dict, list[str]]:
+    """The exact `distsetup deepspeed|fsdp` command, the config it writes (via the same builders) and the warnings
+    that command prints about it."""
     choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
     if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
-        return None, {}
+        return None, {}, []
     s, precision = BY_KEY[choice.strategy], result.workload.precision
     world = result.hardware.world_size
     if s.framework == "ddp":
-        return None, {}
+        return None, {}, []
     if s.framework == "deepspeed":
         # the file leaves ZeRO's buffers unset where DeepSpeed's own sizes fit, as the estimate counts them
         hidden_size = None if choice.keeps_deepspeed_sizes else result.model.hidden_size
@@ -33,7 +34,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
             batch=resolve_batch(micro, accumulation, None, world),
             hidden_size=hidden_size,
         )
-        check_spec(ds_spec)
+        warnings = check_spec(ds_spec)
         name, config = "ds_config.json", build_deepspeed_config(ds_spec)
         command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
     else:
@@ -43,7 +44,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
             mixed_precision=FLAG_FOR_PRECISION[precision],
             activation_checkpointing=choice.activation_checkpointing,
         )
-        check_fsdp_spec(fsdp_spec)
+        warnings = check_fsdp_spec(fsdp_spec)
         name, config = "fsdp_config.json", build_fsdp_config(fsdp_spec)
         command = [
             "distsetup",
@@ -52,7 +53,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict]:
             "--output",
             f"config/{name}",
         ]
-    return shlex.join(command), {name: config}
+    return shlex.join(command), {name: config}, warnings
 
 
 def deepspeed_args(

@@ -496,3 +496,11 @@ def test_a_shape_that_cannot_be_the_params_is_refused(run_cli):
     assert refused.exit_code == 1 and "about 2.15M parameters" in refused.stderr
     assert run_cli(*args, "--params", "47B", "--hidden_size", "4096", "--num_layers", "32").exit_code == 0
     assert "Model: 1000B parameters" in run_cli(*args, "--params", "1000B").stdout  # not 1e+03B
+
+
+def test_the_recommended_files_warnings_are_said_as_its_command_says_them(run_cli):
+    """`distsetup fsdp` warns that Accelerate's FSDP2 does not hybrid-shard from the file; plan recommending that
+    file (and writing it with --write) says the same."""
+    args = ["plan", "--params", "7B", "--num_nodes", "2", "--num_gpus_per_node", "8", "--gpu_memory", "80GB", "--bf16"]
+    result = run_cli(*args, "--strategy", "fsdp_hybrid_shard")
+    assert result.exit_code == 0 and "Warning: HYBRID_SHARD with FSDP2" in result.stderr, result.stderr

@@ -40,6 +40,11 @@ MULTI_NODE = {
         ({"main_process_ip": None}, "main_process_ip", "the other machines cannot find the main one"),
         ({"distributed_type": "MULTI_GPUS"}, "distributed_type", "did you mean 'MULTI_GPU'?"),
         ({"distributed_type": "multi_gpu"}, "distributed_type", "did you mean 'MULTI_GPU'?"),  # in any case
+        (  # its fsdp_config is not said to be ignored besides: the kind is unknown, not another
+            {"distributed_type": "fsdp", "fsdp_config": {"fsdp_version": 2}},
+            "distributed_type",
+            "did you mean 'FSDP'?",
+        ),
         ({"distributed_type": "GPU_CLUSTER"}, "distributed_type", "valid values: DEEPSPEED"),
         ({"num_process": 16}, "num_process", "did you mean 'num_processes'?"),
         ({"mixed_precision": "bfloat16"}, "mixed_precision", "use no, fp16, bf16 or fp8"),

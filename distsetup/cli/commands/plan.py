@@ -113,9 +113,11 @@ def plan_command(**o):
         chunked_loss=defaults.get("chunked_loss", "auto"),
     )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
-    command, files = recommended_files(result)
+    command, files, warnings = recommended_files(result)
     for note in notes:  # after every check: a note never precedes an error
         click.echo(f"Note: {note}", err=True)
+    for warning in warnings:  # what the recommended command says of its file (HYBRID_SHARD under FSDP2, say)
+        click.echo(f"Warning: {warning}", err=True)
     if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
         click.echo(
             f"Note: the FSDP command wraps the built-in model's {BUILTIN_BLOCK} class; give --layer_cls with your "
