@@ -217,13 +217,17 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
     return warnings
 
 
+# Where "auto" is a value of DeepSpeed's own (its default), not one the HF Trainer fills
+DEEPSPEEDS_OWN_AUTO = {("data_types", "keep_in_fp32_modules")}
+
+
 def auto_paths(data, path=()) -> list[tuple]:
-    """Paths of every "auto" value in a nested dict/list."""
+    """Paths of every "auto" value the HF Trainer fills in a nested dict/list."""
     if isinstance(data, dict):
         return [p for k, v in data.items() for p in auto_paths(v, path + (k,))]
     if isinstance(data, list):
         return [p for i, v in enumerate(data) for p in auto_paths(v, path + (i,))]
-    return [path] if data == AUTO else []
+    return [path] if data == AUTO and path not in DEEPSPEEDS_OWN_AUTO else []
 
 
 def without_auto(data):
@@ -333,6 +337,8 @@ def _refused_at_start(config: dict) -> list[Problem]:
     stage, zero = zero_stage_of(config), section_of(config, "zero_optimization")
     bf16, fp16 = section_of(config, "bf16"), section_of(config, "fp16")
     ratio = section_of(zero, "offload_optimizer").get("ratio")
+    keep = section_of(config, "data_types").get("keep_in_fp32_modules", AUTO)
+    patterns = keep == AUTO or (isinstance(keep, list) and all(isinstance(name, str) for name in keep))
     refused = [
         (
             "zero_optimization.compute_grad_norm",
@@ -379,6 +385,14 @@ def _refused_at_start(config: dict) -> list[Problem]:
             "set bf16_master_weights_and_grads to true, or remove it",
         ),
     ]
+    refused.append(
+        (
+            "data_types.keep_in_fp32_modules",
+            not patterns,
+            f'{keep!r} is neither "auto" nor a list of name patterns',
+            'write "auto" or a list such as ["norm"]',
+        )
+    )
     return [
         Problem(path, f"{message}: DeepSpeed 0.19 refuses the file.", f"{fix}.")
         for path, broken, message, fix in refused

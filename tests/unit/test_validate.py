@@ -189,9 +189,16 @@ def test_a_number_written_as_a_string_is_told_to_drop_the_quotes(tmp_path):
             "bf16_m",
         ),
         ({"bf16": {"enabled": True, "bf16_optimizer_states": True}}, "bf16_optimizer_states"),
+        ({"data_types": {"keep_in_fp32_modules": "norm"}}, "keep_in_fp32_modules"),
     ],
 )
 def test_what_deepspeed_refuses_when_it_reads_its_config_is_a_problem(tmp_path, change, path):
     """DeepSpeed 0.19's own checks at start (runtime/config.py, zero/config.py), each at the stage it allows it."""
     found = problems_of(tmp_path, {**GOOD_DS, **change})
     assert [p for p in found if path in p] and all("DeepSpeed 0.19 refuses" in found[p].message for p in found)
+
+
+def test_deepspeeds_own_auto_is_no_hf_auto(tmp_path):
+    """data_types.keep_in_fp32_modules "auto" is DeepSpeed's own default value, not one the HF Trainer fills."""
+    assert problems_of(tmp_path, {**GOOD_DS, "data_types": {"keep_in_fp32_modules": "auto"}}) == {}
+    assert problems_of(tmp_path, {**GOOD_DS, "data_types": {"keep_in_fp32_modules": ["norm"]}}) == {}
