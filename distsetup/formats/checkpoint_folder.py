@@ -139,6 +139,11 @@ def find_resume(root: Path) -> tuple[Path | None, list[str]]:
     return None, damaged
 
 
+def passed_over(problem: str) -> str:
+    """The line a run (or an export) says of a newer damaged checkpoint it passes over (find_resume's `problem`)."""
+    return f"passed over damaged checkpoint {problem}"
+
+
 def resume_point(root: Path) -> tuple[Path | None, list[str]]:
     """find_resume, where newer folders being damaged and none intact is an error: a run would silently start
     over."""

@@ -3,7 +3,6 @@ the ZeRO stage ignores, nvme without a path), said in flags, in a file's keys or
 checks of its flags (`check_spec`); and what only a file can get wrong (`deepspeed_problems`: the batch identity,
 "auto", the schema)."""
 
-import math
 from collections.abc import Iterable
 
 from distsetup.errors import DistsetupError
@@ -18,28 +17,9 @@ from distsetup.formats.deepspeed import (
     enabled_precisions,
     positive_int_at,
     section_of,
-    zero_stage_of,
 )
-from distsetup.formats.problems import Problem, Violation, join_path, schema_problems, wrong_type
-
-# Blocks DeepSpeed 0.19 removed and refuses to start with (runtime/config.py, _reject_removed_config_keys): key -> the
-# way now, if there is one
-REMOVED = {
-    "amp": "use bf16 or fp16 (or torch_autocast)",
-    "elasticity": "set the batch keys directly",
-    "curriculum_learning": "use data_efficiency.data_sampling.curriculum_learning",
-    **dict.fromkeys(
-        "nebula compression_training quantize_training sparse_gradients eigenvalue sparse_attention "
-        "graph_harvesting progressive_layer_drop".split(),
-        "",
-    ),
-    **dict.fromkeys(
-        ("zero_optimization.mics_shard_size", "zero_optimization.mics_hierarchical_params_gather"),
-        "MiCS is gone: use zero_optimization.stage 3",
-    ),
-}
-# The batch keys DeepSpeed reads as they are written and hands the DataLoader (batch_size=2.0 is refused there)
-RAW_INTEGERS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+from distsetup.formats.deepspeed_refusals import refused_at_start
+from distsetup.formats.problems import Problem, Violation, join_path, schema_problems
 
 
 def violations(spec: DeepSpeedSpec) -> list[Violation]:
@@ -293,7 +273,7 @@ def deepspeed_problems(
             )
         )
     config = without_auto(config)
-    problems += schema_problems(config, "deepspeed") + _removed_and_raw_problems(config) + _refused_at_start(config)
+    problems += schema_problems(config, "deepspeed") + refused_at_start(config)
     if len(enabled_precisions(config)) > 1:
         problems.append(
             Problem(
@@ -313,91 +293,6 @@ def deepspeed_problems(
         )
     problems += _batch_problems(config, world_size)
     return problems
-
-
-def _removed_and_raw_problems(config: dict) -> list[Problem]:
-    """Blocks DeepSpeed has removed (it refuses the file), and batch keys written as floats (the DataLoader refuses
-    them; JSON Schema counts 8.0 as an integer; NaN and infinities are said as such elsewhere)."""
-    problems = []
-    for path, way in REMOVED.items():
-        section, _, key = path.rpartition(".")
-        if key in (section_of(config, section) if section else config):
-            said = f"; {way}" if way else ""
-            problems.append(Problem(path, f"was removed from DeepSpeed: 0.19 refuses the file{said}.", "remove it."))
-    for key in RAW_INTEGERS:
-        value = config.get(key)
-        if isinstance(value, float) and math.isfinite(value) and (found := wrong_type(key, value, int, "DeepSpeed")):
-            problems.append(found)
-    return problems
-
-
-def _refused_at_start(config: dict) -> list[Problem]:
-    """Settings DeepSpeed 0.19 refuses when its config is read (runtime/config.py, runtime/zero/config.py), at the
-    ZeRO stage the file has."""
-    stage, zero = zero_stage_of(config), section_of(config, "zero_optimization")
-    bf16, fp16 = section_of(config, "bf16"), section_of(config, "fp16")
-    ratio = section_of(zero, "offload_optimizer").get("ratio")
-    keep = section_of(config, "data_types").get("keep_in_fp32_modules", AUTO)
-    patterns = keep == AUTO or (isinstance(keep, list) and all(isinstance(name, str) for name in keep))
-    refused = [
-        (
-            "zero_optimization.compute_grad_norm",
-            zero.get("compute_grad_norm") is False and stage not in (1, 2),
-            "false is supported at ZeRO stage 1 or 2 only",
-            "remove it, or use stage 1 or 2",
-        ),
-        (
-            "zero_optimization.offload_optimizer.ratio",
-            isinstance(ratio, int | float) and ratio < 1 and stage != 3,
-            "below 1 (a partial offload) is supported at ZeRO stage 3 only",
-            "remove it, or use stage 3",
-        ),
-        (
-            "gradient_allreduce_op",
-            config.get("gradient_allreduce_op") == "sum" and stage == 3,
-            "'sum' is not supported at ZeRO stage 3",
-            "remove it (gradients are averaged), or use stage 1 or 2",
-        ),
-        (
-            "fp16.fp16_master_weights_and_grads",
-            fp16.get("fp16_master_weights_and_grads") is True and stage == 0,
-            "is supported at ZeRO stage 1, 2 or 3 only",
-            "remove it, or use stage 1 or more",
-        ),
-        (
-            "bf16.bf16_master_weights_and_grads",
-            bf16.get("bf16_master_weights_and_grads") is True and stage == 0,
-            "is supported at ZeRO stage 1, 2 or 3 only",
-            "remove it, or use stage 1 or more",
-        ),
-        (
-            "bf16.bf16_optimizer_states",
-            bf16.get("bf16_optimizer_states") is True and stage == 0,
-            "is supported at ZeRO stage 1, 2 or 3 only",
-            "remove it, or use stage 1 or more",
-        ),
-        (
-            "bf16.bf16_optimizer_states",
-            bf16.get("bf16_optimizer_states") is True
-            and stage != 0
-            and bf16.get("bf16_master_weights_and_grads") is not True,
-            "needs bf16.bf16_master_weights_and_grads",
-            "set bf16_master_weights_and_grads to true, or remove it",
-        ),
-    ]
-    refused.append(
-        (
-            "data_types.keep_in_fp32_modules",
-            not patterns,
-            f'{keep!r} is neither "auto" nor a list of name patterns',
-            'write "auto" or a list such as ["norm"]',
-        )
-    )
-    return [
-        Problem(path, f"{message}: DeepSpeed 0.19 refuses the file.", f"{fix}.")
-        for path, broken, message, fix in refused
-        if broken
-    ]
 
 
 def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:

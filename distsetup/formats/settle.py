@@ -12,7 +12,7 @@ another, the run stops before it starts, naming both -- a global batch 16 times 
 from dataclasses import dataclass, field
 
 from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch, global_batch_of
-from distsetup.formats.deepspeed import PRECISION_SECTIONS, enabled_precisions, precision_of
+from distsetup.formats.deepspeed import AUTO, PRECISION_SECTIONS, enabled_precisions, precision_of
 from distsetup.formats.fsdp import FsdpSpec
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.problems import Problem
@@ -137,7 +137,7 @@ def _settle_deepspeed(settled: Settled, cfg: RunConfig, config: dict, world_size
         t = cfg.training
         for key, mine in (("betas", list(t.betas)), ("weight_decay", t.weight_decay)):
             theirs = params.get(key)
-            if theirs is not None and theirs != "auto" and theirs != mine:
+            if theirs is not None and theirs != AUTO and theirs != mine:
                 settled.notes.append(
                     f"{key} {theirs} from {file}'s optimizer {optimizer.get('type')} (the run config's "
                     f"{_run_config_source(cfg, key)} says {mine})."

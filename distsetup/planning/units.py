@@ -8,7 +8,8 @@ from distsetup.errors import DistsetupError
 
 GB = 1e9
 SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-_DECIMAL, _BINARY = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}, {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_DECIMAL = {prefix: SUFFIXES[prefix] for prefix in "KMGT"}
+_BINARY = {prefix: 2 ** (10 * (power + 1)) for power, prefix in enumerate("KMGT")}
 # 80GB, 80G (as Kubernetes and SLURM users write it), 80GiB, 80Gi; a bare number is GB
 MEMORY_UNITS = {
     "": GB,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from distsetup.formats.batch import global_batch_of
-from distsetup.formats.checkpoint_folder import Marker, resume_point
+from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_point
 from distsetup.formats.runconfig import RunConfig, names_user_code
 from distsetup.training import memory, user_code
 from distsetup.training.backends import make_backend
@@ -201,7 +201,7 @@ class Trainer:
             if conversion := self.backend.adopt(resume, marker):
                 self.say(conversion)
         for problem in damaged:
-            self.say(f"passed over damaged checkpoint {problem}")
+            self.say(passed_over(problem))
         if self.lock.unsupported:
             self.say(f"note: {self.lock.unsupported}")
         return resume

@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import MARKER, STEP_FOLDER, Marker, checkpoints_folder, damage, find_resume
+from distsetup.formats.checkpoint_folder import (
+    MARKER,
+    STEP_FOLDER,
+    Marker,
+    checkpoints_folder,
+    damage,
+    find_resume,
+    passed_over,
+)
 from distsetup.training.checkpoint.files import and_dcp_failures, atomic_save
 from distsetup.training.checkpoint.named_state import weight_stream
 from distsetup.training.checkpoint.safetensors_file import write_safetensors
@@ -45,7 +53,7 @@ def newest_checkpoint(checkpoints: Path) -> Path:
         return checkpoints
     path, damaged = find_resume(checkpoints)
     for problem in damaged:
-        print(f"passed over damaged checkpoint {problem}", file=sys.stderr)
+        print(passed_over(problem), file=sys.stderr)
     if path is None:
         raise DistsetupError(
             f"no complete checkpoint under {checkpoints}.",
