@@ -3,6 +3,7 @@ pre-tokenized path, and every bad input's one line."""
 
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -125,9 +126,14 @@ def test_text_documents_run_on_across_blocks_and_the_rest_is_left_out(tmp_path):
 def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tmp_path, tokenizer_folder):
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(60))
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)], val_fraction=0.2)
-    first = build_datasets(cfg, eval_batch=2)
+    mask = os.umask(0o022)
+    try:
+        first = build_datasets(cfg, eval_batch=2)
+    finally:
+        os.umask(mask)
     first_train, first_val_loss = np.array(first.train.tokens), np.array(first.val.loss)  # copies: it is damaged below
     (folder,) = cache_folders(tmp_path)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # not its staging folder's 0700: a shared cache
     assert first.notes[0].startswith(f"data: {len(first.train)} train blocks, {len(first.val)} val blocks")
     built = (folder / "train.bin").stat().st_mtime_ns
     again = build_datasets(cfg, eval_batch=2)

@@ -4,7 +4,6 @@ folder; the last two are written one tensor at a time (training/checkpoint/weigh
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import sys
@@ -30,6 +29,7 @@ from distsetup.training.checkpoint.named_state import weight_stream
 from distsetup.training.checkpoint.safetensors_file import write_safetensors
 from distsetup.training.checkpoint.weight_stream import WeightStream
 from distsetup.training.model.build import require_transformers
+from distsetup.training.staged_folders import as_a_new_folder
 from distsetup.training.world import last_line
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -236,19 +236,13 @@ def write_new_folder(out: Path, write) -> None:
     try:
         with _sigterm_as_exit():
             write(staging)
-            staging.chmod(0o777 & ~_umask())
+            as_a_new_folder(staging)
             if out.is_dir():
                 out.rmdir()
             staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @contextlib.contextmanager

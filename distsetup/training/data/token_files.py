@@ -32,6 +32,7 @@ import numpy as np
 
 from distsetup.errors import DistsetupError
 from distsetup.training.data.samples import Sample, SampleEncoder
+from distsetup.training.staged_folders import as_a_new_folder
 
 CACHE_VERSION = 2
 MARKER = "cache.json"  # written last: a folder without it is unfinished
@@ -223,6 +224,7 @@ def _found_or_built(data, tokenizer, width: int, seed: int, folder: Path, key: d
     try:
         counts = tokenize(data, tokenizer, width, staging, seed)
         (staging / MARKER).write_text(json.dumps({"key": key, "counts": counts}, indent=2))
+        as_a_new_folder(staging)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
