@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
@@ -70,10 +70,16 @@ def load_config(args):
         raise DistsetupError(
             f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
         )
+    base_dir = Path(args.config).parent if args.config else None
+    if args.deepspeed and not resolve_config_path(args.deepspeed, base_dir).is_file():
+        raise DistsetupError(
+            f"--deepspeed {args.deepspeed}: no such file.",
+            "write one with `distsetup deepspeed --output FILE`, or fix the path.",
+        )
     overrides = list(args.overrides)
     if args.deepspeed:
         overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
-    return load_run_config(args.config, overrides).resolved(Path(args.config).parent if args.config else None)
+    return load_run_config(args.config, overrides).resolved(base_dir)
 
 
 def main(argv=None) -> int:

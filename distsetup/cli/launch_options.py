@@ -256,6 +256,10 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
             )
     checked = check_run_config(raw, base_dir)
     problems = checked.problems
+    for kind in DEFAULT_FILES:  # a file the flags name: the flag's problem, not the run config's
+        named = [p for p in problems if p.path == f"distributed.{kind}_config" and o[f"{kind}_config"]]
+        if named:
+            raise DistsetupError(f"--{kind}_config {o[f'{kind}_config']}: {named[0].message}", named[0].fix)
     if problems:
         where = f" in {config}" if config else ""
         raise DistsetupError(

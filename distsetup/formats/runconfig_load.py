@@ -35,12 +35,20 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
     checked = check_run_config(raw, Path(path).parent if path else None)
     problems = checked.problems
     if problems:
-        where = f" in {path}" if path else ""
         raise DistsetupError(
-            f"run config problem{where}: {problems[0]}"
+            f"run config problem{_where(problems[0], path, overrides)}: {problems[0]}"
             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
         )
     return run_config_from(raw, checked)
+
+
+def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) -> str:
+    """Where the user wrote what `problem` is about: the command line's override of its key, else the file."""
+    for item in reversed(overrides):  # the last override of a key is the one that counts
+        dotted = item.partition("=")[0]
+        if problem.path == dotted or problem.path.startswith(dotted + "."):
+            return f" in the override {item}"
+    return f" in {path}" if path else ""
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

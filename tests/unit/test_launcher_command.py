@@ -75,6 +75,8 @@ def test_flags_override_the_configs_backend(run_cli, project):
             ["--gpus", "2,3", "--launch_method", "deepspeed", "--num_nodes", "2", "--master_addr", "h0"],
             "use --launch_method torchrun",
         ),
+        (["--deepspeed_config", "nope.json"], "--deepspeed_config nope.json: file nope.json does not exist"),
+        (["--use_fsdp", "--fsdp_config", "nope.json"], "--fsdp_config nope.json: file nope.json does not exist"),
     ],
 )
 def test_bad_input_is_an_error_and_writes_nothing(run_cli, project, args, message):

@@ -91,6 +91,28 @@ def test_missing_file_and_bad_override():
         load_run_config(None, ["lr=1"])
 
 
+def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
+    path = write_yaml(tmp_path, "training:\n  lr: 1.0e-3\n")
+    with pytest.raises(DistsetupError, match=r"in the override training\.lr=abc: training\.lr:"):
+        load_run_config(path, ["training.lr=0.1", "training.lr=abc"])  # the last one counts
+    with pytest.raises(DistsetupError, match=r"in the override distributed\.deepspeed_config=nope\.json:"):
+        load_run_config(path, ["distributed.backend=deepspeed", "distributed.deepspeed_config=nope.json"])
+    with pytest.raises(DistsetupError, match=f"in {path}: training.lr:"):
+        load_run_config(write_yaml(tmp_path, "training:\n  lr: abc\n"), ["training.max_steps=3"])
+
+
+def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
+    from distsetup.train import load_config, parse_args
+
+    config = write_yaml(tmp_path, "training:\n  max_steps: 3\n")
+    with pytest.raises(DistsetupError, match=r"^--deepspeed nope\.json: no such file\."):
+        load_config(parse_args(["--config", str(config), "--deepspeed", "nope.json"]))
+    (tmp_path / "ds.json").write_text("{}")  # found next to the config, as the run config's own paths are
+    assert load_config(parse_args(["--config", str(config), "--deepspeed", "ds.json"])).distributed.backend == (
+        "deepspeed"
+    )
+
+
 def test_override_that_is_not_yaml_is_one_clear_error():
     with pytest.raises(DistsetupError, match="not valid YAML"):
         load_run_config(None, ["distributed.fsdp_config=[x].json"])
