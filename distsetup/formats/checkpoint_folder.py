@@ -228,12 +228,19 @@ def checkpoints_folder(run: Path) -> Path:
     return run / "checkpoints" if (run / "checkpoints").is_dir() else run
 
 
+def one_step_folder(path: Path) -> int | None:
+    """The step of `path` where it is one checkpoint's folder (step_N), as DeepSpeed's and the HF Trainer's users
+    name a checkpoint; else None (a run's folder, or its checkpoints/)."""
+    match = STEP_FOLDER.fullmatch(path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
+
+
 def list_checkpoints(run: Path) -> list[Listed]:
     """Every step_* folder of a run, oldest first, with its metadata and whether a resume would use it; where `run`
     is one step_* folder, that one alone (what export and convert then read)."""
     root = checkpoints_folder(run)
     listed = []
-    one_step = STEP_FOLDER.fullmatch(run.name) is not None and run.is_dir()
+    one_step = one_step_folder(run) is not None
     for folder in [run] if one_step else sorted(root.glob("step_*")):
         match = STEP_FOLDER.fullmatch(folder.name)
         if not match or not folder.is_dir():

@@ -17,11 +17,11 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import (
     MARKER,
-    STEP_FOLDER,
     Marker,
     checkpoints_folder,
     damage,
     find_resume,
+    one_step_folder,
     passed_over,
 )
 from distsetup.training.checkpoint.files import and_dcp_failures, atomic_save
@@ -44,9 +44,9 @@ def newest_checkpoint(checkpoints: Path) -> Path:
     """The newest intact checkpoint under `checkpoints` (a run's checkpoints/), each newer damaged one passed over in
     a line, as the trainer says it; or `checkpoints` itself where it is one step's folder (step_N, its marker in it),
     as DeepSpeed's and the HF Trainer's users name a checkpoint."""
-    step = STEP_FOLDER.fullmatch(checkpoints.name)
-    if step and (checkpoints / MARKER).is_file():
-        if problem := damage(checkpoints, int(step.group(1))):
+    step = one_step_folder(checkpoints)
+    if step is not None and (checkpoints / MARKER).is_file():
+        if problem := damage(checkpoints, step):
             raise DistsetupError(
                 f"checkpoint {checkpoints} is damaged: {problem}.", "name another step_N folder, or the run's folder."
             )
