@@ -277,7 +277,7 @@ def build_setup(answers: Answers, workdir: str) -> Setup:
             requeue=True,
         )
         text, run_command = build_slurm_script(slurm, answers.command_line(), script), f"sbatch {script}"
-        warnings = launch_warnings(launch, run_command) + slurm_warnings(slurm)
+        warnings = slurm_warnings(slurm)  # SLURM names the nodes: no launch_warnings
     else:
         text, run_command = build_launcher_script(launch, answers.command_line(), script), f"bash {script}"
         warnings = launch_warnings(launch, run_command)

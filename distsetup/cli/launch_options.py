@@ -79,7 +79,7 @@ launch_options = stack(
     option(
         "master_port",
         type=int,
-        help="Rendezvous port [29500; a free one for torchrun on one node; under SLURM derived from the job id].",
+        help="Rendezvous port [29500; a free one on one node; under SLURM derived from the job id].",
     ),
     option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
     option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),

@@ -78,7 +78,7 @@ class LaunchSpec:
     nproc_per_node: int | None = None  # None: every visible GPU ("auto")
     node_rank: int | None = None  # None: NODE_RANK from the environment at run time
     master_addr: str | None = None  # None: 127.0.0.1 on one node; MASTER_ADDR at run time on several
-    master_port: int | None = None  # None: 29500 (or a free port for a single node)
+    master_port: int | None = None  # None: 29500, a free port on a single node, under SLURM from the job id
     rdzv_backend: str = "static"
     rdzv_id: str = "distsetup"
     hosts: tuple[str, ...] = ()  # deepspeed launcher multi-node: hostfile names
@@ -337,6 +337,8 @@ def launch_context(spec: LaunchSpec) -> dict:
         "master_addr_sh": _always_quoted("127.0.0.1" if single and spec.master_addr is None else spec.master_addr),
         "master_port": spec.master_port or DEFAULT_MASTER_PORT,
         "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
+        # the other launchers on one node: a free port, chosen when the script starts
+        "free_port": single and spec.master_port is None and spec.launch_method != "torchrun",
         "single_node": single,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,

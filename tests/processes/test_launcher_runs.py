@@ -1,7 +1,9 @@
 """`distsetup launcher`, for real: generated scripts train on CPU with 2 processes, on one node or two."""
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,8 @@ from pathlib import Path
 import pytest
 from launch_inputs import DS_CONFIG, WEIRD
 from repo import REPO, free_port
+
+from distsetup.scripts.launch_plan import DEFAULT_MASTER_PORT
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -64,12 +68,18 @@ def assert_trained(root: Path, result, backend: str, steps: int = 4):
     ids=["torchrun-ddp-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"],
 )
 def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, backend):
+    """On a free port, whichever launcher: the launchers' default port (29500) is held meanwhile, as by another run."""
     root = write_project(tmp_path / WEIRD)  # the real run goes through the weird folder too
     args = [str(root / "ds.json") if a == "DS" else a for a in backend_args]
-    script = generate(
-        run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method, "--master_port", free_port(), *args
-    )
-    result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
+    script = generate(run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method, *args)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(socket.create_server(("127.0.0.1", DEFAULT_MASTER_PORT)))
+        except OSError:  # another test or program holds it already
+            pass
+        result = subprocess.run(
+            ["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400
+        )
     log = assert_trained(root, result, backend)
     assert "no GPUs found: starting 2 CPU process(es) per node" in log
     if "--preflight" in backend_args:

@@ -1,7 +1,8 @@
 """Real processes for SLURM: torchrun honours the grace period the requeue script exports, and jobs on a real
 two-node SLURM cluster on loopback (tests/support/slurm_cluster.py) run as one world (the deepspeed launcher's, and
-torchrun's from `distsetup init --yes`), from another folder too, and checkpoint and resume when requeued. Every test
-of the cluster is in this module, which `make test` keeps on one pytest-xdist worker (tests/conftest.py)."""
+torchrun's from `distsetup init --yes`), from another folder too, and checkpoint and resume when requeued, with
+torchrun and with the deepspeed launcher. Every test of the cluster is in this module, which `make test` keeps on one
+pytest-xdist worker (tests/conftest.py)."""
 
 import json
 import os
@@ -11,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from launch_inputs import WEIRD
 from shell_checks import shellcheck
 from slurm_scripts import GRACE, build
@@ -99,46 +99,6 @@ def job_log(root: Path, job_id: str, name: str = "distsetup") -> str:
     return (root / f"{name}-{job_id}.out").read_text(errors="replace")
 
 
-@pytest.mark.parametrize("method", ["deepspeed"])
-def test_two_node_job_is_one_world(run_cli, cluster, tmp_path, method):
-    """The deepspeed launcher here; torchrun's two-node job is the one `distsetup init` writes (below), in a folder
-    whose name needs quoting, as this one."""
-    root = slurm_project(tmp_path / WEIRD, max_steps=6, checkpoint_interval=3)
-    ds = root / "ds.json"
-    ds.write_text(
-        json.dumps(
-            {
-                "train_batch_size": 8,
-                "train_micro_batch_size_per_gpu": 4,
-                "gradient_accumulation_steps": 1,
-                "zero_optimization": {"stage": 1},
-            }
-        )
-    )
-    backend = ["--use_deepspeed", "--deepspeed_config", ds] if method == "deepspeed" else []
-    job = submit(
-        run_cli,
-        cluster,
-        root,
-        "--preflight",
-        "--job_name",
-        'two "nodes"',  # sbatch reads the quoting
-        "--launch_method",
-        method,
-        *backend,
-    )
-    state = cluster.wait_job(job, timeout=150)
-    log = job_log(root, job, name='two "nodes"')
-    assert state["JobState"] == "COMPLETED", log[-4000:]
-    assert state["NodeList"] == "n[1-2]"
-    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
-    assert "preflight OK: 2 ranks" in log
-    summary = json.loads((root / "out" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 6
-    assert summary["backend"] == ("deepspeed" if method == "deepspeed" else "ddp")
-    assert (root / "out" / "checkpoints" / "step_0000006" / "COMPLETE").exists()
-
-
 def test_job_submitted_from_another_folder_trains(run_cli, cluster, tmp_path, monkeypatch):
     """A job written in the project with relative paths and submitted from another folder (`cd jobs && sbatch
     ../scripts/slurm_job.sh`) trains on both nodes, its output where the run config says; submitted with a bad
@@ -209,6 +169,75 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["steps"] == 200 and summary["world_size"] == 2
+
+
+# A program that takes 3 s to checkpoint after SIGTERM, then waits for the other rank's (as the trainer's barrier
+# does) and exits 75; requeued, it finds its checkpoint and ends, or says it was lost.
+SLOW_CHECKPOINT = """\
+import os, signal, sys, time
+from pathlib import Path
+
+marks, rank, world = Path("marks"), os.environ["RANK"], os.environ["WORLD_SIZE"]
+marks.mkdir(exist_ok=True)
+if (marks / "preempted").exists():
+    (marks / f"{'resumed' if (marks / f'saved{rank}').exists() else 'lost'}{rank}").write_text(world)
+    sys.exit(0 if (marks / f"saved{rank}").exists() else 1)
+
+
+def checkpoint(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    (marks / "preempted").touch()
+    time.sleep(3)
+    (marks / f"saved{rank}").write_text(world)
+    while len(list(marks.glob("saved*"))) < int(world):
+        time.sleep(0.1)
+    sys.exit(75)
+
+
+signal.signal(signal.SIGTERM, checkpoint)
+(marks / f"ready{rank}").write_text(world)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_the_deepspeed_launcher_lives_until_its_ranks_have_checkpointed(run_cli, cluster, tmp_path, monkeypatch):
+    """SLURM signals every process of the job; the deepspeed launcher (runner.py) dies of SIGTERM, and srun then kills
+    its step: a checkpoint that takes longer than that was lost. The job, in a folder and under a name that need
+    quoting, with the preflight, is one world of 2 nodes whose ranks finish their checkpoint and resume requeued."""
+    root = slurm_project(tmp_path / WEIRD, max_steps=1, checkpoint_interval=1)
+    (root / "slow.py").write_text(SLOW_CHECKPOINT)
+    monkeypatch.chdir(root)  # the job's folder: where distsetup ran
+    job = submit(
+        run_cli,
+        cluster,
+        root,
+        "--script",
+        "slow.py",
+        "--launch_method",
+        "deepspeed",
+        "--preflight",
+        "--requeue",
+        "--signal_seconds",
+        60,
+        "--job_name",
+        'two "nodes"',
+    )
+    marks, deadline = root / "marks", time.monotonic() + 120
+    while len(list(marks.glob("ready*"))) < 2:
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.2)
+    cluster.run("scancel", "--signal=USR1", "--batch", job)
+    state = cluster.wait_job(job, timeout=200)
+    log = job_log(root, job, name='two "nodes"')
+    assert state["JobState"] == "COMPLETED", log[-4000:]
+    assert (state["Restarts"], state["NodeList"]) == ("1", "n[1-2]"), log[-4000:]
+    assert "node n1: node_rank 0 of 2" in log and "node n2: node_rank 1 of 2" in log
+    assert log.count("preflight OK: 2 ranks") == 2, log[-4000:]  # before the first run and the requeued one
+    assert sorted(p.name for p in marks.iterdir() if p.name != "preempted") == [
+        f"{kind}{rank}" for kind in ("ready", "resumed", "saved") for rank in (0, 1)
+    ]
+    assert {p.read_text() for p in marks.iterdir() if p.name != "preempted"} == {"2"}
 
 
 def test_init_yes_for_two_slurm_nodes_runs_as_one_world(run_cli, cluster, tmp_path, monkeypatch):

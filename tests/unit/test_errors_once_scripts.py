@@ -31,6 +31,7 @@ def test_slurm_job_checks_the_run_config_once_in_the_batch_shell_before_srun(tmp
     assert text.index('cd "$WORKDIR"') < text.index("/bin/activate") < text.index(CHECK)
     assert text.index(CHECK) < text.index('srun "${SRUN_ARGS[@]}"')
     (tmp_path / "config.yaml").write_text(BAD)  # edited since the script was written
+    (tmp_path / "ds.json").write_text("{}")
     env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
     result = run_script(text, tmp_path, "srun", "scontrol", env=env, args=["training.max_steps=3"])
     assert result.returncode == 1

@@ -142,6 +142,9 @@ def test_no_config_is_no_warning_and_the_next_step_names_the_command_that_runs_t
     for command, runner, extra in (
         ("launcher", "bash", []),
         ("slurm", "sbatch", ["--time_limit", "1:00:00", "--cpus_per_task", "8"]),
+        # SLURM lists the nodes (the deepspeed launcher's hostfile too): nothing about labels or --hosts
+        ("slurm", "sbatch", ["--time_limit", "1:00:00", "--cpus_per_task", "8", "--num_nodes", "2"]),
+        ("slurm", "sbatch", ["--cpus_per_task", "8", "--num_nodes", "2", "--launch_method", "deepspeed"]),
     ):
         out = tmp_path / f"my {command}.sh"
         result = run_cli(command, "--num_gpus_per_node", "2", *extra, "-o", out)

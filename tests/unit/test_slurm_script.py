@@ -20,10 +20,10 @@ def test_one_world_across_nodes_with_per_node_values_expanding_on_each_node():
     text = build()
     program = srun_program(text)
     assert 'srun "${SRUN_ARGS[@]}" bash -c \'' in text
-    assert "--ntasks-per-node=1" in text
+    assert "--ntasks-per-node=1" in text and "--export=ALL" in text  # the variables reach the nodes
     assert 'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
     assert 'export MASTER_ADDR="${HOSTS[0]:?' in text
-    assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in text
+    assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 12000))"' in text
     assert 'NODE_RANK="$SLURM_NODEID"' in program  # inside the single quotes: expands per node
     outside = text.replace(program[len("#!/bin/bash\n") :], "")
     assert not [line for line in outside.splitlines() if "SLURM_NODEID" in line and not line.startswith("#")]

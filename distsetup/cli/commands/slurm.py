@@ -16,7 +16,7 @@ from distsetup.cli.launch_options import (
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
-from distsetup.scripts.launch_plan import launch_warnings, parse_env_pairs
+from distsetup.scripts.launch_plan import parse_env_pairs
 from distsetup.scripts.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
 
@@ -96,9 +96,8 @@ def slurm(output, dry_run, submit, **opts):
     run_command = f"sbatch {shlex.quote(str(output))}"
     notes += script_notes(spec.launch, run_command)
     text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
-    remarks = [f"Note: {note}" for note in notes] + [
-        f"Warning: {w}" for w in launch_warnings(spec.launch, run_command) + slurm_warnings(spec)
-    ]
+    # launch_warnings are the launcher script's: SLURM names the nodes (the deepspeed launcher's hostfile too)
+    remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in slurm_warnings(spec)]
     emit(
         text,
         output,

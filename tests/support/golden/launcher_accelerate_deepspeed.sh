@@ -14,7 +14,6 @@ NNODES=1
 NPROC_PER_NODE=4
 NODE_RANK="${NODE_RANK:-0}"  # NODE_RANK in the environment wins
 MASTER_ADDR='127.0.0.1'
-MASTER_PORT=29500
 WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
 MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=deepspeed --deepspeed ds.json)
@@ -53,7 +52,8 @@ PYTHON="$(command -v accelerate || true)"
 PYTHON="${PYTHON%/*}/python3"
 [[ -x "$PYTHON" ]] || PYTHON=python3
 "$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
-echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
+MASTER_PORT=0  # accelerate launch takes a free port: the launchers' default, 29500, may be another run's
+echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, on a free port (accelerate chooses it)" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(accelerate launch --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
 # Without a GPU an Accelerator forms a world of CPU processes (gloo) only when told to: otherwise each process

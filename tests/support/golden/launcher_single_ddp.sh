@@ -13,8 +13,6 @@ set -euo pipefail
 NNODES=1
 NPROC_PER_NODE=4
 NODE_RANK="${NODE_RANK:-0}"  # NODE_RANK in the environment wins
-MASTER_ADDR='127.0.0.1'
-MASTER_PORT=29500
 WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
 MODULE=distsetup.train
 TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)
@@ -52,7 +50,7 @@ PYTHON="$(command -v torchrun || true)"
 PYTHON="${PYTHON%/*}/python3"
 [[ -x "$PYTHON" ]] || PYTHON=python3
 "$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
-echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
+echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, on a free port (torchrun chooses it)" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--standalone)

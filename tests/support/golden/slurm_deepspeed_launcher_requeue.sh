@@ -34,7 +34,9 @@ export NPROC_PER_NODE=8
 # pipefail) when scontrol writes a large allocation's list in several writes.
 mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 export MASTER_ADDR="${HOSTS[0]:?scontrol show hostnames listed no host for $SLURM_JOB_NODELIST}"
-export MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"  # from the job id: concurrent jobs do not collide
+# From the job id, so that concurrent jobs do not collide, and below Linux's ephemeral ports (32768 up), which
+# the node's own outgoing connections take
+export MASTER_PORT="$((20000 + SLURM_JOB_ID % 12000))"
 export RDZV_ID="$SLURM_JOB_ID"
 export WORKDIR=/home/user/project  # where distsetup ran: relative paths here and in the run config start there
 export MODULE=distsetup.train
@@ -62,7 +64,8 @@ PYTHON="${PYTHON%/*}/python3"
 [[ -x "$PYTHON" ]] || PYTHON=python3
 "$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
 echo "distsetup: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $NNODES node(s) x $NPROC_PER_NODE = $((NNODES * NPROC_PER_NODE)) process(es), master $MASTER_ADDR:$MASTER_PORT" >&2
-SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+# --export=ALL: the variables above reach the nodes also where sbatch ran with --export=NONE (a site's SBATCH_EXPORT)
+SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL)
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
   SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
 fi
@@ -89,6 +92,11 @@ HOSTFILE="${TMPDIR:-/tmp}/distsetup-hostfile-$SLURM_JOB_ID-$NODE_RANK"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | while read -r host; do
   echo "$host slots=$NPROC_PER_NODE"
 done >"$HOSTFILE"
+# SLURM signals every process of the job (preemption, the time limit): the deepspeed launcher (runner.py) has no
+# handler for SIGTERM but with pdsh, and would end this task at once, and SLURM then kill what it started before
+# the ranks checkpoint. Ignored here, SIGTERM reaches its launch.py, which sets a handler of its own (it stops the
+# ranks, SIGKILL 30 s later), and the ranks, which checkpoint; the task ends when they have.
+trap "" TERM
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
 "${LAUNCH[@]}" --no_local_rank --module distsetup.preflight
