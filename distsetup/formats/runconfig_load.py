@@ -51,8 +51,14 @@ def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) 
     return f" in {path}" if path else ""
 
 
+# The run's length is one of these: an override of one replaces the file's other (the command line wins, as it does
+# for every key), so that `training.epochs=3` runs on a config.yaml that sets max_steps
+ONE_OF = {"epochs": "max_steps", "max_steps": "epochs"}
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    overridden = {item.partition("=")[0] for item in overrides}
     for item in overrides:
         dotted, sep, value = item.partition("=")
         section, dot, key = dotted.partition(".")
@@ -72,6 +78,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
+        if section == "training" and key in ONE_OF and f"training.{ONE_OF[key]}" not in overridden:
+            raw[section].pop(ONE_OF[key], None)
     return raw
 
 

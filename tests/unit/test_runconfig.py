@@ -6,7 +6,7 @@ from repo import REPO
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.problems import load_schema
-from distsetup.formats.runconfig import SECTIONS, RunConfig, run_config_schema
+from distsetup.formats.runconfig import SECTIONS, RunConfig, TrainingConfig, run_config_schema
 from distsetup.formats.runconfig_load import load_run_config
 
 
@@ -111,6 +111,18 @@ def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
     assert load_config(parse_args(["--config", str(config), "--deepspeed", "ds.json"])).distributed.backend == (
         "deepspeed"
     )
+
+
+def test_an_override_of_the_runs_length_replaces_the_files_other(tmp_path):
+    by_steps = write_yaml(tmp_path, "training:\n  max_steps: 200\n")
+    run = load_run_config(by_steps, ["training.epochs=3"]).training
+    assert (run.epochs, run.max_steps) == (3, TrainingConfig.max_steps)  # max_steps unused beside epochs
+    by_epochs = load_run_config(write_yaml(tmp_path, "training:\n  epochs: 2\n"), ["training.max_steps=5"]).training
+    assert (by_epochs.epochs, by_epochs.max_steps) == (None, 5)
+    with pytest.raises(DistsetupError, match="epochs and max_steps are both set"):
+        load_run_config(by_steps, ["training.epochs=3", "training.max_steps=4"])  # both on the command line
+    with pytest.raises(DistsetupError, match="epochs and max_steps are both set"):
+        load_run_config(write_yaml(tmp_path, "training:\n  epochs: 2\n  max_steps: 9\n"))
 
 
 def test_override_that_is_not_yaml_is_one_clear_error():
