@@ -7,8 +7,11 @@ class DistsetupError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, *, alike_on_every_rank: bool = False):
         self.problem, self.hint = message, hint
+        # found alike by every rank of a run (in its input: the data, the model's code, the first batch's shape), so
+        # said by one rank per node (distsetup/train.py)
+        self.alike_on_every_rank = alike_on_every_rank
         self.message = f"{message} HINT: {hint}" if hint else message
         super().__init__(self.message)
 

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     try:
         return trainer.run()
     except DistsetupError as e:  # this rank's own (a lost peer, a checkpoint): every rank says its own
-        return say(e)
+        return say_once_per_node(e) if e.alike_on_every_rank else say(e)
 
 
 def say(error: DistsetupError) -> int:
@@ -113,11 +113,11 @@ SPEAKER_HEAD_START_S = 10.0
 
 
 def say_once_per_node(error: DistsetupError) -> int:
-    """An error every rank finds alike before the process group (the run config, a builder that cannot be
-    imported), said by one rank per node rather than by every rank (speaks_for_its_node). The others exit with the
-    same status, silently, once the launcher (torchrun, the deepspeed launcher), seeing that rank gone, stops them
-    with SIGTERM; exiting first, they would have it stop that rank before it said anything. A rank still running
-    after SPEAKER_HEAD_START_S says its error itself: then it was its own (the first rank went on)."""
+    """An error every rank finds alike (before the process group: the run config, a builder that cannot be
+    imported; after it: the data), said by one rank per node rather than by every rank (speaks_for_its_node). The
+    others exit with the same status, silently, once the launcher (torchrun, the deepspeed launcher), seeing that rank
+    gone, stops them with SIGTERM; exiting first, they would have it stop that rank before it said anything. A rank
+    still running after SPEAKER_HEAD_START_S says its error itself: then it was its own (the first rank went on)."""
     for sig in (signal.SIGTERM, signal.SIGINT):  # from now on
         signal.signal(sig, lambda *_: exit_now(error.exit_code))
     if not speaks_for_its_node(read_world()):

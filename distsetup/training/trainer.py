@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_point
 from distsetup.formats.runconfig import RunConfig, names_user_code
@@ -223,7 +224,11 @@ class Trainer:
         barrier()
 
     def _datasets(self) -> Datasets:
-        return build_datasets(self.cfg, eval_batch=self.backend.micro_batch * self.world.size)
+        try:
+            return build_datasets(self.cfg, eval_batch=self.backend.micro_batch * self.world.size)
+        except DistsetupError as e:  # the same files and settings on every rank
+            e.alike_on_every_rank = True
+            raise
 
     def _build_data(self) -> tuple[Datasets, ShardedSampler]:
         """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read."""

@@ -1,10 +1,12 @@
 """One error, once: a bad run config under torchrun at 2 processes is one line (the first rank says it, the other
-exits with the same status, silently), and a launcher script whose run config was edited since it was written says
-the problem in one line and starts no torchrun."""
+exits with the same status, silently), as is a data problem found once the process group exists, and a launcher
+script whose run config was edited since it was written says the problem in one line and starts no torchrun."""
 
 import subprocess
 
-from train_runs import command, environment, write_run_config
+import pytest
+import yaml
+from train_runs import command, environment, write_config, write_run_config
 
 TYPO = "lerning_rate"
 
@@ -26,6 +28,49 @@ def test_a_bad_run_config_is_said_once_by_two_ranks_under_torchrun(tmp_path):
         "1",
         "1",
     ], output[-3000:]
+
+
+# A model of 8 inputs, and samples of 10: its forward rejects the first batch on every rank
+MISFIT = """\
+import torch
+
+
+def build_model():
+    return torch.nn.Linear(8, 1)
+
+
+def build_data(split):
+    return torch.utils.data.TensorDataset(torch.randn(64, 10), torch.randn(64, 1))
+"""
+
+
+@pytest.mark.parametrize("problem", ["empty data file", "first batch rejected"])
+def test_a_problem_every_rank_finds_after_the_process_group_is_said_once_too(tmp_path, problem):
+    """The data is read, the model built and its first batch run once the process group exists: every rank finds
+    such a problem alike, one says it."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "misfit.py").write_text(MISFIT)
+    if problem == "empty data file":
+        config = write_config(
+            tmp_path, "ddp", "ddp", None, {"max_steps": 2}, data={"type": "files", "paths": ["empty.txt"]}
+        )
+        expected = "error: data file empty.txt is empty."
+    else:
+        config = write_config(
+            tmp_path, "ddp", "ddp", None, {"max_steps": 2}, data={"type": "python", "builder": "misfit:build_data"}
+        )
+        settings = yaml.safe_load(config.read_text())
+        settings["model"] = {"type": "python", "builder": "misfit:build_model"}
+        config.write_text(yaml.safe_dump(settings))
+        expected = "error: model.builder misfit:build_model's model rejected the first batch"
+    result = subprocess.run(
+        command(config, 2), capture_output=True, text=True, timeout=300, env=environment(), cwd=tmp_path
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    said = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and said[0].startswith(expected), output[-3000:]
+    assert output.count(expected[len("error: ") :]) == 1, output[-3000:]  # the other rank said nothing, not mid-line
 
 
 def test_a_launcher_script_checks_its_run_config_before_starting_torchrun(run_cli, tmp_path, monkeypatch):

@@ -171,7 +171,7 @@ class PythonObjective:
         except Exception as e:
             if not rejected_input(e):
                 raise
-            raise DistsetupError(*self._rejected(batch, e)) from e
+            raise DistsetupError(*self._rejected(batch, e), alike_on_every_rank=True) from e
         self._check(loss)
         return loss, aux
 
@@ -217,6 +217,7 @@ class PythonObjective:
                 f"{source} returned {what} as the loss, not a floating-point scalar tensor.",
                 "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or an object "
                 "with it as .loss.",
+                alike_on_every_rank=True,
             )
         if not torch.isfinite(loss).item():
             raise DistsetupError(

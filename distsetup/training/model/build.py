@@ -58,12 +58,14 @@ def build(m, weights: bool = True) -> nn.Module:
         return _hf_model(m, with_weights=weights)
     try:
         model = _call_builder(m)
-    except DistsetupError:
+    except DistsetupError as e:
+        e.alike_on_every_rank = True  # the same code and arguments on every rank
         raise
     except Exception as e:
         raise DistsetupError(
             f"model.builder {m.builder} raised {type(e).__name__}: {first_line(e)}.",
             f"fix {m.builder} or model.args.",
+            alike_on_every_rank=True,
         ) from None
     return model.float()
 
