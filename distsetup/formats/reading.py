@@ -201,6 +201,17 @@ def parse_yaml(text: str, as_pyyaml: bool = False):
     return yaml.load(text, Loader=_PyYamlLoader if as_pyyaml else _Loader)
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """Where and what PyYAML found, in one line: 'line 3, column 1: found character '\\t' that cannot start any
+    token' (its first line alone, 'while scanning for the next token', says neither)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem is None or mark is None:
+        return str(error).splitlines()[0]
+    tab = " (a tab: YAML indents with spaces)" if "'\\t'" in problem else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}{tab}"
+
+
 def read_yaml(path: Path, as_pyyaml: bool = False) -> dict:
     """A config file as a dict, read within the limits of read_config_text and _Loader; `as_pyyaml`: as
     yaml.safe_load reads it, for files other programs read that way (Accelerate's, TrainingArguments)."""
@@ -210,7 +221,7 @@ def read_yaml(path: Path, as_pyyaml: bool = False) -> dict:
     except TooComplex as e:
         raise too_complex(path, "run config", e)
     except yaml.YAMLError as e:
-        raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
+        raise DistsetupError(f"{path} is not valid YAML: {yaml_problem(e)}.", "fix the YAML syntax.")
     except ValueError as e:  # a date such as 2024-13-45, an integer of more digits than Python converts
         raise DistsetupError(
             f"{path} is not valid YAML: {str(e).split(';')[0]}.", "fix the value, or quote it to make it a string."
@@ -229,6 +240,6 @@ def read_yaml_documents(path: Path) -> list:
     except TooComplex as e:
         raise too_complex(path, "manifest", e)
     except yaml.YAMLError as e:
-        raise DistsetupError(f"{path} is not valid YAML: {str(e).splitlines()[0]}.", "fix the YAML syntax.")
+        raise DistsetupError(f"{path} is not valid YAML: {yaml_problem(e)}.", "fix the YAML syntax.")
     except ValueError as e:
         raise DistsetupError(f"{path} is not valid YAML: {str(e).split(';')[0]}.", "quote the value.")

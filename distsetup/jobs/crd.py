@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.reading import yaml_problem
 
 MAX_CRD_BYTES = 64 << 20  # an engine's CRDs run to megabytes (the whole pod schema, embedded in each)
 
@@ -42,7 +43,7 @@ def _documents(path: Path) -> list:
     try:
         return list(yaml.load_all(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     except yaml.YAMLError as e:
-        raise DistsetupError(f"--crd {path} is not valid YAML: {str(e).splitlines()[0]}.", "give the CRD's YAML.")
+        raise DistsetupError(f"--crd {path} is not valid YAML: {yaml_problem(e)}.", "give the CRD's YAML.")
 
 
 def _versions(crd: dict) -> dict[tuple[str, str], dict]:
