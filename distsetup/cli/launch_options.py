@@ -28,6 +28,7 @@ from distsetup.scripts.launch_plan import (
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
 DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
+DEFAULT_RUN_CONFIG = "config/config.yaml"  # where `distsetup init` writes it
 
 
 class GpuCount(click.ParamType):
@@ -50,7 +51,8 @@ launch_options = stack(
     option(
         "config",
         type=click.Path(dir_okay=False),
-        help="Run config (config.yaml); its backend is used unless --use_deepspeed / --use_fsdp is given.",
+        help="Run config (config.yaml) [config/config.yaml where it exists]; its backend is used unless "
+        "--use_deepspeed / --use_fsdp is given.",
     ),
     option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
     option("use_fsdp", is_flag=True, help="Train with FSDP."),
@@ -155,7 +157,11 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
     if o["script"] and o["python_module"]:
         raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
+    found_config = _found_run_config(o)
+    o = {**o, "config": o["config"] or found_config}
     backend, files, notes, run_config = distributed_settings(o)
+    if found_config:
+        notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
     gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
     spec = LaunchSpec(
         backend=backend,
@@ -202,6 +208,15 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         if spec.launch_method == "accelerate":
             spec = replace(spec, accelerate_fsdp_args=tuple(accelerate_launch_args(fsdp)))
     return spec, notes
+
+
+def _found_run_config(o: dict) -> str | None:
+    """config/config.yaml where distsetup's trainer runs without --config and `distsetup init` wrote one here, as
+    config/ds_config.json is found for --use_deepspeed: the trainer would otherwise run on its built-in defaults. A
+    user's own program owns its arguments, and gets none it was not given."""
+    if o["config"] or o["script"] or o["python_module"]:
+        return None
+    return DEFAULT_RUN_CONFIG if Path(DEFAULT_RUN_CONFIG).is_file() else None
 
 
 def working_folder() -> str:

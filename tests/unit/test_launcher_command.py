@@ -287,3 +287,22 @@ def test_python_module_flag_and_its_old_spelling(run_cli, project, args):
 def test_help_names_the_new_flags(run_cli):
     text = run_cli("launcher", "--help").stdout
     assert "--python_module" in text and "--module " not in text and "distsetup.train" in text
+
+
+def test_the_run_config_init_writes_is_found_for_the_trainer_not_for_your_own_program(run_cli, tmp_path, monkeypatch):
+    """Without --config the trainer would run on its built-in defaults beside the config `distsetup init` wrote (the
+    "Next:" line of `distsetup deepspeed` names no --config): config/config.yaml is used, as config/ds_config.json."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("training:\n  max_steps: 2\n")
+    for command in ("launcher", "slurm"):
+        result = run_cli(command, "--num_gpus_per_node", 2, "-o", f"{command}.sh")
+        assert result.exit_code == 0, result.output
+        assert "Note: using config/config.yaml for the trainer (none given with --config)." in result.stderr
+        assert "TRAIN_ARGS=(--config config/config.yaml" in (tmp_path / f"{command}.sh").read_text()
+    result = run_cli("launcher", "--script", "mine.py", "--num_gpus_per_node", 2, "-o", "own.sh")
+    assert result.exit_code == 0, result.output
+    assert "config/config.yaml" not in result.stderr + (tmp_path / "own.sh").read_text()
+    (tmp_path / "config" / "config.yaml").write_text("training:\n  max_step: 2\n")
+    doctor = run_cli("doctor")
+    assert doctor.exit_code == 1 and "PROBLEM config/config.yaml: training.max_step: unknown key" in doctor.output

@@ -137,8 +137,11 @@ def test_submit_prints_the_job_id(run_cli, tmp_path, monkeypatch):
     assert run_cli("slurm", "--submit", "--dry_run").exit_code != 0
 
 
-def test_no_config_is_no_warning_and_the_next_step_names_the_command_that_runs_the_script(run_cli, tmp_path):
+def test_no_config_is_no_warning_and_the_next_step_names_the_command_that_runs_the_script(
+    run_cli, tmp_path, monkeypatch
+):
     """The trainer runs on its defaults without --config (the wheel test trains so), so nothing warns."""
+    monkeypatch.chdir(tmp_path)  # no config/config.yaml here
     for command, runner, extra in (
         ("launcher", "bash", []),
         ("slurm", "sbatch", ["--time_limit", "1:00:00", "--cpus_per_task", "8"]),
