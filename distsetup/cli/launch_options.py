@@ -116,7 +116,11 @@ def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
     if spec.script is None or spec.workdir is None or (Path(spec.workdir) / spec.script).is_file():
         return []
     program, _, arguments = spec.script.partition(" ")
-    if arguments and (Path(spec.workdir) / program).is_file():
+    # a file there, or a Python file's name followed by more (not yet written: "train.py --epochs 3")
+    named_then_arguments = (Path(spec.workdir) / program).is_file() or (
+        program.endswith(".py") and not spec.script.endswith(".py")
+    )
+    if arguments and named_then_arguments:
         passed = (
             f"and the arguments when you run it: {run_command} {arguments}"
             if run_command
