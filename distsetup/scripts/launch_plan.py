@@ -339,6 +339,8 @@ def launch_context(spec: LaunchSpec) -> dict:
         "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
         # the other launchers on one node: a free port, chosen when the script starts
         "free_port": single and spec.master_port is None and spec.launch_method != "torchrun",
+        # the deepspeed launcher: SIGTERM to this script reaches its launch.py (templates/_launch.sh.j2)
+        "hands_sigterm_to_launch_py": spec.launch_method == "deepspeed" and not spec.ssh,
         "single_node": single,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,

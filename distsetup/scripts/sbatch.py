@@ -270,7 +270,8 @@ def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "script
     """scripts/slurm_job.sh (`command_line`, how to regenerate it, and `output` go in its header)."""
     check_slurm(spec)
     context = launch_context(spec.launch)
-    context.update(single_node=False, standalone=False, free_port=False, node_rank=None)
+    # SLURM signals every process of the job itself (the srun program keeps the deepspeed launcher alive)
+    context.update(single_node=False, standalone=False, free_port=False, hands_sigterm_to_launch_py=False, node_rank=None)
     context["literal_dollars"] = literal_dollars([context, spec.modules, spec.venv, spec.conda_env])
     return render(
         "slurm_job.sh.j2",

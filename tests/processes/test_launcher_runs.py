@@ -3,9 +3,12 @@
 import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +87,58 @@ def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, back
     assert "no GPUs found: starting 2 CPU process(es) per node" in log
     if "--preflight" in backend_args:
         assert "preflight OK: 2 ranks" in log
+
+
+def session_processes(session: int) -> list[int]:
+    """The processes still in `session` (the launch script's, started with a session of its own)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    alive.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                pass
+    return alive
+
+
+def test_sigterm_to_a_deepspeed_launcher_script_checkpoints_and_leaves_no_process(run_cli, tmp_path):
+    """`kill PID` of the script, as a supervisor sends it: its deepspeed launcher (runner.py) died of it and left its
+    launch.py and the ranks training, holding the run's lock; now the ranks checkpoint and every process ends."""
+    root = write_project(tmp_path / "preempted", max_steps=100000)
+    script = generate(
+        run_cli,
+        root,
+        "--num_gpus_per_node",
+        "2",
+        "--launch_method",
+        "deepspeed",
+        "--use_deepspeed",
+        "--deepspeed_config",
+        root / "ds.json",
+    )
+    log = root / "log.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            ["bash", str(script)], cwd=root, env=run_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not (root / "out" / "checkpoints" / "step_0000002" / "COMPLETE").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGTERM)  # the script's process alone
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(proc.pid) == [], log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = re.search(r"preempted: checkpoint at step (\d+)", log.read_text())
+    assert stopped, log.read_text()[-3000:]
+    assert (root / "out" / "checkpoints" / f"step_{int(stopped.group(1)):07d}" / "COMPLETE").exists()
 
 
 def test_fsdp_file_named_as_yaml_would_misread_it_trains(run_cli, tmp_path):

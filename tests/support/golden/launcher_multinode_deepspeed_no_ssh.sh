@@ -61,4 +61,26 @@ for host in "${HOSTS[@]}"; do
 done >"$HOSTFILE"
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-exec "${LAUNCH[@]}" --module "$MODULE" "$@"
+# The deepspeed launcher's own process (runner.py) dies of SIGTERM (it has a handler only with pdsh) and leaves its
+# launch.py and the ranks running: it ignores SIGTERM here, and this script hands the signal to its launch.py, which
+# stops the ranks (they checkpoint; SIGKILL 30 s later), then exits with the launcher's status.
+(
+  trap "" TERM
+  exec "${LAUNCH[@]}" --module "$MODULE" "$@"
+) &
+LAUNCHER_PID=$!
+# shellcheck disable=SC2317  # run by the trap below
+hand_sigterm_to_launch_py() {
+  local launch_py
+  launch_py="$(cat "/proc/$LAUNCHER_PID/task/$LAUNCHER_PID/children" 2>/dev/null || true)"
+  # shellcheck disable=SC2086  # one process id a word
+  [[ -z "$launch_py" ]] || kill -TERM $launch_py 2>/dev/null || true
+}
+trap hand_sigterm_to_launch_py TERM
+status=0
+wait "$LAUNCHER_PID" || status=$?
+while kill -0 "$LAUNCHER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
+  status=0
+  wait "$LAUNCHER_PID" || status=$?
+done
+exit "$status"
