@@ -192,6 +192,7 @@ def test_a_token_file_reads_as_the_text_it_came_from(tmp_path, tokenizer_folder)
     (folder,) = cache_folders(tmp_path)
     tokens = build_datasets(run_config(tmp_path, tokenizer_folder, paths=[str(folder / "train.bin")]), eval_batch=2)
     assert np.array_equal(tokens.train.tokens, text.train.tokens) and tokens.train.masked
+    assert tokens.notes == [f"data: {len(text.train)} train blocks of {cfg.model.block_size + 1} ids (pre-tokenized)"]
     x, y = tokens.train.batch(torch.tensor([0, 3]))
     assert torch.equal(x, text.train.batch(torch.tensor([0, 3]))[0]) and (y == IGNORE).any() and (y != IGNORE).any()
 
@@ -250,7 +251,8 @@ def test_bad_text_inputs_are_refused_in_one_line(tmp_path, tokenizer_folder):
         run_config(tmp_path, paths=[str(good)], val_fraction=0.001),
     )
     expect_error(
-        r"the validation set \(data.val_paths\) has 1 blocks, fewer than one evaluation batch of 4",
+        r"the validation set \(data.val_paths\) has 1 block, fewer than one evaluation batch of 4 .*"
+        r"HINT: add validation data to data.val_paths\.$",
         run_config(
             tmp_path, paths=[str(good)], val_paths=[str(write_jsonl(tmp_path / "v.jsonl", [{"text": "x" * 40}]))]
         ),

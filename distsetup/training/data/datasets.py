@@ -186,9 +186,13 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         splits = {"train": (d.paths[0], "data.paths[0]")}
         if d.val_paths:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
-        for path, setting in splits.values():
-            check_ids(open_token_file(Path(path), width, tokenizer.fingerprint, setting), Path(path), rows, where)
-        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": []}
+        sizes = []
+        for split, (path, setting) in splits.items():
+            opened = open_token_file(Path(path), width, tokenizer.fingerprint, setting)
+            check_ids(opened, Path(path), rows, where)
+            sizes.append(f"{len(opened.tokens)} {split} blocks")
+        notes = [f"data: {', '.join(sizes)} of {width} ids (pre-tokenized)"]
+        return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
     cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
     folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)
     if counts["train"]["blocks"] == 0:
@@ -220,11 +224,13 @@ def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:
         source, items, fix = 'data.builder("val")', "samples", "add validation samples"
     else:
         source = "data.val_paths" if d.val_paths else f"data.val_fraction {d.val_fraction}"
-        items, fix = "blocks", "add validation data or raise data.val_fraction"
+        items = "blocks"
+        fix = "add validation data to data.val_paths" if d.val_paths else "raise data.val_fraction, or add data"
     if datasets.val is not None and len(datasets.val) < eval_batch:
+        count = len(datasets.val)
         raise DistsetupError(
-            f"the validation set ({source}) has {len(datasets.val)} {items}, fewer than one evaluation batch of "
-            f"{eval_batch} (micro-batch x world size).",
+            f"the validation set ({source}) has {count} {items if count != 1 else items[:-1]}, fewer than one "
+            f"evaluation batch of {eval_batch} (micro-batch x world size).",
             f"{fix}.",
         )
     if datasets.val is None and t.eval_interval and d.type == "python":
