@@ -5,12 +5,26 @@ key when they cannot be."""
 import importlib
 import inspect
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
 from distsetup.training.world import first_line
+
+
+def raised_in_user_code(error: BaseException) -> str:
+    """' (at buggy.py:3, in helper)': where `error` was raised in the user's own code (the innermost frame of its
+    traceback outside the installed packages, the standard library and distsetup), or '' where none of it is."""
+    ours = (Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"]), Path(__file__).parents[1])
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<") and not any(Path(frame.filename).is_relative_to(p) for p in ours)
+    ]
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
 def make_importable(base_dir: Path | None) -> Path:

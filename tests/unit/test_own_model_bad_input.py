@@ -59,6 +59,9 @@ def tensors(split, size=8):
 """
 
 
+RAISED_AT = textwrap.dedent(USER_CODE).splitlines().index('    raise ValueError("depth must be even")') + 1
+
+
 @pytest.fixture
 def user_module(tmp_path, monkeypatch) -> str:
     """The name of a module of USER_CODE importable in this test (a name of its own: no other test's cached one)."""
@@ -76,7 +79,13 @@ def user_module(tmp_path, monkeypatch) -> str:
         ("{m}:NOT_A_FUNCTION", {}, [], "model.builder: {m}:NOT_A_FUNCTION is a int, not a function."),
         ("{m}:build", {"width": 3}, [], "cannot be called with (width=3): got an unexpected keyword argument 'width'"),
         ("{m}:build_number", {}, [], "model.builder {m}:build_number returned a int, not a torch.nn.Module."),
-        ("{m}:build_broken", {}, [], "model.builder {m}:build_broken raised ValueError: depth must be even."),
+        # where in the user's code: the builder's own line, not distsetup's or torch's
+        (
+            "{m}:build_broken",
+            {},
+            [],
+            f"raised ValueError: depth must be even (at {{m}}.py:{RAISED_AT}, in build_broken).",
+        ),
         ("{m}:build", {}, ["Block", "ConvBlock"], "model.layer_classes: no module of class ConvBlock in Net."),
     ],
 )
@@ -127,7 +136,7 @@ def linear_model():
         (
             lambda model, batch: batch[5],
             (torch.zeros(2, 4),),
-            "training.loss m:loss raised IndexError: tuple index out of range on the first batch, ([2, 4]).",
+            "training.loss m:loss raised IndexError: tuple index out of range (at test_own_model_bad_input.py:",
         ),
     ],
 )

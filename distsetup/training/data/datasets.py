@@ -148,7 +148,8 @@ def python_datasets(d, seed: int) -> Datasets:
             raise
         except Exception as e:
             raise DistsetupError(
-                f"data.builder {d.builder} raised {type(e).__name__} for split {split!r}: {first_line(e)}.",
+                f"data.builder {d.builder} raised {type(e).__name__} for split {split!r}: {first_line(e)}"
+                f"{user_code.raised_in_user_code(e)}.",
                 f"fix {d.builder} or data.args.",
             ) from None
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
@@ -186,12 +187,12 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         splits = {"train": (d.paths[0], "data.paths[0]")}
         if d.val_paths:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
-        sizes = []
+        blocks = []
         for split, (path, setting) in splits.items():
             opened = open_token_file(Path(path), width, tokenizer.fingerprint, setting)
             check_ids(opened, Path(path), rows, where)
-            sizes.append(f"{len(opened.tokens)} {split} blocks")
-        notes = [f"data: {', '.join(sizes)} of {width} ids (pre-tokenized)"]
+            blocks.append(f"{len(opened.tokens)} {split} blocks")
+        notes = [f"data: {', '.join(blocks)} of {width} ids (pre-tokenized)"]
         return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
     cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
     folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)

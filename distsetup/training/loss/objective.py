@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.planning import loss_slices
+from distsetup.training import user_code
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
 from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
 from distsetup.training.model import moe
@@ -185,7 +186,7 @@ class PythonObjective:
         return field_of(outputs, "loss", outputs), field_of(outputs, "aux_loss", None)
 
     def _rejected(self, batch, error: Exception) -> tuple[str, str]:
-        what = f"{type(error).__name__}: {first_line(error)}"
+        what = f"{type(error).__name__}: {first_line(error)}{user_code.raised_in_user_code(error)}"
         if self.loss is not None:
             return (
                 f"{self.loss_source} raised {what} on the first batch, {described_batch(batch)}.",
