@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig import RunConfig, names_user_code, resolve_config_path
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
@@ -90,6 +90,10 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args)
         if args.check:
+            if names_user_code(cfg):  # its imports take a while (torch): only where there is some
+                from distsetup.training import user_code
+
+                user_code.check_references(cfg, Path(args.config).parent if args.config else None)
             return 0
         if args.export:
             return export(cfg, args)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
+from distsetup.formats.runconfig import RunConfig
 from distsetup.training.world import first_line
 
 
@@ -86,3 +87,19 @@ def check_takes(function: Callable, where: str, *args, **kwargs) -> None:
 def _described(args: tuple, kwargs: dict) -> str:
     shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
     return f"({', '.join(shown)})"
+
+
+def check_references(cfg: RunConfig, base_dir: Path | None) -> None:
+    """What `--check` finds of the user's own code before any process starts, without running it: each function
+    the run config names imports, and the builders take the run config's arguments (a launch script then stops in one
+    line, before torchrun adds its traceback of the ranks that failed)."""
+    make_importable(base_dir)
+    m, d, t = cfg.model, cfg.data, cfg.training
+    if m.type == "python" and m.builder:
+        check_takes(load(m.builder, "model.builder"), "model.builder", **m.args)
+    if d.type == "python" and d.builder:
+        check_takes(load(d.builder, "data.builder"), "data.builder", "train", **d.args)
+    if d.collate:
+        load(d.collate, "data.collate")
+    if t.loss:
+        load(t.loss, "training.loss")

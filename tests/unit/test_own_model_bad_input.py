@@ -1,10 +1,12 @@
 """The user's own code that cannot be used is one line naming the setting and the fix: checked before any process
 group where it can be (the model is built on the meta device first), else at the first step."""
 
+import signal
 import textwrap
 
 import pytest
 import torch
+import yaml
 from train_runs import train
 
 from distsetup.errors import DistsetupError
@@ -182,3 +184,25 @@ def test_the_trainer_stops_before_training_with_the_line(tmp_path, user_module):
         "model (an nn.Module) from it."
     ]
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_path, user_module, capsys):
+    """`--check`, which the launch scripts run before torchrun, imports the user's code and matches the builders'
+    arguments: a launch stops in one line instead of torchrun's traceback of every failed rank."""
+    from distsetup.train import main
+
+    config = tmp_path / "run.yaml"
+    for builder, args, said in (
+        (f"{user_module}:build_modl", {}, f"model.builder: {user_module} has no build_modl."),
+        (f"{user_module}:build", {"width": 3}, "got an unexpected keyword argument 'width'"),
+        (f"{user_module}:build", {"depth": 4}, None),
+    ):
+        config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": builder, "args": args}}))
+        before = signal.getsignal(signal.SIGTERM)
+        try:
+            status = main(["--config", str(config), "--check"])
+        finally:
+            signal.signal(signal.SIGTERM, before)  # main() takes SIGTERM over, as a rank
+        err = capsys.readouterr().err
+        assert (status, err.count("\n")) == ((1, 1) if said else (0, 0)), err
+        assert said is None or (err.startswith("error: ") and said in err), err
