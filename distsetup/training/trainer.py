@@ -387,6 +387,10 @@ class Trainer:
         """Rank 0's summary.json, and the last line."""
         if not self.world.is_main:
             return
+        summary_file = self.out_dir / "summary.json"
+        if self.step == loop.first_step and summary_file.is_file():  # started where the run ended: the run's figures
+            self.say(f"done: the run is at step {self.step} of {self.max_steps} already; {summary_file} is its summary")
+            return
         summary = {
             "steps": self.step,
             "final_loss": self.loss,
@@ -399,10 +403,10 @@ class Trainer:
         if self.pretrained:  # per rank: what it read of the checkpoint it started from
             summary["pretrained_read_bytes"] = host_peaks["read"]
         # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
-        (self.out_dir / "summary.json").write_text(as_json(summary, indent=2))
+        summary_file.write_text(as_json(summary, indent=2))
         loop.metrics.summarize(summary)
         unit = loop.objective.unit
         self.say(
             f"done: {self.step} steps, final loss {self.loss:.4f}, {summary[f'{unit}_per_s']:.0f} {unit}/s; "
-            f"summary in {self.out_dir / 'summary.json'}"
+            f"summary in {summary_file}"
         )

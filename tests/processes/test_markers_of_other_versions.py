@@ -39,6 +39,7 @@ def older_checkpoint(tmp_path_factory):
 
 def test_a_run_resumed_at_its_last_step_from_an_older_marker_writes_valid_json(tmp_path, older_checkpoint):
     shutil.copytree(older_checkpoint.parent / "out", tmp_path / "out")
+    (tmp_path / "out" / "summary.json").unlink()  # the checkpoints alone (a finished run's summary would stay)
     result = train(older_checkpoint, 1, f"training.output_dir={tmp_path / 'out'}")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"(step {STEPS})" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]

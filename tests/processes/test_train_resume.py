@@ -106,6 +106,17 @@ def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_pa
     assert len(losses(out)) == STEPS + 2
 
 
+def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):
+    """Nothing is left to train: the run's summary.json stays (it was rewritten with 0 tokens/s and no pace)."""
+    out = tmp_path / "out"
+    config = copied_run("single", tmp_path)  # finished at step STEPS
+    summary = (out / "summary.json").read_text()
+    result = train(config, 1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"done: the run is at step {STEPS} of {STEPS} already; {out / 'summary.json'}" in result.stdout
+    assert (out / "summary.json").read_text() == summary and json.loads(summary)["tokens_per_s"] > 0
+
+
 def test_content_damage_of_the_same_size_is_one_line_naming_the_folder(tmp_path):
     out = tmp_path / "out"
     config = copied_run("single", tmp_path)  # checkpoints at steps 10, 20 and 30
