@@ -41,7 +41,7 @@ SCRIPT_VARIABLES: dict[str, str | None] = {
     "RDZV_ID": "the job's id",
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "--grace_seconds (distsetup job) or --signal_seconds (distsetup slurm)",
     **dict.fromkeys(
-        "DISTSETUP_PREEMPTED_FILE PREEMPTION_DIR GPUS_FOUND HOSTFILE HOSTS LAUNCH LAUNCHER_PID "
+        "DISTSETUP_PREEMPTED_FILE PREEMPTION_DIR GPUS_FOUND HOSTFILE HOSTS LAUNCH LAUNCHER_PID RUNNER_PID "
         "SRUN_ARGS SRUN_PID TRAIN_ARGS SCRIPT MODULE WORKDIR PYTHON DEEPSPEED_CONFIG ACCELERATE_FSDP_ARGS".split(),
         None,  # its own working variables
     ),
@@ -339,8 +339,10 @@ def launch_context(spec: LaunchSpec) -> dict:
         "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
         # the other launchers on one node: a free port, chosen when the script starts
         "free_port": single and spec.master_port is None and spec.launch_method != "torchrun",
-        # the deepspeed launcher: SIGTERM to this script reaches its launch.py (templates/_launch.sh.j2)
+        # the deepspeed launcher (templates/_launch.sh.j2): SIGTERM to this script reaches its launch.py; under SLURM,
+        # which signals every process, the task outlives the launcher's runner.py until launch.py and the ranks end
         "hands_sigterm_to_launch_py": spec.launch_method == "deepspeed" and not spec.ssh,
+        "outlives_deepspeed_runner": False,
         "single_node": single,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,

@@ -270,8 +270,9 @@ def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "script
     """scripts/slurm_job.sh (`command_line`, how to regenerate it, and `output` go in its header)."""
     check_slurm(spec)
     context = launch_context(spec.launch)
-    # SLURM signals every process of the job itself (the srun program keeps the deepspeed launcher alive)
-    context.update(single_node=False, standalone=False, free_port=False, hands_sigterm_to_launch_py=False, node_rank=None)
+    context.update(single_node=False, standalone=False, free_port=False, node_rank=None)
+    # SLURM signals every process of the job itself: the srun program outlives the deepspeed launcher's runner.py
+    context.update(hands_sigterm_to_launch_py=False, outlives_deepspeed_runner=context["hands_sigterm_to_launch_py"])
     context["literal_dollars"] = literal_dollars([context, spec.modules, spec.venv, spec.conda_env])
     return render(
         "slurm_job.sh.j2",

@@ -121,7 +121,7 @@ def test_overrides_go_to_the_default_trainer_only():
 def test_module_target_per_launcher():
     assert 'exec "${LAUNCH[@]}" -m "$MODULE" "$@"' in build(script=None, module="pkg.train")
     text = build(script=None, module="pkg.train", launch_method="deepspeed", nproc_per_node=2)
-    assert 'exec "${LAUNCH[@]}" --module "$MODULE" "$@"' in text
+    assert '"${LAUNCH[@]}" --module "$MODULE" "$@" &' in text  # a child (templates/_launch.sh.j2), not exec'd
 
 
 def test_deepspeed_launcher_single_and_multi_node():

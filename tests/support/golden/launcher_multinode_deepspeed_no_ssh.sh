@@ -61,26 +61,28 @@ for host in "${HOSTS[@]}"; do
 done >"$HOSTFILE"
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
-# The deepspeed launcher's own process (runner.py) dies of SIGTERM (it has a handler only with pdsh) and leaves its
-# launch.py and the ranks running: it ignores SIGTERM here, and this script hands the signal to its launch.py, which
-# stops the ranks (they checkpoint; SIGKILL 30 s later), then exits with the launcher's status.
-(
-  trap "" TERM
-  exec "${LAUNCH[@]}" --module "$MODULE" "$@"
-) &
-LAUNCHER_PID=$!
+# The process of the deepspeed launcher (runner.py) has a SIGTERM handler only with pdsh: SIGTERM ends it alone,
+# while the launch.py it started (which has one: it stops the ranks, SIGKILL 30 s later) and the ranks go on. So
+# this shell starts it as a child rather than becoming it, and ends with it and what it started.
+"${LAUNCH[@]}" --module "$MODULE" "$@" &
+RUNNER_PID=$!
+# A SIGTERM to this script (kill PID, a supervisor) goes on to launch.py, and the ranks checkpoint.
 # shellcheck disable=SC2317  # run by the trap below
 hand_sigterm_to_launch_py() {
-  local launch_py
-  launch_py="$(cat "/proc/$LAUNCHER_PID/task/$LAUNCHER_PID/children" 2>/dev/null || true)"
+  local launch_py="" tries=0
+  while [[ -z "$launch_py" ]] && ((tries++ < 100)); do  # up to 10 s, while the runner starts it
+    launch_py="$(cat "/proc/$RUNNER_PID/task/$RUNNER_PID/children" 2>/dev/null || pgrep -P "$RUNNER_PID" || true)"
+    [[ -n "$launch_py" ]] || sleep 0.1
+  done
+  sleep 1  # launch.py sets its handler just after it has started the ranks
   # shellcheck disable=SC2086  # one process id a word
   [[ -z "$launch_py" ]] || kill -TERM $launch_py 2>/dev/null || true
 }
 trap hand_sigterm_to_launch_py TERM
 status=0
-wait "$LAUNCHER_PID" || status=$?
-while kill -0 "$LAUNCHER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
+wait "$RUNNER_PID" || status=$?
+while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
   status=0
-  wait "$LAUNCHER_PID" || status=$?
+  wait "$RUNNER_PID" || status=$?
 done
 exit "$status"

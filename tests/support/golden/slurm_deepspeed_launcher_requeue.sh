@@ -92,15 +92,36 @@ HOSTFILE="${TMPDIR:-/tmp}/distsetup-hostfile-$SLURM_JOB_ID-$NODE_RANK"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | while read -r host; do
   echo "$host slots=$NPROC_PER_NODE"
 done >"$HOSTFILE"
-# SLURM signals every process of the job (preemption, the time limit): the deepspeed launcher (runner.py) has no
-# handler for SIGTERM but with pdsh, and would end this task at once, and SLURM then kill what it started before
-# the ranks checkpoint. Ignored here, SIGTERM reaches its launch.py, which sets a handler of its own (it stops the
-# ranks, SIGKILL 30 s later), and the ranks, which checkpoint; the task ends when they have.
-trap "" TERM
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
 "${LAUNCH[@]}" --no_local_rank --module distsetup.preflight
-exec "${LAUNCH[@]}" --module "$MODULE" "$@"
+# The process of the deepspeed launcher (runner.py) has a SIGTERM handler only with pdsh: SIGTERM ends it alone,
+# while the launch.py it started (which has one: it stops the ranks, SIGKILL 30 s later) and the ranks go on. So
+# this shell starts it as a child rather than becoming it, and ends with it and what it started.
+"${LAUNCH[@]}" --module "$MODULE" "$@" &
+RUNNER_PID=$!
+trap : TERM  # SLURM signals every process of the job; caught, not ignored, so that the launcher keeps the default
+# The processes of this task (its own process group) other than this shell: launch.py and the ranks, which outlive
+# a runner.py that SIGTERM ended (SLURM kills the rest of a step once its task ends).
+others_left() {
+  local stat line fields
+  for stat in /proc/[0-9]*/stat; do
+    read -r line <"$stat" 2>/dev/null || continue
+    read -r -a fields <<<"${line##*) }"  # after the command name: state, parent, process group
+    [[ "${fields[2]}" == "$$" && "${stat//[^0-9]/}" != "$$" ]] && return 0
+  done
+  return 1
+}
+status=0
+wait "$RUNNER_PID" || status=$?
+while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
+  status=0
+  wait "$RUNNER_PID" || status=$?
+done
+while others_left; do
+  sleep 1
+done
+exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
 wait "$SRUN_PID"
