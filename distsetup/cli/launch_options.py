@@ -118,7 +118,7 @@ def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
     program, _, arguments = spec.script.partition(" ")
     # a file there, or a Python file's name followed by more (not yet written: "train.py --epochs 3")
     named_then_arguments = (Path(spec.workdir) / program).is_file() or (
-        program.endswith(".py") and not spec.script.endswith(".py")
+        program.endswith(".py") and (not spec.script.endswith(".py") or arguments.startswith("-"))
     )
     if arguments and named_then_arguments:
         passed = (
@@ -218,7 +218,8 @@ def _found_run_config(o: dict) -> str | None:
     """config/config.yaml where distsetup's trainer runs without --config and `distsetup init` wrote one here, as
     config/ds_config.json is found for --use_deepspeed: the trainer would otherwise run on its built-in defaults. A
     user's own program owns its arguments, and gets none it was not given."""
-    if o["config"] or o["script"] or o["python_module"]:
+    trainer = LaunchSpec(script=o["script"], module=o["python_module"]).runs_default_trainer
+    if o["config"] or not trainer:
         return None
     return DEFAULT_RUN_CONFIG if Path(DEFAULT_RUN_CONFIG).is_file() else None
 

@@ -46,14 +46,15 @@ def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) 
     """Where the user wrote what `problem` is about: the command line's override of its key, else the file."""
     for item in reversed(overrides):  # the last override of a key is the one that counts
         dotted = item.partition("=")[0]
-        if problem.path == dotted or problem.path.startswith(dotted + "."):
+        if problem.path == dotted or problem.path.startswith((dotted + ".", dotted + "[")):
             return f" in the override {item}"
     return f" in {path}" if path else ""
 
 
-# The run's length is one of these: an override of one replaces the file's other (the command line wins, as it does
-# for every key), so that `training.epochs=3` runs on a config.yaml that sets max_steps
-ONE_OF = {"epochs": "max_steps", "max_steps": "epochs"}
+# The run's length is one or the other (the HF Trainer's name for epochs too): an override of one replaces what the file
+# sets of the other (the command line wins, as for every key), so that `training.epochs=3` runs on a config.yaml that
+# sets max_steps
+RUN_LENGTH = ({"epochs", "num_train_epochs"}, {"max_steps"})
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -78,9 +79,16 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
-        if section == "training" and key in ONE_OF and f"training.{ONE_OF[key]}" not in overridden:
-            raw[section].pop(ONE_OF[key], None)
+        if section == "training" and raw[section][key] is not None:
+            _replace_the_files_other_length(raw[section], key, overridden)
     return raw
+
+
+def _replace_the_files_other_length(training: dict, key: str, overridden: set[str]) -> None:
+    for names, others in (RUN_LENGTH, RUN_LENGTH[::-1]):
+        if key in names and not any(f"training.{other}" in overridden for other in others):
+            for other in others:
+                training.pop(other, None)
 
 
 def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:

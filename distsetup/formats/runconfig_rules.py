@@ -29,9 +29,10 @@ def cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Probl
 
 
 def step_count_problems(raw: dict) -> list[Problem]:
-    """epochs and max_steps both written (read from the raw file: max_steps always has a default)."""
+    """epochs and max_steps both written (read from the raw file: max_steps always has a default; epochs: null is
+    unset)."""
     training = raw.get("training") or {}
-    if "epochs" in training and "max_steps" in training:
+    if training.get("epochs") is not None and "max_steps" in training:
         return [Problem("training.epochs", "epochs and max_steps are both set.", "keep one of them.")]
     return []
 

@@ -4,6 +4,7 @@ key when they cannot be."""
 
 import importlib
 import inspect
+import site
 import sys
 import sysconfig
 import traceback
@@ -18,14 +19,25 @@ from distsetup.training.world import first_line
 
 def raised_in_user_code(error: BaseException) -> str:
     """' (at buggy.py:3, in helper)': where `error` was raised in the user's own code (the innermost frame of its
-    traceback outside the installed packages, the standard library and distsetup), or '' where none of it is."""
-    ours = (Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"]), Path(__file__).parents[1])
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if not frame.filename.startswith("<") and not any(Path(frame.filename).is_relative_to(p) for p in ours)
-    ]
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    traceback outside installed packages, the standard library and distsetup), or '' where none of it is."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if _users(frame.filename)]
+    if not frames:
+        return ""
+    path = Path(frames[-1].filename)
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    return f" (at {shown}:{frames[-1].lineno}, in {frames[-1].name})"
+
+
+def _users(filename: str) -> bool:
+    paths = sysconfig.get_paths()
+    libraries = [Path(paths[key]) for key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    libraries += [Path(folder) for folder in (*site.getsitepackages(), site.getusersitepackages())]
+    path = Path(filename)
+    return not (
+        filename.startswith("<")  # <frozen ...>, <string>
+        or {"site-packages", "dist-packages"} & set(path.parts)
+        or any(path.is_relative_to(folder) for folder in (*libraries, Path(__file__).parents[1]))
+    )
 
 
 def make_importable(base_dir: Path | None) -> Path:
@@ -92,14 +104,34 @@ def _described(args: tuple, kwargs: dict) -> str:
 def check_references(cfg: RunConfig, base_dir: Path | None) -> None:
     """What `--check` finds of the user's own code before any process starts, without running it: each function
     the run config names imports, and the builders take the run config's arguments (a launch script then stops in one
-    line, before torchrun adds its traceback of the ranks that failed)."""
+    line, before torchrun adds its traceback of the ranks that failed). A module that raises something else while it
+    is imported here is left to the ranks: it may need what the launcher sets (LOCAL_RANK)."""
     make_importable(base_dir)
     m, d, t = cfg.model, cfg.data, cfg.training
-    if m.type == "python" and m.builder:
-        check_takes(load(m.builder, "model.builder"), "model.builder", **m.args)
-    if d.type == "python" and d.builder:
-        check_takes(load(d.builder, "data.builder"), "data.builder", "train", **d.args)
-    if d.collate:
-        load(d.collate, "data.collate")
-    if t.loss:
-        load(t.loss, "training.loss")
+    checks: list[tuple[str, str | None, tuple, dict]] = [
+        ("model.builder", m.builder if m.type == "python" else None, (), m.args),
+        ("data.builder", d.builder if d.type == "python" else None, ("train",), d.args),
+        ("data.collate", d.collate, (), {}),
+        ("training.loss", t.loss, (), {}),
+    ]
+    for where, reference, args, kwargs in checks:
+        if reference is None or not _imports_here(reference):
+            continue
+        function = load(reference, where)
+        if where.endswith("builder"):
+            check_takes(function, where, *args, **kwargs)
+
+
+def _imports_here(reference: str) -> bool:
+    """Whether the module of `reference` imports in this process, or fails as it would anywhere (it is missing, or
+    its syntax is wrong: load() then says so)."""
+    parts = python_refs.split(reference)
+    if parts is None:
+        return True
+    try:
+        importlib.import_module(parts[0])
+    except (ImportError, SyntaxError):
+        return True
+    except Exception:
+        return False
+    return True

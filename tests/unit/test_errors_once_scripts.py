@@ -89,8 +89,9 @@ def test_a_script_given_with_its_arguments_is_refused_and_one_not_there_yet_note
     refused = run_cli("launcher", "--script", "mine.py --epochs 3", "--num_gpus_per_node", 2, "-o", "run.sh")
     assert refused.exit_code == 1 and not (tmp_path / "run.sh").exists()
     assert "give --script mine.py, and the arguments when you run it: bash run.sh --epochs 3" in refused.output
-    not_yet = run_cli("launcher", "--script", "later.py --epochs 3", "--num_gpus_per_node", 2, "-o", "run.sh")
-    assert not_yet.exit_code == 1 and "give --script later.py, and the arguments" in not_yet.output  # no file yet
+    for given in ("later.py --epochs 3", "later.py --config conf.py"):  # no file yet
+        not_yet = run_cli("launcher", "--script", given, "--num_gpus_per_node", 2, "-o", "run.sh")
+        assert not_yet.exit_code == 1 and "give --script later.py, and the arguments" in not_yet.output, given
     spaced = run_cli("launcher", "--script", "my later.py", "--num_gpus_per_node", 2, "-o", "run.sh")
     assert spaced.exit_code == 0 and "--script my later.py: no such file" in spaced.output  # a name with a space
     noted = run_cli("launcher", "--script", "later.py", "--num_gpus_per_node", 2, "-o", "run.sh")

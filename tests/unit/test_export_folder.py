@@ -36,6 +36,11 @@ def test_the_folder_has_a_new_folders_permissions(tmp_path):
         os.umask(mask)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755  # mkdtemp's are 0700: teammates could not read
     assert (tmp_path / "out" / "a").read_text() == "a"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)  # a group's folder: what is made in it stays the group's
+    write_new_folder(shared / "out", lambda folder: None)
+    assert stat.S_IMODE((shared / "out").stat().st_mode) & stat.S_ISGID
 
 
 def checkpoints_of_steps(root, steps):

@@ -300,6 +300,8 @@ def test_the_run_config_init_writes_is_found_for_the_trainer_not_for_your_own_pr
         assert result.exit_code == 0, result.output
         assert "Note: using config/config.yaml for the trainer (none given with --config)." in result.stderr
         assert "TRAIN_ARGS=(--config config/config.yaml" in (tmp_path / f"{command}.sh").read_text()
+    result = run_cli("launcher", "--python_module", "distsetup.train", "--num_gpus_per_node", 2, "-o", "named.sh")
+    assert "TRAIN_ARGS=(--config config/config.yaml" in (tmp_path / "named.sh").read_text()  # the trainer, named
     result = run_cli("launcher", "--script", "mine.py", "--num_gpus_per_node", 2, "-o", "own.sh")
     assert result.exit_code == 0, result.output
     assert "config/config.yaml" not in result.stderr + (tmp_path / "own.sh").read_text()

@@ -98,6 +98,8 @@ def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
         load_run_config(path, ["training.lr=0.1", "training.lr=abc"])  # the last one counts
     with pytest.raises(DistsetupError, match=r"in the override distributed\.deepspeed_config=nope\.json:"):
         load_run_config(path, ["distributed.backend=deepspeed", "distributed.deepspeed_config=nope.json"])
+    with pytest.raises(DistsetupError, match=r"in the override data\.paths=\['nope\.txt'\]: data\.paths\[0\]:"):
+        load_run_config(path, ["data.type=files", "data.paths=['nope.txt']"])  # an item of the override's list
     with pytest.raises(DistsetupError, match=f"in {path}: training.lr:"):
         load_run_config(write_yaml(tmp_path, "training:\n  lr: abc\n"), ["training.max_steps=3"])
 
@@ -115,15 +117,26 @@ def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
 
 
 def test_an_override_of_the_runs_length_replaces_the_files_other(tmp_path):
-    by_steps = write_yaml(tmp_path, "training:\n  max_steps: 200\n")
+    def config(name, training):
+        (tmp_path / name).write_text(f"training:\n  {training}\n")
+        return tmp_path / name
+
+    by_steps, by_epochs, hf_epochs = (
+        config("s.yaml", "max_steps: 150"),
+        config("e.yaml", "epochs: 2"),
+        config("h.yaml", "num_train_epochs: 2"),
+    )
     run = load_run_config(by_steps, ["training.epochs=3"]).training
-    assert (run.epochs, run.max_steps) == (3, TrainingConfig.max_steps)  # max_steps unused beside epochs
-    by_epochs = load_run_config(write_yaml(tmp_path, "training:\n  epochs: 2\n"), ["training.max_steps=5"]).training
-    assert (by_epochs.epochs, by_epochs.max_steps) == (None, 5)
+    assert (run.epochs, run.max_steps) == (3, TrainingConfig.max_steps)  # the file's 150 gone: unused beside epochs
+    assert load_run_config(by_steps, ["training.num_train_epochs=3"]).training.epochs == 3  # the HF Trainer's name
+    assert load_run_config(by_steps, ["training.epochs=null"]).training.max_steps == 150  # unset: the file's stays
+    for epochs in (by_epochs, hf_epochs):
+        run = load_run_config(epochs, ["training.max_steps=5"]).training
+        assert (run.epochs, run.max_steps) == (None, 5)
     with pytest.raises(DistsetupError, match="epochs and max_steps are both set"):
         load_run_config(by_steps, ["training.epochs=3", "training.max_steps=4"])  # both on the command line
     with pytest.raises(DistsetupError, match="epochs and max_steps are both set"):
-        load_run_config(write_yaml(tmp_path, "training:\n  epochs: 2\n  max_steps: 9\n"))
+        load_run_config(config("b.yaml", "epochs: 2\n  max_steps: 9"))
 
 
 def test_override_that_is_not_yaml_is_one_clear_error():

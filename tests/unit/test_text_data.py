@@ -251,6 +251,10 @@ def test_bad_text_inputs_are_refused_in_one_line(tmp_path, tokenizer_folder):
         run_config(tmp_path, paths=[str(good)], val_fraction=0.001),
     )
     expect_error(
+        r"the validation split is empty\. HINT: add data to data\.val_paths\.$",
+        run_config(tmp_path, paths=[str(good)], val_paths=[str(write_jsonl(tmp_path / "v0.jsonl", [{"text": "x"}]))]),
+    )
+    expect_error(
         r"the validation set \(data.val_paths\) has 1 block, fewer than one evaluation batch of 4 .*"
         r"HINT: add validation data to data.val_paths\.$",
         run_config(

@@ -202,7 +202,9 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         raise DistsetupError(
             "the validation split is empty"
             + (f": data.val_fraction {d.val_fraction} drew no sample." if not d.val_paths else "."),
-            "raise data.val_fraction, or name validation files in data.val_paths.",
+            "add data to data.val_paths."
+            if d.val_paths
+            else "raise data.val_fraction, or name validation files in data.val_paths.",
         )
     splits = {split: (str(folder / f"{split}.bin"), f"the token cache's {split}.bin") for split in counts}
     cut = sum(c["truncated"] for c in counts.values())
