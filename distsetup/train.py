@@ -73,8 +73,8 @@ def load_config(args):
     base_dir = Path(args.config).parent if args.config else None
     if args.deepspeed and not resolve_config_path(args.deepspeed, base_dir).is_file():
         raise DistsetupError(
-            f"--deepspeed {args.deepspeed}: no such file.",
-            "write one with `distsetup deepspeed --output FILE`, or fix the path.",
+            f"--deepspeed {args.deepspeed}: file {args.deepspeed} does not exist.",
+            "create it with `distsetup deepspeed` or fix the path.",  # as the launcher says it of --deepspeed_config
         )
     overrides = list(args.overrides)
     if args.deepspeed:

@@ -108,7 +108,7 @@ def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
     from distsetup.train import load_config, parse_args
 
     config = write_yaml(tmp_path, "training:\n  max_steps: 3\n")
-    with pytest.raises(DistsetupError, match=r"^--deepspeed nope\.json: no such file\."):
+    with pytest.raises(DistsetupError, match=r"^--deepspeed nope\.json: file nope\.json does not exist\."):
         load_config(parse_args(["--config", str(config), "--deepspeed", "nope.json"]))
     (tmp_path / "ds.json").write_text("{}")  # found next to the config, as the run config's own paths are
     assert load_config(parse_args(["--config", str(config), "--deepspeed", "ds.json"])).distributed.backend == (

@@ -187,12 +187,12 @@ def prepared_token_files(cfg: RunConfig) -> dict:
         splits = {"train": (d.paths[0], "data.paths[0]")}
         if d.val_paths:
             splits["val"] = (d.val_paths[0], "data.val_paths[0]")
-        blocks = []
+        blocks = {}
         for split, (path, setting) in splits.items():
             opened = open_token_file(Path(path), width, tokenizer.fingerprint, setting)
             check_ids(opened, Path(path), rows, where)
-            blocks.append(f"{len(opened.tokens)} {split} blocks")
-        notes = [f"data: {', '.join(blocks)} of {width} ids (pre-tokenized)"]
+            blocks[split] = len(opened.tokens)
+        notes = [blocks_line(blocks, width, "(pre-tokenized)")]
         return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes}
     cache_dir = Path(d.cache_dir) if d.cache_dir else Path(t.output_dir) / "token_cache"
     folder, counts, rebuilt = cached_tokens(d, tokenizer, width, t.seed, cache_dir)
@@ -213,11 +213,16 @@ def prepared_token_files(cfg: RunConfig) -> dict:
     stops = end_of_sequence_ids(m)
     end = SampleEncoder(tokenizer, d).sample_end() if stops else None
     stop_note = stop_mismatch(tokenizer, end, *stops) if stops and end else None
-    sizes = ", ".join(f"{c['blocks']} {split} blocks" for split, c in counts.items())
-    notes.append(f"data: {sizes} of {width} ids in {folder}")
+    notes.append(blocks_line({split: c["blocks"] for split, c in counts.items()}, width, f"in {folder}"))
     if cut or left_out:
         notes.append(f"data: {cut} samples cut to a block's length, {left_out} left out (no target left to learn)")
     return {"splits": splits, "tokenizer": tokenizer.fingerprint, "notes": notes + ([stop_note] if stop_note else [])}
+
+
+def blocks_line(blocks: dict[str, int], width: int, where: str) -> str:
+    """'data: 120 train blocks, 3 val blocks of 33 ids in FOLDER': what a run reads of its token data."""
+    sizes = ", ".join(f"{count} {split} block{'s' if count != 1 else ''}" for split, count in blocks.items())
+    return f"data: {sizes} of {width} ids {where}"
 
 
 def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:
