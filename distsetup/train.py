@@ -147,6 +147,8 @@ def exit_now(status: int) -> None:
 
 
 def export(cfg: RunConfig, args: argparse.Namespace) -> int:
+    if read_world().rank != 0:  # started under a launcher: one writer, one line (the others' would race it)
+        return 0
     from distsetup.training.world import name_the_cpu_to_deepspeed
 
     name_the_cpu_to_deepspeed()

@@ -120,17 +120,21 @@ def _model_problems(config: RunConfig) -> list[Problem]:
 
 
 def _lr_problems(config: RunConfig) -> list[Problem]:
-    """Scaling the lr needs the batch it was tuned at."""
+    """Scaling the lr needs the batch it was tuned at; AdamW's betas are each in [0, 1) (torch refuses others when
+    it builds the optimizer, on every rank)."""
     training = config.training
+    problems = []
     if training.scale_lr != "none" and training.base_batch_size is None:
-        return [
+        problems.append(
             Problem(
                 "training.base_batch_size",
                 f"scale_lr {training.scale_lr} needs base_batch_size.",
                 "set base_batch_size to the global batch size your lr was tuned for.",
             )
-        ]
-    return []
+        )
+    if not all(0 <= beta < 1 for beta in training.betas):
+        problems.append(Problem("training.betas", f"{training.betas} are not both in [0, 1).", "e.g. [0.9, 0.95]."))
+    return problems
 
 
 def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import SECTIONS, RunConfig
+from distsetup.training.world import first_line
 
 LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_RUN_ID = "wandb_run_id"  # in output_dir: a resumed run continues the same W&B run
@@ -119,15 +120,21 @@ def wandb_run(out_dir: Path, settings: dict):
     id_file = out_dir / WANDB_RUN_ID
     resumed = settings.get("resumed") and id_file.exists()
     run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
-    run = wandb.init(
-        project=settings.get("project"),
-        name=settings.get("name"),
-        tags=settings.get("tags") or None,
-        config=settings.get("config"),
-        dir=str(out_dir),
-        id=run_id,
-        resume="allow",
-    )
+    try:
+        run = wandb.init(
+            project=settings.get("project"),
+            name=settings.get("name"),
+            tags=settings.get("tags") or None,
+            config=settings.get("config"),
+            dir=str(out_dir),
+            id=run_id,
+            resume="allow",
+        )
+    except wandb.errors.UsageError as e:  # no login, most often: W&B's own words, and the two ways on
+        raise DistsetupError(
+            f"training.report_to wandb: {first_line(e).rstrip('.')}.",
+            "run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to log locally.",
+        ) from None
     id_file.write_text(run_id)
     return run
 

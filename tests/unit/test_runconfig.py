@@ -65,6 +65,7 @@ def test_guides_keys_select_the_backend(tmp_path):
         ("data:\n  type: python\n  builder: nope_module:build\n", "module nope_module is neither in the run config"),
         ("model:\n  layer_cls: Block\n  layer_classes: [Other]\n", "name different classes"),
         ("- a list\n", "mapping of sections"),
+        ("training:\n  betas: [1.5, 0.9]\n", r"training.betas: \[1.5, 0.9\] are not both in \[0, 1\)"),
         ("training: [\n", "not valid YAML: line 2, column 1: expected the node content"),
         ("training:\n  max_steps: 3\n\tlr: 0.1\n", r"line 3, column 1: .* \(a tab: YAML indents with spaces\)"),
     ],

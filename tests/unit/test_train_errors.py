@@ -1,8 +1,12 @@
 """Bad input ends with one clear line and a non-zero status before any training starts."""
 
 import json
+import signal
 
+import pytest
 from train_runs import GLOBAL_BATCH, assert_clean_error, ds_file, train, write_run_config
+
+from distsetup.errors import DistsetupError
 
 
 def test_missing_config(tmp_path):
@@ -144,3 +148,32 @@ def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):
     result = train(write_run_config(tmp_path, "single"), 1, env={STEP_CAP: "ten"})
     assert_clean_error(result, STEP_CAP, "whole number")
     assert not (tmp_path / "out").exists()
+
+
+def test_init_from_weights_of_another_shape_is_one_line_naming_the_tensor(tmp_path):
+    import torch
+
+    from distsetup.training.checkpoint.export import load_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    built = model[0].bias.detach().clone()
+    torch.save({"0.weight": torch.zeros(3, 5), "0.bias": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(
+        DistsetupError, match=r"does not fit the model \(0.weight of shape \[3, 5\], the model's \[3, 4\]\)"
+    ):
+        load_weights(model, str(tmp_path / "other.pt"))
+    assert torch.equal(model[0].bias, built)  # nothing loaded, not even the tensor that fits
+
+
+def test_export_under_a_launcher_is_written_by_rank_0_alone(tmp_path, monkeypatch, capsys):
+    from distsetup.train import main
+
+    config = write_run_config(tmp_path, "single")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["--config", str(config), "--export", str(tmp_path / "model.pt")]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)  # main() takes SIGTERM over, as a rank
+    assert not (tmp_path / "model.pt").exists() and capsys.readouterr().out == ""  # no race with rank 0's write

@@ -139,3 +139,15 @@ def test_flops_per_token_counts_a_hugging_face_model_without_its_embedding_looku
     assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == tied
     assert flops_per_token(hf, 64) == 6 * multiplied + 12 * 2 * 32 * 64
     assert mfu(1000.0, 2e9, 2, 1.0) == pytest.approx(1.0) and mfu(1000.0, 2e9, 2, None) is None
+
+
+def test_wandb_without_a_login_is_one_line_saying_the_two_ways_on(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")  # installed in CI (requirements); a user without it gets report_to's own line
+    from distsetup.training.metrics import wandb_run
+
+    for variable in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(DistsetupError, match=r"^training.report_to wandb: .*API key.* HINT: run `wandb login`"):
+        wandb_run(tmp_path, {"project": "p"})

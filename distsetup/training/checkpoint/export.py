@@ -275,13 +275,17 @@ def load_weights(model: torch.nn.Module, path: str, state: Mapping[str, torch.Te
             raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
-    if all(p.is_meta for p in model.parameters()):  # a rank FSDP2 or ZeRO-3 fills from rank 0: the keys alone
-        expected = set(model.state_dict())
-        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    else:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    other_shapes = [
+        f"{k} of shape {list(state[k].shape)}, the model's {list(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or other_shapes:
+        found = f"missing {missing[:3]}, unexpected {unexpected[:3]}" if missing or unexpected else other_shapes[0]
         raise DistsetupError(
-            f"--init_from {path} does not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]}).",
-            "use the run config the export was trained with.",
+            f"--init_from {path} does not fit the model ({found}).", "use the run config the export was trained with."
         )
+    if not all(p.is_meta for p in model.parameters()):  # a rank FSDP2 or ZeRO-3 fills from rank 0 has none to take
+        model.load_state_dict(state, strict=False)
