@@ -4,12 +4,13 @@ inline fsdp_* keys become one `fsdp:` block in the FSDP file's spelling, setting
 checked again before anyone writes it: a problem left, and nothing is written."""
 
 import io
+import json
 from typing import Any
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp_inline import read_inline
 from distsetup.formats.fsdp_rules import fsdp_findings
-from distsetup.formats.other_names import AMBIGUOUS, OTHER_NAMES
+from distsetup.formats.other_names import AMBIGUOUS, OTHER_NAMES, OWN_KEY_FORMS
 from distsetup.formats.reading import parse_yaml
 from distsetup.formats.runconfig_load import check_run_config
 
@@ -86,17 +87,22 @@ def _rename_other_names(document: Any, changes: list[str]) -> None:
 
 
 def _old_spellings(document: Any, changes: list[str]) -> None:
-    """activation_checkpointing: true/false -> full/none; layer_cls: X -> layer_classes: [X] (runconfig_load.py)."""
-    training, model = document.get("training"), document.get("model")
-    if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
-        mode = "full" if training["activation_checkpointing"] else "none"
-        changes.append(
-            f"training.activation_checkpointing {str(training['activation_checkpointing']).lower()} -> {mode}"
-        )
-        training["activation_checkpointing"] = mode
+    """distsetup's own keys in their other forms (other_names.OWN_KEY_FORMS: activation_checkpointing true -> full);
+    layer_cls: X -> layer_classes: [X] (runconfig_load.py)."""
+    model = document.get("model")
+    for (section_name, key), form in OWN_KEY_FORMS.items():
+        section = document.get(section_name)
+        if isinstance(section, dict) and key in section and form(section[key]) != section[key]:
+            written = _shown(section[key])
+            section[key] = form(section[key])
+            changes.append(f"{section_name}.{key} {written} -> {_shown(section[key])}")
     if isinstance(model, dict) and isinstance(model.get("layer_cls"), str) and "layer_classes" not in model:
         _rename(model, "layer_cls", "layer_classes", [model["layer_cls"]])
         changes.append("model.layer_cls -> model.layer_classes")
+
+
+def _shown(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _fold_inline_fsdp(document: Any, changes: list[str]) -> None:

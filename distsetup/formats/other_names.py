@@ -41,6 +41,21 @@ class OtherName:
     meaning: Callable = _same
 
 
+def _reporters(value):
+    """The HF Trainer's report_to as one string: "none" is none, a name is a list of it ("all" is refused: no list
+    here means TensorBoard where installed, not every integration)."""
+    return [] if value == "none" else [value] if isinstance(value, str) and value != "all" else value
+
+
+# distsetup's own keys in forms users write (an older distsetup's boolean, the HF Trainer's string): key -> its form
+OWN_KEY_FORMS: dict[tuple[str, str], Callable] = {
+    ("training", "activation_checkpointing"): _checkpointing,  # a boolean before it had modes
+    ("training", "chunked_loss"): lambda value: (
+        {True: "always", False: "never"}.get(value, value) if isinstance(value, bool) else value
+    ),  # `yes`/`no` in YAML
+    ("training", "report_to"): _reporters,
+}
+
 # (section the name is written in, the name) -> what it is read as
 OTHER_NAMES: dict[tuple[str, str], OtherName] = {
     ("training", "learning_rate"): OtherName("training.lr", HF),

@@ -12,7 +12,7 @@ import yaml
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp_inline import inline_findings, read_inline
-from distsetup.formats.other_names import hint, read_other_names
+from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 from distsetup.formats.runconfig import SECTIONS, DistributedConfig, ModelConfig, RunConfig
@@ -148,11 +148,14 @@ def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str
 
 
 def _read_old_spellings(raw: dict) -> list[Problem]:
-    """training.activation_checkpointing was a boolean before it had modes: true is full, false none; model.layer_cls
-    named one class before model.layer_classes named several."""
-    training, model = raw.get("training"), raw.get("model")
-    if isinstance(training, dict) and isinstance(training.get("activation_checkpointing"), bool):
-        training["activation_checkpointing"] = "full" if training["activation_checkpointing"] else "none"
+    """distsetup's own keys in the forms users write (other_names.OWN_KEY_FORMS: activation_checkpointing true is
+    full, chunked_loss yes always, report_to "none" none); model.layer_cls named one class before model.layer_classes
+    named several."""
+    model = raw.get("model")
+    for (section_name, key), form in OWN_KEY_FORMS.items():
+        section = raw.get(section_name)
+        if isinstance(section, dict) and key in section:
+            section[key] = form(section[key])
     if isinstance(model, dict) and "layer_cls" in model:
         single = model.pop("layer_cls")
         if "layer_classes" in model and model["layer_classes"] != [single]:

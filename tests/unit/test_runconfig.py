@@ -140,6 +140,17 @@ def test_an_override_of_the_runs_length_replaces_the_files_other(tmp_path):
         load_run_config(config("b.yaml", "epochs: 2\n  max_steps: 9"))
 
 
+def test_the_forms_users_write_for_own_keys_are_read_as_meant(tmp_path):
+    """`yes` for chunked_loss (YAML's true), the HF Trainer's report_to as one string; "all" is refused (no list here
+    means TensorBoard where installed, not every integration)."""
+    training = load_run_config(None, ["training.chunked_loss=yes", "training.report_to=none"]).training
+    assert (training.chunked_loss, training.report_to) == ("always", [])
+    assert load_run_config(None, ["training.chunked_loss=false"]).training.chunked_loss == "never"
+    assert load_run_config(None, ["training.report_to=tensorboard"]).training.report_to == ["tensorboard"]
+    with pytest.raises(DistsetupError, match="training.report_to"):
+        load_run_config(None, ["training.report_to=all"])
+
+
 def test_override_that_is_not_yaml_is_one_clear_error():
     with pytest.raises(DistsetupError, match="not valid YAML"):
         load_run_config(None, ["distributed.fsdp_config=[x].json"])
