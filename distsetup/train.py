@@ -60,6 +60,11 @@ def parse_args(argv=None):
     return p.parse_intermixed_args(argv)  # overrides may follow options, as launcher scripts pass them
 
 
+def config_folder(args) -> Path | None:
+    """The run config's folder: its relative paths, and the user's modules, are found there."""
+    return Path(args.config).parent if args.config else None
+
+
 def load_config(args):
     """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it."""
     for flag in ("config", "deepspeed", "export", "init_from"):
@@ -70,7 +75,7 @@ def load_config(args):
         raise DistsetupError(
             f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
         )
-    base_dir = Path(args.config).parent if args.config else None
+    base_dir = config_folder(args)
     if args.deepspeed and not resolve_config_path(args.deepspeed, base_dir).is_file():
         raise DistsetupError(
             f"--deepspeed {args.deepspeed}: file {args.deepspeed} does not exist.",
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
             if names_user_code(cfg):  # its imports take a while (torch): only where there is some
                 from distsetup.training import user_code
 
-                user_code.check_references(cfg, Path(args.config).parent if args.config else None)
+                user_code.check_references(cfg, config_folder(args))
             return 0
         if args.export:
             return export(cfg, args)
