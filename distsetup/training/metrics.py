@@ -15,6 +15,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import SECTIONS, RunConfig
+from distsetup.training.run_record import METRICS, TENSORBOARD, continue_metrics
 from distsetup.training.world import first_line
 
 LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -65,12 +66,23 @@ def finite(value):
 class MetricsLog:
     """Rank 0's record of the run: one JSON line per logged step in metrics.jsonl, and the same values in
     TensorBoard (output_dir/tensorboard) and W&B (output_dir/wandb; offline with WANDB_MODE=offline) as
-    `report_to` says. Other ranks get a log that writes nothing."""
+    `report_to` says. Other ranks get a log that writes nothing. The record goes on from `start_step`
+    (run_record.py): `repeated_lines` says how many lines of later steps metrics.jsonl had."""
 
-    def __init__(self, out_dir: Path, enabled: bool, report_to: Sequence[str] = (), wandb_settings: dict | None = None):
-        self.jsonl = open(out_dir / "metrics.jsonl", "a") if enabled else None
+    def __init__(
+        self,
+        out_dir: Path,
+        enabled: bool,
+        report_to: Sequence[str] = (),
+        wandb_settings: dict | None = None,
+        start_step: int = 0,
+    ):
+        self.repeated_lines = continue_metrics(out_dir / METRICS, start_step) if enabled else 0
+        self.jsonl = open(out_dir / METRICS, "a") if enabled else None
         self.tensorboard = (
-            tensorboard_writer(out_dir / "tensorboard") if enabled and "tensorboard" in report_to else None
+            tensorboard_writer(out_dir / TENSORBOARD, purge_step=start_step + 1)
+            if enabled and "tensorboard" in report_to
+            else None
         )
         self.wandb = wandb_run(out_dir, wandb_settings or {}) if enabled and "wandb" in report_to else None
 
@@ -106,10 +118,11 @@ class MetricsLog:
         self.jsonl = self.tensorboard = self.wandb = None
 
 
-def tensorboard_writer(folder: Path):
+def tensorboard_writer(folder: Path, purge_step: int):
+    """TensorBoard's writer into `folder`, whose events from `purge_step` on (a crashed run's) TensorBoard hides."""
     from torch.utils.tensorboard import SummaryWriter
 
-    return SummaryWriter(log_dir=str(folder))
+    return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 
 
 def wandb_run(out_dir: Path, settings: dict):

@@ -18,7 +18,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_point
 from distsetup.formats.runconfig import RunConfig, names_user_code
-from distsetup.training import memory, user_code
+from distsetup.training import memory, run_record, user_code
 from distsetup.training.backends import make_backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.checkpoint import universal_folder
@@ -37,6 +37,7 @@ from distsetup.training.preemption import PREEMPTED, Preemption, tell_the_entry_
 from distsetup.training.progress import Progress
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
+from distsetup.training.run_record import METRICS, SUMMARY
 from distsetup.training.world import (
     StepAgreement,
     barrier,
@@ -76,7 +77,7 @@ class Trainer:
         self.built_data = self._datasets() if cfg.data.type == "python" else None
         self.report_to = reporters(self.t.report_to)
         self.out_dir = Path(self.t.output_dir)
-        self.ckpt_root = self.out_dir / "checkpoints"
+        self.ckpt_root = self.out_dir / run_record.CHECKPOINTS
         self.lock = OutputDirLock(self.out_dir)
         if world.is_main:
             self.lock.acquire()
@@ -169,14 +170,16 @@ class Trainer:
         self.backend.fit_to_the_model(self.model_description.parameters)
         resume = self._resume_decision()
         self._say_backend()
-        self._set_aside_old_checkpoints()
+        self._set_aside_previous_run()
         data, sampler = self._build_data()
         objective, flops, peak = self._build_model(data)
         if resume:
             self._load(resume, sampler)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         wandb = wandb_settings(self.cfg, resume is not None, self.max_steps)
-        metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb)
+        metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb, start_step=self.step)
+        if metrics.repeated_lines:  # a crashed run's, past its last checkpoint
+            self.say(f"note: {METRICS} goes on from step {self.step}: removed {metrics.repeated_lines} later line(s)")
         progress = Progress(self.max_steps, self.step, shown=self.world.is_main)
         try:  # what the Loop closes, closed here until there is one
             timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
@@ -217,10 +220,11 @@ class Trainer:
         for note in self.model_description.notes:
             self.say(f"note: {note}")
 
-    def _set_aside_old_checkpoints(self) -> None:
-        """--no_resume: the old checkpoints move aside, else a later resume would pick a stale step."""
-        if self.args.no_resume and self.world.is_main and (aside := ckpt.set_aside(self.ckpt_root)):
-            self.say(f"--no_resume: moved the old checkpoints to {aside}")
+    def _set_aside_previous_run(self) -> None:
+        """--no_resume: the previous run's checkpoints and metrics move aside, else a later resume would pick a stale
+        step, and a plot would mix the two runs."""
+        if self.args.no_resume and self.world.is_main and (aside := run_record.set_aside(self.out_dir)):
+            self.say(f"--no_resume: moved the previous run's checkpoints and metrics to {aside}")
         barrier()
 
     def _datasets(self) -> Datasets:
@@ -387,7 +391,7 @@ class Trainer:
         """Rank 0's summary.json, and the last line."""
         if not self.world.is_main:
             return
-        summary_file = self.out_dir / "summary.json"
+        summary_file = self.out_dir / SUMMARY
         if self.step == loop.first_step and summary_file.is_file():  # started where the run ended: the run's figures
             self.say(f"done: the run is at step {self.step} of {self.max_steps} already; {summary_file} is its summary")
             return

@@ -65,7 +65,7 @@ def saved_scaler(run: Path) -> dict:
 
 
 def loss_scales(output_dir: Path) -> dict[int, float]:
-    """Step -> the loss scale its backward used (the last logged, where a resumed run logs a step twice)."""
+    """Step -> the loss scale its backward used."""
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     return {row["step"]: row["loss_scale"] for row in rows if "loss_scale" in row}
 

@@ -93,6 +93,8 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage
     assert len(passed_over) == 1 and f"step_{STEPS:07d}" in passed_over[0], result.stdout[-2000:]
     assert f"(step {STEPS - INTERVAL})" in result.stdout
     assert len(losses(out)) == STEPS + 2
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == sorted(set(logged)), "a step the resumed run repeated is in metrics.jsonl twice"
 
 
 def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_path):

@@ -64,3 +64,8 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_
     assert sorted(logged) == [2, 3, 4, 6, 8, 9, 10] and "train/tokens_per_s" in logged[10]
     assert train(config, 1, "--no_resume", "training.max_steps=2").returncode == 0  # a new run: a new W&B run
     assert (tmp_path / "out" / "wandb_run_id").read_text() != run_id
+    (previous,) = (tmp_path / "out").glob("previous-*")  # the first run's record, whole, beside the new one's
+    assert [json.loads(line) for line in (previous / "metrics.jsonl").read_text().splitlines()] == metrics
+    assert sorted(p.name for p in (previous / "checkpoints").iterdir()) == ["step_0000006", "step_0000010"]
+    new_lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in new_lines] == [2, 2]  # the new run's training and evaluation lines

@@ -212,7 +212,7 @@ def copied_run(name: str, folder: Path) -> Path:
 
 
 def losses(output_dir: Path) -> list[float]:
-    """The last logged training loss of each step (a resumed run logs some steps twice)."""
+    """The logged training loss of each step."""
     by_step = {}
     for line in (output_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)

@@ -2,9 +2,7 @@
 
 import importlib.util
 import json
-import sys
 import time
-import types
 
 import pytest
 import torch
@@ -57,27 +55,22 @@ def test_a_loss_that_is_not_a_number_is_null_in_metrics_jsonl_and_the_summary(tm
     }
 
 
-def test_scalars_go_to_tensorboard_when_it_imports(tmp_path, monkeypatch):
-    calls = []
+def tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    """Each tag's (step, value) pairs as TensorBoard itself reads them from `folder`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    class SummaryWriter:
-        def __init__(self, log_dir):
-            calls.append(("dir", log_dir))
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
-        def add_scalar(self, tag, value, step):
-            calls.append((tag, value, step))
 
-        def flush(self):
-            pass
-
-        def close(self):
-            calls.append(("closed",))
-
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+def test_scalars_go_to_tensorboard_under_their_section(tmp_path):
     log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
-    log.write(3, loss=1.5, lr=4e-4, mfu=None)  # an unknown figure is left out
+    log.write(3, loss=1.5, lr=0.25, mfu=None)  # an unknown figure is left out
+    log.write(3, "eval", val_loss=2.5)
     log.close()
-    assert calls == [("dir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3), ("train/lr", 4e-4, 3), ("closed",)]
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars == {"train/loss": [(3, 1.5)], "train/lr": [(3, 0.25)], "eval/val_loss": [(3, 2.5)]}
 
 
 def test_other_ranks_write_nothing(tmp_path):
@@ -85,14 +78,6 @@ def test_other_ranks_write_nothing(tmp_path):
     log.write(1, loss=1.0)
     log.close()
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed")
-def test_real_tensorboard_writes_event_files(tmp_path):
-    log = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
-    log.write(1, loss=1.0)
-    log.close()
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_timer_leaves_checkpoint_time_out():
@@ -151,3 +136,39 @@ def test_wandb_without_a_login_is_one_line_saying_the_two_ways_on(tmp_path, monk
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     with pytest.raises(DistsetupError, match=r"^training.report_to wandb: .*API key.* HINT: run `wandb login`"):
         wandb_run(tmp_path, {"project": "p"})
+
+
+def test_a_resumed_run_continues_the_record_from_its_step_once_per_step(tmp_path):
+    """A run that crashed at step 5, past its step-3 checkpoint, mid-line: resumed at 3, metrics.jsonl and
+    TensorBoard (read by TensorBoard's own reader) hold each step once, steps 4 and 5 with the resumed run's values."""
+    crashed = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"])
+    for step in range(1, 6):
+        crashed.write(step, loss=10.0 + step)
+    crashed.close()
+    with open(tmp_path / "metrics.jsonl", "a") as cut_short:
+        cut_short.write('{"step": 6, "lo')
+    resumed = MetricsLog(tmp_path, enabled=True, report_to=["tensorboard"], start_step=3)
+    assert resumed.repeated_lines == 3
+    for step in (4, 5):
+        resumed.write(step, loss=float(step))
+    resumed.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["loss"]) for row in rows] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 4.0), (5, 5.0)]
+    assert tensorboard_scalars(tmp_path / "tensorboard")["train/loss"] == [(1, 11), (2, 12), (3, 13), (4, 4), (5, 5)]
+
+
+def test_a_fresh_start_sets_the_previous_runs_record_aside_whole(tmp_path):
+    from distsetup.training import run_record
+
+    assert run_record.set_aside(tmp_path) is None  # nothing to set aside: no folder made
+    (tmp_path / "checkpoints" / "step_0000002").mkdir(parents=True)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
+    (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "wandb_run_id").write_text("abc")  # not the record: a fresh start starts its own W&B run anyway
+    first = run_record.set_aside(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    second = run_record.set_aside(tmp_path)  # within the same second: a folder of its own
+    assert first != second and first.parent == second.parent == tmp_path and first.name.startswith("previous-")
+    assert sorted(p.name for p in first.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]
+    assert (second / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name, "wandb_run_id"])

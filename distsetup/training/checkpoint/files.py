@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import sys
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -155,15 +154,6 @@ class PendingCheckpoint:
         barrier()
         if self.keep and world.is_main:
             remove_older(self.path.parent, self.keep)
-
-
-def set_aside(root: Path) -> Path | None:
-    """--no_resume: the checkpoints folder `root` renamed with the time, so no later resume picks a stale step."""
-    if not root.exists():
-        return None
-    aside = root.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
-    root.rename(aside)
-    return aside
 
 
 def remove_older(root: Path, keep: int) -> None:

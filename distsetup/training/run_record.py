@@ -1,0 +1,53 @@
+"""A run's record in its output folder: its checkpoints, metrics.jsonl, TensorBoard's events and summary.json.
+
+A run started afresh (--no_resume) sets the previous run's record aside whole, so neither a later resume nor a
+plot mixes the two runs. A run that resumes step S continues the record from S: the lines of the steps after S,
+which a run that crashed past its last checkpoint wrote and this run repeats, are removed (TensorBoard hides its
+own events of those steps: `purge_step`), so each step is in metrics.jsonl once, with the values of the run whose
+weights go on.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY = "checkpoints", "metrics.jsonl", "tensorboard", "summary.json"
+
+
+def set_aside(out_dir: Path) -> Path | None:
+    """The previous run's record in `out_dir` moved into out_dir/previous-TIME (None: there was none)."""
+    present = [out_dir / name for name in (CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY) if (out_dir / name).exists()]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = out_dir / f"previous-{stamp}", 1
+    while aside.exists():  # two fresh starts within a second
+        n += 1
+        aside = out_dir / f"previous-{stamp}-{n}"
+    aside.mkdir()
+    for path in present:
+        path.rename(aside / path.name)
+    return aside
+
+
+def continue_metrics(path: Path, step: int) -> int:
+    """metrics.jsonl made the record of a run that goes on from `step`: the lines of later steps removed, and a
+    line cut short by a crash (the next line would be glued to it). Returns how many lines were removed."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and (logged := _step_of(line)) is not None and logged <= step]
+    if len(kept) < len(lines):
+        staging = path.with_name(f".{path.name}.tmp")
+        staging.write_text("".join(kept))
+        os.replace(staging, path)
+    return len(lines) - len(kept)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
