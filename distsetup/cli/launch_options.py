@@ -16,6 +16,7 @@ from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
+from distsetup.scripts.launch_flags import parse_gpus
 from distsetup.scripts.launch_plan import (
     DEFAULT_TRAINER,
     LAUNCH_METHODS,
@@ -23,7 +24,6 @@ from distsetup.scripts.launch_plan import (
     EnvSpec,
     LaunchSpec,
     check_launch,
-    parse_gpus,
 )
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).

@@ -8,7 +8,6 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 import argparse
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import torch
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import global_batch_of
-from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_point
+from distsetup.formats.checkpoint_folder import Marker
 from distsetup.formats.runconfig import RunConfig, names_user_code
-from distsetup.training import memory, run_record, user_code
+from distsetup.training import memory, resuming, run_record, user_code
 from distsetup.training.backends import make_backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.checkpoint import universal_folder
@@ -41,7 +40,6 @@ from distsetup.training.run_record import METRICS, SUMMARY
 from distsetup.training.world import (
     StepAgreement,
     barrier,
-    decided_by_rank0,
     destroy_process_group,
     init_process_group,
     is_lost_contact,
@@ -196,16 +194,9 @@ class Trainer:
         return loop
 
     def _resume_decision(self) -> Path | None:
-        """Rank 0 alone reads the checkpoint folders and every rank takes its answer: on a shared file system
-        another node may see the newest marker late, and ranks resuming different steps would diverge."""
-        resume, damaged = decided_by_rank0(lambda: (None, []) if self.args.no_resume else resume_point(self.ckpt_root))
-        if resume:
-            marker = Marker.read(resume)
-            ckpt.check_compatible(marker, resume, self.model_section)
-            if conversion := self.backend.adopt(resume, marker):
-                self.say(conversion)
-        for problem in damaged:
-            self.say(passed_over(problem))
+        resume = resuming.resume_decision(
+            self.ckpt_root, self.args.no_resume, self.backend, self.model_section, self.say
+        )
         if self.lock.unsupported:
             self.say(f"note: {self.lock.unsupported}")
         return resume
@@ -287,25 +278,8 @@ class Trainer:
         return objective, flops, peak
 
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
-        marker = ckpt.load_checkpoint(self.backend, resume, self.world)
+        marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.say)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
-        self.say(f"resumed from {resume} (step {self.step})")
-        kept = self.backend.scheduled_peak_lr()
-        if kept is not None and not math.isclose(kept, self.backend.lr, rel_tol=1e-6):  # as the HF Trainer resumes
-            self.say(
-                f"note: the checkpoint's learning-rate schedule goes on, to peak lr {kept:.6g}; this run's "
-                f"{self.backend.lr:.6g} is for a fresh start (--no_resume)"
-            )
-        position = marker.data_position  # None: a marker written by hand, or by a distsetup that stored none
-        if position is None:
-            self.say(f"note: checkpoint {resume.name} holds no data position: the data starts at its first sample")
-            return
-        sampler.load_state_dict(position)
-        if marker.global_batch != self.global_batch:
-            self.say(
-                f"note: the checkpoint's global batch was {marker.global_batch}, this run's is {self.global_batch}: "
-                f"continuing from sample {sampler.position} of epoch {sampler.epoch}"
-            )
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:

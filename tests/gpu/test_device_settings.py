@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from conftest import DEVICE
 
-from distsetup.training.backends.base import tf32_matmuls
+from distsetup.training.backends.precision import tf32_matmuls
 from distsetup.training.metrics import StepTimer
 from distsetup.training.world import World, destroy_process_group, init_process_group, synchronizer
 

@@ -14,7 +14,7 @@ from shell_checks import shellcheck
 
 from distsetup.jobs.rules import manifest_problems
 from distsetup.jobs.spec import RESTART_STATUS
-from distsetup.scripts.launch_plan import SCRIPT_VARIABLES
+from distsetup.scripts.launch_flags import SCRIPT_VARIABLES
 
 TARGETS = ("trainjob", "jobset", "pytorchjob")
 CONFIG = {

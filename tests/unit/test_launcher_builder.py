@@ -7,7 +7,8 @@ from launch_inputs import WEIRD
 from shell_checks import fake_tools, run_script
 
 from distsetup.errors import DistsetupError
-from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script, parse_gpus
+from distsetup.scripts.launch_flags import parse_gpus
+from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script
 
 
 def build(**kwargs) -> str:

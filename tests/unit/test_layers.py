@@ -6,8 +6,8 @@ From the bottom up:
 - formats: the DeepSpeed file, the FSDP file, the run config (read, build, check, write);
 - scripts (launch plan, sbatch, templates) and planning (memory planner, GPUs), side by side;
 - training (they import torch), itself in layers: its base modules (world, user_code, run_lock, run_length,
-  preemption, metrics, memory) and distsetup.preflight; model/ and optim; data/; loss/ and checkpoint/, side by side;
-  backends/; the trainer (with the loop state and model set-up it makes) and distsetup.train;
+  preemption, metrics, run_record, memory) and distsetup.preflight; model/ and optim; data/; loss/ and checkpoint/,
+  side by side; backends/; the trainer (with the loop state, model set-up and resume it makes) and distsetup.train;
 - cli: the Click group, its commands, and the option, writer and launch-option modules they share.
 
 A module imports only from its own layer and those below; groups side by side not from each other; nothing
@@ -32,7 +32,15 @@ LAYERS = (  # bottom first; a layer's groups may not import each other; a module
     (("distsetup.training.data",),),
     (("distsetup.training.loss",), ("distsetup.training.checkpoint",)),
     (("distsetup.training.backends",),),
-    (("distsetup.training.trainer", "distsetup.training.loop", "distsetup.training.model_setup", "distsetup.train"),),
+    (
+        (
+            "distsetup.training.trainer",
+            "distsetup.training.loop",
+            "distsetup.training.model_setup",
+            "distsetup.training.resuming",
+            "distsetup.train",
+        ),
+    ),
     (("distsetup.cli", "distsetup.cli.commands", "distsetup.__main__"),),
 )
 

@@ -18,7 +18,7 @@ from distsetup.errors import DistsetupError
 from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
 from distsetup.jobs.rules import manifest_problems
 from distsetup.jobs.spec import BUCKET_MOUNT, KUBERNETES_ONLY, SKYPILOT_ONLY, TARGETS, JobSpec, check_flags_for_target
-from distsetup.scripts.launch_plan import parse_env_pairs
+from distsetup.scripts.launch_flags import parse_env_pairs
 
 
 @click.command(

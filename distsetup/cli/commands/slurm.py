@@ -16,7 +16,7 @@ from distsetup.cli.launch_options import (
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
-from distsetup.scripts.launch_plan import parse_env_pairs
+from distsetup.scripts.launch_flags import parse_env_pairs
 from distsetup.scripts.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
 

@@ -7,7 +7,7 @@ picks one by name.
 import abc
 import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -22,6 +22,7 @@ from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import Settled, settle
 from distsetup.planning.estimates import BY_KEY
 from distsetup.training import memory
+from distsetup.training.backends.precision import PRECISION_DTYPES, device_supports, tf32_matmuls
 from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
@@ -33,24 +34,7 @@ from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import World, ranks
 
 T = TypeVar("T")
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices
-
-
-def device_supports(device: torch.device, precision: str) -> bool:
-    """Whether `device` trains in `precision`, by the one rule every backend applies: on a GPU, bf16 only where the GPU
-    has it (Ampere or newer), not emulated (torch.cuda.is_bf16_supported's default lets a V100 or T4 emulate it, far
-    slower)."""
-    on_gpu = device.type == "cuda"
-    return not (on_gpu and precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False))
-
-
-def tf32_matmuls(device: torch.device, precision: str, environ: Mapping[str, str]) -> bool:
-    """Whether an fp32 run's matmuls go to TF32: on an Ampere or newer GPU, unless NVIDIA_TF32_OVERRIDE=0 (which makes
-    cuBLAS and cuDNN compute full fp32 whatever torch asks)."""
-    if device.type != "cuda" or precision != "fp32" or environ.get("NVIDIA_TF32_OVERRIDE") == "0":
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 class Backend(abc.ABC):

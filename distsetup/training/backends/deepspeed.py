@@ -26,8 +26,9 @@ from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import zero3_construction, zero_memory
-from distsetup.training.backends.base import IMPLEMENTATION, PRECISION_DTYPES, Backend, T, device_supports
+from distsetup.training.backends.base import IMPLEMENTATION, Backend, T
 from distsetup.training.backends.deferred_compile import compile_deferred
+from distsetup.training.backends.precision import PRECISION_DTYPES, device_supports
 from distsetup.training.backends.zero3_master_weights import share_master_weights
 from distsetup.training.checkpoint import loss_scale, universal_folder, zero0_wrapper
 from distsetup.training.checkpoint.files import atomic_write_text

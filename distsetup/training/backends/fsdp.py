@@ -30,7 +30,8 @@ from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_states
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import fsdp_on_cpu
-from distsetup.training.backends.base import PRECISION_DTYPES, Backend
+from distsetup.training.backends.base import Backend
+from distsetup.training.backends.precision import PRECISION_DTYPES
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models

@@ -1,0 +1,63 @@
+"""The launch flags a user types that need more than Click's types: --gpus (indices, or auto:N) and --env
+(KEY=VALUE pairs, none of the variables the scripts set themselves)."""
+
+import re
+
+from distsetup.errors import DistsetupError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What the scripts that take --env (distsetup slurm, distsetup job) set themselves, from their flags or their engine,
+# before or after the --env exports: a --env value would change the world they start (NNODES=5 on 2 nodes waits at
+# the rendezvous) or the program they run. A test reads the templates for any variable missing here.
+SCRIPT_VARIABLES: dict[str, str | None] = {
+    "NNODES": "--num_nodes",
+    "NPROC_PER_NODE": "--num_gpus_per_node",
+    "MASTER_PORT": "--master_port",
+    "MASTER_ADDR": "the engine (SLURM's first node, the job's node 0)",
+    "NODE_RANK": "the engine (SLURM_NODEID, the pod's index)",
+    "RDZV_ID": "the job's id",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "--grace_seconds (distsetup job) or --signal_seconds (distsetup slurm)",
+    **dict.fromkeys(
+        "DISTSETUP_PREEMPTED_FILE PREEMPTION_DIR GPUS_FOUND HOSTFILE HOSTS LAUNCH LAUNCHER_PID RUNNER_PID "
+        "SRUN_ARGS SRUN_PID TRAIN_ARGS SCRIPT MODULE WORKDIR PYTHON DEEPSPEED_CONFIG ACCELERATE_FSDP_ARGS".split(),
+        None,  # its own working variables
+    ),
+}
+
+
+def parse_gpus(text: str) -> tuple[int, ...] | int:
+    """'0,1' -> (0, 1); 'auto:N' -> N (the caller picks N GPUs); anything else is an error."""
+    text = text.strip()
+    if text.startswith("auto:"):
+        count = text[5:]
+        if not count.isdigit() or int(count) < 1:
+            raise DistsetupError(f"--gpus {text}: auto:N needs a positive N.", "write e.g. --gpus auto:4.")
+        return int(count)
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise DistsetupError(f"--gpus {text} is not a list of GPU indices.", "write e.g. --gpus 0,1 or --gpus auto:2.")
+    ids = tuple(int(p) for p in parts)
+    if len(set(ids)) != len(ids):
+        raise DistsetupError(f"--gpus {text} names a GPU twice.", "list each GPU index once.")
+    return ids
+
+
+def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE strings -> pairs, with KEY a valid shell variable name that the script does not set itself."""
+    result = []
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise DistsetupError(
+                f"{option} '{item}' is not KEY=VALUE with KEY a variable name.",
+                f"write e.g. {option} WANDB_MODE=offline.",
+            )
+        if key in SCRIPT_VARIABLES:
+            source = SCRIPT_VARIABLES[key]
+            flag = f" and give {source}" if source and source.startswith("--") else ""
+            raise DistsetupError(
+                f"{option} {key}=...: the script sets {key} itself{f', from {source}' if source else ''}.",
+                f"drop {option} {key}{flag}.",
+            )
+        result.append((key, value))
+    return tuple(result)
