@@ -85,6 +85,11 @@ def _scale_lr(settled: Settled, cfg: RunConfig) -> None:
     already."""
     t = cfg.training
     if t.scale_lr == "none":
+        if t.base_batch_size is not None:  # set for scaling, which is off: the lr would silently stay as written
+            settled.notes.append(
+                f"training.base_batch_size {t.base_batch_size} is unused: the lr is scaled to the global batch only "
+                "with training.scale_lr linear or sqrt"
+            )
         return
     if not settled.sources["lr"].startswith("training."):
         settled.notes.append(

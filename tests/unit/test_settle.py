@@ -157,3 +157,12 @@ def test_a_files_optimizer_settings_that_differ_from_the_run_configs_are_said(tm
         "betas [0.9, 0.999] from the DeepSpeed file's optimizer AdamW (the run config's training.betas (default) "
         "says [0.9, 0.95])."
     ]
+
+
+@pytest.mark.parametrize("scale_lr, scaled", [("none", False), ("linear", True)])
+def test_a_base_batch_size_without_scaling_is_said_to_be_unused(scale_lr, scaled):
+    """A guide's base batch without training.scale_lr: the lr stays as written, and a note says why."""
+    cfg = load_run_config(None, ["training.base_batch_size=4", f"training.scale_lr={scale_lr}", "training.lr=0.001"])
+    settled = settle(cfg, None, None, 2)
+    unused = [note for note in settled.notes if "base_batch_size 4 is unused" in note]
+    assert (settled.lr != 0.001, len(unused)) == (scaled, 0 if scaled else 1)
