@@ -1,6 +1,7 @@
 """The user's code a run config names as `module:function` (model.builder, data.builder, data.collate,
 training.loss): how such a name is written, and where its module is looked for (the run config's folder first,
-then PYTHONPATH), checked without importing it: checking a file runs none of the user's code (nor torch)."""
+then the working folder and PYTHONPATH), checked without importing it: checking a file runs none of the user's
+code (nor torch)."""
 
 import importlib.machinery
 import re
@@ -19,8 +20,10 @@ def split(reference: str) -> tuple[str, str] | None:
 
 
 def search_path(base_dir: Path | None) -> list[str]:
-    """Where a named module is looked for: the run config's folder, then the interpreter's path (PYTHONPATH)."""
-    return [str(base_dir or Path.cwd()), *sys.path]
+    """Where a named module is looked for: the run config's folder, the working folder (`python -m
+    distsetup.train` has it on its path, and the scripts run the trainer in the folder they were written in), then
+    the interpreter's path (PYTHONPATH)."""
+    return [str(base_dir or Path.cwd()), str(Path.cwd()), *sys.path]
 
 
 def problems(reference: str, where: str, role: str, base_dir: Path | None) -> list[Problem]:
@@ -37,11 +40,12 @@ def problems(reference: str, where: str, role: str, base_dir: Path | None) -> li
         ]
     top = parts[0].split(".")[0]
     if importlib.machinery.PathFinder.find_spec(top, search_path(base_dir)) is None and top not in sys.modules:
-        folder = base_dir or Path.cwd()
+        folders = dict.fromkeys([str(base_dir or Path.cwd()), str(Path.cwd())])  # one, where they are the same
         return [
             Problem(
                 where,
-                f"module {top} is neither in the run config's folder ({folder}) nor on PYTHONPATH.",
+                f"module {top} is not in the run config's folder or the working folder ({', '.join(folders)}), "
+                "nor on PYTHONPATH.",
                 f"put {top}.py next to the run config, or add its folder to PYTHONPATH.",
             )
         ]

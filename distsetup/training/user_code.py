@@ -42,10 +42,13 @@ def _users(filename: str) -> bool:
 
 def make_importable(base_dir: Path | None) -> Path:
     """Put the run config's folder first on the import path, as `python script.py` does with the script's folder
-    (the user's modules may import their neighbours later, and DataLoader workers unpickle by name); returns it."""
+    (the user's modules may import their neighbours later, and DataLoader workers unpickle by name), and the working
+    folder after it, as `python -m` does (so `python src/train.py` finds what `python -m distsetup.train` finds:
+    python_refs.search_path); returns the run config's folder."""
     folder = (base_dir or Path.cwd()).resolve()
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+    for position, path in enumerate((str(folder), str(Path.cwd().resolve()))):
+        if path not in sys.path:
+            sys.path.insert(position, path)
     return folder
 
 

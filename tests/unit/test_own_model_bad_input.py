@@ -208,3 +208,38 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
         err = capsys.readouterr().err
         assert (status, err.count("\n")) == ((1, 1) if said else (0, 0)), err
         assert said is None or (err.startswith("error: ") and said in err), err
+
+
+def test_a_module_in_the_working_folder_is_found_by_validate_and_by_the_trainer_under_both_names(
+    tmp_path, run_cli, monkeypatch
+):
+    """The project's own module beside config/: `python -m distsetup.train` (what the scripts run, in the folder
+    they were written in) imports it from the working folder, so validate, doctor and launcher take it too, and
+    `python src/train.py` (the guides' name) finds it as well."""
+    import subprocess
+    import sys
+
+    from repo import REPO
+    from train_runs import environment
+
+    name = f"project_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(USER_CODE))
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(
+        yaml.safe_dump({"model": {"type": "python", "builder": f"{name}:build"}})
+    )
+    elsewhere = tmp_path / "config"  # from a folder without the module: not found, said in one line
+    for folder, found in ((tmp_path, True), (elsewhere, False)):
+        monkeypatch.chdir(folder)
+        validated = run_cli("validate", tmp_path / "config" / "config.yaml")
+        assert (validated.exit_code == 0) == found, validated.output
+    for program in (["-m", "distsetup.train"], [str(REPO / "src" / "train.py")]):
+        checked = subprocess.run(
+            [sys.executable, *program, "--config", "config/config.yaml", "--check"],
+            cwd=tmp_path,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert checked.returncode == 0, checked.stderr

@@ -62,7 +62,7 @@ def test_guides_keys_select_the_backend(tmp_path):
         ("model:\n  type: python\n", "model.type python needs builder"),
         ("model:\n  builder: config:build\n", r"builder is read only with model.type python \(this is gpt\)"),
         ("data:\n  collate: config:collate\n", "collate is read only with data.type python"),
-        ("data:\n  type: python\n  builder: nope_module:build\n", "module nope_module is neither in the run config"),
+        ("data:\n  type: python\n  builder: nope_module:build\n", "nope_module is not in the run config.s folder"),
         ("model:\n  layer_cls: Block\n  layer_classes: [Other]\n", "name different classes"),
         ("- a list\n", "mapping of sections"),
         ("training:\n  betas: [1.5, 0.9]\n", r"training.betas: \[1.5, 0.9\] are not both in \[0, 1\)"),
