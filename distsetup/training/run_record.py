@@ -45,6 +45,15 @@ def continue_metrics(path: Path, step: int) -> int:
     return len(lines) - len(kept)
 
 
+def evaluations(path: Path) -> list[dict]:
+    """The evaluations metrics.jsonl holds (its lines with a val_loss): those of the steps a resumed run did before,
+    which summary.json lists with its own."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for row in rows if isinstance(row, dict) and "val_loss" in row]
+
+
 def _step_of(line: str) -> int | None:
     try:
         row = json.loads(line)

@@ -187,6 +187,8 @@ class Trainer:
             metrics.close(1)
             raise
         loop = Loop(data, sampler, objective, flops, peak, metrics, progress, loader, timer, agreement, self.step)
+        if self.world.is_main:  # a resumed run's summary lists the evaluations before it too
+            loop.evals = run_record.evaluations(self.out_dir / METRICS)
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
         self.setup_peak = memory.host_peak_bytes()

@@ -62,6 +62,9 @@ def test_wandb_offline_run_holds_the_metrics_and_a_resumed_run_continues_it(tmp_
             if key != "step":
                 assert logged[line["step"]][f"{section}/{key}"] == pytest.approx(value, rel=1e-12), (line, key)
     assert sorted(logged) == [2, 3, 4, 6, 8, 9, 10] and "train/tokens_per_s" in logged[10]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())  # the resumed run's lists the first's too
+    assert [evaluation["step"] for evaluation in summary["evals"]] == [3, 6, 9, 10]
+    assert summary["evals"] == [line for line in metrics if "val_loss" in line]
     assert train(config, 1, "--no_resume", "training.max_steps=2").returncode == 0  # a new run: a new W&B run
     assert (tmp_path / "out" / "wandb_run_id").read_text() != run_id
     (previous,) = (tmp_path / "out").glob("previous-*")  # the first run's record, whole, beside the new one's
