@@ -58,12 +58,13 @@ RUN_LENGTH = ({"epochs", "num_train_epochs"}, {"max_steps"})
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict."""
+    """Apply `section.key=value` overrides (values parsed as YAML) to a raw config dict; `section.key.inner=value`
+    sets one key inside a mapping (model.args.experts=64), the rest of it kept."""
     overridden = {item.partition("=")[0] for item in overrides}
     for item in overrides:
         dotted, sep, value = item.partition("=")
-        section, dot, key = dotted.partition(".")
-        if not (sep and dot and key):
+        section, *keys = dotted.split(".")
+        if not (sep and keys and all(keys)):
             raise DistsetupError(
                 f"override '{item}' is not of the form section.key=value.", "write e.g. training.lr=3e-4"
             )
@@ -72,15 +73,23 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             raise DistsetupError(
                 f"override '{item}': '{section}' is not a section.", f"sections are {', '.join(SECTIONS)}."
             )
+        mapping = raw[section]
+        for depth, key in enumerate(keys[:-1], start=1):
+            if mapping.get(key) is None:
+                mapping[key] = {}
+            mapping = mapping[key]
+            if not isinstance(mapping, dict):
+                whole = ".".join([section, *keys[:depth]])
+                raise DistsetupError(f"override '{item}': {whole} is not a mapping.", f"set it whole: {whole}=VALUE.")
         try:
-            raw[section][key] = parse_yaml(value)
+            mapping[keys[-1]] = parse_yaml(value)
         except (yaml.YAMLError, ValueError):  # ValueError: a bad date, a 5000-digit integer, a bomb
             raise DistsetupError(
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
-        if section == "training" and raw[section][key] is not None:
-            _replace_the_files_other_length(raw[section], key, overridden)
+        if section == "training" and len(keys) == 1 and mapping[keys[0]] is not None:
+            _replace_the_files_other_length(mapping, keys[0], overridden)
     return raw
 
 

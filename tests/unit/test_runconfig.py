@@ -40,6 +40,19 @@ def test_overrides_parse_values_as_yaml(tmp_path):
     assert config.model.n_layer == 3 and config.training.betas == [0.8, 0.9]
 
 
+def test_an_override_sets_one_key_inside_a_mapping_and_keeps_the_rest(tmp_path):
+    """model.args.experts=64 (an MoE user varying the experts): the file's other builder arguments stay."""
+    path = write_yaml(tmp_path, "model:\n  type: python\n  builder: m:build\n  args: {width: 64, experts: 8}\n")
+    (tmp_path / "m.py").write_text("def build(width, experts):\n    pass\n")
+    data = ["data.type=python", "data.builder=m:build"]
+    config = load_run_config(path, ["model.args.experts=64", *data, "data.args.val.n=7"])
+    assert config.model.args == {"width": 64, "experts": 64} and config.data.args == {"val": {"n": 7}}
+    with pytest.raises(DistsetupError, match=r"^override 'model.args.width.x=1': model.args.width is not a mapping"):
+        load_run_config(path, ["model.args.width.x=1"])
+    with pytest.raises(DistsetupError, match="section.key=value"):
+        load_run_config(path, ["model.args.=1"])
+
+
 def test_guides_keys_select_the_backend(tmp_path):
     (tmp_path / "ds.json").write_text("{}")
     path = write_yaml(tmp_path, "distributed:\n  use_deepspeed: true\n  deepspeed_config: ds.json\n")
