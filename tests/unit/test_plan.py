@@ -312,7 +312,7 @@ def test_bad_sizes_are_errors(run_cli):
     assert (parse_memory("80G"), parse_memory("80Gi"), parse_memory("80")) == (80e9, 80 * 2**30, 80e9)
 
 
-def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
+def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path, run_cli):
     pytest.importorskip("transformers")
     from distsetup.cli.commands.plan import count_on_meta
     from distsetup.formats.runconfig_load import load_run_config
@@ -334,11 +334,13 @@ def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path):
         )
     )
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(json.dumps({"model": {"type": "hf", "hf_path": str(tmp_path), "vocab_size": 256}}))
+    cfg.write_text(json.dumps({"model": {"type": "hf", "hf_path": str(tmp_path), "vocab_size": 256, "block_size": 96}}))
     exact = count_on_meta(load_run_config(cfg))
     analytic = hf_shape_from_json(tmp_path / "config.json", None)
     assert analytic.params == exact.params and analytic.block == exact.block
     assert exact.layer_cls == analytic.layer_cls == "LlamaDecoderLayer"
+    planned = run_cli("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--json")
+    assert json.loads(planned.stdout)["workload"]["seq_len"] == 96  # the run's samples, not 2048
 
 
 # -- `distsetup deepspeed --scale_lr`: the lr scaled from a base batch to the global one ----------------------
