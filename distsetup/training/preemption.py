@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM or SIGUSR1 (SLURM's warning before the time limit) asks the run to checkpoint and stop."""
+"""Preemption: SIGTERM or SIGUSR1 (SLURM's warning before the time limit) asks the run to checkpoint and stop, and
+so does a first Ctrl-C (SIGINT: the deepspeed launcher turns it into SIGTERM, torchrun passes it on as it is)."""
 
 import os
 import signal
@@ -8,14 +9,20 @@ PREEMPTED = 75  # EX_TEMPFAIL: "try again later", the status the sbatch script r
 
 
 class Preemption:
-    """Remembers SIGTERM/SIGUSR1; the loop turns it into a checkpoint once the ranks have agreed to stop."""
+    """Remembers SIGTERM, SIGUSR1 and a first Ctrl-C; the loop turns it into a checkpoint once the ranks have agreed
+    to stop. A second Ctrl-C stops at once, without one (KeyboardInterrupt)."""
 
     def __init__(self):
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT:
+            if self.requested:
+                signal.default_int_handler(signum, frame)
+            if os.environ.get("RANK", "0") == "0":  # os.write: a print here could interrupt a print (reentrant)
+                os.write(2, b"\nCtrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without one)\n")
         self.requested = True
 
 

@@ -57,13 +57,19 @@ def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
     assert_same_weights(final_weights(out), final_weights(shared_run(name)))
 
 
-def test_sigusr1_single_process_exits_75(tmp_path):
-    config = write_run_config(tmp_path, "single", checkpoint_interval=5)
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGINT"])
+def test_a_signal_to_a_single_process_checkpoints_the_step_it_reached_and_exits_75(tmp_path, name):
+    """SLURM's warning (SIGUSR1) and a first Ctrl-C (SIGINT; a second stops at once: test_preemption.py)."""
+    config = write_run_config(tmp_path, "single", checkpoint_interval=5, max_steps=10_000)
     run = start(config, 1)
     wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
-    run.send_signal(signal.SIGUSR1)
-    assert run.wait(timeout=120) == 75
-    assert "preempted: checkpoint at step" in run.log.read_text()
+    run.send_signal(getattr(signal, name))
+    status, log = run.wait(timeout=120), run.log.read_text()
+    stopped = re.search(r"preempted: checkpoint at step (\d+)", log)
+    assert status == 75 and stopped, log[-3000:]
+    newest = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())[-1]
+    assert newest == f"step_{int(stopped.group(1)):07d}" and int(stopped.group(1)) > 5
+    assert ("Ctrl-C: checkpointing, then stopping" in log) == (name == "SIGINT")
 
 
 def _damage_truncate(folder):
