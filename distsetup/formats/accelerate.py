@@ -145,7 +145,7 @@ def accelerate_problems(
         for key in WHOLE_NUMBERS
         if data.get(key) is not None and (problem := wrong_type(key, data[key], int, "accelerate launch")) is not None
     ]
-    problems += wrong or _world_problems(data, num_gpus_per_node, world_size)
+    problems += wrong or _world_problems(data, num_gpus_per_node, world_size) + _cpu_world_problems(data)
     problems += _block_problems(data, kind)
     return problems
 
@@ -198,6 +198,25 @@ def _world_problems(data: dict, num_gpus_per_node: int | None, world_size: int |
             )
         )
     return problems
+
+
+def _cpu_world_problems(data: dict) -> list[Problem]:
+    """MULTI_CPU: on CPUs `accelerate launch` starts more than one process only through mpirun; without it, its
+    simple launcher starts one, whatever num_processes says (accelerate 1.15, commands/launch.py launch_command)."""
+    processes, mpirun = data.get("num_processes") or 1, data.get("mpirun_config")
+    if data.get("distributed_type") != "MULTI_CPU" or processes <= 1:
+        return []
+    if isinstance(mpirun, dict) and mpirun.get("mpirun_hostfile"):
+        return []
+    return [
+        Problem(
+            "mpirun_config",
+            f"has no mpirun_hostfile with distributed_type MULTI_CPU: `accelerate launch` starts 1 process, not "
+            f"num_processes {processes} (on CPUs only mpirun starts more).",
+            "give mpirun_config.mpirun_hostfile, as `accelerate config` asks; or let `distsetup launcher "
+            "--launch_method accelerate` write a script that starts the CPU processes through torchrun.",
+        )
+    ]
 
 
 def _block_problems(data: dict, kind) -> list[Problem]:

@@ -99,6 +99,11 @@ MULTI_NODE = {
             "deepspeed_config.deepspeed_config_file -> bf16.enabled",
             "fp16 and bf16 are both enabled",
         ),
+        (  # `accelerate config` for CPUs without mpirun: accelerate launch would start 1 process, not 16
+            {"distributed_type": "MULTI_CPU", "use_cpu": True, "mpirun_config": {}},
+            "mpirun_config",
+            "`accelerate launch` starts 1 process, not num_processes 16",
+        ),
         # an older `accelerate config` wrote it (MULTI_CPU); its near spelling, fp8_config, is no fix
         ({"ipex_config": {"ipex": False}}, "ipex_config", "remove it: an older `accelerate config` wrote it"),
     ],
@@ -125,6 +130,8 @@ def test_classic_accelerate_mistakes_are_named_with_their_key_and_fix(run_cli, t
 
 def test_the_correct_multi_node_file_passes_and_the_default_path_gets_a_note(run_cli, tmp_path, monkeypatch):
     assert problem_paths(run_cli, write(tmp_path / "a.yaml", MULTI_NODE), "--num_gpus_per_node", 8) == []
+    mpirun = {**MULTI_NODE, "distributed_type": "MULTI_CPU", "mpirun_config": {"mpirun_hostfile": "hosts"}}
+    assert problem_paths(run_cli, write(tmp_path / "cpu.yaml", mpirun), "--num_gpus_per_node", 8) == []
     monkeypatch.setenv("HOME", str(tmp_path))
     default = tmp_path / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
     default.parent.mkdir(parents=True)
