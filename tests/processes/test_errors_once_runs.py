@@ -41,10 +41,15 @@ def build_model():
 
 def build_data(split):
     return torch.utils.data.TensorDataset(torch.randn(64, 10), torch.randn(64, 1))
+
+
+def three_samples(split):
+    n = 3 if split == "train" else 64
+    return torch.utils.data.TensorDataset(torch.randn(n, 8), torch.randn(n, 1))
 """
 
 
-@pytest.mark.parametrize("problem", ["empty data file", "first batch rejected"])
+@pytest.mark.parametrize("problem", ["empty data file", "first batch rejected", "fewer samples than a batch"])
 def test_a_problem_every_rank_finds_after_the_process_group_is_said_once_too(tmp_path, problem):
     """The data is read, the model built and its first batch run once the process group exists: every rank finds
     such a problem alike, one says it."""
@@ -56,13 +61,18 @@ def test_a_problem_every_rank_finds_after_the_process_group_is_said_once_too(tmp
         )
         expected = "error: data file empty.txt is empty."
     else:
+        builder = "misfit:build_data" if problem == "first batch rejected" else "misfit:three_samples"
         config = write_config(
-            tmp_path, "ddp", "ddp", None, {"max_steps": 2}, data={"type": "python", "builder": "misfit:build_data"}
+            tmp_path, "ddp", "ddp", None, {"max_steps": 2}, data={"type": "python", "builder": builder}
         )
         settings = yaml.safe_load(config.read_text())
         settings["model"] = {"type": "python", "builder": "misfit:build_model"}
         config.write_text(yaml.safe_dump(settings))
-        expected = "error: model.builder misfit:build_model's model rejected the first batch"
+        expected = (
+            "error: model.builder misfit:build_model's model rejected the first batch"
+            if problem == "first batch rejected"
+            else "error: the dataset has 3 samples, fewer than one global batch of"
+        )
     result = subprocess.run(
         command(config, 2), capture_output=True, text=True, timeout=300, env=environment(), cwd=tmp_path
     )

@@ -272,6 +272,7 @@ class ShardedSampler:
             raise DistsetupError(
                 f"the dataset has {num_samples} samples, fewer than one global batch of {self.global_batch}.",
                 "add data or lower the batch size.",
+                alike_on_every_rank=True,  # the same data and batch on every rank
             )
         self.num_samples = num_samples
         self.epoch, self.position = 0, 0  # position: samples of this epoch's order already read
