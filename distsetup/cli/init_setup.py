@@ -55,8 +55,9 @@ class Answers:
         return self.num_nodes * self.num_gpus_per_node
 
     def command_line(self) -> str:
-        """`distsetup init --yes ...` that writes the same files again."""
-        words = ["distsetup", "init", "--yes", "--force", "--model", self.model]
+        """`distsetup init --yes ...` that writes the same files again: without --force, so that run again where they
+        are (after an edit by hand) it refuses rather than overwrite them."""
+        words = ["distsetup", "init", "--yes", "--model", self.model]
         words += ["--data", ",".join(self.data) or "synthetic", "--scheduler", self.scheduler]
         words += ["--num_nodes", str(self.num_nodes), "--num_gpus_per_node", str(self.num_gpus_per_node)]
         words += ["--gpu_memory", self.gpu_memory or "none", "--precision", self.precision]

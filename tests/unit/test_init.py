@@ -5,6 +5,7 @@ tests/processes/test_slurm_jobs.py.)"""
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -79,6 +80,9 @@ def test_existing_files_are_kept_without_force_and_replaced_with_it(run_cli, tmp
     assert forced.exit_code == 0, forced.output
     assert "mine" not in (tmp_path / "scripts" / "run_training.sh").read_text()
     assert files_in(tmp_path) == ["config/config.yaml", "scripts/run_training.sh"]
+    written_by = (tmp_path / "config" / "config.yaml").read_text().splitlines()[1].removeprefix("#   ")
+    again = run_cli(*shlex.split(written_by)[1:])  # the header's command, pasted after an edit by hand: kept
+    assert again.exit_code == 1 and "config/config.yaml exists" in again.stderr, written_by
 
 
 def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, monkeypatch):
