@@ -3,6 +3,7 @@ other tools' names and older spellings read as distsetup's, the schema, what the
 across fields) and built into a RunConfig."""
 
 import dataclasses
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,10 +44,15 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
 
 
 def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) -> str:
-    """Where the user wrote what `problem` is about: the command line's override of its key, else the file."""
+    """Where the user wrote what `problem` is about: the command line's override of its key, or of a key its message
+    names (a rule across keys: `scale_lr linear needs base_batch_size`, reported at base_batch_size), else the file."""
     for item in reversed(overrides):  # the last override of a key is the one that counts
         dotted = item.partition("=")[0]
         if problem.path == dotted or problem.path.startswith((dotted + ".", dotted + "[")):
+            return f" in the override {item}"
+    for item in reversed(overrides):
+        key = item.partition("=")[0].rpartition(".")[2]
+        if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", problem.message):
             return f" in the override {item}"
     return f" in {path}" if path else ""
 

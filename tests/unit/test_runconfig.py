@@ -116,6 +116,8 @@ def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
         load_run_config(path, ["data.type=files", "data.paths=['nope.txt']"])  # an item of the override's list
     with pytest.raises(DistsetupError, match=f"in {path}: training.lr:"):
         load_run_config(write_yaml(tmp_path, "training:\n  lr: abc\n"), ["training.max_steps=3"])
+    with pytest.raises(DistsetupError, match=r"in the override training\.scale_lr=linear: training\.base_batch_size:"):
+        load_run_config(write_yaml(tmp_path, "training:\n  lr: 1.0e-3\n"), ["training.scale_lr=linear"])  # across keys
 
 
 def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
