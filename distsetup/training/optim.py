@@ -78,6 +78,23 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
     return factor
 
 
+def follow_this_runs_schedule(scheduler) -> tuple[float, float] | None:
+    """After a checkpoint's load: each group's lr made what this run's schedule gives at the scheduler's step. A run
+    resumed with another length (max_steps, epochs) has another schedule, and the lr the checkpoint's run set for the
+    next step was its own schedule's. (The checkpoint's lr, this run's) of the first group; None where the scheduler
+    is not distsetup's (a DeepSpeed file's own)."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return None
+    groups = scheduler.optimizer.param_groups
+    stored = groups[0]["lr"]
+    step, factors = scheduler.last_epoch, zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
+    lrs = [base * factor(step) for factor, base in factors]
+    for group, lr in zip(groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = list(lrs)  # what get_last_lr() says, as step() would have set it
+    return float(stored), float(lrs[0])
+
+
 def lambda_scheduler(optimizer, training, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Warm-up, then cosine decay over the run's `steps` (training.max_steps, or its epochs' steps)."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(training.warmup_steps, steps, training.min_lr_ratio))

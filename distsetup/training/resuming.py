@@ -9,6 +9,7 @@ from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_poin
 from distsetup.training.backends.base import Backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.data.datasets import ShardedSampler
+from distsetup.training.optim import follow_this_runs_schedule
 from distsetup.training.world import World, decided_by_rank0
 
 
@@ -31,11 +32,24 @@ def resume_decision(
 
 
 def load(
-    resume: Path, backend: Backend, world: World, sampler: ShardedSampler, global_batch: int, say: Callable[[str], None]
+    resume: Path,
+    backend: Backend,
+    world: World,
+    sampler: ShardedSampler,
+    global_batch: int,
+    steps: int,
+    say: Callable[[str], None],
 ) -> Marker:
-    """Checkpoint `resume` loaded into the wrapped model and `sampler`; its marker."""
+    """Checkpoint `resume` loaded into the wrapped model and `sampler`, the lr following this run's schedule of
+    `steps` steps; its marker."""
     marker = ckpt.load_checkpoint(backend, resume, world)
     say(f"resumed from {resume} (step {marker.step})")
+    lrs = follow_this_runs_schedule(backend.scheduler)
+    if lrs is not None and not math.isclose(*lrs, rel_tol=1e-6):  # this run is longer or shorter
+        say(
+            f"note: this run's schedule spans {steps} steps: lr {lrs[1]:.6g} at step {marker.step + 1} "
+            f"({lrs[0]:.6g} in the checkpoint's run)"
+        )
     kept = backend.scheduled_peak_lr()
     if kept is not None and not math.isclose(kept, backend.lr, rel_tol=1e-6):  # as the HF Trainer resumes
         say(

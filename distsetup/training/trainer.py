@@ -280,7 +280,7 @@ class Trainer:
         return objective, flops, peak
 
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
-        marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.say)
+        marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.say)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
 
     # -- what the loop asks -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from train_runs import (
     INTERVAL,
     REPO,
     STEPS,
+    TRAINING,
     command,
     copied_run,
     environment,
@@ -112,6 +113,22 @@ def test_a_marker_without_the_data_position_resumes_from_the_first_sample(tmp_pa
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"(step {STEPS})" in result.stdout and "holds no data position" in result.stdout, result.stdout[-2000:]
     assert len(losses(out)) == STEPS + 2
+
+
+def test_a_run_resumed_with_more_steps_takes_its_first_step_at_its_own_schedules_lr(tmp_path):
+    """The cosine now spans 40 steps: step 31's lr is the new schedule's at step 30, not the 30-step run's (the lr
+    the checkpoint's optimizer held, set for step 31 by the old schedule), and a note says so."""
+    from distsetup.training.optim import lr_lambda
+
+    out = tmp_path / "out"
+    config = copied_run("single", tmp_path)  # finished at step STEPS
+    result = train(config, 1, f"training.max_steps={STEPS + 10}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lrs = {row["step"]: row["lr"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    warmup, peak = TRAINING["warmup_steps"], TRAINING["lr"]
+    assert lrs[STEPS + 1] == pytest.approx(peak * lr_lambda(warmup, STEPS + 10, 0.1)(STEPS), rel=1e-12)
+    assert lrs[STEPS] == pytest.approx(peak * lr_lambda(warmup, STEPS, 0.1)(STEPS - 1), rel=1e-12)  # the first run's
+    assert f"note: this run's schedule spans {STEPS + 10} steps: lr " in result.stdout, result.stdout[-2000:]
 
 
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):
