@@ -28,6 +28,8 @@ NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 DEFAULT_TRAINER = "distsetup.train"  # python -m distsetup.train: the trainer that ships in the package
 DEFAULT_MASTER_PORT = 29500
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """The environment block; None leaves a variable unset (the script shows it commented out)."""

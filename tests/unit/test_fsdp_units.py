@@ -38,10 +38,12 @@ def one_process_group():
     torch.distributed.destroy_process_group()
 
 
-def units_gathered_between_forward_and_backward(tmp_path, fsdp: dict) -> tuple[list[str], list[str]]:
+def units_gathered_between_forward_and_backward(
+    tmp_path, fsdp: dict, classes: tuple[str, ...] = ("Block",)
+) -> tuple[list[str], list[str]]:
     """(every FSDP unit's name, those whose parameters are gathered after a training forward)."""
     (tmp_path / "fsdp.json").write_text(
-        json.dumps(build_fsdp_config(FsdpSpec(transformer_layer_cls_to_wrap=("Block",), **fsdp)))
+        json.dumps(build_fsdp_config(FsdpSpec(transformer_layer_cls_to_wrap=classes, **fsdp)))
     )
     cfg = load_run_config(
         None, [*TINY, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}"]
@@ -71,3 +73,11 @@ def test_only_the_last_unit_and_the_root_stay_gathered_for_backward(tmp_path, wr
     units, gathered = units_gathered_between_forward_and_backward(tmp_path, fsdp)
     assert len(units) >= 4, units
     assert gathered == (units if expected == "every unit" else expected), units
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+def test_a_unit_class_inside_another_is_sharded_first(tmp_path):
+    """Block holds an MLP: naming both shards each MLP, then what is left of its block (FSDP2 shards bottom up; the
+    block first took the MLP's parameters, and fully_shard refused the MLP: "Cannot concatenate overlapping meshes")."""
+    units, _ = units_gathered_between_forward_and_backward(tmp_path, {}, ("Block", "MLP"))
+    assert {"blocks.0", "blocks.0.mlp", "blocks.2", "blocks.2.mlp"} <= set(units), units

@@ -89,6 +89,8 @@ def user_module(tmp_path, monkeypatch) -> str:
             f"raised ValueError: depth must be even (at {{tmp}}/{{m}}.py:{RAISED_AT}, in build_broken).",
         ),
         ("{m}:build", {}, ["Block", "ConvBlock"], "model.layer_classes: no module of class ConvBlock in Net."),
+        # FSDP2 would shard the root twice (torch's AssertionError), checkpointing would skip it without a word
+        ("{m}:build", {}, ["Net"], "model.layer_classes: Net is the whole model, not one of its blocks."),
     ],
 )
 def test_a_model_builder_that_cannot_build_is_one_line_before_any_process_group(

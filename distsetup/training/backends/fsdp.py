@@ -135,7 +135,7 @@ class FSDPBackend(Backend):
             "offload_policy": self._offload(),
         }
         reshards, last = self.fsdp.reshards_after_forward, last_in_module_order(model, units)
-        for unit in units:
+        for unit in innermost_first(model, units):  # a unit inside another (nested block classes) is sharded first
             # the last unit's backward comes first, right after its forward: resharding it in between would only
             # gather it again (torchtitan's policy)
             fully_shard(unit, reshard_after_forward=reshards and unit is not last, **kwargs)
@@ -307,6 +307,13 @@ def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ..
             "launch the same number on every node.",
         )
     return (world_size // shard, shard)
+
+
+def innermost_first(model: torch.nn.Module, units: list) -> list:
+    """`units` with each one inside another before it: FSDP2 shards bottom up, and an outer unit sharded first takes
+    the inner one's parameters, which fully_shard then refuses ("Cannot concatenate overlapping meshes")."""
+    depth = {id(module): name.count(".") + bool(name) for name, module in model.named_modules()}
+    return sorted(units, key=lambda unit: depth[id(unit)], reverse=True)  # stable: units side by side keep their order
 
 
 def last_in_module_order(model: torch.nn.Module, units: list) -> torch.nn.Module | None:

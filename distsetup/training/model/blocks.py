@@ -13,6 +13,11 @@ def layer_modules(model: nn.Module, class_names: list[str], setting: str = "mode
     """The model's blocks, found by class name; a name that finds nothing is an error naming `setting` (where the
     names come from), not silent no-sharding."""
     names = {n.strip() for n in class_names if n.strip()}
+    if type(model).__name__ in names:  # FSDP2 would shard it twice, checkpointing would skip it silently
+        raise DistsetupError(
+            f"{setting}: {type(model).__name__} is the whole model, not one of its blocks.",
+            f"name the class of its repeated blocks in {setting} (e.g. {_block_class_example(model)}).",
+        )
     found = [mod for mod in model.modules() if type(mod).__name__ in names]
     missing = names - {type(mod).__name__ for mod in found}
     if missing:
