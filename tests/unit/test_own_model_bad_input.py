@@ -167,6 +167,16 @@ def test_token_data_needs_logits_from_the_model():
         objective.micro_loss(lambda x: torch.zeros(2, 3), (ids, ids))
     with pytest.raises(DistsetupError, match="logits over 2 ids, fewer than model.vocab_size 4"):
         objective.micro_loss(lambda x: {"logits": torch.zeros(2, 3, 2, requires_grad=True)}, (ids, ids))
+    logits = torch.zeros(2, 3, 4, requires_grad=True)
+
+    def needs_a_mask(input_ids, attention_mask):
+        return logits
+
+    with pytest.raises(DistsetupError, match=r"rejected the first batch of token data, input ids of shape \[2, 3\], "):
+        objective.micro_loss(needs_a_mask, (ids, ids))
+    with pytest.raises(DistsetupError, match=r"returned a tensor of shape \[2\] as its aux_loss, not a floating-point"):
+        objective.micro_loss(lambda x: {"logits": logits, "aux_loss": torch.ones(2)}, (ids, ids))  # one per sample
+    assert objective.micro_loss(lambda x: {"logits": logits, "aux_loss": torch.tensor(0.5)}, (ids, ids)).loss > 0
 
 
 def test_the_trainer_stops_before_training_with_the_line(tmp_path, user_module):

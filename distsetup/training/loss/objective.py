@@ -113,13 +113,35 @@ class TokenObjective:
         return loss_weights([y for _, y in batches], world_size, device).unbind()
 
     def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        outputs = model(x, **self.forward_kwargs)
+        if not check or self._checked:
+            outputs = model(x, **self.forward_kwargs)
+            return field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
+        try:
+            outputs = model(x, **self.forward_kwargs)
+        except Exception as e:
+            if not rejected_input(e):
+                raise
+            what = f"{type(e).__name__}: {first_line(e)}{user_code.raised_in_user_code(e)}"
+            raise DistsetupError(
+                f"{self.source}'s model rejected the first batch of token data, input ids of shape {list(x.shape)}, "
+                f"called as model(input_ids): {what}.",
+                "make its forward take the input ids first (forward(input_ids) -> logits), or give data.type python "
+                "and training.loss.",
+                alike_on_every_rank=True,
+            ) from e
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
-        if check and not self._checked:
-            self._check(logits, x)
+        self._check(logits, aux, x)
         return logits, aux
 
-    def _check(self, logits, x: torch.Tensor) -> None:
+    def _check(self, logits, aux, x: torch.Tensor) -> None:
+        if aux is not None and not (isinstance(aux, torch.Tensor) and aux.numel() == 1 and aux.is_floating_point()):
+            given = f"a tensor of shape {list(aux.shape)}" if isinstance(aux, torch.Tensor) else type(aux).__name__
+            raise DistsetupError(
+                f"{self.source}'s model returned {given} as its aux_loss, not a floating-point scalar tensor (it is "
+                "added to the cross-entropy).",
+                "return the auxiliary loss as one number (its mean over the batch, e.g. kl.mean()).",
+                alike_on_every_rank=True,
+            )
         expected = f"[{x.shape[0]}, {x.shape[1]}, {self.vocab_size} or more]"
         shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != x.shape:
@@ -127,12 +149,14 @@ class TokenObjective:
                 f"{self.source}'s model returned {shape} for input ids of shape {list(x.shape)}; with token data its "
                 f"forward(input_ids) returns the logits {expected}.",
                 "return the logits (or an object or dict with `logits`), or give data.type python and training.loss.",
+                alike_on_every_rank=True,
             )
         if logits.shape[-1] < self.vocab_size:
             raise DistsetupError(
                 f"{self.source}'s model returned logits over {logits.shape[-1]} ids, fewer than model.vocab_size "
                 f"{self.vocab_size} (the ids the data holds).",
                 "make its output layer model.vocab_size wide, or lower model.vocab_size.",
+                alike_on_every_rank=True,
             )
         self._checked = True
 
