@@ -142,6 +142,17 @@ def linear_model():
             (torch.zeros(2, 4),),
             "raised IndexError: tuple index out of range (at tests/unit/test_own_model_bad_input.py:",
         ),
+        (lambda model, batch: {"ce": model(batch[0]).mean()}, (torch.zeros(2, 4),), "returned a dict as the loss"),
+        (
+            lambda model, batch: {"loss": model(batch[0]).mean(), "kl": model(batch[0])[:, 0]},
+            (torch.zeros(2, 4),),
+            "returned a torch.float32 tensor of shape [2] as its term 'kl', not a floating-point scalar tensor",
+        ),
+        (
+            lambda model, batch: {"loss": model(batch[0]).mean(), "lr": torch.tensor(0.1)},
+            (torch.zeros(2, 4),),
+            "returned a term named 'lr', a name the log line has for its own figure",
+        ),
     ],
 )
 def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, message):
@@ -149,6 +160,22 @@ def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, mes
     with pytest.raises(DistsetupError) as raised:
         objective.micro_loss(linear_model(), batch)
     assert message in str(raised.value)
+
+
+def test_a_loss_returning_named_terms_logs_each_beside_the_loss():
+    """A latent-variable model's loss, ce + kl: both terms are logged, the sum is what backward takes."""
+
+    def ce_and_kl(model, batch):
+        ce, kl = model(batch[0]).pow(2).mean(), model(batch[0]).abs().mean()
+        return {"loss": ce + kl, "ce": ce, "kl": kl}
+
+    objective = PythonObjective(ce_and_kl, "training.loss m:ce_and_kl", "model.builder m:f", {})
+    model, batch = linear_model(), (torch.randn(2, 4),)
+    micro = objective.micro_loss(model, batch)
+    assert set(micro.parts) == {"ce", "kl"} and not micro.parts["ce"].requires_grad
+    assert micro.loss.item() == pytest.approx(micro.parts["ce"].item() + micro.parts["kl"].item())
+    micro.loss.backward()
+    assert model.weight.grad is not None
 
 
 def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():

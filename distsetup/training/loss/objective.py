@@ -172,8 +172,8 @@ class PythonObjective:
         self.forward_kwargs = forward_kwargs
 
     def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
-        loss, aux = self._loss(model, batch)
-        return MicroLoss(weighted(loss, weight), {} if aux is None else {"aux_loss": aux.detach()})
+        loss, parts = self._loss(model, batch)
+        return MicroLoss(weighted(loss, weight), {name: part.detach() for name, part in parts.items()})
 
     def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A validation micro-batch's mean loss x its samples, and its samples: summed over ranks and batches, the
@@ -188,26 +188,33 @@ class PythonObjective:
     def step_weights(self, batches: list, world_size: int, device: torch.device) -> Sequence[float | torch.Tensor]:
         return [1.0] * len(batches)  # micro-batches of as many samples: their mean is the step's
 
-    def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self._checked:
             return self._compute(model, batch)
         try:
-            loss, aux = self._compute(model, batch)
+            loss, parts = self._compute(model, batch)
         except Exception as e:
             if not rejected_input(e):
                 raise
             raise DistsetupError(*self._rejected(batch, e), alike_on_every_rank=True) from e
-        self._check(loss)
-        return loss, aux
+        self._check(loss, parts)
+        return loss, parts
 
-    def _compute(self, model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _compute(self, model: nn.Module, batch) -> tuple[Any, dict[str, Any]]:
+        """The micro-batch's loss and the terms logged beside it, as returned (_check checks them at the first step):
+        training.loss's other entries where it returns a dict (`{"loss": ce + kl, "ce": ce, "kl": kl}`), else the
+        model's aux_loss, if any."""
         if self.loss is not None:
-            return self.loss(model, batch), None
+            returned = self.loss(model, batch)
+            if isinstance(returned, dict):  # a transformers ModelOutput too
+                return returned.get("loss", returned), {name: part for name, part in returned.items() if name != "loss"}
+            return returned, {}
         if isinstance(batch, dict):
             outputs = model(**batch, **self.forward_kwargs)
         else:
             outputs = model(*batch) if isinstance(batch, list | tuple) else model(batch)
-        return field_of(outputs, "loss", outputs), field_of(outputs, "aux_loss", None)
+        aux = field_of(outputs, "aux_loss", None)
+        return field_of(outputs, "loss", outputs), {} if aux is None else {"aux_loss": aux}
 
     def _rejected(self, batch, error: Exception) -> tuple[str, str]:
         what = f"{type(error).__name__}: {first_line(error)}{user_code.raised_in_user_code(error)}"
@@ -230,18 +237,31 @@ class PythonObjective:
             "the forward shows here too: run it on one batch by hand for the traceback).",
         )
 
-    def _check(self, loss) -> None:
+    def _check(self, loss, parts: dict) -> None:
         source = self.loss_source or f"{self.model_source}'s model"
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
-            what = (
-                f"a {loss.dtype} tensor of shape {list(loss.shape)}"
-                if isinstance(loss, torch.Tensor)
-                else (f"a {type(loss).__name__}")
-            )
+        fix = (
+            "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or a dict with it as "
+            "'loss' and other terms to log beside it."
+            if self.loss_source
+            else "return the micro-batch's mean loss (a tensor of one number), or an object with it as .loss."
+        )
+        for name, value in {"loss": loss, **parts}.items():
+            if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
+                what = (
+                    f"a {value.dtype} tensor of shape {list(value.shape)}"
+                    if isinstance(value, torch.Tensor)
+                    else f"a {type(value).__name__}"
+                )
+                term = "the loss" if name == "loss" else f"its term {name!r}"
+                raise DistsetupError(
+                    f"{source} returned {what} as {term}, not a floating-point scalar tensor.",
+                    fix,
+                    alike_on_every_rank=True,
+                )
+        if taken := sorted(set(parts) & LOGGED_BESIDE_THE_LOSS):
             raise DistsetupError(
-                f"{source} returned {what} as the loss, not a floating-point scalar tensor.",
-                "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or an object "
-                "with it as .loss.",
+                f"{source} returned a term named {taken[0]!r}, a name the log line has for its own figure.",
+                f"name it otherwise (the log's own: {', '.join(sorted(LOGGED_BESIDE_THE_LOSS))}).",
                 alike_on_every_rank=True,
             )
         if not torch.isfinite(loss).item():
@@ -250,6 +270,10 @@ class PythonObjective:
                 "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
             )
         self._checked = True
+
+
+# What each log line has besides the loss's terms (Trainer._log)
+LOGGED_BESIDE_THE_LOSS = {"step", "lr", "samples_per_s", "tokens_per_s", "mfu", "loss_scale"}
 
 
 def output_head(model: nn.Module, m) -> Any:
