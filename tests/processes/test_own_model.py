@@ -139,7 +139,8 @@ def test_the_scorer_is_exported_under_its_own_parameter_names(run_cli, tmp_path,
     model = build_model(channels=8, depth=2)
     weights = load_file(tmp_path / "exported" / "model.safetensors")
     model.load_state_dict(weights, strict=True)  # the model's own names: no wrapper prefix
-    assert json.loads((tmp_path / "exported" / "model.json").read_text())["builder"] == "scorer:build_model"
+    described = json.loads((tmp_path / "exported" / "model.json").read_text())
+    assert described["builder"] == "scorer:build_model" and "n_layer" not in described  # not the GPT's defaults
     refused = run_cli("checkpoint", "export", out, "-o", tmp_path / "hf", "--format", "hf")
     assert refused.exit_code == 1 and "model.builder scorer:build_model's model" in refused.output
 

@@ -24,6 +24,7 @@ from distsetup.formats.checkpoint_folder import (
     one_step_folder,
     passed_over,
 )
+from distsetup.formats.runconfig import BUILTIN_SHAPE
 from distsetup.training.checkpoint.files import and_dcp_failures, atomic_save
 from distsetup.training.checkpoint.named_state import weight_stream
 from distsetup.training.checkpoint.safetensors_file import write_safetensors
@@ -86,6 +87,12 @@ def export_weights(checkpoints: Path, out: Path, dtype: str) -> tuple[Path, int]
     return path, len(state)
 
 
+def described(model: dict) -> dict:
+    """The run config's model section as model.json shows it: the built-in GPT's shape only for the built-in GPT (a
+    python or Hugging Face model's shape is its builder's or its config.json's, not these defaults)."""
+    return {key: value for key, value in model.items() if model.get("type") == "gpt" or key not in BUILTIN_SHAPE}
+
+
 def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
     """The newest complete checkpoint of `run` (any backend, any world size) as a folder `out` holding
     model.safetensors and model.json (the run config's model section, with which the trainer rebuilds it);
@@ -98,7 +105,7 @@ def export_safetensors(run: Path, out: Path, dtype: str) -> tuple[Path, int]:
     def write(folder: Path) -> None:
         metadata = {"format": "pt", "dtype": dtype}
         write_safetensors(folder / "model.safetensors", entries, stream.tensors(), metadata)
-        (folder / "model.json").write_text(json.dumps(model, indent=2) + "\n")
+        (folder / "model.json").write_text(json.dumps(described(model), indent=2) + "\n")
 
     with read_errors(path, "export"):
         write_new_folder(out, write)
