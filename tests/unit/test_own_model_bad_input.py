@@ -100,6 +100,8 @@ def test_a_model_builder_that_cannot_build_is_one_line_before_any_process_group(
     with pytest.raises(DistsetupError) as raised:
         models.describe(section)
     assert message.format(m=user_module, tmp=tmp_path) in str(raised.value)
+    if layer_classes:  # also found after the process group (an FSDP file's classes): said by one rank per node
+        assert raised.value.alike_on_every_rank
 
 
 def test_the_blocks_default_to_the_largest_list_of_one_class_and_are_said(user_module):

@@ -17,6 +17,7 @@ def layer_modules(model: nn.Module, class_names: list[str], setting: str = "mode
         raise DistsetupError(
             f"{setting}: {type(model).__name__} is the whole model, not one of its blocks.",
             f"name the class of its repeated blocks in {setting} (e.g. {_block_class_example(model)}).",
+            alike_on_every_rank=True,  # the same model and names on every rank: said once
         )
     found = [mod for mod in model.modules() if type(mod).__name__ in names]
     missing = names - {type(mod).__name__ for mod in found}
@@ -24,6 +25,7 @@ def layer_modules(model: nn.Module, class_names: list[str], setting: str = "mode
         raise DistsetupError(
             f"{setting}: no module of class {', '.join(sorted(missing))} in {type(model).__name__}.",
             f"name classes of the model's own blocks in {setting} (e.g. {_block_class_example(model)}).",
+            alike_on_every_rank=True,
         )
     return found
 
