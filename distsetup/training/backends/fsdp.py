@@ -288,11 +288,26 @@ class FSDPBackend(Backend):
             dcp.load(model, checkpoint_id=path / "model")
             set_model_state_dict(self.model, model)
             optim = get_optimizer_state_dict(self.model, self.optimizer)
+            own = settings_the_checkpoint_lacks(path / "optim", cast(list, optim["param_groups"]))
             dcp.load(optim, checkpoint_id=path / "optim")
+            for group, settings in zip(cast(list, optim["param_groups"]), own, strict=True):
+                group.update(settings)
             optim["param_groups"] = self._with_own_kernels(cast(list, optim["param_groups"]))
             set_optimizer_state_dict(self.model, self.optimizer, optim)
             state = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def settings_the_checkpoint_lacks(optim: Path, groups: list[dict]) -> list[dict]:
+    """The settings of this optimizer's param `groups` that DCP folder `optim` does not hold, taken out of them (for
+    each group; dcp.load refuses a key the checkpoint lacks) to be put back after the load, as this run's own: a
+    folder converted from DeepSpeed's Adam has no amsgrad, foreach, fused, ..., one of an older torch lacks a newer
+    setting (the named-state load keeps this run's the same way: Backend._load_named)."""
+    saved = dcp.FileSystemReader(optim).read_metadata().state_dict_metadata
+    return [
+        {key: group.pop(key) for key in list(group) if key != "params" and f"param_groups.{i}.{key}" not in saved}
+        for i, group in enumerate(groups)
+    ]
 
 
 def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ...]:

@@ -222,7 +222,7 @@ def load_checkpoint(backend: Checkpointing, path: Path, world: World) -> Marker:
         if is_lost_contact(e):  # DeepSpeed and DCP load through collectives: a peer died, not the checkpoint
             raise
         raise DistsetupError(
-            f"cannot load checkpoint {path}: {last_line(e)}.",
+            f"cannot load checkpoint {path}: {last_line(e).rstrip('.')}.",
             f"move {path} aside to resume from the checkpoint before it, or start afresh with --no_resume.",
         ) from None
     return marker
