@@ -25,6 +25,11 @@ REMOVED = {
 }
 # The batch keys DeepSpeed reads as they are written and hands the DataLoader (batch_size=2.0 is refused there)
 RAW_INTEGERS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# Optimizer types ZeRO trains with (runtime/zero/utils.py ZERO_SUPPORTED_OPTIMIZERS: torch's and DeepSpeed's Adam,
+# AdamW, Adagrad and Lion, as runtime/engine.py _configure_basic_optimizer builds them; and Muon, its own); with any
+# other (SGD, Lamb, ...) DeepSpeed stops at start unless zero_allow_untested_optimizer is true (engine.py
+# _do_optimizer_sanity_check)
+ZERO_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion", "muon")
 # Settings DeepSpeed refuses at ZeRO stage 0 (section, key)
 ZERO_STAGES_ONLY = (
     ("fp16", "fp16_master_weights_and_grads"),
@@ -59,6 +64,7 @@ def _refused_at_the_stage(config: dict) -> list[Problem]:
     ZeRO stage the file has."""
     stage, zero = zero_stage_of(config), section_of(config, "zero_optimization")
     bf16 = section_of(config, "bf16")
+    optimizer = section_of(config, "optimizer").get("type")
     ratio = section_of(zero, "offload_optimizer").get("ratio")
     keep = section_of(config, "data_types").get("keep_in_fp32_modules", AUTO)
     patterns = keep == AUTO or (isinstance(keep, list) and all(isinstance(name, str) for name in keep))
@@ -97,6 +103,15 @@ def _refused_at_the_stage(config: dict) -> list[Problem]:
             and bf16.get("bf16_master_weights_and_grads") is not True,
             "needs bf16.bf16_master_weights_and_grads",
             "set bf16_master_weights_and_grads to true, or remove it",
+        ),
+        (
+            "optimizer.type",
+            isinstance(optimizer, str)
+            and optimizer.lower() not in ZERO_OPTIMIZERS
+            and stage != 0
+            and config.get("zero_allow_untested_optimizer") is not True,
+            f"{optimizer} is an optimizer ZeRO has not been tested with",
+            'use AdamW (or Adam, Adagrad, Lion), or set "zero_allow_untested_optimizer": true',
         ),
         (
             "data_types.keep_in_fp32_modules",

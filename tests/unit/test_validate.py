@@ -190,12 +190,20 @@ def test_a_number_written_as_a_string_is_told_to_drop_the_quotes(tmp_path):
         ),
         ({"bf16": {"enabled": True, "bf16_optimizer_states": True}}, "bf16_optimizer_states"),
         ({"data_types": {"keep_in_fp32_modules": "norm"}}, "keep_in_fp32_modules"),
+        ({"optimizer": {"type": "SGD", "params": {"lr": 0.01}}}, "optimizer.type"),  # untested with ZeRO
     ],
 )
 def test_what_deepspeed_refuses_when_it_reads_its_config_is_a_problem(tmp_path, change, path):
     """DeepSpeed 0.19's own checks at start (runtime/config.py, zero/config.py), each at the stage it allows it."""
     found = problems_of(tmp_path, {**GOOD_DS, **change})
     assert [p for p in found if path in p] and all("DeepSpeed 0.19 refuses" in found[p].message for p in found)
+
+
+def test_an_optimizer_zero_has_not_been_tested_with_passes_where_deepspeed_takes_it(tmp_path):
+    sgd = {"type": "SGD", "params": {"lr": 0.01}}
+    assert problems_of(tmp_path, {**GOOD_DS, "optimizer": sgd, "zero_allow_untested_optimizer": True}) == {}
+    assert problems_of(tmp_path, {**GOOD_DS, "optimizer": sgd, "zero_optimization": {"stage": 0}}) == {}
+    assert problems_of(tmp_path, {**GOOD_DS, "optimizer": {**sgd, "type": "adamw"}}) == {}  # any case, as DeepSpeed
 
 
 def test_deepspeeds_own_auto_is_no_hf_auto(tmp_path):
