@@ -1,11 +1,14 @@
 """The run config's rules that span fields, checked once at load time on the built RunConfig: the backend and its
-files, the model's shape, the user's code it names, the data files, the lr scaling."""
+files, the model's shape (a Hugging Face model's from its config.json), the user's code it names, the data files, the
+lr scaling."""
 
 from pathlib import Path
 
+from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.problems import Problem
+from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import (
     PYTHON_REFERENCES,
     TEXT_SUFFIXES,
@@ -22,6 +25,7 @@ def cross_field_problems(config: RunConfig, base_dir: Path | None) -> list[Probl
     return (
         _backend_problems(config, base_dir)
         + _model_problems(config)
+        + _hf_folder_problems(config, base_dir)
         + _python_problems(config, base_dir)
         + _data_problems(config, base_dir)
         + _lr_problems(config)
@@ -117,6 +121,43 @@ def _model_problems(config: RunConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+# The keys of a Hugging Face config.json that say its longest sequence (GPT-2's learned positions: n_positions, n_ctx)
+POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """A Hugging Face model's folder has its config.json, and model.block_size fits in the positions it says (a
+    longer sample runs off learned position embeddings: an IndexError on every rank)."""
+    model = config.model
+    if model.type != "hf" or not model.hf_path or base_dir is None:
+        return []
+    described = resolve_config_path(model.hf_path, base_dir) / "config.json"
+    if not described.is_file():
+        return [
+            Problem(
+                "model.hf_path",
+                f"{model.hf_path} has no config.json.",
+                "point hf_path at a folder save_pretrained wrote (config.json, and weights if it is a checkpoint).",
+            )
+        ]
+    try:
+        hf_config = read_json(described)
+    except DistsetupError as e:
+        return [Problem("model.hf_path", f"{described}: {e.message}", "fix or rewrite its config.json.")]
+    for key in POSITIONS:
+        positions = hf_config.get(key)
+        if isinstance(positions, int) and not isinstance(positions, bool) and model.block_size > positions:
+            return [
+                Problem(
+                    "model.block_size",
+                    f"{model.block_size} is above the model's {key}, {positions} ({described}): its positions "
+                    "end there.",
+                    f"use block_size: {positions} or less, or raise {key} in its config.json.",
+                )
+            ]
+    return []
 
 
 def _lr_problems(config: RunConfig) -> list[Problem]:

@@ -99,6 +99,19 @@ def test_a_reference_the_run_never_reads_is_one_stray_problem_whether_its_module
         assert "and 1 more" not in info.value.message and f"module {module}" not in info.value.message
 
 
+@pytest.mark.parametrize("key", ["max_position_embeddings", "n_positions"])
+def test_a_hugging_face_folder_needs_its_config_and_room_for_the_block(tmp_path, key):
+    """GPT-2's learned positions end at n_positions: a longer block was an IndexError on every rank at step 1."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "gpt2", key: 128}))
+    hf = "model:\n  type: hf\n  hf_path: {path}\n  block_size: {block}\n"
+    load_run_config(write_yaml(tmp_path, hf.format(path="model", block=128)))  # fits
+    with pytest.raises(DistsetupError, match=rf"model.block_size: 256 is above the model's {key}, 128 \("):
+        load_run_config(write_yaml(tmp_path, hf.format(path="model", block=256)))
+    with pytest.raises(DistsetupError, match="model.hf_path: elsewhere has no config.json"):
+        load_run_config(write_yaml(tmp_path, hf.format(path="elsewhere", block=128)))
+
+
 def test_missing_file_and_bad_override():
     with pytest.raises(DistsetupError, match="cannot read run config"):
         load_run_config("no/such/config.yaml")
