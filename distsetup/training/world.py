@@ -135,8 +135,8 @@ def decided_by_rank0(decide: Callable[[], T], patient: bool = False) -> T:
     if failure is not None:
         raise failure
     kind, value = answer[0]
-    if kind == "error":
-        raise DistsetupError(*value)
+    if kind == "error":  # rank 0's, on every rank: said once
+        raise DistsetupError(*value, alike_on_every_rank=True)
     return value
 
 

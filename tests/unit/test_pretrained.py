@@ -3,6 +3,7 @@ its ties and its buffers; a checkpoint is read only as far as asked, from safete
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn as nn
 from safetensors.torch import save_file
@@ -59,3 +60,26 @@ def test_an_export_that_every_rank_reads_a_part_of_is_mapped_once(tmp_path, monk
     model, source = whole_model(m, str(tmp_path / "export.pt"), models.describe(m), backend, world, print)
     assert source is not None and all(p.is_meta for p in model.parameters())
     assert len(loads) == 1
+
+
+def test_weights_with_two_values_for_a_tied_parameter_are_refused_and_one_value_passes(tmp_path):
+    """An untied model's export loaded into a tied one: DDP kept the head's values, FSDP2 and ZeRO-3 the embedding's,
+    without a word; a Hugging Face folder whose config ties what its weights do not crashed DDP (transformers unties
+    it on rank 0 alone)."""
+    from distsetup.errors import DistsetupError
+    from distsetup.training.model.pretrained import check_ties, tied_names
+
+    with parameters_on_meta():
+        model = Tied()
+    assert tied_names(model) == [["embed.weight", "head.weight"]]
+    embedding = torch.randn(10, 4)
+    for name, head in (("same", embedding.clone()), ("other", embedding + 1)):
+        torch.save({"embed.weight": embedding, "head.weight": head}, tmp_path / f"{name}.pt")
+        (tmp_path / name).mkdir()
+        save_file({"embed.weight": embedding, "head.weight": head}, tmp_path / name / "model.safetensors")
+    for same in (Pretrained(tmp_path / "same.pt"), Pretrained(tmp_path / "same")):
+        check_ties(same, model, "the weights")
+    for other in (Pretrained(tmp_path / "other.pt"), Pretrained(tmp_path / "other")):
+        with pytest.raises(DistsetupError, match="holds different values for embed.weight and head.weight, which the"):
+            check_ties(other, model, "the weights")
+        assert other.bytes_read == 0  # a check, not a load: the figure of what each rank read stays its loads'

@@ -14,6 +14,7 @@ rank 0's broadcast; persistent ones that the checkpoint holds are read from it.
 
 import copy
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from distsetup.errors import DistsetupError
 from distsetup.training.model.build import build
 from distsetup.training.model.from_rank0 import broadcast_buffers, unwrapped
 
@@ -85,6 +87,21 @@ class Pretrained:
                 self._shapes.update((key, f.get_slice(key).get_shape()) for key in f.keys())
         return list(self._shapes[name])
 
+    def same(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` hold the same values, compared a block of rows at a time (a check, not a load:
+        not counted in bytes_read)."""
+        shape = self.shape(a)
+        if shape != self.shape(b):
+            return False
+        read, rows = self.bytes_read, shape[0] if shape else 1
+        block = max(1, 2**24 // max(1, math.prod(shape[1:])))  # about 16M values at a time
+        try:
+            return all(
+                torch.equal(self.rows(a, i, i + block), self.rows(b, i, i + block)) for i in range(0, rows, block)
+            )
+        finally:
+            self.bytes_read = read
+
     def _open(self, file: str):
         from safetensors import safe_open
 
@@ -104,6 +121,30 @@ def source_of(m, init_from: str | None) -> Pretrained | None:
         if (folder / SAFETENSORS_INDEX).exists() or (folder / "model.safetensors").exists():
             return Pretrained(folder)
     return None
+
+
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter the model holds under several (tied embeddings: embed_tokens and lm_head)."""
+    by_parameter: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        by_parameter.setdefault(id(parameter), []).append(name)
+    return [names for names in by_parameter.values() if len(names) > 1]
+
+
+def check_ties(source: Pretrained, model: nn.Module, described: str) -> None:
+    """`source` holds one value under the names `model` ties: where it holds two, each backend would keep another
+    (load_state_dict the last name's, the readers of slices the first's), and transformers unties such a model on
+    the rank that loads it whole, which then has other parameters than the rest."""
+    for names in tied_names(model):
+        held = [name for name in names if name in source.names]
+        for other in held[1:]:
+            if not source.same(held[0], other):
+                raise DistsetupError(
+                    f"{described} holds different values for {held[0]} and {other}, which the model ties (one "
+                    "parameter).",
+                    "untie the model (tie_word_embeddings: false in a Hugging Face model's config.json), or start "
+                    "from weights that hold one value for both.",
+                )
 
 
 def covers(source: Pretrained, model: nn.Module) -> bool:
