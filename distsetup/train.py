@@ -14,7 +14,8 @@ DDP, FSDP2 or DeepSpeed ZeRO 0-3.
 Without GPUs it runs on the CPU with gloo; with GPUs, one process per GPU (LOCAL_RANK) with NCCL.
 Checkpoints go to training.output_dir/checkpoints/step_NNNNNNN/ and the run resumes from the newest
 complete one (--no_resume starts afresh). SIGTERM or SIGUSR1 make every rank, within about a second (or a
-step, if longer), checkpoint at the same step and exit with status 75 (EX_TEMPFAIL: "try again later").
+step, if longer), checkpoint at the same step and exit with status 75 (EX_TEMPFAIL: "try again later"); a
+first Ctrl-C while training does too, with status 130 (a second stops at once).
 The sbatch script of `distsetup slurm --requeue` requeues from its trap of SLURM's warning signal (USR1),
 after the ranks have checkpointed; a job whose ranks were stopped otherwise (`scancel --signal=TERM`, a
 user's signal) ends there, its checkpoint ready for the next `sbatch`, which resumes from it.

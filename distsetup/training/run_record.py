@@ -1,10 +1,10 @@
 """A run's record in its output folder: its checkpoints, metrics.jsonl, TensorBoard's events and summary.json.
 
-A run started afresh (--no_resume) sets the previous run's record aside whole, so neither a later resume nor a
-plot mixes the two runs. A run that resumes step S continues the record from S: the lines of the steps after S,
-which a run that crashed past its last checkpoint wrote and this run repeats, are removed (TensorBoard hides its
-own events of those steps: `purge_step`), so each step is in metrics.jsonl once, with the values of the run whose
-weights go on.
+A run started afresh (--no_resume) sets the previous run's record aside whole, so neither a later resume nor a plot
+mixes the two runs; one that finds no checkpoint to resume (a crash before the first) sets its metrics aside. A run
+that resumes step S continues the record from S: the lines of the steps after S, which a run that crashed past its
+last checkpoint wrote and this run repeats, are removed (TensorBoard hides its own events of those steps:
+`purge_step`), so each step is in metrics.jsonl once, with the values of the run whose weights go on.
 """
 
 import json
@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY = "checkpoints", "metrics.jsonl", "tensorboard", "summary.json"
+RECORD = (CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY)
 
 
-def set_aside(out_dir: Path) -> Path | None:
-    """The previous run's record in `out_dir` moved into out_dir/previous-TIME (None: there was none)."""
-    present = [out_dir / name for name in (CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY) if (out_dir / name).exists()]
+def set_aside(out_dir: Path, names: tuple[str, ...] = RECORD) -> Path | None:
+    """The previous run's record in `out_dir` (its `names`) moved into out_dir/previous-TIME (None: there was
+    none)."""
+    present = [out_dir / name for name in names if (out_dir / name).exists()]
     if not present:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")

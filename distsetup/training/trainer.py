@@ -32,7 +32,7 @@ from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import device_peak_tflops, mfu
 from distsetup.training.model_setup import check_model_fits, flops_per_item, largest_activation_bytes, whole_model
-from distsetup.training.preemption import PREEMPTED, Preemption, tell_the_entry_point
+from distsetup.training.preemption import Preemption
 from distsetup.training.progress import Progress
 from distsetup.training.run_length import run_steps, step_cap
 from distsetup.training.run_lock import OutputDirLock
@@ -81,7 +81,7 @@ class Trainer:
             self.lock.acquire()
             if not self.lock.unsupported:  # without a lock another run could be loading one
                 universal_folder.remove_stale(self.out_dir)
-        self.preemption = Preemption()
+        self.preemption = Preemption(announce=world.is_main)
         self.step, self.loss = 0, float("nan")
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = 0  # this rank's peak resident bytes in set-up
@@ -115,24 +115,23 @@ class Trainer:
                 self.lock.release()
 
     def train(self, loop: Loop) -> int:
-        """The loop: steps until training.max_steps, logging, evaluating and checkpointing when due; PREEMPTED
-        once the ranks have agreed to stop (a signal) and checkpointed."""
+        """The loop: steps until training.max_steps, logging, evaluating and checkpointing when due; PREEMPTED (or
+        INTERRUPTED, for a Ctrl-C) once the ranks have agreed to stop and checkpointed."""
         t = self.t
-        while self.step < self.max_steps:
-            lr = self.backend.current_lr()
-            micro_losses, loss_scale = self.train_step(loop)
-            log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-            terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now)
-            if terms is not None and (log_now or stop):
-                self._log(loop, terms, lr, loss_scale)
-            if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
-                self._evaluate(loop)
-            if stop or checkpoint_now:
-                self._checkpoint(loop, background=t.async_checkpoint and not stop)  # a preempted run: a whole one
-            if stop:
-                self.say(f"preempted: checkpoint at step {self.step}")
-                tell_the_entry_point()
-                return PREEMPTED
+        with self.preemption.ctrl_c_checkpoints():
+            while self.step < self.max_steps:
+                lr = self.backend.current_lr()
+                micro_losses, loss_scale = self.train_step(loop)
+                log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
+                terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now)
+                if terms is not None and (log_now or stop):
+                    self._log(loop, terms, lr, loss_scale)
+                if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
+                    self._evaluate(loop)
+                if stop or checkpoint_now:
+                    self._checkpoint(loop, background=t.async_checkpoint and not stop)  # a stopped run: a whole one
+                if stop:
+                    return self.preemption.stopped_at(self.step, self.say)
         if loop.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 loop.pending.finish(self.world, self.backend)
@@ -168,7 +167,7 @@ class Trainer:
         self.backend.fit_to_the_model(self.model_description.parameters)
         resume = self._resume_decision()
         self._say_backend()
-        self._set_aside_previous_run()
+        self._set_aside_previous_run(resume)
         data, sampler = self._build_data()
         objective, flops, peak = self._build_model(data)
         if resume:
@@ -213,11 +212,15 @@ class Trainer:
         for note in self.model_description.notes:
             self.say(f"note: {note}")
 
-    def _set_aside_previous_run(self) -> None:
-        """--no_resume: the previous run's checkpoints and metrics move aside, else a later resume would pick a stale
-        step, and a plot would mix the two runs."""
-        if self.args.no_resume and self.world.is_main and (aside := run_record.set_aside(self.out_dir)):
-            self.say(f"--no_resume: moved the previous run's checkpoints and metrics to {aside}")
+    def _set_aside_previous_run(self, resume: Path | None) -> None:
+        """A run that starts afresh sets the previous run's record aside, so that a plot does not mix the two: with
+        --no_resume all of it (else a later resume would pick a stale step); where no checkpoint was there to resume
+        (a crash before the first, the checkpoints removed or passed over as damaged), its metrics and summary."""
+        if resume is None and self.world.is_main:
+            names = run_record.RECORD if self.args.no_resume else (METRICS, run_record.TENSORBOARD, SUMMARY)
+            if aside := run_record.set_aside(self.out_dir, names):
+                why = "--no_resume" if self.args.no_resume else "note: no checkpoint to resume"
+                self.say(f"{why}: moved the previous run's record to {aside}")
         barrier()
 
     def _datasets(self) -> Datasets:

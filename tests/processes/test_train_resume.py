@@ -59,15 +59,16 @@ def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["SIGUSR1", "SIGINT"])
-def test_a_signal_to_a_single_process_checkpoints_the_step_it_reached_and_exits_75(tmp_path, name):
+def test_a_signal_to_a_single_process_checkpoints_the_step_it_reached_and_exits(tmp_path, name):
     """SLURM's warning (SIGUSR1) and a first Ctrl-C (SIGINT; a second stops at once: test_preemption.py)."""
     config = write_run_config(tmp_path, "single", checkpoint_interval=5, max_steps=10_000)
     run = start(config, 1)
     wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
     run.send_signal(getattr(signal, name))
     status, log = run.wait(timeout=120), run.log.read_text()
-    stopped = re.search(r"preempted: checkpoint at step (\d+)", log)
-    assert status == 75 and stopped, log[-3000:]
+    said = "stopped by Ctrl-C" if name == "SIGINT" else "preempted"
+    stopped = re.search(rf"{said}: checkpoint at step (\d+)", log)
+    assert status == (130 if name == "SIGINT" else 75) and stopped, log[-3000:]  # Ctrl-C: no requeue, no restart
     newest = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())[-1]
     assert newest == f"step_{int(stopped.group(1)):07d}" and int(stopped.group(1)) > 5
     assert ("Ctrl-C: checkpointing, then stopping" in log) == (name == "SIGINT")
@@ -129,6 +130,22 @@ def test_a_run_resumed_with_more_steps_takes_its_first_step_at_its_own_schedules
     assert lrs[STEPS + 1] == pytest.approx(peak * lr_lambda(warmup, STEPS + 10, 0.1)(STEPS), rel=1e-12)
     assert lrs[STEPS] == pytest.approx(peak * lr_lambda(warmup, STEPS, 0.1)(STEPS - 1), rel=1e-12)  # the first run's
     assert f"note: this run's schedule spans {STEPS + 10} steps: lr " in result.stdout, result.stdout[-2000:]
+
+
+def test_a_run_that_finds_no_checkpoint_sets_the_previous_runs_metrics_aside(tmp_path):
+    """A crash before the first checkpoint (a folder without its marker): the next start begins at step 0, and the
+    crashed run's metrics go aside rather than under the new run's (or deleted); the checkpoints folder stays."""
+    out = tmp_path / "out"
+    config = write_run_config(tmp_path, "single", max_steps=2)
+    (out / "checkpoints" / "step_0000005").mkdir(parents=True)  # stopped mid-save: no COMPLETE marker
+    crashed = '{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n'
+    (out / "metrics.jsonl").write_text(crashed)
+    result = train(config, 1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "note: no checkpoint to resume: moved the previous run's record to" in result.stdout, result.stdout[-2000:]
+    (previous,) = out.glob("previous-*")
+    assert (previous / "metrics.jsonl").read_text() == crashed and not (previous / "checkpoints").exists()
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):
