@@ -113,7 +113,7 @@ def model_of(answers: Answers) -> Model:
     context = hf_context_length(config)
     if answers.seq_len and context and answers.seq_len > context:
         raise DistsetupError(
-            f"--seq_len {answers.seq_len} is longer than {answers.model} allows (max_position_embeddings {context}).",
+            f"--seq_len {answers.seq_len} is longer than the {context} positions {answers.model}'s config.json allows.",
             f"give at most {context}.",
         )
     seq_len = answers.seq_len or min(context or LONGEST_DEFAULT_SEQUENCE, LONGEST_DEFAULT_SEQUENCE)

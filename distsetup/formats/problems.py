@@ -4,7 +4,7 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
@@ -16,6 +16,9 @@ class Problem:
     path: str  # "zero_optimization.offload_param.device"; "" for the whole file
     message: str
     fix: str
+    # the other keys of a rule across keys (scale_lr for "scale_lr linear needs base_batch_size"): where the user
+    # wrote one of them, there the problem is
+    involves: tuple[str, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return f"{self.path or '<file>'}: {self.message} Fix: {self.fix}"
@@ -34,7 +37,7 @@ class Violation:
 
 
 def as_json(problems: list[Problem]) -> str:
-    return json.dumps([asdict(p) for p in problems], indent=2)
+    return json.dumps([{"path": p.path, "message": p.message, "fix": p.fix} for p in problems], indent=2)
 
 
 def join_path(parts) -> str:

@@ -3,7 +3,6 @@ other tools' names and older spellings read as distsetup's, the schema, what the
 across fields) and built into a RunConfig."""
 
 import dataclasses
-import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,17 +43,19 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> R
 
 
 def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) -> str:
-    """Where the user wrote what `problem` is about: the command line's override of its key, or of a key its message
-    names (a rule across keys: `scale_lr linear needs base_batch_size`, reported at base_batch_size), else the file."""
+    """Where the user wrote what `problem` is about: the command line's override of its key, of a key inside it or
+    around it, or of another key its rule involves; else the file."""
+    keys = (problem.path, *problem.involves)
     for item in reversed(overrides):  # the last override of a key is the one that counts
         dotted = item.partition("=")[0]
-        if problem.path == dotted or problem.path.startswith((dotted + ".", dotted + "[")):
-            return f" in the override {item}"
-    for item in reversed(overrides):
-        key = item.partition("=")[0].rpartition(".")[2]
-        if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", problem.message):
+        if any(_nested(dotted, key) or _nested(key, dotted) for key in keys if key):
             return f" in the override {item}"
     return f" in {path}" if path else ""
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether key path `inner` is `outer` or lies inside it (an item of its list, a key of its mapping)."""
+    return inner == outer or inner.startswith((outer + ".", outer + "["))
 
 
 # The run's length is one or the other (the HF Trainer's name for epochs too): an override of one replaces what the file
@@ -74,7 +75,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             raise DistsetupError(
                 f"override '{item}' is not of the form section.key=value.", "write e.g. training.lr=3e-4"
             )
-        raw.setdefault(section, {})
+        if raw.get(section) is None:  # absent, or written empty (`model:`)
+            raw[section] = {}
         if not isinstance(raw[section], dict):
             raise DistsetupError(
                 f"override '{item}': '{section}' is not a section.", f"sections are {', '.join(SECTIONS)}."

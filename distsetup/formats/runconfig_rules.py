@@ -145,19 +145,28 @@ def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Proble
     try:
         hf_config = read_json(described)
     except DistsetupError as e:
-        return [Problem("model.hf_path", f"{described}: {e.message}", "fix or rewrite its config.json.")]
-    for key in POSITIONS:
-        positions = hf_config.get(key)
-        if isinstance(positions, int) and not isinstance(positions, bool) and model.block_size > positions:
-            return [
-                Problem(
-                    "model.block_size",
-                    f"{model.block_size} is above the model's {key}, {positions} ({described}): its positions "
-                    "end there.",
-                    f"use block_size: {positions} or less, or raise {key} in its config.json.",
-                )
-            ]
+        return [Problem("model.hf_path", e.message, "fix or rewrite its config.json.")]
+    if (found := hf_positions(hf_config)) and model.block_size > found[1]:
+        key, positions = found
+        return [
+            Problem(
+                "model.block_size",
+                f"{model.block_size} is above the model's {key}, {positions} (its config.json): its positions end "
+                "there.",
+                f"use block_size: {positions} or less, or raise {key} in its config.json.",
+            )
+        ]
     return []
+
+
+def hf_positions(hf_config: dict) -> tuple[str, int] | None:
+    """The longest sequence a Hugging Face config.json allows and the key that says it, if one does (`distsetup
+    init` takes its block size within it, validate and the trainer refuse a longer one)."""
+    for key in POSITIONS:
+        value = hf_config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return key, value
+    return None
 
 
 def _lr_problems(config: RunConfig) -> list[Problem]:
@@ -171,6 +180,7 @@ def _lr_problems(config: RunConfig) -> list[Problem]:
                 "training.base_batch_size",
                 f"scale_lr {training.scale_lr} needs base_batch_size.",
                 "set base_batch_size to the global batch size your lr was tuned for.",
+                involves=("training.scale_lr",),
             )
         )
     if not all(0 <= beta < 1 for beta in training.betas):

@@ -9,6 +9,7 @@ from pathlib import Path
 from distsetup.errors import DistsetupError
 from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import BUILTIN_BLOCK
+from distsetup.formats.runconfig_rules import hf_positions
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,6 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
 
 
 def hf_context_length(path: Path) -> int | None:
-    """The longest sequence a Hugging Face config.json allows (max_position_embeddings), if it says."""
-    value = read_json(path).get("max_position_embeddings")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else None
+    """The longest sequence a Hugging Face config.json allows, if it says (runconfig_rules.hf_positions)."""
+    found = hf_positions(read_json(path))
+    return found[1] if found else None

@@ -109,7 +109,10 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         (["--global_batch_size", "3"], "--global_batch_size 3 is not divisible by the 2 processes"),
         (["--data", ","], "--data ',' names no file."),
         (["--scheduler", "slurm"], "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes."),
-        (["--model", "folder-7b", "--seq_len", "8192"], "--seq_len 8192 is longer than folder-7b allows"),
+        (
+            ["--model", "folder-7b", "--seq_len", "8192"],
+            "--seq_len 8192 is longer than the 4096 positions folder-7b's config.json allows",
+        ),
         (
             ["--model", "xl", "--gpu_memory", "1GB", "--num_gpus_per_node", "1"],
             "nothing fits: xl (1.48B parameters, bf16, sequence 1024) on 1 node(s) x 1 GPU(s) of 1GB. HINT: what "

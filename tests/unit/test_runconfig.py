@@ -131,6 +131,11 @@ def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
         load_run_config(write_yaml(tmp_path, "training:\n  lr: abc\n"), ["training.max_steps=3"])
     with pytest.raises(DistsetupError, match=r"in the override training\.scale_lr=linear: training\.base_batch_size:"):
         load_run_config(write_yaml(tmp_path, "training:\n  lr: 1.0e-3\n"), ["training.scale_lr=linear"])  # across keys
+    files = write_yaml(tmp_path, "data:\n  type: files\n")  # the file's problem, whatever an override's key is called
+    with pytest.raises(DistsetupError, match=f"in {files}: data.paths: data type files needs"):
+        load_run_config(files, ["model.type=gpt"])
+    with pytest.raises(DistsetupError, match=r"in the override model\.args\.experts=4: model\.args:"):
+        load_run_config(None, ["model.args.experts=4"])  # a key inside the one at fault
 
 
 def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
