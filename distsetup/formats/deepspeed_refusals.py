@@ -110,8 +110,9 @@ def _refused_at_the_stage(config: dict) -> list[Problem]:
             and optimizer.lower() not in ZERO_OPTIMIZERS
             and stage != 0
             and config.get("zero_allow_untested_optimizer") is not True,
-            f"{optimizer} is an optimizer ZeRO has not been tested with",
-            'use AdamW (or Adam, Adagrad, Lion), or set "zero_allow_untested_optimizer": true',
+            f"{optimizer} is no optimizer ZeRO has been tested with",
+            "use AdamW (or Adam, Adagrad, Lion); for one of torch.optim's (SGD, RMSprop, ...), set "
+            '"zero_allow_untested_optimizer": true',
         ),
         (
             "data_types.keep_in_fp32_modules",

@@ -24,10 +24,10 @@ TEXT_LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "
 TEXT_SUFFIXES = tuple(TEXT_LOADERS)
 TOKEN_SUFFIX = ".bin"  # a pre-tokenized token file
 PRECISIONS = ("fp32", "bf16", "fp16")
+BUILTIN_SHAPE = ("n_layer", "n_head", "n_embd", "dropout")  # the built-in GPT's alone: the others have their own
 # Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of
 # hidden size 16-25k with 128 heads, vocabularies of 256k tokens, contexts of 10M tokens); a larger value is
 # a typo, and would make `distsetup plan` compute with absurd numbers or the trainer allocate without end.
-BUILTIN_SHAPE = ("n_layer", "n_head", "n_embd", "dropout")  # the built-in GPT's alone: the others have their own
 MODEL_MAXIMA = {"vocab_size": 2**20, "block_size": 2**24, "n_layer": 4096, "n_head": 1024, "n_embd": 2**17}
 
 

@@ -50,20 +50,18 @@ def whole_model(
     starts from a checkpoint holding every parameter, a skeleton on every rank (parameters on the meta device,
     buffers built). A builder that cannot build on the meta device (it reads a weight) is built whole on every
     rank."""
-    source = pretrained.source_of(m, init_from)
-    if source is not None and description.builds_on_meta:  # the ties as the config makes them, on every rank
-        described = f"--init_from {init_from}" if init_from else f"model.hf_path {m.hf_path}"
-        ties = models.architecture_on_meta(m)
-        decided_by_rank0(lambda: pretrained.check_ties(source, ties, described))
-    if backend.fills_shards_from_rank0 and description.builds_on_meta and source is not None:
+    reads_parts = backend.fills_shards_from_rank0 and description.builds_on_meta
+    source = pretrained.source_of(m, init_from) if reads_parts else None  # each rank's, mapped once
+    if description.builds_on_meta:  # rank 0 reads the weights' ties against the model's as its config makes them
+        decided_by_rank0(lambda: pretrained.check_ties_of(m, init_from, source))
+    if source is not None:
         skeleton = pretrained.skeleton(m)
         if init_from:
             load_weights(skeleton, init_from, source.export)  # its keys checked, as every run's; mapped once
         if pretrained.covers(source, skeleton):  # no rank builds it whole: each reads its part
             say(f"note: weights read a part at a time from {source.path} ({backend.reads_pretrained})")
             return skeleton, source
-    if source is not None:  # only checked: the model is built whole below (its mapped pages would count as ours)
-        source.close()
+        source.close()  # it misses a parameter: rank 0 builds the model whole, as its library fills the rest
     on_meta = description.builds_on_meta and not world.is_main
     whole = models.architecture_on_meta(m) if on_meta else models.build(m)
     if world.size > 1 and not description.builds_on_meta:

@@ -155,6 +155,11 @@ def linear_model():
             (torch.zeros(2, 4),),
             "returned a term named 'lr', a name the log line has for its own figure",
         ),
+        (
+            lambda model, batch: {"loss": model(batch[0]).mean(), "val_loss": torch.tensor(0.1)},
+            (torch.zeros(2, 4),),
+            "returned a term named 'val_loss', a name the log line has for its own figure",
+        ),
     ],
 )
 def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, message):
@@ -178,6 +183,15 @@ def test_a_loss_returning_named_terms_logs_each_beside_the_loss():
     assert micro.loss.item() == pytest.approx(micro.parts["ce"].item() + micro.parts["kl"].item())
     micro.loss.backward()
     assert model.weight.grad is not None
+    from transformers.modeling_outputs import MoeCausalLMOutputWithPast  # what model(**batch) returns, passed on
+
+    passed_on = PythonObjective(
+        lambda model, batch: MoeCausalLMOutputWithPast(loss=model(batch[0]).mean(), logits=model(batch[0])),
+        "training.loss m:passed_on",
+        "model.builder m:f",
+        {},
+    )
+    assert passed_on.micro_loss(model, batch).parts == {}  # its logits are no term to log
 
 
 def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():

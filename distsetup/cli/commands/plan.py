@@ -201,7 +201,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         "accumulation": cfg.training.gradient_accumulation_steps,
         "chunked_loss": cfg.training.chunked_loss,
     }
-    if cfg.model.type != "python" or cfg.data.type != "python":  # token data comes in samples of block_size
+    if cfg.model.type != "python" or cfg.data.type != "python":  # the GPT's, an HF model's or token data's length
         defaults["seq_len"] = cfg.model.block_size
     return shape, defaults, notes
 

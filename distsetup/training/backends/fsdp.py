@@ -288,26 +288,27 @@ class FSDPBackend(Backend):
             dcp.load(model, checkpoint_id=path / "model")
             set_model_state_dict(self.model, model)
             optim = get_optimizer_state_dict(self.model, self.optimizer)
-            own = settings_the_checkpoint_lacks(path / "optim", cast(list, optim["param_groups"]))
-            dcp.load(optim, checkpoint_id=path / "optim")
-            for group, settings in zip(cast(list, optim["param_groups"]), own, strict=True):
-                group.update(settings)
+            load_keeping_own_settings(optim, path / "optim")
             optim["param_groups"] = self._with_own_kernels(cast(list, optim["param_groups"]))
             set_optimizer_state_dict(self.model, self.optimizer, optim)
             state = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-def settings_the_checkpoint_lacks(optim: Path, groups: list[dict]) -> list[dict]:
-    """The settings of this optimizer's param `groups` that DCP folder `optim` does not hold, taken out of them (for
-    each group; dcp.load refuses a key the checkpoint lacks) to be put back after the load, as this run's own: a
+def load_keeping_own_settings(optim: dict, folder: Path) -> None:
+    """DCP folder `folder`'s optimizer state loaded into `optim` (get_optimizer_state_dict's), the settings of its
+    param groups that the folder does not hold kept as this run's own (dcp.load refuses a key the checkpoint lacks): a
     folder converted from DeepSpeed's Adam has no amsgrad, foreach, fused, ..., one of an older torch lacks a newer
     setting (the named-state load keeps this run's the same way: Backend._load_named)."""
-    saved = dcp.FileSystemReader(optim).read_metadata().state_dict_metadata
-    return [
+    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    groups = cast(list, optim["param_groups"])
+    own = [
         {key: group.pop(key) for key in list(group) if key != "params" and f"param_groups.{i}.{key}" not in saved}
         for i, group in enumerate(groups)
     ]
+    dcp.load(optim, checkpoint_id=folder)
+    for group, settings in zip(cast(list, optim["param_groups"]), own, strict=True):
+        group.update(settings)
 
 
 def mesh_shape(strategy: str, world_size: int, local_size: int) -> tuple[int, ...]:
@@ -332,9 +333,11 @@ def innermost_first(model: torch.nn.Module, units: list) -> list:
 
 
 def last_in_module_order(model: torch.nn.Module, units: list) -> torch.nn.Module | None:
-    """The unit that comes last among the model's modules: a transformer's last block, the last to run forward."""
+    """The unit that comes last among the model's modules: a transformer's last block, the last to run forward (of
+    nested units the outer one: the inner one within it runs before it ends)."""
     order = {id(module): position for position, module in enumerate(model.modules())}
-    return max(units, key=lambda unit: order[id(unit)], default=None)
+    inside = {id(inner) for unit in units for inner in list(unit.modules())[1:]}
+    return max((unit for unit in units if id(unit) not in inside), key=lambda unit: order[id(unit)], default=None)
 
 
 def _size_based_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:

@@ -113,13 +113,11 @@ class TokenObjective:
         return loss_weights([y for _, y in batches], world_size, device).unbind()
 
     def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not check or self._checked:
-            outputs = model(x, **self.forward_kwargs)
-            return field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
+        checking = check and not self._checked
         try:
             outputs = model(x, **self.forward_kwargs)
         except Exception as e:
-            if not rejected_input(e):
+            if not (checking and rejected_input(e)):
                 raise
             what = f"{type(e).__name__}: {first_line(e)}{user_code.raised_in_user_code(e)}"
             raise DistsetupError(
@@ -130,7 +128,8 @@ class TokenObjective:
                 alike_on_every_rank=True,
             ) from e
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
-        self._check(logits, aux, x)
+        if checking:
+            self._check(logits, aux, x)
         return logits, aux
 
     def _check(self, logits, aux, x: torch.Tensor) -> None:
@@ -206,15 +205,14 @@ class PythonObjective:
         model's aux_loss, if any."""
         if self.loss is not None:
             returned = self.loss(model, batch)
-            if isinstance(returned, dict):  # a transformers ModelOutput too
+            if type(returned) is dict:  # its own terms (a transformers ModelOutput, a dict too, is read as below)
                 return returned.get("loss", returned), {name: part for name, part in returned.items() if name != "loss"}
-            return returned, {}
+            return _loss_and_aux(returned)
         if isinstance(batch, dict):
             outputs = model(**batch, **self.forward_kwargs)
         else:
             outputs = model(*batch) if isinstance(batch, list | tuple) else model(batch)
-        aux = field_of(outputs, "aux_loss", None)
-        return field_of(outputs, "loss", outputs), {} if aux is None else {"aux_loss": aux}
+        return _loss_and_aux(outputs)
 
     def _rejected(self, batch, error: Exception) -> tuple[str, str]:
         what = f"{type(error).__name__}: {first_line(error)}{user_code.raised_in_user_code(error)}"
@@ -272,8 +270,24 @@ class PythonObjective:
         self._checked = True
 
 
-# What each log line has besides the loss's terms (Trainer._log)
-LOGGED_BESIDE_THE_LOSS = {"step", "lr", "samples_per_s", "tokens_per_s", "mfu", "loss_scale"}
+# What each log line has besides the loss's terms (Trainer._log), and an evaluation's (evaluation.evaluate), which
+# run_record tells apart by its val_loss
+LOGGED_BESIDE_THE_LOSS = {
+    "step",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "mfu",
+    "loss_scale",
+    "val_loss",
+    "val_perplexity",
+}
+
+
+def _loss_and_aux(outputs) -> tuple[Any, dict[str, Any]]:
+    """`.loss` (or `outputs` itself) and `.aux_loss`, if any, of what a model or a loss returned."""
+    aux = field_of(outputs, "aux_loss", None)
+    return field_of(outputs, "loss", outputs), {} if aux is None else {"aux_loss": aux}
 
 
 def output_head(model: nn.Module, m) -> Any:

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
-from distsetup.training.model.build import build
+from distsetup.training.model.build import architecture_on_meta, build
 from distsetup.training.model.from_rank0 import broadcast_buffers, unwrapped
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -129,6 +129,22 @@ def tied_names(model: nn.Module) -> list[list[str]]:
     for name, parameter in model.named_parameters(remove_duplicate=False):
         by_parameter.setdefault(id(parameter), []).append(name)
     return [names for names in by_parameter.values() if len(names) > 1]
+
+
+def check_ties_of(m, init_from: str | None, source: Pretrained | None = None) -> None:
+    """check_ties for the run's weights (`--init_from`'s export, model section `m`'s Hugging Face folder), if any,
+    against the model's ties as its config makes them (built on the meta device). `source`: the weights, mapped
+    already (else mapped for the check alone)."""
+    own = None if source is not None else source_of(m, init_from)
+    weights = source or own
+    if weights is None:
+        return
+    described = f"--init_from {init_from}" if init_from else f"model.hf_path {m.hf_path}"
+    try:
+        check_ties(weights, architecture_on_meta(m), described)
+    finally:
+        if own is not None:
+            own.close()
 
 
 def check_ties(source: Pretrained, model: nn.Module, described: str) -> None:
