@@ -89,6 +89,7 @@ def user_module(tmp_path, monkeypatch) -> str:
             f"raised ValueError: depth must be even (at {{tmp}}/{{m}}.py:{RAISED_AT}, in build_broken).",
         ),
         ("{m}:build", {}, ["Block", "ConvBlock"], "model.layer_classes: no module of class ConvBlock in Net."),
+        ("{m}:build", {}, ["block"], "model.layer_classes: no module of class block in Net. HINT: did you mean Block?"),
         # FSDP2 would shard the root twice (torch's AssertionError), checkpointing would skip it without a word
         ("{m}:build", {}, ["Net"], "model.layer_classes: Net is the whole model, not one of its blocks."),
     ],

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.problems import closest
 
 
 def layer_modules(model: nn.Module, class_names: list[str], setting: str = "model.layer_classes") -> list[nn.Module]:
@@ -24,10 +25,18 @@ def layer_modules(model: nn.Module, class_names: list[str], setting: str = "mode
     if missing:
         raise DistsetupError(
             f"{setting}: no module of class {', '.join(sorted(missing))} in {type(model).__name__}.",
-            f"name classes of the model's own blocks in {setting} (e.g. {_block_class_example(model)}).",
+            near_class(model, missing)
+            or f"name classes of the model's own blocks in {setting} (e.g. {_block_class_example(model)}).",
             alike_on_every_rank=True,
         )
     return found
+
+
+def near_class(model: nn.Module, names) -> str:
+    """'did you mean X?' where a name is a typo of a class of the model's modules (in any case: LlamaMlp), else ''."""
+    classes = {type(module).__name__ for module in model.modules()}
+    near = [close for name in sorted(names) if (close := closest(name, classes)) is not None]
+    return f"did you mean {', '.join(near)}?" if near else ""
 
 
 def _block_class_example(model: nn.Module) -> str:

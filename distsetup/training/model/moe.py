@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.training.memory import full_shape
+from distsetup.training.model.blocks import near_class
 
 
 def expert_container(module: nn.Module) -> nn.ModuleList | nn.ModuleDict | None:
@@ -61,7 +62,9 @@ def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: 
     if missing:
         raise DistsetupError(
             f"model.zero3_leaf_classes: no module of class {', '.join(sorted(missing))} in {type(model).__name__}.",
-            "name the class of the model's MoE layer (the module that routes tokens to its experts).",
+            near_class(model, missing)
+            or "name the class of the model's MoE layer (the module that routes tokens to its experts).",
+            alike_on_every_rank=True,
         )
     inner = {id(sub) for layer in found for sub in layer.modules() if sub is not layer}
     return [layer for layer in found if id(layer) not in inner]
