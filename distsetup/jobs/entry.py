@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.reading import read_yaml
+from distsetup.formats.reading import parse_yaml, read_yaml
 from distsetup.formats.runconfig import TrainingConfig
 from distsetup.jobs.spec import (
     BUCKET_MOUNT,
@@ -76,17 +76,42 @@ def _in_workdir(path: str, workdir: str | None) -> str:
     )
 
 
+def output_dir_of(spec: JobSpec) -> str:
+    """The run's training.output_dir: the last one given after `--`, else the run config's, else the default."""
+    given = [arg.partition("=")[2] for arg in spec.program_args if arg.startswith("training.output_dir=")]
+    if given:
+        return str(parse_yaml(given[-1]))
+    launch = spec.launch
+    training = read_yaml(Path(launch.config)).get("training", {}) if launch.config else {}
+    return str(training.get("output_dir") or TrainingConfig.output_dir)
+
+
 def output_override(spec: JobSpec) -> str | None:
     """On SkyPilot, where the node's disk goes with the node: distsetup's trainer writes its output (and checkpoints)
-    in the bucket, at the run config's relative output_dir. An absolute one is the user's choice, kept."""
-    launch = spec.launch
-    if spec.target != "skypilot" or not launch.runs_default_trainer:
+    in the bucket, at the relative output_dir of the run config or of an override after `--` (this one comes after
+    them). An absolute one is the user's choice, kept (output_note says where it is not kept)."""
+    if spec.target != "skypilot" or not spec.launch.runs_default_trainer:
         return None
-    training = read_yaml(Path(launch.config)).get("training", {}) if launch.config else {}
-    output_dir = str(training.get("output_dir") or TrainingConfig.output_dir)
+    output_dir = output_dir_of(spec)
     if PurePosixPath(output_dir).is_absolute():
         return None
     return f"training.output_dir={json.dumps(f'{BUCKET_MOUNT}/{output_dir}')}"
+
+
+def output_note(spec: JobSpec) -> str | None:
+    """Where distsetup's trainer would write its checkpoints on the node's own disk (an absolute output_dir outside
+    the bucket or the shared volume): a restarted job would start from step 0."""
+    if not spec.launch.runs_default_trainer:
+        return None
+    output_dir = PurePosixPath(output_dir_of(spec))
+    kept = PurePosixPath(BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT)
+    if not output_dir.is_absolute() or output_dir.is_relative_to(kept):
+        return None
+    where = "the bucket" if spec.target == "skypilot" else "the shared volume"
+    return (
+        f"training.output_dir {output_dir} is outside {kept} ({where}): its checkpoints go with the node, and a "
+        "restarted job starts from step 0 (a relative output_dir is kept there)."
+    )
 
 
 def entry_script(spec: JobSpec, command_line: str) -> str:

@@ -466,3 +466,31 @@ def test_arguments_after_a_double_dash_reach_the_program_on_every_node(run_cli, 
     entry = project / "run.sh"
     entry.write_text(task["run"])
     shellcheck([entry])
+
+
+def test_the_help_examples_run_as_written(run_cli, project):
+    """The first thing a user copies: each `distsetup job` example of --help writes its files."""
+    import shlex
+
+    epilog = run_cli("job", "--help").stdout.split("Examples:")[1].replace("\\\n", " ")  # continued lines: one
+    examples = [line for line in epilog.splitlines() if "distsetup job" in line]
+    assert len(examples) == 3
+    for example in examples:
+        result = run_cli(*shlex.split(example)[1:], "-o", "-")
+        assert result.exit_code == 0, (example, result.output)
+
+
+@pytest.mark.parametrize("output_dir, in_bucket", [("runs/exp2", True), ("/tmp/exp2", False)])
+def test_an_output_dir_given_after_the_double_dash_is_kept_where_the_job_keeps_it(
+    run_cli, project, output_dir, in_bucket
+):
+    """SkyPilot: a relative output_dir given after `--` goes into the bucket, as the run config's does (it went to the
+    node's disk, lost on a spot recovery); an absolute one elsewhere is the user's, with a note that it is lost."""
+    args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
+    result = run_cli(*args, "--", f"training.output_dir={output_dir}")
+    assert result.exit_code == 0, result.output
+    (task,) = yaml.safe_load_all((project / "sky" / "task.yaml").read_text())
+    train_args = [line for line in task["run"].splitlines() if line.startswith("TRAIN_ARGS+=")]
+    last = train_args[-1]  # the last override of a key is the one the trainer takes
+    assert ("/distsetup-work/runs/exp2" in last) == in_bucket, train_args
+    assert ("is outside /distsetup-work (the bucket): its checkpoints go with the node" in result.output) != in_bucket

@@ -15,6 +15,7 @@ from distsetup.cli.launch_options import (
 from distsetup.cli.options import checked, option, positive
 from distsetup.cli.output import emit, refuse_generated_problems
 from distsetup.errors import DistsetupError
+from distsetup.jobs.entry import output_note
 from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
 from distsetup.jobs.rules import manifest_problems
 from distsetup.jobs.spec import BUCKET_MOUNT, KUBERNETES_ONLY, SKYPILOT_ONLY, TARGETS, JobSpec, check_flags_for_target
@@ -29,7 +30,7 @@ Examples:
   distsetup job --target jobset --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
       --image ghcr.io/me/train:1.0 --checkpoint_claim shared-runs --grace_seconds 600 --checkpoint_seconds 240
   distsetup job --target skypilot --config config.yaml --num_nodes 2 --num_gpus_per_node 8 \\
-      --accelerator H100 --checkpoint_bucket s3://my-bucket/runs --use_spot
+      --accelerator H100 --checkpoint_bucket s3://my-bucket/runs --use_spot --setup 'pip install -r requirements.txt'
 """
 )
 @option(
@@ -129,6 +130,8 @@ def job(target, output, dry_run, program_args, **opts):
             f"a node's disk goes with the node: your program writes what a recovered job resumes from under "
             f"{BUCKET_MOUNT} (the bucket), as distsetup's trainer does."
         )
+    if note := output_note(spec):
+        notes.append(note)
     command_line = regenerate_command("job")
     objects = job_documents(spec, command_line)
     refuse_generated_problems(manifest_problems(objects))
