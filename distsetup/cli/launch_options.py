@@ -16,7 +16,7 @@ from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
-from distsetup.scripts.launch_flags import parse_gpus
+from distsetup.scripts.launch_flags import FLAG_VARIABLES, parse_gpus
 from distsetup.scripts.launch_plan import (
     DEFAULT_TRAINER,
     LAUNCH_METHODS,
@@ -161,6 +161,9 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
     if o["script"] and o["python_module"]:
         raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
+    for key, _ in o.get("env_pairs") or ():  # both exported, the later silently
+        if (flag := FLAG_VARIABLES.get(key)) and o.get(flag) is not None:
+            raise DistsetupError(f"--env {key}=... and --{flag} both set {key}.", "give one of them.")
     found_config = _found_run_config(o)
     o = {**o, "config": o["config"] or found_config}
     backend, files, notes, run_config = distributed_settings(o)

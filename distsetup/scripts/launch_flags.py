@@ -1,5 +1,5 @@
 """The launch flags a user types that need more than Click's types: --gpus (indices, or auto:N) and --env
-(KEY=VALUE pairs, none of the variables the scripts set themselves)."""
+(KEY=VALUE pairs, none of the variables the scripts, their engines or torchrun set themselves)."""
 
 import re
 
@@ -22,6 +22,26 @@ SCRIPT_VARIABLES: dict[str, str | None] = {
         "SRUN_ARGS SRUN_PID TRAIN_ARGS SCRIPT MODULE WORKDIR PYTHON DEEPSPEED_CONFIG ACCELERATE_FSDP_ARGS".split(),
         None,  # its own working variables
     ),
+}
+
+
+# What the engines set in each node or pod, and torchrun in each rank: an --env value would be overwritten, or
+# override the engine's (JOB_COMPLETION_INDEX: every pod node rank 0), whichever is exported last; and what the
+# environment flags export (an --env of the same variable beside its flag: two values, the later one silent)
+ENGINE_VARIABLES: dict[str, str] = {
+    "JOB_COMPLETION_INDEX": "Kubernetes (an indexed Job's pod index)",
+    **dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), "torchrun (each rank's)"),
+    **dict.fromkeys(
+        ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"), "SkyPilot"
+    ),
+}
+ENGINE_PREFIXES = {"PET_": "Kubeflow (its torchrun settings)", "SLURM_": "SLURM"}
+FLAG_VARIABLES = {
+    "OMP_NUM_THREADS": "omp_num_threads",
+    "NCCL_DEBUG": "nccl_debug",
+    "NCCL_SOCKET_IFNAME": "nccl_socket_ifname",
+    "NCCL_IB_DISABLE": "nccl_ib_disable",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "cuda_device_max_connections",
 }
 
 
@@ -59,5 +79,8 @@ def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]
                 f"{option} {key}=...: the script sets {key} itself{f', from {source}' if source else ''}.",
                 f"drop {option} {key}{flag}.",
             )
+        setter = ENGINE_VARIABLES.get(key) or next((v for p, v in ENGINE_PREFIXES.items() if key.startswith(p)), None)
+        if setter:
+            raise DistsetupError(f"{option} {key}=...: {setter} sets {key} itself.", f"drop {option} {key}.")
         result.append((key, value))
     return tuple(result)

@@ -338,6 +338,31 @@ def test_env_may_not_set_what_the_scripts_set_themselves(run_cli, project):
     assert not (project / "job.sh").exists()
 
 
+@pytest.mark.parametrize(
+    "target, variable, words",
+    [
+        ("jobset", "JOB_COMPLETION_INDEX=0", "Kubernetes (an indexed Job's pod index) sets JOB_COMPLETION_INDEX"),
+        ("trainjob", "PET_NODE_RANK=0", "Kubeflow (its torchrun settings) sets PET_NODE_RANK"),
+        ("pytorchjob", "RANK=0", "torchrun (each rank's) sets RANK"),
+        ("skypilot", "SKYPILOT_NODE_RANK=0", "SkyPilot sets SKYPILOT_NODE_RANK"),
+    ],
+)
+def test_env_may_not_set_what_the_engine_or_torchrun_sets(run_cli, project, target, variable, words):
+    """An export of the engine's own variable did nothing, or (JOB_COMPLETION_INDEX) made every pod node rank 0."""
+    extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
+    args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra]
+    one_line_error(run_cli(*args, "--env", variable, "-o", "out.yaml"), f"--env {variable.split('=')[0]}", words)
+    assert not (project / "out.yaml").exists()
+
+
+def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project):
+    """--env OMP_NUM_THREADS=8 beside --omp_num_threads 4: two exports, the later silently the one."""
+    args = ["job", "--target", "jobset", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"]
+    both = run_cli(*args, "--env", "OMP_NUM_THREADS=8", "--omp_num_threads", 4, "-o", "out.yaml")
+    one_line_error(both, "--env OMP_NUM_THREADS=... and --omp_num_threads both set OMP_NUM_THREADS")
+    assert run_cli(*args, "--env", "OMP_NUM_THREADS=8", "-o", "out.yaml").exit_code == 0
+
+
 def test_a_pytorchjob_takes_no_restart_limit_the_operator_would_not_keep(run_cli, project):
     one_line_error(write(run_cli, "pytorchjob", "--max_restarts", 5), "--max_restarts", "1-127")
     assert not (project / "k8s").exists()
