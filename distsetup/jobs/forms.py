@@ -63,6 +63,17 @@ GPU_RESOURCE = Form(
     "an extended resource name (a domain other than kubernetes.io, '/' and a name, e.g. nvidia.com/gpu)",
     "amd.com/gpu",
 )
+# A container image reference (the distribution project's reference grammar, which the kubelet parses): a registry
+# host (any case, a port) and a path of lower-case components, then a tag and/or a digest. A space or a capital in
+# the path: the API server or the kubelet (InvalidImageName) refuses it, after the job was submitted.
+_HOST = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?"
+_PATH = r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*"
+IMAGE = Form(
+    rf"({_HOST}/)?{_PATH}(:[\w][\w.-]{{0,127}})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{{32,}})?",
+    4096,
+    "an image reference (REGISTRY/PATH:TAG, the path in lower case, no spaces)",
+    "ghcr.io/me/train:1.0",
+)
 # A size: a number and a unit (Quantity's, without the sign a size cannot have)
 QUANTITY = Form(
     r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?",

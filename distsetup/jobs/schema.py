@@ -83,7 +83,7 @@ VOLUME_MOUNT = object_schema(
 CONTAINER = object_schema(
     {
         "name": STRING,
-        "image": STRING,
+        "image": forms.IMAGE.schema(),
         "command": array_schema(STRING),
         "args": array_schema(STRING),
         "env": array_schema(ENV_VAR),
@@ -273,7 +273,7 @@ def _kind(api_version: str, kind: str, spec: dict, required: tuple[str, ...] = (
 # trainer.kubeflow.org/v1alpha1 (pkg/apis/trainer/v1alpha1/trainjob_types.go, trainingruntime_types.go)
 TRAINER = object_schema(
     {
-        "image": STRING,
+        "image": forms.IMAGE.schema(),
         "command": array_schema(STRING),
         "args": array_schema(STRING),
         "env": array_schema(ENV_VAR),

@@ -133,6 +133,7 @@ def _check_kubernetes(spec: JobSpec) -> None:
             f"--target {spec.target} needs --image.", "name an image with Python, torch and distsetup installed."
         )
     for flag, value, form in (
+        ("--image", spec.image, forms.IMAGE),
         ("--namespace", spec.namespace, forms.DNS_LABEL),
         ("--checkpoint_claim", spec.checkpoint_claim, forms.DNS_SUBDOMAIN),
         ("--storage_class", spec.storage_class, forms.DNS_SUBDOMAIN),
@@ -150,8 +151,12 @@ def _check_skypilot(spec: JobSpec) -> None:
             "--target skypilot needs --accelerator: the GPU type, counted by --num_gpus_per_node.",
             "e.g. --accelerator H100 (or none for CPU nodes).",
         )
-    if found := ACCELERATOR.problem("--accelerator", spec.accelerator or None):
-        raise DistsetupError(*found)
+    for flag, value, form in (
+        ("--accelerator", spec.accelerator or None, ACCELERATOR),
+        ("--image", spec.image, forms.IMAGE),
+    ):
+        if found := form.problem(flag, value):
+            raise DistsetupError(*found)
     bucket = spec.checkpoint_bucket
     if not bucket or not bucket.startswith(BUCKET_SCHEMES) or any(c.isspace() for c in bucket):
         raise DistsetupError(

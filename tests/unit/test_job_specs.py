@@ -222,6 +222,13 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         [f"JobSet/llm-run.{POD_SHOWN}.containers[0].resources.limits"],
     ),
     "namespace newline": ("jobset", "JobSet", "metadata.namespace", "team-a\n", ["JobSet/llm-run.metadata.namespace"]),
+    "image": (  # the kubelet: InvalidImageName
+        "jobset",
+        "JobSet",
+        f"{POD}.containers.0.image",
+        "ghcr.io/Me/train:1",
+        [f"JobSet/llm-run.{POD_SHOWN}.containers[0].image"],
+    ),
     "class": (
         "jobset",
         "PersistentVolumeClaim",
@@ -284,6 +291,8 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
     "extra, words",
     [
         (("--image", ""), ("--image is empty",)),
+        (("--image", "ghcr.io/Me/train:1.0"), ("--image 'ghcr.io/Me/train:1.0' is not an image reference",)),
+        (("--image", "train:1.0 "), ("--image 'train:1.0 '", "image reference")),  # the API server refuses it
         (("--name", "n" * 49), ("--name", "at most 48 characters")),
         (("--name", "1run"), ("--name", "DNS label")),
         (("--grace_seconds", 60, "--checkpoint_seconds", 45), ("--grace_seconds 60", "give --grace_seconds 75")),
@@ -301,7 +310,19 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
         (("--gpu_resource", "gpu"), ("--gpu_resource", "extended resource")),  # no domain: not a device's
         (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "quantity")),
     ],
-    ids=["image", "long name", "name", "grace", "auto", "launcher", "target", "port", "env"]
+    ids=[
+        "image",
+        "capital image",
+        "image space",
+        "long name",
+        "name",
+        "grace",
+        "auto",
+        "launcher",
+        "target",
+        "port",
+        "env",
+    ]
     + ["spot", "bucket", "namespace", "shm", "resource", "claim", "no domain", "negative"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
