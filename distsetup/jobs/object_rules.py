@@ -161,6 +161,15 @@ def _pod_problems(document: dict, path: str, template: dict) -> list[Problem]:
         for e, variable in enumerate(container.get("env", [])):
             if variable["name"] in injected and (kind == "PyTorchJob" or container["name"] == wanted):
                 problems.append(_injected(f"{path}.spec.containers[{c}].env[{e}].name", kind, variable["name"]))
+            elif variable["name"] == "JOB_COMPLETION_INDEX" and kind != "PyTorchJob":  # an indexed Job's pods
+                problems.append(
+                    Problem(
+                        f"{path}.spec.containers[{c}].env[{e}].name",
+                        "the Job controller sets JOB_COMPLETION_INDEX, each pod's index, but keeps a value written "
+                        "here: every pod would be node 0, and the world would never form.",
+                        "leave it out.",
+                    )
+                )
     if kind == "JobSet" and runs_entry_point(pod):
         nproc = plain_env(pod["containers"][0]).get("NPROC_PER_NODE")
         problems += _gpu_problems(f"{path}.spec.containers[0].resources", pod, nproc)

@@ -222,6 +222,13 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         [f"JobSet/llm-run.{POD_SHOWN}.containers[0].resources.limits"],
     ),
     "namespace newline": ("jobset", "JobSet", "metadata.namespace", "team-a\n", ["JobSet/llm-run.metadata.namespace"]),
+    "completion index": (  # the Job controller keeps a value the spec sets
+        "jobset",
+        "JobSet",
+        f"{POD}.containers.0.env",
+        [{"name": "JOB_COMPLETION_INDEX", "value": "0"}],
+        [f"JobSet/llm-run.{POD_SHOWN}.containers[0].env[0].name"],
+    ),
     "image": (  # the kubelet: InvalidImageName
         "jobset",
         "JobSet",
