@@ -50,9 +50,11 @@ def _reporters(value):
 # distsetup's own keys in forms users write (an older distsetup's boolean, the HF Trainer's string): key -> its form
 OWN_KEY_FORMS: dict[tuple[str, str], Callable] = {
     ("training", "activation_checkpointing"): _checkpointing,  # a boolean before it had modes
-    ("training", "chunked_loss"): lambda value: (
-        {True: "always", False: "never"}.get(value, value) if isinstance(value, bool) else value
-    ),  # `yes`/`no` in YAML
+    ("training", "chunked_loss"): lambda value: (  # `yes`/`no`: YAML 1.1's booleans (PyYAML), 1.2's strings (--fix)
+        {True: "always", False: "never", "yes": "always", "on": "always", "no": "never", "off": "never"}.get(
+            value.lower() if isinstance(value, str) else value, value
+        )
+    ),
     ("training", "report_to"): _reporters,
 }
 

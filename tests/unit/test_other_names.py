@@ -196,3 +196,14 @@ def test_init_and_the_shipped_config_keep_distsetups_own_spelling(run_cli, tmp_p
     written = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     checked = check_run_config(written, tmp_path / "config")
     assert checked.notes == [] and checked.problems == []
+
+
+def test_fix_rewrites_chunked_loss_yes_as_the_trainer_reads_it(run_cli, tmp_path):
+    """`chunked_loss: yes` is YAML 1.1's true to the trainer (PyYAML) and the string "yes" to --fix's YAML 1.2 reader:
+    both read it as always (--fix left it as it was, saying nothing)."""
+    config = tmp_path / "config.yaml"
+    config.write_text("training:\n  chunked_loss: yes   # slice the loss\n")
+    assert load_run_config(config).training.chunked_loss == "always"
+    result = run_cli("validate", "--fix", config)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"training:\n  chunked_loss: always +# slice the loss\n", config.read_text())
