@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,9 +63,13 @@ def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
 def test_a_signal_to_a_single_process_checkpoints_the_step_it_reached_and_exits(tmp_path, name):
     """SLURM's warning (SIGUSR1) and a first Ctrl-C (SIGINT; a second stops at once: test_preemption.py)."""
     config = write_run_config(tmp_path, "single", checkpoint_interval=5, max_steps=10_000)
-    run = start(config, 1)
+    workers = ("data.num_workers=2",) if name == "SIGINT" else ()  # a terminal's Ctrl-C reaches them too
+    run = start(config, 1, *workers)
     wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
-    run.send_signal(getattr(signal, name))
+    workers_pids = (Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split()) if workers else []
+    assert len(workers_pids) >= (2 if workers else 0)
+    for pid in [run.pid, *map(int, workers_pids)]:  # as a terminal's Ctrl-C reaches the rank and its workers
+        os.kill(pid, getattr(signal, name))
     status, log = run.wait(timeout=120), run.log.read_text()
     said = "stopped by Ctrl-C" if name == "SIGINT" else "preempted"
     stopped = re.search(rf"{said}: checkpoint at step (\d+)", log)

@@ -10,6 +10,7 @@ leaves it.
 
 import copy
 import math
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -89,9 +90,17 @@ def _loader(dataset, batch_sampler, collate: Callable, workers: int, placement: 
         batch_sampler=batch_sampler,
         collate_fn=collate,
         num_workers=workers,
+        worker_init_fn=_leave_ctrl_c_to_the_rank,
         pin_memory=placement.device.type == "cuda",
         generator=torch.Generator().manual_seed(seed),  # not torch's global generator: see the module's docstring
     )
+
+
+def _leave_ctrl_c_to_the_rank(worker_id: int) -> None:
+    """A worker ignores Ctrl-C: the rank that runs it stops at a checkpoint first (preemption.py), and a worker that
+    died of it would fail the rank's next batch ("DataLoader worker exited unexpectedly"). The rank ends its workers
+    as it ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def placed(batch, placement: Placement):
