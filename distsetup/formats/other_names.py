@@ -52,8 +52,10 @@ OWN_KEY_FORMS: dict[tuple[str, str], Callable] = {
     ("training", "activation_checkpointing"): _checkpointing,  # a boolean before it had modes
     ("training", "chunked_loss"): lambda value: (  # `yes`/`no`: YAML 1.1's booleans (PyYAML), 1.2's strings (--fix)
         {True: "always", False: "never", "yes": "always", "on": "always", "no": "never", "off": "never"}.get(
-            value.lower() if isinstance(value, str) else value, value
+            value if isinstance(value, bool) else value.lower(), value
         )
+        if isinstance(value, bool | str)
+        else value  # a list, a number: the schema's to refuse
     ),
     ("training", "report_to"): _reporters,
 }

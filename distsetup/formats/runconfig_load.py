@@ -48,7 +48,8 @@ def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) 
     keys = (problem.path, *problem.involves)
     for item in reversed(overrides):  # the last override of a key is the one that counts
         dotted = item.partition("=")[0]
-        if any(_nested(dotted, key) or _nested(key, dotted) for key in keys if key):
+        # below a section, an override of a key inside the one at fault is that problem's too (model.args.x)
+        if any(_nested(key, dotted) or ("." in key and _nested(dotted, key)) for key in keys if key):
             return f" in the override {item}"
     return f" in {path}" if path else ""
 

@@ -51,6 +51,7 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
                 "distributed",
                 "use_deepspeed and use_fsdp are both true.",
                 "choose one: backend: deepspeed or backend: fsdp.",
+                involves=("distributed.use_deepspeed", "distributed.use_fsdp"),
             )
         )
     for flag, backend in (("use_deepspeed", "deepspeed"), ("use_fsdp", "fsdp")):
@@ -60,6 +61,7 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
                     f"distributed.{flag}",
                     f"{flag} is true but backend is {dist.backend}.",
                     f"set backend: {backend}, or drop {flag}.",
+                    involves=("distributed.backend",),
                 )
             )
     if dist.fsdp and dist.backend != "fsdp":
@@ -68,6 +70,7 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
                 "distributed.fsdp",
                 f"FSDP settings are given but backend is {dist.backend}: they would be ignored.",
                 "set backend: fsdp (or use_fsdp: true), or remove them.",
+                involves=("distributed.backend",),
             )
         )
     if dist.fsdp and dist.fsdp_config:
@@ -85,6 +88,7 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
                 "backend deepspeed needs a DeepSpeed file.",
                 "run `distsetup deepspeed --output config/ds_config.json` and set "
                 "deepspeed_config: config/ds_config.json.",
+                involves=("distributed.backend",),
             )
         )
     for key in ("deepspeed_config", "fsdp_config"):
@@ -112,6 +116,7 @@ def _model_problems(config: RunConfig) -> list[Problem]:
                 "model.n_embd",
                 f"n_embd {model.n_embd} is not a multiple of n_head {model.n_head}.",
                 f"use n_embd: {model.n_head * max(1, model.n_embd // model.n_head)}.",
+                involves=("model.n_head",),
             )
         )
     if model.type == "hf" and not model.hf_path:

@@ -7,6 +7,8 @@ import os
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
+import yaml
+
 from distsetup.errors import DistsetupError
 from distsetup.formats.reading import parse_yaml, read_yaml
 from distsetup.formats.runconfig import TrainingConfig
@@ -77,10 +79,22 @@ def _in_workdir(path: str, workdir: str | None) -> str:
 
 
 def output_dir_of(spec: JobSpec) -> str:
-    """The run's training.output_dir: the last one given after `--`, else the run config's, else the default."""
+    """The run's training.output_dir: the last one given after `--` (normalised: `a/../../x` is `../x`), else the run
+    config's, else the default."""
     given = [arg.partition("=")[2] for arg in spec.program_args if arg.startswith("training.output_dir=")]
     if given:
-        return str(parse_yaml(given[-1]))
+        try:
+            value = parse_yaml(given[-1])
+        except (yaml.YAMLError, ValueError):
+            raise DistsetupError(
+                f"training.output_dir={given[-1]} after --: the value is not valid YAML.",
+                "quote it as a path: training.output_dir=runs/exp2.",
+            ) from None
+        if not isinstance(value, str) or not value:
+            raise DistsetupError(
+                f"training.output_dir={given[-1]} after --: not a folder.", "give one: training.output_dir=runs/exp2."
+            )
+        return os.path.normpath(value)
     launch = spec.launch
     training = read_yaml(Path(launch.config)).get("training", {}) if launch.config else {}
     return str(training.get("output_dir") or TrainingConfig.output_dir)
@@ -93,7 +107,7 @@ def output_override(spec: JobSpec) -> str | None:
     if spec.target != "skypilot" or not spec.launch.runs_default_trainer:
         return None
     output_dir = output_dir_of(spec)
-    if PurePosixPath(output_dir).is_absolute():
+    if PurePosixPath(output_dir).is_absolute() or output_dir.startswith(".."):  # output_note says where it goes
         return None
     return f"training.output_dir={json.dumps(f'{BUCKET_MOUNT}/{output_dir}')}"
 
@@ -103,9 +117,9 @@ def output_note(spec: JobSpec) -> str | None:
     the bucket or the shared volume): a restarted job would start from step 0."""
     if not spec.launch.runs_default_trainer:
         return None
-    output_dir = PurePosixPath(output_dir_of(spec))
     kept = PurePosixPath(BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT)
-    if not output_dir.is_absolute() or output_dir.is_relative_to(kept):
+    output_dir = PurePosixPath(os.path.normpath(kept / output_dir_of(spec)))  # a relative one is kept's
+    if output_dir.is_relative_to(kept):
         return None
     where = "the bucket" if spec.target == "skypilot" else "the shared volume"
     return (

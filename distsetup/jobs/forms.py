@@ -66,10 +66,12 @@ GPU_RESOURCE = Form(
 # A container image reference (the distribution project's reference grammar, which the kubelet parses): a registry
 # host (any case, a port) and a path of lower-case components, then a tag and/or a digest. A space or a capital in
 # the path: the API server or the kubelet (InvalidImageName) refuses it, after the job was submitted.
-_HOST = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?"
+_DOMAIN = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*"
+_HOST = rf"({_DOMAIN}|\[[a-fA-F0-9:]+\])(:[0-9]+)?"  # a name or an IPv6 address in brackets, and a port
 _PATH = r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*"
-IMAGE = Form(
-    rf"({_HOST}/)?{_PATH}(:[\w][\w.-]{{0,127}})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{{32,}})?",
+IMAGE = Form(  # the name at most 255 characters (checked up to its first ':' or '@')
+    rf"(?=[^:@]{{1,255}}([:@]|$))({_HOST}/)?{_PATH}(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
     4096,
     "an image reference (REGISTRY/PATH:TAG, the path in lower case, no spaces)",
     "ghcr.io/me/train:1.0",

@@ -40,6 +40,8 @@ def object_rules(document: dict) -> list[Problem]:
         for e, variable in enumerate(document["spec"].get("trainer", {}).get("env", [])):
             if variable["name"] in INJECTED["TrainJob"]:
                 problems.append(_injected(f"spec.trainer.env[{e}].name", kind, variable["name"]))
+            elif sets_the_completion_index(variable):
+                problems.append(_completion_index(f"spec.trainer.env[{e}].name"))
     if kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
         policies = [key for key in ML_POLICIES if key in document["spec"].get("mlPolicy", {})]
         if len(policies) > 1:
@@ -161,15 +163,8 @@ def _pod_problems(document: dict, path: str, template: dict) -> list[Problem]:
         for e, variable in enumerate(container.get("env", [])):
             if variable["name"] in injected and (kind == "PyTorchJob" or container["name"] == wanted):
                 problems.append(_injected(f"{path}.spec.containers[{c}].env[{e}].name", kind, variable["name"]))
-            elif variable["name"] == "JOB_COMPLETION_INDEX" and kind != "PyTorchJob":  # an indexed Job's pods
-                problems.append(
-                    Problem(
-                        f"{path}.spec.containers[{c}].env[{e}].name",
-                        "the Job controller sets JOB_COMPLETION_INDEX, each pod's index, but keeps a value written "
-                        "here: every pod would be node 0, and the world would never form.",
-                        "leave it out.",
-                    )
-                )
+            elif kind != "PyTorchJob" and sets_the_completion_index(variable):  # an indexed Job's pods
+                problems.append(_completion_index(f"{path}.spec.containers[{c}].env[{e}].name"))
     if kind == "JobSet" and runs_entry_point(pod):
         nproc = plain_env(pod["containers"][0]).get("NPROC_PER_NODE")
         problems += _gpu_problems(f"{path}.spec.containers[0].resources", pod, nproc)
@@ -223,6 +218,24 @@ def _gpu_problems(path: str, pod: dict, nproc: str | None) -> list[Problem]:
             "make them agree (regenerate the file with distsetup job).",
         )
     ]
+
+
+def sets_the_completion_index(variable: dict) -> bool:
+    """Whether an env entry sets JOB_COMPLETION_INDEX other than from the pod's own index (the annotation or label the
+    Job controller writes, which Kubernetes' own examples read it from)."""
+    if variable["name"] != "JOB_COMPLETION_INDEX":
+        return False
+    field = (variable.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "")
+    return "batch.kubernetes.io/job-completion-index" not in field
+
+
+def _completion_index(path: str) -> Problem:
+    return Problem(
+        path,
+        "the Job controller sets JOB_COMPLETION_INDEX, each pod's index, but keeps a value written here: every pod "
+        "would be node 0, and the world would never form.",
+        "leave it out (or read it from the pod's batch.kubernetes.io/job-completion-index annotation).",
+    )
 
 
 def _injected(path: str, kind: str, name: str) -> Problem:

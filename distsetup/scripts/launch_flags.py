@@ -25,17 +25,22 @@ SCRIPT_VARIABLES: dict[str, str | None] = {
 }
 
 
-# What the engines set in each node or pod, and torchrun in each rank: an --env value would be overwritten, or
-# override the engine's (JOB_COMPLETION_INDEX: every pod node rank 0), whichever is exported last; and what the
-# environment flags export (an --env of the same variable beside its flag: two values, the later one silent)
+# What the engines set in each node or pod, and torchrun in each rank, that the scripts read: an --env value would
+# be overwritten, or not be the one read (the entry point reads JOB_COMPLETION_INDEX before the --env exports); and
+# what the environment flags export (an --env of the same variable beside its flag: two values, the later silent).
+# Other SLURM_ and PET_ variables are input a user may set on purpose (SLURM_CPU_BIND for srun, PET_TEE for torchrun).
 ENGINE_VARIABLES: dict[str, str] = {
     "JOB_COMPLETION_INDEX": "Kubernetes (an indexed Job's pod index)",
     **dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"), "torchrun (each rank's)"),
     **dict.fromkeys(
         ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"), "SkyPilot"
     ),
+    **dict.fromkeys(
+        ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+        "Kubeflow (its torchrun settings)",
+    ),
+    **dict.fromkeys(("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID"), "SLURM"),
 }
-ENGINE_PREFIXES = {"PET_": "Kubeflow (its torchrun settings)", "SLURM_": "SLURM"}
 FLAG_VARIABLES = {
     "OMP_NUM_THREADS": "omp_num_threads",
     "NCCL_DEBUG": "nccl_debug",
@@ -79,8 +84,7 @@ def parse_env_pairs(pairs, option: str = "--env") -> tuple[tuple[str, str], ...]
                 f"{option} {key}=...: the script sets {key} itself{f', from {source}' if source else ''}.",
                 f"drop {option} {key}{flag}.",
             )
-        setter = ENGINE_VARIABLES.get(key) or next((v for p, v in ENGINE_PREFIXES.items() if key.startswith(p)), None)
-        if setter:
+        if setter := ENGINE_VARIABLES.get(key):
             raise DistsetupError(f"{option} {key}=...: {setter} sets {key} itself.", f"drop {option} {key}.")
         result.append((key, value))
     return tuple(result)

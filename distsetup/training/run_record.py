@@ -14,6 +14,7 @@ from pathlib import Path
 
 CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY = "checkpoints", "metrics.jsonl", "tensorboard", "summary.json"
 RECORD = (CHECKPOINTS, METRICS, TENSORBOARD, SUMMARY)
+METRICS_AND_SUMMARY = (METRICS, TENSORBOARD, SUMMARY)  # the record but its checkpoints
 
 
 def set_aside(out_dir: Path, names: tuple[str, ...] = RECORD) -> Path | None:

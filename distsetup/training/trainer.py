@@ -217,7 +217,7 @@ class Trainer:
         --no_resume all of it (else a later resume would pick a stale step); where no checkpoint was there to resume
         (a crash before the first, the checkpoints removed or passed over as damaged), its metrics and summary."""
         if resume is None and self.world.is_main:
-            names = run_record.RECORD if self.args.no_resume else (METRICS, run_record.TENSORBOARD, SUMMARY)
+            names = run_record.RECORD if self.args.no_resume else run_record.METRICS_AND_SUMMARY
             if aside := run_record.set_aside(self.out_dir, names):
                 why = "--no_resume" if self.args.no_resume else "note: no checkpoint to resume"
                 self.say(f"{why}: moved the previous run's record to {aside}")

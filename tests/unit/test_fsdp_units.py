@@ -81,7 +81,8 @@ def test_a_unit_class_inside_another_is_sharded_first(tmp_path):
     block first took the MLP's parameters, and fully_shard refused the MLP: "Cannot concatenate overlapping meshes")."""
     units, gathered = units_gathered_between_forward_and_backward(tmp_path, {}, ("Block", "MLP"))
     assert {"blocks.0", "blocks.0.mlp", "blocks.2", "blocks.2.mlp"} <= set(units), units
-    assert "blocks.2" in gathered  # the last block, not its MLP, is the unit that stays gathered for backward
+    assert {"blocks.2", "blocks.2.mlp"} <= set(gathered)  # the last block stays gathered for backward, its MLP too
+    assert "blocks.1.mlp" not in gathered
 
 
 def test_an_optimizer_folder_without_some_settings_loads_with_this_runs_own(tmp_path):

@@ -229,6 +229,13 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         [{"name": "JOB_COMPLETION_INDEX", "value": "0"}],
         [f"JobSet/llm-run.{POD_SHOWN}.containers[0].env[0].name"],
     ),
+    "trainjob completion index": (
+        "trainjob",
+        "TrainJob",
+        "spec.trainer.env",
+        [{"name": "JOB_COMPLETION_INDEX", "value": "0"}],
+        ["TrainJob/llm-run.spec.trainer.env[0].name"],
+    ),
     "image": (  # the kubelet: InvalidImageName
         "jobset",
         "JobSet",
@@ -381,6 +388,18 @@ def test_env_may_not_set_what_the_engine_or_torchrun_sets(run_cli, project, targ
     args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra]
     one_line_error(run_cli(*args, "--env", variable, "-o", "out.yaml"), f"--env {variable.split('=')[0]}", words)
     assert not (project / "out.yaml").exists()
+
+
+def test_env_takes_what_the_engines_only_read(run_cli, project):
+    """srun's and torchrun's own input (SLURM_CPU_BIND, PET_TEE) is the user's to set; the engines do not set it."""
+    result = run_cli(
+        "slurm", "--config", "config.yaml", "--env", "SLURM_CPU_BIND=cores", "--env", "PET_TEE=3", "-o", "-"
+    )
+    assert result.exit_code == 0, result.output
+    assert "export SLURM_CPU_BIND=cores" in result.stdout and "export PET_TEE=3" in result.stdout
+    for bad in ("training.output_dir=null", "training.output_dir='runs"):  # one line, not a traceback
+        args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
+        one_line_error(run_cli(*args, "-o", "-", "--", bad), "training.output_dir=")
 
 
 def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project):
@@ -546,4 +565,25 @@ def test_an_output_dir_given_after_the_double_dash_is_kept_where_the_job_keeps_i
     train_args = [line for line in task["run"].splitlines() if line.startswith("TRAIN_ARGS+=")]
     last = train_args[-1]  # the last override of a key is the one the trainer takes
     assert ("/distsetup-work/runs/exp2" in last) == in_bucket, train_args
+    assert in_bucket or not any("/distsetup-work" in line for line in train_args), train_args
     assert ("is outside /distsetup-work (the bucket): its checkpoints go with the node" in result.output) != in_bucket
+
+
+def test_the_completion_index_read_from_the_pods_own_annotation_is_no_problem(run_cli, project):
+    """Kubernetes' own examples read JOB_COMPLETION_INDEX from the annotation the Job controller writes."""
+    assert write(run_cli, "jobset", nodes=2).exit_code == 0
+    documents = objects(project, "jobset")
+    pod = pod_spec(documents)
+    from_annotation = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    pod["containers"][0].setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": from_annotation})
+    assert manifest_problems(documents) == []
+
+
+@pytest.mark.parametrize(
+    "image, valid",
+    [("[::1]:5000/train:1", True), ("localhost:5000/a/b@sha256:" + "0" * 64, True), ("train:tagé", False)],
+)
+def test_an_image_reference_is_read_by_the_registries_grammar(image, valid):
+    from distsetup.jobs.forms import IMAGE
+
+    assert IMAGE.fits(image) == valid

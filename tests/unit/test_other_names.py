@@ -11,6 +11,7 @@ import yaml
 from guide_configs import FREE_TRANSFORMER
 from repo import REPO
 
+from distsetup.errors import DistsetupError
 from distsetup.formats.other_names import ELSEWHERE, HF, OTHER_NAMES
 from distsetup.formats.reading import parse_yaml
 from distsetup.formats.runconfig import SECTIONS, TrainingConfig
@@ -196,6 +197,13 @@ def test_init_and_the_shipped_config_keep_distsetups_own_spelling(run_cli, tmp_p
     written = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     checked = check_run_config(written, tmp_path / "config")
     assert checked.notes == [] and checked.problems == []
+
+
+def test_chunked_loss_of_another_type_is_the_schemas_problem():
+    """A list (unhashable) raised TypeError's traceback; 1 was read as true, always."""
+    for value in ("[always]", "1"):
+        with pytest.raises(DistsetupError, match="training.chunked_loss"):
+            load_run_config(None, [f"training.chunked_loss={value}"])
 
 
 def test_fix_rewrites_chunked_loss_yes_as_the_trainer_reads_it(run_cli, tmp_path):

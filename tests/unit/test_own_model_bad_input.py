@@ -193,6 +193,17 @@ def test_a_loss_returning_named_terms_logs_each_beside_the_loss():
         {},
     )
     assert passed_on.micro_loss(model, batch).parts == {}  # its logits are no term to log
+    with_aux = PythonObjective(
+        lambda model, batch: MoeCausalLMOutputWithPast(loss=model(batch[0]).mean(), aux_loss=torch.tensor(0.5)),
+        "training.loss m:with_aux",
+        "model.builder m:f",
+        {},
+    )
+    assert set(with_aux.micro_loss(model, batch).parts) == {"aux_loss"}
+    from collections import OrderedDict
+
+    ordered = PythonObjective(lambda model, batch: OrderedDict(ce_and_kl(model, batch)), "m", "model.builder m:f", {})
+    assert set(ordered.micro_loss(model, batch).parts) == {"ce", "kl"}  # a dict of its own, as a dict
 
 
 def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():

@@ -136,6 +136,11 @@ def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
         load_run_config(files, ["model.type=gpt"])
     with pytest.raises(DistsetupError, match=r"in the override model\.args\.experts=4: model\.args:"):
         load_run_config(None, ["model.args.experts=4"])  # a key inside the one at fault
+    both = write_yaml(tmp_path, "distributed:\n  use_deepspeed: true\n  use_fsdp: true\n")
+    with pytest.raises(DistsetupError, match=f"in {both}: distributed: use_deepspeed and use_fsdp are both true"):
+        load_run_config(both, ["distributed.timeout_minutes=5"])  # a section's problem: not any override under it
+    with pytest.raises(DistsetupError, match=r"in the override model\.n_head=7: model\.n_embd:"):
+        load_run_config(write_yaml(tmp_path, "model:\n  n_embd: 64\n"), ["model.n_head=7"])
 
 
 def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):

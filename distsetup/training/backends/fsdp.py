@@ -134,11 +134,12 @@ class FSDPBackend(Backend):
             "mp_policy": self._mixed_precision(),
             "offload_policy": self._offload(),
         }
-        reshards, last = self.fsdp.reshards_after_forward, last_in_module_order(model, units)
+        last = last_in_module_order(model, units)
+        kept = {id(module) for module in last.modules()} if last is not None else set()  # and the units inside it
         for unit in innermost_first(model, units):  # a unit inside another (nested block classes) is sharded first
             # the last unit's backward comes first, right after its forward: resharding it in between would only
             # gather it again (torchtitan's policy)
-            fully_shard(unit, reshard_after_forward=reshards and unit is not last, **kwargs)
+            fully_shard(unit, reshard_after_forward=self.fsdp.reshards_after_forward and id(unit) not in kept, **kwargs)
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **kwargs)

@@ -205,7 +205,7 @@ class PythonObjective:
         model's aux_loss, if any."""
         if self.loss is not None:
             returned = self.loss(model, batch)
-            if type(returned) is dict:  # its own terms (a transformers ModelOutput, a dict too, is read as below)
+            if isinstance(returned, dict) and not hasattr(returned, "to_tuple"):  # its own terms (not a ModelOutput)
                 return returned.get("loss", returned), {name: part for name, part in returned.items() if name != "loss"}
             return _loss_and_aux(returned)
         if isinstance(batch, dict):
