@@ -35,7 +35,9 @@ def test_each_signal_asks_for_a_checkpoint_in_the_loop_and_a_second_ctrl_c_stops
 def test_ctrl_c_outside_the_loop_stops_at_once_and_only_the_announcer_speaks(handlers, capfd):
     """Set-up (tokenizing a corpus, loading a checkpoint) is no place to wait for a step's agreement; a process that
     does not announce (another rank, a DataLoader worker forked from rank 0) only takes note."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job's is ignored)
     preemption = Preemption(announce=False)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # left as it was until the loop
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
     assert not preemption.requested
