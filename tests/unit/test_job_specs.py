@@ -1,66 +1,24 @@
 """`distsetup job`'s manifests against the engines' rules, offline: what it writes passes its engine's schema and the
 rules the API servers, CEL and webhooks apply (distsetup/jobs/rules.py); a spec mutated as users get them wrong fails
-with the path to fix; bad flags are one line and write nothing. The entry point passes shellcheck. (The pods run for
-real in tests/processes/test_kubernetes_jobs.py.)"""
+with the path to fix. The entry point passes shellcheck. (What the command takes from its user: test_job_inputs.py;
+the pods run for real in tests/processes/test_kubernetes_jobs.py.)"""
 
 import copy
-import re
 
 import pytest
 import yaml
 from golden_files import check_golden
 from hostile_input import one_line_error
+from job_projects import CONFIG, SKYPILOT, TARGETS, engine_object, job_project, objects, pod_spec, write
 from shell_checks import shellcheck
 
 from distsetup.jobs.rules import manifest_problems
 from distsetup.jobs.spec import RESTART_STATUS
-from distsetup.scripts.launch_flags import SCRIPT_VARIABLES
-
-TARGETS = ("trainjob", "jobset", "pytorchjob")
-CONFIG = {
-    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
-    "training": {"micro_batch_size": 2, "output_dir": "runs/demo"},
-    "distributed": {"backend": "ddp"},
-}
-
-
-SKYPILOT = (
-    "--accelerator",
-    "H100",
-    "--checkpoint_bucket",
-    "s3://my-bucket/runs",
-    "--setup",
-    "pip install -r requirements.txt",
-)
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def write(run_cli, target: str, *extra, nodes: int = 4):
-    """`distsetup job` for `target`, 4 nodes of 8 GPUs unless told; the name and image given."""
-    args = ["job", "--target", target, "--config", "config.yaml", "--num_nodes", nodes, "--num_gpus_per_node", 8]
-    return run_cli(*args, "--image", "ghcr.io/me/train:1", "--name", "llm-run", *extra)
-
-
-def objects(project, target: str) -> list[dict]:
-    return list(yaml.safe_load_all((project / "k8s" / f"{target}.yaml").read_text()))
-
-
-def engine_object(documents: list[dict]) -> dict:
-    return next(d for d in documents if d["kind"] in ("JobSet", "TrainingRuntime", "PyTorchJob"))
-
-
-def pod_spec(documents: list[dict]) -> dict:
-    found = engine_object(documents)
-    if found["kind"] == "PyTorchJob":
-        return found["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    jobset = found["spec"]["template"]["spec"] if found["kind"] == "TrainingRuntime" else found["spec"]
-    return jobset["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return job_project(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -301,115 +259,6 @@ def test_the_entry_points_shutdown_timeout_must_fit_the_grace_period(run_cli, pr
     assert any("lets torchrun wait 590 s" in p.message for p in problems), problems
 
 
-@pytest.mark.parametrize(
-    "extra, words",
-    [
-        (("--image", ""), ("--image is empty",)),
-        (("--image", "ghcr.io/Me/train:1.0"), ("--image 'ghcr.io/Me/train:1.0' is not an image reference",)),
-        (("--image", "train:1.0 "), ("--image 'train:1.0 '", "image reference")),  # the API server refuses it
-        (("--name", "n" * 49), ("--name", "at most 48 characters")),
-        (("--name", "1run"), ("--name", "DNS label")),
-        (("--grace_seconds", 60, "--checkpoint_seconds", 45), ("--grace_seconds 60", "give --grace_seconds 75")),
-        (("--num_gpus_per_node", "auto"), ("--num_gpus_per_node", "not auto")),
-        (("--launch_method", "deepspeed"), ("--launch_method deepspeed", "torchrun")),
-        (("--target", "slurm"), ("--target",)),
-        (("--master_port", 30000), ("--master_port", "29500")),
-        (("--env", "NNODES=5"), ("--env NNODES", "--num_nodes")),  # the entry point's own: a world it would not form
-        (("--use_spot",), ("--use_spot", "SkyPilot flag")),
-        (("--checkpoint_bucket", "s3://b"), ("--checkpoint_bucket", "SkyPilot flag")),
-        (("--namespace", "my ns"), ("--namespace 'my ns'", "DNS label")),
-        (("--shm_size", "16 GB"), ("--shm_size '16 GB'", "quantity")),
-        (("--gpu_resource", "nvidia gpu"), ("--gpu_resource", "resource name")),
-        (("--checkpoint_claim", "Bad_Claim"), ("--checkpoint_claim", "DNS subdomain")),
-        (("--gpu_resource", "gpu"), ("--gpu_resource", "extended resource")),  # no domain: not a device's
-        (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "quantity")),
-    ],
-    ids=[
-        "image",
-        "capital image",
-        "image space",
-        "long name",
-        "name",
-        "grace",
-        "auto",
-        "launcher",
-        "target",
-        "port",
-        "env",
-    ]
-    + ["spot", "bucket", "namespace", "shm", "resource", "claim", "no domain", "negative"],
-)
-def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
-    result = write(run_cli, "trainjob", *extra, nodes=2)
-    one_line_error(result, *words)
-    assert not (project / "k8s").exists()
-
-
-# Scripts that take --env, written as every launcher and engine writes them
-ENV_TAKING_SCRIPTS = {
-    "slurm torchrun": ("slurm", "--requeue", "--python_module", "train"),
-    "slurm deepspeed": ("slurm", "--launch_method", "deepspeed", "--script", "train.py"),
-    "slurm accelerate": ("slurm", "--launch_method", "accelerate", "--use_deepspeed", "--deepspeed_config", "ds.json"),
-    "jobset": ("job", "--target", "jobset", "--image", "i:1", "--script", "train.py"),
-    "skypilot": ("job", "--target", "skypilot", *SKYPILOT, "--python_module", "train"),
-}
-# An assignment: at a line's start or after && / ||, with export or local, or mapfile's
-ASSIGNMENT = re.compile(r"(?:^\s*|&& |\|\| )(?:export |local )?([A-Z][A-Z0-9_]*)=|mapfile -t ([A-Z][A-Z0-9_]*)", re.M)
-
-
-def test_env_may_not_set_what_the_scripts_set_themselves(run_cli, project):
-    """Every variable the scripts that take --env assign (slurm_job.sh, the entry point) is one --env refuses, as its
-    export would change the world they start or the program they run. ACCELERATE_USE_CPU and PYTHONPATH are the
-    user's to set: the scripts set the one only where it is unset and add to the other."""
-    (project / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 2}')
-    assigned = set()
-    for name, args in ENV_TAKING_SCRIPTS.items():
-        result = run_cli(*args, "--config", "config.yaml", "--num_gpus_per_node", 8, "--num_nodes", 2, "-o", "-")
-        assert result.exit_code == 0, (name, result.output)
-        assigned |= {a or b for a, b in ASSIGNMENT.findall(result.stdout)}
-    assert {"NNODES", "WORKDIR", "TRAIN_ARGS", "PYTHON", "DEEPSPEED_CONFIG", "HOSTFILE"} <= assigned
-    assert assigned - {"IFS", "ACCELERATE_USE_CPU", "PYTHONPATH"} <= SCRIPT_VARIABLES.keys()
-    one_line_error(run_cli("slurm", "--env", "MASTER_PORT=1", "-o", "job.sh"), "--env MASTER_PORT", "--master_port")
-    assert not (project / "job.sh").exists()
-
-
-@pytest.mark.parametrize(
-    "target, variable, words",
-    [
-        ("jobset", "JOB_COMPLETION_INDEX=0", "Kubernetes (an indexed Job's pod index) sets JOB_COMPLETION_INDEX"),
-        ("trainjob", "PET_NODE_RANK=0", "Kubeflow (its torchrun settings) sets PET_NODE_RANK"),
-        ("pytorchjob", "RANK=0", "torchrun (each rank's) sets RANK"),
-        ("skypilot", "SKYPILOT_NODE_RANK=0", "SkyPilot sets SKYPILOT_NODE_RANK"),
-    ],
-)
-def test_env_may_not_set_what_the_engine_or_torchrun_sets(run_cli, project, target, variable, words):
-    """An export of the engine's own variable did nothing, or (JOB_COMPLETION_INDEX) made every pod node rank 0."""
-    extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
-    args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra]
-    one_line_error(run_cli(*args, "--env", variable, "-o", "out.yaml"), f"--env {variable.split('=')[0]}", words)
-    assert not (project / "out.yaml").exists()
-
-
-def test_env_takes_what_the_engines_only_read(run_cli, project):
-    """srun's and torchrun's own input (SLURM_CPU_BIND, PET_TEE) is the user's to set; the engines do not set it."""
-    result = run_cli(
-        "slurm", "--config", "config.yaml", "--env", "SLURM_CPU_BIND=cores", "--env", "PET_TEE=3", "-o", "-"
-    )
-    assert result.exit_code == 0, result.output
-    assert "export SLURM_CPU_BIND=cores" in result.stdout and "export PET_TEE=3" in result.stdout
-    for bad in ("training.output_dir=null", "training.output_dir='runs"):  # one line, not a traceback
-        args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
-        one_line_error(run_cli(*args, "-o", "-", "--", bad), "training.output_dir=")
-
-
-def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project):
-    """--env OMP_NUM_THREADS=8 beside --omp_num_threads 4: two exports, the later silently the one."""
-    args = ["job", "--target", "jobset", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"]
-    both = run_cli(*args, "--env", "OMP_NUM_THREADS=8", "--omp_num_threads", 4, "-o", "out.yaml")
-    one_line_error(both, "--env OMP_NUM_THREADS=... and --omp_num_threads both set OMP_NUM_THREADS")
-    assert run_cli(*args, "--env", "OMP_NUM_THREADS=8", "-o", "out.yaml").exit_code == 0
-
-
 def test_a_pytorchjob_takes_no_restart_limit_the_operator_would_not_keep(run_cli, project):
     one_line_error(write(run_cli, "pytorchjob", "--max_restarts", 5), "--max_restarts", "1-127")
     assert not (project / "k8s").exists()
@@ -460,31 +309,6 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     assert [p.path for p in manifest_problems([dict(task, num_node=2)])] == ["Task/distsetup.num_node"]
 
 
-@pytest.mark.parametrize(
-    "extra, words",
-    [
-        (("--checkpoint_bucket", "s3://b/runs"), ("--accelerator", "H100")),
-        (("--accelerator", "H100", "--checkpoint_bucket", "/mnt/runs"), ("--checkpoint_bucket", "s3://")),
-        (SKYPILOT + ("--config", "OUTSIDE"), ("SkyPilot copies",)),
-        (SKYPILOT + ("--config", "RELATIVE"), ("SkyPilot copies",)),
-        (("--accelerator", "H100", "--checkpoint_bucket", "s3://b"), ("--image or --setup",)),  # installs nothing
-        (("--accelerator", "H100;rm", "--checkpoint_bucket", "s3://b", "--setup", "x"), ("--accelerator", "GPU type")),
-        (SKYPILOT + ("--namespace", "team-a"), ("--namespace", "Kubernetes flag")),
-        (SKYPILOT + ("--gpu_resource", "none"), ("--gpu_resource", "Kubernetes flag")),
-        (SKYPILOT + ("--shm_size", "16Gi"), ("--shm_size", "Kubernetes flag")),  # its default value, given
-    ],
-    ids=["accelerator", "bucket", "outside", "relative outside", "no software", "gpu type", "namespace", "gpus", "shm"],
-)
-def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
-    outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy
-    outside.write_text(yaml.safe_dump(CONFIG))
-    paths = {"OUTSIDE": str(outside), "RELATIVE": f"../{outside.name}"}
-    extra = [paths.get(arg, arg) for arg in extra]
-    result = run_cli("job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *extra)
-    one_line_error(result, *words)
-    assert not (project / "sky").exists()
-
-
 def test_a_clusters_crd_checks_the_manifest_too(run_cli, project):
     """--crd: a field the CRD does not list is an error (its schema made strict), beside what distsetup's own
     schema says; here a CRD of the JobSet that lists no failurePolicy."""
@@ -526,49 +350,6 @@ def test_a_clusters_crd_checks_the_manifest_too(run_cli, project):
     one_line_error(run_cli("validate", "config.yaml", "--crd", "crd.yaml"), "--crd")
 
 
-def test_arguments_after_a_double_dash_reach_the_program_on_every_node(run_cli, project):
-    """`distsetup job ... -- ARGS`: the trainer's overrides (or an own script's arguments) on every node, quoted, and
-    in the command the file says regenerates it."""
-    args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
-    result = run_cli(*args, "--", "training.max_steps=5", "a b$c")
-    assert result.exit_code == 0, result.output
-    (task,) = yaml.safe_load_all((project / "sky" / "task.yaml").read_text())
-    assert "TRAIN_ARGS+=(training.max_steps=5 'a b$c')" in task["run"]
-    assert "-- training.max_steps=5 'a b$c'\n" in task["run"]  # the header's regenerate command
-    entry = project / "run.sh"
-    entry.write_text(task["run"])
-    shellcheck([entry])
-
-
-def test_the_help_examples_run_as_written(run_cli, project):
-    """The first thing a user copies: each `distsetup job` example of --help writes its files."""
-    import shlex
-
-    epilog = run_cli("job", "--help").stdout.split("Examples:")[1].replace("\\\n", " ")  # continued lines: one
-    examples = [line for line in epilog.splitlines() if "distsetup job" in line]
-    assert len(examples) == 3
-    for example in examples:
-        result = run_cli(*shlex.split(example)[1:], "-o", "-")
-        assert result.exit_code == 0, (example, result.output)
-
-
-@pytest.mark.parametrize("output_dir, in_bucket", [("runs/exp2", True), ("/tmp/exp2", False)])
-def test_an_output_dir_given_after_the_double_dash_is_kept_where_the_job_keeps_it(
-    run_cli, project, output_dir, in_bucket
-):
-    """SkyPilot: a relative output_dir given after `--` goes into the bucket, as the run config's does (it went to the
-    node's disk, lost on a spot recovery); an absolute one elsewhere is the user's, with a note that it is lost."""
-    args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
-    result = run_cli(*args, "--", f"training.output_dir={output_dir}")
-    assert result.exit_code == 0, result.output
-    (task,) = yaml.safe_load_all((project / "sky" / "task.yaml").read_text())
-    train_args = [line for line in task["run"].splitlines() if line.startswith("TRAIN_ARGS+=")]
-    last = train_args[-1]  # the last override of a key is the one the trainer takes
-    assert ("/distsetup-work/runs/exp2" in last) == in_bucket, train_args
-    assert in_bucket or not any("/distsetup-work" in line for line in train_args), train_args
-    assert ("is outside /distsetup-work (the bucket): its checkpoints go with the node" in result.output) != in_bucket
-
-
 def test_the_completion_index_read_from_the_pods_own_annotation_is_no_problem(run_cli, project):
     """Kubernetes' own examples read JOB_COMPLETION_INDEX from the annotation the Job controller writes."""
     assert write(run_cli, "jobset", nodes=2).exit_code == 0
@@ -577,13 +358,3 @@ def test_the_completion_index_read_from_the_pods_own_annotation_is_no_problem(ru
     from_annotation = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
     pod["containers"][0].setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": from_annotation})
     assert manifest_problems(documents) == []
-
-
-@pytest.mark.parametrize(
-    "image, valid",
-    [("[::1]:5000/train:1", True), ("localhost:5000/a/b@sha256:" + "0" * 64, True), ("train:tagé", False)],
-)
-def test_an_image_reference_is_read_by_the_registries_grammar(image, valid):
-    from distsetup.jobs.forms import IMAGE
-
-    assert IMAGE.fits(image) == valid
