@@ -28,6 +28,12 @@ def raised_in_user_code(error: BaseException) -> str:
     return f" (at {shown}:{frames[-1].lineno}, in {frames[-1].name})"
 
 
+def what_raised(error: BaseException) -> str:
+    """'ZeroDivisionError: division by zero (at buggy.py:3, in helper)': the error, in one line, and where in the
+    user's own code it was raised."""
+    return f"{type(error).__name__}: {first_line(error)}{raised_in_user_code(error)}"
+
+
 def _users(filename: str) -> bool:
     paths = sysconfig.get_paths()
     libraries = [Path(paths[key]) for key in ("purelib", "platlib", "stdlib", "platstdlib")]

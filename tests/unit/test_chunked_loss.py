@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from distsetup.planning import loss_slices
 from distsetup.planning.loss_slices import slice_width
 from distsetup.training.data.datasets import IGNORE
-from distsetup.training.loss.objective import TokenObjective, loss_head
+from distsetup.training.loss.objective import TokenObjective
+from distsetup.training.loss.output_heads import loss_head
 from distsetup.training.loss.sliced import LossHead, _subtract_targets, sliced_cross_entropy
 from distsetup.training.model.gpt import GPT
 

@@ -2,7 +2,6 @@
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,7 +19,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.utils import _apply_to_tensors
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
@@ -31,6 +29,7 @@ from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_s
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import fsdp_on_cpu
 from distsetup.training.backends.base import Backend
+from distsetup.training.backends.fsdp_root_output import root_output_not_a_view
 from distsetup.training.backends.precision import PRECISION_DTYPES
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.loss.objective import MicroLoss
@@ -353,52 +352,3 @@ def _size_based_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
             units.append(module)
             taken.update(id(p) for p in own)
     return units
-
-
-class _NotAView(torch.autograd.Function):
-    """`tensor` itself, no copy (its storage and version counter), as a tensor autograd does not count as a view: the
-    hooks registered on it then survive an in-place op on it, as on any other tensor. Gradients pass unchanged."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-def root_output_not_a_view(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-    """A forward hook on the root, run before FSDP2's: each view among the root's outputs (a user's model ending in
-    `squeeze(-1)`, an LLM's logits from a 3-D Linear) handed on as a tensor that is no view, at no memory cost.
-
-    FSDP2 registers its pre-backward hook (which gathers the root's parameters and queues the end of backward) on each
-    output tensor, and warns of every view there: an in-place op on a view replaces the view's autograd node, and the
-    hook with it. On a tensor that is no view, an in-place op keeps the hook (torch's rule for non-views); the version
-    counter is the view's own, so a value that backward needs and the op overwrote is still an error, as without
-    FSDP2. Left as they are (FSDP2 still warns): views whose base another output or an input also reaches, since
-    autograd would then no longer see that they share values."""
-    if not torch.is_grad_enabled():
-        return None
-    outputs = _tensors(output)
-    views = [t for t in outputs if t.requires_grad and t._base is not None]
-    if not views:
-        return None
-    reached = [id(t if t._base is None else t._base) for t in [*outputs, *_tensors((args, kwargs))]]
-    alone = {id(view) for view in views if reached.count(id(view._base)) == 1}
-    return _apply_to_tensors(lambda t: _NotAView.apply(t) if id(t) in alone else t, output) if alone else None
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    """The tensors in `tree`, in the containers torch's _apply_to_tensors goes into (FSDP2 casts outputs with it)."""
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        items = [getattr(tree, field.name) for field in dataclasses.fields(tree)]
-    elif isinstance(tree, dict):
-        items = list(tree.values())
-    elif isinstance(tree, (list, tuple, set)):
-        items = list(tree)
-    else:
-        return []
-    return [tensor for item in items for tensor in _tensors(item)]

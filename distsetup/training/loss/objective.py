@@ -23,12 +23,13 @@ import torch.nn.functional as F
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
-from distsetup.planning import loss_slices
 from distsetup.training import user_code
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
-from distsetup.training.loss.sliced import LossHead, as_loss_head, targets_for
+from distsetup.training.loss.model_outputs import field_of, forward_kwargs
+from distsetup.training.loss.output_heads import loss_head
+from distsetup.training.loss.sliced import LossHead, targets_for
 from distsetup.training.model import moe
-from distsetup.training.world import decided_by_rank0, first_line, is_lost_contact
+from distsetup.training.world import is_lost_contact
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class TokenObjective:
         except Exception as e:
             if not (checking and rejected_input(e)):
                 raise
-            what = f"{type(e).__name__}: {first_line(e)}{user_code.raised_in_user_code(e)}"
+            what = user_code.what_raised(e)
             raise DistsetupError(
                 f"{self.source}'s model rejected the first batch of token data, input ids of shape {list(x.shape)}, "
                 f"called as model(input_ids): {what}.",
@@ -133,7 +134,7 @@ class TokenObjective:
         return logits, aux
 
     def _check(self, logits, aux, x: torch.Tensor) -> None:
-        if aux is not None and not (isinstance(aux, torch.Tensor) and aux.numel() == 1 and aux.is_floating_point()):
+        if aux is not None and not is_scalar_loss(aux):
             given = f"a tensor of shape {list(aux.shape)}" if isinstance(aux, torch.Tensor) else type(aux).__name__
             raise DistsetupError(
                 f"{self.source}'s model returned {given} as its aux_loss, not a floating-point scalar tensor (it is "
@@ -215,7 +216,7 @@ class PythonObjective:
         return _loss_and_aux(outputs)
 
     def _rejected(self, batch, error: Exception) -> tuple[str, str]:
-        what = f"{type(error).__name__}: {first_line(error)}{user_code.raised_in_user_code(error)}"
+        what = user_code.what_raised(error)
         if self.loss is not None:
             return (
                 f"{self.loss_source} raised {what} on the first batch, {described_batch(batch)}.",
@@ -244,7 +245,7 @@ class PythonObjective:
             else "return the micro-batch's mean loss (a tensor of one number), or an object with it as .loss."
         )
         for name, value in {"loss": loss, **parts}.items():
-            if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
+            if not is_scalar_loss(value):
                 what = (
                     f"a {value.dtype} tensor of shape {list(value.shape)}"
                     if isinstance(value, torch.Tensor)
@@ -290,58 +291,6 @@ def _loss_and_aux(outputs) -> tuple[Any, dict[str, Any]]:
     return field_of(outputs, "loss", outputs), {} if aux is None else {"aux_loss": aux}
 
 
-def output_head(model: nn.Module, m) -> Any:
-    """The built-in GPT's or a Hugging Face model's output head; None for a python model."""
-    owner: Any = model  # get_output_embeddings is a transformers PreTrainedModel's
-    return owner.lm_head if m.type == "gpt" else owner.get_output_embeddings() if m.type == "hf" else None
-
-
-def loss_head(model: nn.Module, m, mode: str, probe: nn.Module | None = None) -> tuple[LossHead | None, str]:
-    """The built-in GPT's or a Hugging Face model's output head, made to compute the loss in slices where
-    training.chunked_loss `mode` asks for it for its vocabulary (see sliced.py), and the note that says what was
-    done; (None, "") for a python model or a small vocabulary. `probe`: a copy of the model to run the Hugging Face
-    head check on (the model itself where it has no whole weights to run: ZeRO-3's partitions)."""
-    head = output_head(model, m)
-    vocab: int = getattr(head, "out_features", 0)
-    if head is None or not loss_slices.chunked(mode, vocab):
-        return None, ""
-    probe = probe if probe is not None else model
-    # rank 0's answer everywhere: the others' copy may be on the meta device, where a forward can fail (an MoE's
-    # data-dependent routing), and every rank must compute the loss alike
-    why = decided_by_rank0(lambda: _unsliceable(probe, m, output_head(probe, m)))
-    if why:
-        return None, f"loss: from the whole logits over {vocab} ids ({why})"
-    slices = -(-vocab // loss_slices.slice_width(vocab))
-    count = f"{slices} slices" if slices > 1 else "one slice"
-    return as_loss_head(head), f"loss: cross-entropy over the {vocab} ids in {count}, never their whole logits"
-
-
-def _unsliceable(model: nn.Module, m, head: nn.Module) -> str:
-    """Why the loss of `model` cannot be computed inside its head, or "": the head is no plain nn.Linear, or (a
-    Hugging Face model, asked with a forward of two tokens) the model changes the head's logits before returning
-    them (soft-capping or scaling)."""
-    if type(head) is not nn.Linear:
-        return f"its output head is a {type(head).__name__}, not an nn.Linear"
-    if m.type != "hf":
-        return ""
-    ids = torch.zeros((1, 2), dtype=torch.long, device=head.weight.device)
-    if _returns_head_output(model, head, ids):
-        return ""
-    return f"{type(model).__name__} changes its logits after the output head"
-
-
-def _returns_head_output(model: nn.Module, head: nn.Module, input_ids: torch.Tensor) -> bool:
-    """Whether the Hugging Face `model`(input_ids) returns as its logits exactly the object `head` returned."""
-    returned = []
-    handle = head.register_forward_hook(lambda module, args, output: returned.append(output))
-    try:
-        with torch.no_grad():
-            outputs = model(input_ids, **forward_kwargs(model, "hf"))
-    finally:
-        handle.remove()
-    return len(returned) == 1 and field_of(outputs, "logits", outputs) is returned[0]
-
-
 def objective_for(
     module: nn.Module, cfg: RunConfig, data: Datasets, loss_function: Callable | None, probe: nn.Module | None = None
 ) -> tuple["TokenObjective | PythonObjective", str]:
@@ -357,17 +306,6 @@ def objective_for(
     return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type)), ""
 
 
-def forward_kwargs(model: nn.Module, model_type: str) -> dict:
-    """What a Hugging Face model is called with in training: no KV cache (training never reads one: building it costs
-    memory), and an MoE's router logits, from which it computes its load-balancing loss."""
-    if model_type != "hf":
-        return {}
-    kwargs: dict = {"use_cache": False}
-    if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
-        kwargs["output_router_logits"] = True
-    return kwargs
-
-
 def rejected_input(error: Exception) -> bool:
     """Whether an error of the first step is the user's code refusing its input, said in one line (not a lost peer,
     a device out of memory, torch.compile failing or a ZeRO-3 leaf's hook refusing an in-place change, which go on as
@@ -377,6 +315,11 @@ def rejected_input(error: Exception) -> bool:
     return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling or hooked)
 
 
+def is_scalar_loss(value) -> bool:
+    """Whether `value` is what backward takes as a loss, or logs as a term: a floating-point tensor of one number."""
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
+
+
 def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data). A tensor
     weight (step_weights of masked data) is never compared or read, which would make the host wait for the device;
@@ -384,13 +327,6 @@ def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return loss * weight.to(loss.dtype)
     return loss if weight == 1.0 else loss * weight
-
-
-def field_of(outputs, name: str, default):
-    """outputs.name, or outputs[name] of a dict, or `default`."""
-    if isinstance(outputs, dict):
-        return outputs.get(name, default)
-    return getattr(outputs, name, default)
 
 
 def described_batch(batch) -> str:

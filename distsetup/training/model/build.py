@@ -63,7 +63,7 @@ def build(m, weights: bool = True) -> nn.Module:
         raise
     except Exception as e:
         raise DistsetupError(
-            f"model.builder {m.builder} raised {type(e).__name__}: {first_line(e)}{user_code.raised_in_user_code(e)}.",
+            f"model.builder {m.builder} raised {user_code.what_raised(e)}.",
             f"fix {m.builder} or model.args.",
             alike_on_every_rank=True,
         ) from None

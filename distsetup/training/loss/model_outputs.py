@@ -1,0 +1,22 @@
+"""How a model is called in training (forward_kwargs) and what its outputs hold (field_of): an object's attribute or a
+dict's key, as transformers' ModelOutput has both."""
+
+import torch.nn as nn
+
+
+def forward_kwargs(model: nn.Module, model_type: str) -> dict:
+    """What a Hugging Face model is called with in training: no KV cache (training never reads one: building it costs
+    memory), and an MoE's router logits, from which it computes its load-balancing loss."""
+    if model_type != "hf":
+        return {}
+    kwargs: dict = {"use_cache": False}
+    if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
+        kwargs["output_router_logits"] = True
+    return kwargs
+
+
+def field_of(outputs, name: str, default):
+    """outputs.name, or outputs[name] of a dict, or `default`."""
+    if isinstance(outputs, dict):
+        return outputs.get(name, default)
+    return getattr(outputs, name, default)
