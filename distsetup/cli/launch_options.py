@@ -1,5 +1,6 @@
-"""The options `distsetup launcher` and `distsetup slurm` share (what runs, with which backend and launcher, on
-how many GPUs) and their conversion into a LaunchSpec: one place for both commands, as options.py is for all."""
+"""The options `distsetup launcher`, `distsetup slurm` and `distsetup job` share (what runs, with which backend and
+launcher, on how many GPUs) and their conversion into a LaunchSpec: one place for the three, as options.py is for
+all."""
 
 import os
 import shlex
@@ -46,56 +47,80 @@ class GpuCount(click.ParamType):
         return number
 
 
-# Options shared with `distsetup slurm`: what to run, with which backend and launcher, on how many GPUs.
-launch_options = stack(
-    option(
-        "config",
-        type=click.Path(dir_okay=False),
-        help="Run config (config.yaml) [config/config.yaml where it exists]; its backend is used unless "
-        "--use_deepspeed / --use_fsdp is given.",
-    ),
-    option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
-    option("use_fsdp", is_flag=True, help="Train with FSDP."),
-    option("deepspeed_config", type=click.Path(dir_okay=False), help="DeepSpeed JSON (from `distsetup deepspeed`)."),
-    option("fsdp_config", type=click.Path(dir_okay=False), help="FSDP JSON (from `distsetup fsdp`)."),
-    option(
-        "launch_method",
-        type=click.Choice(LAUNCH_METHODS),
-        default="torchrun",
-        show_default=True,
-        help="torchrun (no SSH), the deepspeed launcher, or accelerate.",
-    ),
-    option(
-        "script",
-        help=f"Your own training script (python FILE) instead of distsetup's trainer "
-        f"(python -m {DEFAULT_TRAINER}, the default).",
-    ),
-    option("python_module", help="Your own training module (python -m MODULE) instead of distsetup's trainer."),
-    option(
-        "num_gpus_per_node",
-        type=GpuCount(),
-        help="Processes per node: a number (CPU processes on a "
-        "machine without GPUs) or auto (every visible GPU) [auto, or the count of --gpus].",
-    ),
-    option("num_nodes", type=int, default=1, show_default=True, help="Nodes in the world."),
-    option(
-        "master_port",
-        type=int,
-        help="Rendezvous port [29500; a free one on one node; under SLURM derived from the job id].",
-    ),
-    option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
-    option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
-    option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
-    switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
-    option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
-    option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
-    option(
-        "preflight",
-        is_flag=True,
-        help="Run `python -m distsetup.preflight` (all-reduce + barrier) across the same world before training.",
-    ),
-    option("dry_run", is_flag=True, help="Print the script and write nothing."),
-)
+# What the options below say in `distsetup launcher` and `distsetup slurm`, which write a script: {option: help}.
+SCRIPT_WORDING = {
+    "launch_method": {"help": "torchrun (no SSH), the deepspeed launcher, or accelerate."},
+    "num_gpus_per_node": {
+        "help": "Processes per node: a number (CPU processes on a machine without GPUs) or auto (every visible GPU) "
+        "[auto, or the count of --gpus]."
+    },
+    "master_port": {"help": "Rendezvous port [29500; a free one on one node; under SLURM derived from the job id]."},
+    "dry_run": {"help": "Print the script and write nothing."},
+}
+# ... and in `distsetup job`, whose nodes all run torchrun, in pods or SkyPilot nodes that ask for the GPUs.
+JOB_WORDING = {
+    "launch_method": {
+        "metavar": "torchrun",
+        "help": "The only launcher a job runs (DeepSpeed and FSDP runs train under it too).",
+    },
+    "num_gpus_per_node": {
+        "metavar": "N",
+        "help": "Processes per node, and the GPUs each node asks for (CPU processes on nodes without GPUs).",
+    },
+    "master_port": {"help": "Rendezvous port, on jobset and skypilot [29500]; trainjob and pytorchjob set their own."},
+    "dry_run": {"help": "Print the file and write nothing."},
+}
+
+
+def shared_launch_options(wording: dict[str, dict[str, str]]):
+    """The options `distsetup launcher`, `slurm` and `job` share (what to run, with which backend and launcher, on
+    how many GPUs), with `wording`'s help and metavar for those that read otherwise in each."""
+    return stack(
+        option(
+            "config",
+            type=click.Path(dir_okay=False),
+            help="Run config (config.yaml) [config/config.yaml where it exists]; its backend is used unless "
+            "--use_deepspeed / --use_fsdp is given.",
+        ),
+        option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
+        option("use_fsdp", is_flag=True, help="Train with FSDP."),
+        option(
+            "deepspeed_config", type=click.Path(dir_okay=False), help="DeepSpeed JSON (from `distsetup deepspeed`)."
+        ),
+        option("fsdp_config", type=click.Path(dir_okay=False), help="FSDP JSON (from `distsetup fsdp`)."),
+        option(
+            "launch_method",
+            type=click.Choice(LAUNCH_METHODS),
+            default="torchrun",
+            show_default=True,
+            **wording["launch_method"],
+        ),
+        option(
+            "script",
+            help=f"Your own training script (python FILE) instead of distsetup's trainer "
+            f"(python -m {DEFAULT_TRAINER}, the default).",
+        ),
+        option("python_module", help="Your own training module (python -m MODULE) instead of distsetup's trainer."),
+        option("num_gpus_per_node", type=GpuCount(), **wording["num_gpus_per_node"]),
+        option("num_nodes", type=int, default=1, show_default=True, help="Nodes in the world."),
+        option("master_port", type=int, **wording["master_port"]),
+        option("omp_num_threads", type=positive, help="OMP_NUM_THREADS for every process."),
+        option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
+        option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
+        switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
+        option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
+        option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
+        option(
+            "preflight",
+            is_flag=True,
+            help="Run `python -m distsetup.preflight` (all-reduce + barrier) across the same world before training.",
+        ),
+        option("dry_run", is_flag=True, **wording["dry_run"]),
+    )
+
+
+launch_options = shared_launch_options(SCRIPT_WORDING)
+job_launch_options = shared_launch_options(JOB_WORDING)
 
 
 def launch_inputs(spec: LaunchSpec) -> dict[str, str | None]:

@@ -179,6 +179,23 @@ def test_the_help_examples_run_as_written(run_cli, project):
         assert result.exit_code == 0, (example, result.output)
 
 
+@pytest.mark.parametrize("command, writes_a_job", [("job", True), ("launcher", False), ("slurm", False)])
+def test_the_shared_options_help_says_what_the_command_does_with_them(run_cli, command, writes_a_job):
+    """`job --help` read the launch scripts' texts: --launch_method offered the deepspeed launcher and accelerate, and
+    --num_gpus_per_node auto and --gpus, which a job refuses or lacks; --master_port spoke of SLURM, --dry_run of a
+    script. The scripts' commands keep them."""
+    help_text = " ".join(run_cli(command, "--help").stdout.split())
+    scripts_words = (
+        "the deepspeed launcher, or accelerate",
+        "or auto (every visible GPU)",
+        "[auto, or the count of --gpus]",
+        "under SLURM derived from the job id",
+        "Print the script",
+    )
+    assert [words in help_text for words in scripts_words] == [not writes_a_job] * len(scripts_words)
+    assert ("--launch-method torchrun The only launcher a job runs" in help_text) == writes_a_job
+
+
 @pytest.mark.parametrize("output_dir, in_bucket", [("runs/exp2", True), ("/tmp/exp2", False)])
 def test_an_output_dir_given_after_the_double_dash_is_kept_where_the_job_keeps_it(
     run_cli, project, output_dir, in_bucket

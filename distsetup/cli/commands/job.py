@@ -6,8 +6,8 @@ SkyPilot task, which `sky jobs launch` runs as a managed job."""
 import click
 
 from distsetup.cli.launch_options import (
+    job_launch_options,
     launch_inputs,
-    launch_options,
     launch_spec_from_options,
     regenerate_command,
     script_notes,
@@ -39,7 +39,7 @@ Examples:
     help="The engine: trainjob (Kubeflow Trainer v2), jobset (JobSet), pytorchjob (Kubeflow training-operator v1), "
     "skypilot (a SkyPilot task).",
 )
-@launch_options
+@job_launch_options
 @option(
     "image",
     help="Container image with Python, torch and distsetup (and your code and data) installed; on SkyPilot, a Docker "
