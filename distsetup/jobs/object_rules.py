@@ -2,10 +2,11 @@
 and webhooks apply (name lengths, the variables an engine sets itself, a podFailurePolicy's restart policy, one
 Master, one replica of Kubeflow Trainer's trainer Job, one ML policy), and distsetup's contract for the pods that
 run its entry point (every node a pod of one world: an Indexed Job of `nodes` pods, node 0's address, the processes
-per node the GPUs asked for)."""
+per node the GPUs asked for; restarted after a preemption: restart_rules.py)."""
 
 from distsetup.formats.problems import Problem
 from distsetup.jobs.engines import CONTAINER, jobset_master_address, name_problem, subdomain_problem
+from distsetup.jobs.restart_rules import restart_problems
 from distsetup.jobs.walk import is_trainer_job, plain_env, pod_templates, replicated_jobs, runs_entry_point
 
 CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
@@ -42,6 +43,7 @@ def object_rules(document: dict) -> list[Problem]:
                 problems.append(_injected(f"spec.trainer.env[{e}].name", kind, variable["name"]))
             elif sets_the_completion_index(variable):
                 problems.append(_completion_index(f"spec.trainer.env[{e}].name"))
+    problems += restart_problems(document)
     if kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
         policies = [key for key in ML_POLICIES if key in document["spec"].get("mlPolicy", {})]
         if len(policies) > 1:

@@ -16,14 +16,18 @@ def place(document, index: int) -> str:
     return f"[{index}]"
 
 
+def jobset_spec(document: dict) -> tuple[str, dict]:
+    """(path, spec) of a JobSet's spec or a runtime's JobSet template's; ("", {}) for other kinds."""
+    if document["kind"] == "JobSet":
+        return "spec", document["spec"]
+    if document["kind"] in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        return "spec.template.spec", document["spec"]["template"]["spec"]
+    return "", {}
+
+
 def replicated_jobs(document: dict):
     """(path, Job spec, replicated Job) of each replicated Job of a JobSet or a runtime's JobSet template."""
-    if document["kind"] == "JobSet":
-        path, jobset = "spec", document["spec"]
-    elif document["kind"] in ("TrainingRuntime", "ClusterTrainingRuntime"):
-        path, jobset = "spec.template.spec", document["spec"]["template"]["spec"]
-    else:
-        return
+    path, jobset = jobset_spec(document)
     for index, replicated in enumerate(jobset.get("replicatedJobs", [])):
         if "spec" in replicated["template"]:
             yield f"{path}.replicatedJobs[{index}]", replicated["template"]["spec"], replicated

@@ -201,6 +201,50 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         "ghcr.io/Me/train:1",
         [f"JobSet/llm-run.{POD_SHOWN}.containers[0].image"],
     ),
+    # the restart contract (jobs/restart_rules.py): a preemption's 143 restarts the world, uncounted
+    "143 not taken": (
+        "jobset",
+        "JobSet",
+        f"{JOB}.podFailurePolicy.rules.0.onExitCodes.values",
+        [137],
+        [f"JobSet/llm-run.{JOB_SHOWN}.podFailurePolicy"],
+    ),
+    "143 counted": (
+        "jobset",
+        "JobSet",
+        f"{JOB}.podFailurePolicy.rules.0.action",
+        "Count",
+        [f"JobSet/llm-run.{JOB_SHOWN}.podFailurePolicy.rules[0].action"],
+    ),
+    "no failure policy": ("jobset", "JobSet", "spec.failurePolicy", None, ["JobSet/llm-run.spec.failurePolicy"]),
+    "restart counted": (
+        "jobset",
+        "JobSet",
+        "spec.failurePolicy.rules.0.action",
+        "RestartJobSet",
+        ["JobSet/llm-run.spec.failurePolicy.rules[0].action"],
+    ),
+    "no rule matches": (  # the message of a Job failed on 143 does not match: the default, RestartJobSet, counts
+        "trainjob",
+        "TrainingRuntime",
+        "spec.template.spec.failurePolicy.rules.0.onJobFailureMessagePatterns",
+        ["exit code 137"],
+        ["TrainingRuntime/llm-run-runtime.spec.template.spec.failurePolicy.rules"],
+    ),
+    "worker never": (
+        "pytorchjob",
+        "PyTorchJob",
+        "spec.pytorchReplicaSpecs.Worker.restartPolicy",
+        "Never",
+        ["PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Worker.restartPolicy"],
+    ),
+    "master default": (  # OnFailure, and no backoffLimit: a program's error restarts without end
+        "pytorchjob",
+        "PyTorchJob",
+        "spec.pytorchReplicaSpecs.Master.restartPolicy",
+        None,
+        ["PyTorchJob/llm-run.spec.pytorchReplicaSpecs.Master.restartPolicy"],
+    ),
     "class": (
         "jobset",
         "PersistentVolumeClaim",
@@ -229,6 +273,26 @@ def test_a_mutated_spec_fails_with_the_path_to_fix(run_cli, project, mutation):
     assert manifest_problems(documents) == []
     problems = manifest_problems(mutated(documents, lambda d: set_or_drop(d, kind, path, value)))
     assert [p.path for p in problems] == expected, problems
+
+
+@pytest.mark.parametrize(
+    "target, kind, path, value",
+    [
+        # a preempted pod's 143 ignored: the Job recreates the pod, uncounted (the JobSet is not restarted)
+        ("jobset", "JobSet", f"{JOB}.podFailurePolicy.rules.0.action", "Ignore"),
+        # OnFailure restarts the pod in place; runPolicy.backoffLimit bounds a program's errors
+        ("pytorchjob", "PyTorchJob", "spec.runPolicy.backoffLimit", 5),
+    ],
+)
+def test_other_ways_of_keeping_the_restart_contract_are_no_problem(run_cli, project, target, kind, path, value):
+    assert write(run_cli, target).exit_code == 0
+
+    def change(documents):
+        set_in(documents, kind, path, value)
+        if target == "pytorchjob":
+            set_in(documents, kind, "spec.pytorchReplicaSpecs.Master.restartPolicy", "OnFailure")
+
+    assert manifest_problems(mutated(objects(project, target), change)) == []
 
 
 def test_an_empty_storage_class_is_no_provisioning_and_valid(run_cli, project):
