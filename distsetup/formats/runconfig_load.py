@@ -28,12 +28,15 @@ class Checked:
     written: dict[str, str]  # as RunConfig.written
 
 
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read config.yaml (or the defaults when path is None), apply overrides, and check it all."""
+def load_run_config(
+    path: str | Path | None, overrides: Sequence[str] = (), not_needed: Sequence[str] = ()
+) -> RunConfig:
+    """Read config.yaml (or the defaults when path is None), apply overrides, and check it all but the keys
+    `not_needed` (what the command does not read)."""
     raw = read_yaml(Path(path)) if path else {}
     raw = apply_overrides(raw, list(overrides))
     checked = check_run_config(raw, Path(path).parent if path else None)
-    problems = checked.problems
+    problems = [problem for problem in checked.problems if problem.path not in not_needed]
     if problems:
         raise DistsetupError(
             f"run config problem{_where(problems[0], path, overrides)}: {problems[0]}"

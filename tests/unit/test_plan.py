@@ -268,6 +268,23 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
     assert out["recommendation"]["global_batch_size"] == 4 * 2 * 2
 
 
+def test_a_deepspeed_run_config_is_planned_before_its_file_is_written(run_cli, tmp_path):
+    """The run config names the DeepSpeed file plan --write is about to write: plan refused it ("file
+    config/ds_config.json does not exist"), though it plans every strategy and reads no backend file."""
+    (tmp_path / "config").mkdir()
+    cfg = tmp_path / "config" / "config.yaml"
+    cfg.write_text(
+        "model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n"
+        "distributed: {backend: deepspeed, deepspeed_config: ds_config.json}\n"
+    )
+    assert run_cli("validate", cfg).exit_code != 0  # the file is still missing for a run
+    args = ("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--strategy", "zero2")
+    result = run_cli(*args, "--write", tmp_path / "config")
+    assert result.exit_code == 0, result.output
+    assert "Recommended: ZeRO-2" in result.stdout
+    assert run_cli("validate", cfg).exit_code == 0, "plan --write wrote the file the run config names"
+
+
 def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
     pytest.importorskip("torch")
     example = REPO / "examples" / "pairwise_scorer"

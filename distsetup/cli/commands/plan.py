@@ -184,7 +184,9 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         )
     from distsetup.formats.runconfig_load import load_run_config
 
-    cfg = load_run_config(o["config"]).resolved(Path(o["config"]).parent)
+    # every strategy is planned: the run's own backend file is not read, and may come later (from --write)
+    backend_files = ("distributed.deepspeed_config", "distributed.fsdp_config")
+    cfg = load_run_config(o["config"], not_needed=backend_files).resolved(Path(o["config"]).parent)
     notes = []
     if cfg.model.type == "python":
         from distsetup.training.user_code import make_importable
