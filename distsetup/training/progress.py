@@ -26,13 +26,26 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
 
-    def logged(self, step: int, loss: float, lr: float, per_s: float, unit: str, mfu: float | None = None) -> None:
-        """The figures of a logged step (`mfu`: where it is known): on the bar, or as a line of their own."""
+    def logged(
+        self,
+        step: int,
+        loss: float,
+        lr: float,
+        per_s: float,
+        unit: str,
+        mfu: float | None = None,
+        loss_scale: float | None = None,
+    ) -> None:
+        """The figures of a logged step (`mfu`: where it is known; `loss_scale`: fp16's, which falls where steps
+        overflow and are skipped): on the bar, or as a line of their own."""
+        scale = {} if loss_scale is None else {"loss_scale": f"{loss_scale:g}"}
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **scale)
         else:
             utilisation = f", MFU {mfu:.1%}" if mfu is not None else ""
-            self.say(f"step {step}/{self.total}: loss {loss:.4f}, lr {lr:.2e}, {per_s:.3g} {unit}/s{utilisation}")
+            scaled = f", loss scale {loss_scale:g}" if loss_scale is not None else ""
+            figures = f"loss {loss:.4f}, lr {lr:.2e}, {per_s:.3g} {unit}/s{utilisation}{scaled}"
+            self.say(f"step {step}/{self.total}: {figures}")
 
     def say(self, line: str) -> None:
         """A line of its own (an evaluation's result), above the bar where there is one."""

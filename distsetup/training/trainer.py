@@ -320,7 +320,7 @@ class Trainer:
         throughput = {f"{loop.objective.unit}_per_s": per_s}
         mfu_now = mfu(per_s, loop.flops, self.world.size, loop.peak) if loop.flops else None
         loop.metrics.write(self.step, **terms, lr=lr, **throughput, mfu=mfu_now, loss_scale=loss_scale)
-        loop.progress.logged(self.step, self.loss, lr, per_s, loop.objective.unit, mfu_now)
+        loop.progress.logged(self.step, self.loss, lr, per_s, loop.objective.unit, mfu_now, loss_scale)
 
     def _items_per_step(self, loop: Loop) -> int:
         """What throughput counts in one step: tokens (token data) or samples."""
