@@ -187,6 +187,24 @@ class _PyYamlLoader(yaml.SafeLoader):
         check_size(*self._sizes[id(node)])
         return node
 
+    def construct_mapping(self, node, deep=False):
+        """A key written twice in one mapping is refused: PyYAML keeps the last one, so a second `training:` section
+        appended to a file dropped every setting of the first without a word (YAML itself has keys unique, and
+        kubectl's strict decoding refuses them)."""
+        first_seen: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in first_seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"key '{key_node.value}' is written a second time (first at line {first_seen[key] + 1}), "
+                    "and only the last would count: merge the two",
+                    problem_mark=key_node.start_mark,
+                )
+            first_seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
 
 class _Loader(_PyYamlLoader):
     """YAML as users write it: `3e-4` is a float (PyYAML's YAML 1.1 rules read it as a string)."""
@@ -215,7 +233,11 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 def read_yaml(path: Path, as_pyyaml: bool = False) -> dict:
     """A config file as a dict, read within the limits of read_config_text and _Loader; `as_pyyaml`: as
     yaml.safe_load reads it, for files other programs read that way (Accelerate's, TrainingArguments)."""
-    text = read_config_text(path, "run config")
+    return yaml_mapping(read_config_text(path, "run config"), path, as_pyyaml)
+
+
+def yaml_mapping(text: str, path: Path, as_pyyaml: bool = False) -> dict:
+    """The text of config file `path` as a dict (read_yaml's), or one DistsetupError naming the file."""
     try:
         raw = parse_yaml(text, as_pyyaml) or {}
     except TooComplex as e:

@@ -123,6 +123,24 @@ def test_hostile_values_in_json_and_yaml_are_one_line(run_cli, tmp_path):
         load_run_config(None, ["training.seed=" + "9" * 5000])
 
 
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("model:\n  type: gpt\n  n_layer: 2\n n_head: 4\n", "not valid YAML: line 4, column 2"),
+        ("- a\n- b\n", "must hold a mapping of sections"),
+        ("training:\n  seed: 2024-13-45\n", "not valid YAML"),
+        ("training:\n  lr: 0.1\ntraining:\n  max_steps: 5\n", "key 'training' is written a second time"),
+    ],
+)
+def test_validate_fix_says_what_it_cannot_read_in_one_line(run_cli, tmp_path, text, words):
+    """--fix read the file with its round-trip parser first: a YAML error was ruamel's traceback (a list: an
+    AttributeError), where validate without --fix says one line. The file is left as it was."""
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    one_line_error(run_cli("validate", "--fix", config), words)
+    assert config.read_text() == text
+
+
 # --- every reader of a DeepSpeed file checks what validate checks ----------------------------------
 
 TYPO = {"zero_optimizaton": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}

@@ -81,6 +81,13 @@ def test_guides_keys_select_the_backend(tmp_path):
         ("training:\n  betas: [1.5, 0.9]\n", r"training.betas: \[1.5, 0.9\] are not both in \[0, 1\)"),
         ("training: [\n", "not valid YAML: line 2, column 1: expected the node content"),
         ("training:\n  max_steps: 3\n\tlr: 0.1\n", r"line 3, column 1: .* \(a tab: YAML indents with spaces\)"),
+        # PyYAML keeps a repeated key's last value: a second section appended dropped the first's settings
+        (
+            "training:\n  lr: 0.1\nmodel:\n  n_layer: 2\ntraining:\n  max_steps: 5\n",
+            "line 5, column 1: key 'training' "
+            r"is written a second time \(first at line 1\)",
+        ),
+        ("training:\n  lr: 0.1\n  lr: 0.2\n", "line 3, column 3: key 'lr' is written a second time"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path, text, message):

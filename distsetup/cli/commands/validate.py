@@ -15,7 +15,7 @@ from distsetup.formats.batch import world_size_from
 from distsetup.formats.fix import fixed_run_config
 from distsetup.formats.hf_trainer import Context, Resolved, TrainerValues, mismatch_problems, resolve_auto
 from distsetup.formats.problems import Problem, as_json
-from distsetup.formats.reading import read_config_text, read_json
+from distsetup.formats.reading import read_config_text, read_json, yaml_mapping
 from distsetup.formats.runconfig import MODEL_MAXIMA, resolve_config_path
 from distsetup.formats.validate import KINDS, YAML_SUFFIXES, validate_file
 from distsetup.jobs.files import JOB_KINDS, job_file_kind, validate_job_file
@@ -105,7 +105,9 @@ def fix(file: Path, kind: str | None) -> None:
     yaml_kind = "run_config" if file.suffix in YAML_SUFFIXES and not job_file_kind(file) else None
     if (kind or yaml_kind) != "run_config":
         raise DistsetupError(f"--fix rewrites run configs (.yaml); {file} is not one.", "give the run config.")
-    text, changes = fixed_run_config(read_config_text(file, "run config"), str(file))
+    text = read_config_text(file, "run config")
+    yaml_mapping(text, file)  # what it cannot read is said as validate says it, before the round trip reads it
+    text, changes = fixed_run_config(text, str(file))
     if changes:
         write_atomic(file, text)
     for change in changes:
