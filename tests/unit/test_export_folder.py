@@ -1,17 +1,19 @@
 """What `checkpoint export` and `convert` read and write: the newest intact checkpoint or the step named, the damaged
 ones passed over said; a new folder whole or not at all (a SIGTERM mid-way included), readable as any new folder."""
 
+import errno
 import json
 import os
 import signal
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import MARKER, step_dir
-from distsetup.training.checkpoint.export import newest_checkpoint, write_new_folder
+from distsetup.training.checkpoint.export import newest_checkpoint, read_errors, write_new_folder
 
 
 def test_a_sigterm_mid_write_leaves_nothing_and_exits_143(tmp_path):
@@ -41,6 +43,24 @@ def test_the_folder_has_a_new_folders_permissions(tmp_path):
     shared.chmod(0o2775)  # a group's folder: what is made in it stays the group's
     write_new_folder(shared / "out", lambda folder: None)
     assert stat.S_IMODE((shared / "out").stat().st_mode) & stat.S_ISGID
+
+
+@pytest.mark.parametrize("where", ["unwritable", "full disk"])
+def test_an_output_that_cannot_be_written_is_said_of_o_not_of_the_checkpoint(tmp_path, where):
+    """export and convert said "cannot export checkpoint .../step_200: ... move .../step_200 aside", for an -o in a
+    folder nobody can write to or a disk out of room: the hint would set a good checkpoint aside."""
+    if where == "unwritable":
+        out, write = Path("/proc/no-such-output"), lambda folder: None
+    else:
+        out = tmp_path / "out"
+
+        def write(folder):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() that finds no room says it
+
+    with pytest.raises(DistsetupError, match=rf"cannot write -o {out}: ") as info:
+        with read_errors(tmp_path / "checkpoints" / "step_200", "export"):
+            write_new_folder(out, write)
+    assert "aside" not in info.value.hint and list(tmp_path.iterdir()) == []
 
 
 def checkpoints_of_steps(root, steps):

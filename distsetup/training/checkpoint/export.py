@@ -3,6 +3,7 @@
 folder; the last two are written one tensor at a time (training/checkpoint/weight_stream.py)."""
 
 import contextlib
+import errno
 import json
 import shutil
 import signal
@@ -238,8 +239,11 @@ def write_new_folder(out: Path, write) -> None:
     """`write(folder)` into a staging folder beside `out`, renamed to `out` once whole (with the permissions a new
     folder gets, not mkdtemp's owner-only ones); removed on any failure, Ctrl-C and SIGTERM (a scheduler's kill)
     included."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    except OSError as e:
+        raise _cannot_write(out, e) from None
     try:
         with _sigterm_as_exit():
             write(staging)
@@ -247,9 +251,28 @@ def write_new_folder(out: Path, write) -> None:
             if out.is_dir():
                 out.rmdir()
             staging.rename(out)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and _of_the_output(e, staging, out):
+            raise _cannot_write(out, e) from None
         raise
+
+
+# errors of writing whatever the file: the output's disk, not the checkpoint read
+_WRITING_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _of_the_output(error: OSError, staging: Path, out: Path) -> bool:
+    """Whether `error` is the output's (its folder, or the disk it is written on) rather than the checkpoint's."""
+    named = [Path(name) for name in (error.filename, error.filename2) if name]
+    return error.errno in _WRITING_ERRORS or any(path.is_relative_to(p) for path in named for p in (staging, out))
+
+
+def _cannot_write(out: Path, error: OSError) -> DistsetupError:
+    """Said of -o, not of the checkpoint (read_errors' "move the checkpoint aside" would move a good one)."""
+    return DistsetupError(
+        f"cannot write -o {out}: {error.strerror}.", "choose an -o in a folder you can write to, with room for it."
+    )
 
 
 @contextlib.contextmanager
