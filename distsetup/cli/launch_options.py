@@ -13,7 +13,7 @@ from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.reading import read_yaml
-from distsetup.formats.runconfig import RunConfig, resolve_config_path
+from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
@@ -108,7 +108,11 @@ def shared_launch_options(wording: dict[str, dict[str, str]]):
         option("nccl_debug", type=click.Choice(NCCL_DEBUG_LEVELS), help="NCCL_DEBUG level."),
         option("nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, the network interface between nodes."),
         switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
-        option("timeout_minutes", type=positive, help="Collective timeout (distributed.timeout_minutes)."),
+        option(
+            "timeout_minutes",
+            type=click.IntRange(1, MAX_TIMEOUT_MINUTES),
+            help="Collective timeout (distributed.timeout_minutes).",
+        ),
         option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),
         option(
             "preflight",

@@ -28,6 +28,8 @@ BUILTIN_SHAPE = ("n_layer", "n_head", "n_embd", "dropout")  # the built-in GPT's
 # Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of
 # hidden size 16-25k with 128 heads, vocabularies of 256k tokens, contexts of 10M tokens); a larger value is
 # a typo, and would make `distsetup plan` compute with absurd numbers or the trainer allocate without end.
+# the longest collective timeout: a week (a larger one overflowed torch's timedelta, with a traceback on every rank)
+MAX_TIMEOUT_MINUTES = 7 * 24 * 60
 MODEL_MAXIMA = {"vocab_size": 2**20, "block_size": 2**24, "n_layer": 4096, "n_head": 1024, "n_embd": 2**17}
 
 
@@ -198,7 +200,10 @@ class DistributedConfig:
     use_deepspeed: bool = setting(False, "same as backend: deepspeed (the guides' spelling)")
     use_fsdp: bool = setting(False, "same as backend: fsdp (the guides' spelling)")
     timeout_minutes: float = setting(
-        30, "collective timeout in minutes (fractions allowed); a dead rank ends the job after this", exclusiveMinimum=0
+        30,
+        "collective timeout in minutes (fractions allowed); a dead rank ends the job after this; at most a week",
+        exclusiveMinimum=0,
+        maximum=MAX_TIMEOUT_MINUTES,
     )
 
 

@@ -88,6 +88,8 @@ def test_guides_keys_select_the_backend(tmp_path):
             r"is written a second time \(first at line 1\)",
         ),
         ("training:\n  lr: 0.1\n  lr: 0.2\n", "line 3, column 3: key 'lr' is written a second time"),
+        # torch's timedelta overflowed in init_process_group: a traceback on every rank
+        ("distributed:\n  timeout_minutes: 1e23\n", r"timeout_minutes: 1e\+23 is out of range.* at most 10080"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path, text, message):
