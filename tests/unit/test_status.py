@@ -112,7 +112,7 @@ def test_fewer_gpus_redo_the_batch_arithmetic():
         refit_batch(8, 3, 64, 4, 3e-4, None)
 
 
-def test_status_without_driver_is_one_line_and_exit_0():
+def test_status_without_driver_is_one_line_and_exit_0_unless_gpus_are_asked_for():
     out = run_subprocess_cli("status", cwd=REPO)
     try:
         query_gpus()
@@ -126,6 +126,10 @@ def test_status_without_driver_is_one_line_and_exit_0():
     assert len(lines) == 1 and "no NVIDIA GPU found" in lines[0]
     as_json = run_subprocess_cli("status", "--json", cwd=REPO)
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["gpus"] == []
+    # GPUs asked for: `status --count 2 && launch` must not launch (it went on, exit 0)
+    counted = run_subprocess_cli("status", "--count", "2", cwd=REPO)
+    assert counted.returncode == 1 and "no NVIDIA GPU found" in counted.stderr
+    assert "Traceback" not in counted.stderr and len(counted.stderr.strip().splitlines()) == 1
 
 
 def test_select_gpus_keeps_the_launchers_signature():

@@ -62,6 +62,8 @@ def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_b
     try:
         gpus = query_gpus()
     except NoGpuError as e:
+        if count:  # GPUs asked for: none qualify, an error as where too few do (`status --count 8 && launch`)
+            raise
         click.echo(f"{json.dumps({'gpus': [], 'message': e.message})}" if as_json else e.message)
         return
     verdicts = judge_gpus(gpus, min_free_gb, max_util)
