@@ -56,6 +56,22 @@ def gpt_params(vocab_size: int, block_size: int, n_layer: int, n_embd: int, tied
     return n_layer * per_layer + vocab_size * h + block_size * h + 2 * h + head
 
 
+def gpt_shape(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, layer_cls: str) -> ModelShape:
+    """The built-in GPT's shape, counted without torch: its largest module is its MLP's first layer, the token
+    embedding or the position embedding."""
+    h = n_embd
+    return ModelShape(
+        params=gpt_params(vocab_size, block_size, n_layer, n_embd),
+        hidden_size=h,
+        num_layers=n_layer,
+        num_heads=n_head,
+        vocab_size=vocab_size,
+        block_params=12 * h * h + 13 * h,
+        largest_module_params=max(4 * h * h + 4 * h, vocab_size * h, block_size * h),
+        layer_cls=layer_cls,
+    )
+
+
 # Published decoder shapes (GPT-3 paper Table 2.1; Llama 2 for 7B-70B): params, hidden, layers, heads, vocab.
 KNOWN_SHAPES = [
     (125e6, 768, 12, 12, 50257),

@@ -268,6 +268,31 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
     assert out["recommendation"]["global_batch_size"] == 4 * 2 * 2
 
 
+@pytest.mark.parametrize(
+    "model",
+    [
+        "{n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}",
+        "{n_layer: 2, n_embd: 64, n_head: 4, block_size: 4096, vocab_size: 256}",  # the positions the largest module
+    ],
+)
+def test_the_built_in_model_is_counted_without_torch_as_on_the_meta_device(tmp_path, model):
+    """plan --config imported torch to count the built-in GPT on the meta device (seconds; generating or checking a
+    file never imports torch): its numbers give every count the planner reads, the same."""
+    from distsetup.cli.commands.plan import count_on_meta, shape_from_run_config
+    from distsetup.formats.runconfig_load import load_run_config
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"model: {model}\n")
+    counted, exact = shape_from_run_config(load_run_config(cfg)), count_on_meta(load_run_config(cfg))
+    for shape in (counted, exact):
+        assert shape.layer_cls == exact.layer_cls
+    assert [(s.params, s.block, s.largest_module, s.root) for s in (counted, exact)] == [
+        (exact.params, exact.block, exact.largest_module, exact.root)
+    ] * 2
+    args = ["plan", "--config", str(cfg), "--num_gpus", "2", "--gpu_memory", "8GB"]
+    assert heavy_imports(args, ("torch", "deepspeed")) == ([], 0)
+
+
 def test_a_deepspeed_run_config_is_planned_before_its_file_is_written(run_cli, tmp_path):
     """The run config names the DeepSpeed file plan --write is about to write: plan refused it ("file
     config/ds_config.json does not exist"), though it plans every strategy and reads no backend file."""

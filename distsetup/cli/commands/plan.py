@@ -14,7 +14,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, global_batch_of
 from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
 from distsetup.planning.estimates import BY_KEY, Hardware, Workload
-from distsetup.planning.models import ModelShape, assumed_shape, gpt_params, hf_shape_from_json
+from distsetup.planning.models import ModelShape, assumed_shape, gpt_shape, hf_shape_from_json
 from distsetup.planning.planner import Plan, plan
 from distsetup.planning.recommendation import recommended_files
 from distsetup.planning.units import MAX_BATCH, gb, in_words, parse_count, parse_memory
@@ -224,23 +224,18 @@ def check_shape_against_params(params: int, hidden: int, layers: int, vocab: int
 
 
 def shape_from_run_config(cfg) -> ModelShape:
-    """Counted exactly on the meta device when torch is importable, else from the config's numbers."""
+    """The built-in GPT counted from its numbers (exact, and without torch: plan answers in a blink); a Hugging Face
+    or python model exactly on the meta device when torch is importable, else an HF one from its config.json."""
     m = cfg.model
+    if m.type == "gpt":
+        layer_cls = (m.layer_classes or [BUILTIN_BLOCK])[0]
+        return gpt_shape(m.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, layer_cls)
     if importlib.util.find_spec("torch") is not None:
         return count_on_meta(cfg)
     if m.type == "python":
         raise DistsetupError(
             "distsetup plan counts model.type python models on the meta device, which needs torch.",
             "pip install torch, or give --params.",
-        )
-    if m.type == "gpt":
-        return ModelShape(
-            params=gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd),
-            hidden_size=m.n_embd,
-            num_layers=m.n_layer,
-            num_heads=m.n_head,
-            vocab_size=m.vocab_size,
-            layer_cls=(m.layer_classes or [BUILTIN_BLOCK])[0],
         )
     return hf_shape_from_json(Path(m.hf_path) / "config.json", (m.layer_classes or [None])[0])
 
