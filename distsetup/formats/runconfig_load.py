@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.file_kinds import wrong_kind_problem
 from distsetup.formats.fsdp_inline import inline_findings, read_inline
 from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names
 from distsetup.formats.problems import Problem, join_path, schema_problems
@@ -123,6 +124,9 @@ def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
     problems = _key_problems(raw)
     if problems:
         return Checked(problems, [], {})
+    wrong = wrong_kind_problem(raw, "run_config")
+    if wrong:
+        return Checked([wrong], [], {})
     notes, problems, spelled = _read_other_spellings(raw)
     written = {
         f"{section}.{key}": f"{section}.{key}"

@@ -8,7 +8,8 @@ from typing import NamedTuple
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
 from distsetup.formats.deepspeed_rules import deepspeed_notes, deepspeed_problems
-from distsetup.formats.fsdp import UNPREFIXED, FsdpSpec, reader_notes
+from distsetup.formats.file_kinds import HF_TRAINER_FSDP_KEYS, wrong_kind_problem
+from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, is_training_arguments, mismatch_problems
 from distsetup.formats.problems import Problem
@@ -18,9 +19,6 @@ from distsetup.formats.runconfig_load import check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
-# An FSDP file's keys as the HF Trainer's fsdp_config spells them, without fsdp_ (but activation_checkpointing,
-# which a DeepSpeed file has too)
-HF_TRAINER_FSDP_KEYS = set(UNPREFIXED) - {"activation_checkpointing"}
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -66,6 +64,8 @@ def validate_file(
             settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size)
             problems, notes = settled.problems, notes + settled.notes
         return Validated(kind, problems, data, notes)
+    if kind in ("deepspeed", "fsdp") and (wrong := wrong_kind_problem(data, kind)):
+        return Validated(kind, [wrong], data)
     problems = [] if as_yaml else duplicate_key_problems(data)
     if kind == "accelerate":
         # the file says how many machines: --num_gpus_per_node sets the world (num_machines x it), else --world_size

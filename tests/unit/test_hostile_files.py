@@ -163,3 +163,40 @@ def test_doctor_reports_the_typo(run_cli, here):
     result = run_cli("doctor", "--deepspeed_config", "typo.json", "--json")
     assert result.exit_code == 1
     assert any("zero_optimizaton" in f["message"] for f in json.loads(result.stdout) if f["level"] == "problem")
+
+
+# --- a config of another kind than the flag takes is said as such, with where it goes ----------------------------
+
+GIVEN_AS_ANOTHER_KIND = {  # name -> (arguments, what is said)
+    "DeepSpeed file as --config": (
+        ["slurm", "--num_gpus_per_node", 1, "--config", "ds.json", "-o", "-"],
+        "this is a DeepSpeed config (zero_optimization), not a run config. Fix: give it as --deepspeed_config",
+    ),
+    "run config as --deepspeed_config": (
+        ["launcher", "--use_deepspeed", "--deepspeed_config", "config.yaml", "--num_gpus_per_node", 1, "-o", "-"],
+        "this is a run config (model, training), not a DeepSpeed config. Fix: give it as --config",
+    ),
+    "FSDP file as --deepspeed_config": (
+        ["launcher", "--use_deepspeed", "--deepspeed_config", "fsdp.json", "--num_gpus_per_node", 1, "-o", "-"],
+        "this is an FSDP config (fsdp_version",
+    ),
+    "a run config in JSON": (["validate", "run.json"], "this is a run config (model), not a DeepSpeed config"),
+}
+
+
+@pytest.mark.parametrize("case", GIVEN_AS_ANOTHER_KIND)
+def test_a_config_of_another_kind_is_said_to_be_one(run_cli, tmp_path, monkeypatch, case):
+    """A DeepSpeed file given as --config was read as a run config ("bf16 is training.precision here", which invited
+    editing the DeepSpeed file); a run config given as --deepspeed_config got "unknown key 'data'" and DeepSpeed's
+    sixty keys; an FSDP file "did you mean 'activation_checkpointing'?"."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("deepspeed", "--zero_stage", 2, "-o", "ds.json").exit_code == 0
+    assert run_cli("fsdp", "-o", "fsdp.json").exit_code == 0
+    (tmp_path / "config.yaml").write_text("model:\n  n_layer: 2\ntraining:\n  max_steps: 5\n")
+    (tmp_path / "run.json").write_text(json.dumps({"model": {"n_layer": 2}}))
+    args, said = GIVEN_AS_ANOTHER_KIND[case]
+    result = run_cli(*args)
+    if args[0] == "validate":
+        assert result.exit_code == 1 and said in result.stdout, result.output
+    else:
+        one_line_error(result, said)
