@@ -76,6 +76,14 @@ IMAGE = Form(  # the name at most 255 characters (checked up to its first ':' or
     "an image reference (REGISTRY/PATH:TAG, the path in lower case, no spaces)",
     "ghcr.io/me/train:1.0",
 )
+# A size a flag gives: more than zero bytes, with a unit of bytes (Kubernetes reads a bare 16 as 16 bytes, and 512m
+# as 0.512 of one)
+SIZE = Form(
+    r"(?![0.]*[KMGTPEk])([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[kMGTPE])",
+    64,
+    "a size in bytes: a number and a unit such as Gi, G or Mi, with no space",
+    "16Gi",
+)
 # A size: a number and a unit (Quantity's, without the sign a size cannot have)
 QUANTITY = Form(
     r"([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?",

@@ -137,8 +137,8 @@ def _check_kubernetes(spec: JobSpec) -> None:
         ("--namespace", spec.namespace, forms.DNS_LABEL),
         ("--checkpoint_claim", spec.checkpoint_claim, forms.DNS_SUBDOMAIN),
         ("--storage_class", spec.storage_class, forms.DNS_SUBDOMAIN),
-        ("--checkpoint_storage", spec.checkpoint_storage, forms.QUANTITY),
-        ("--shm_size", spec.shm_size, forms.QUANTITY),
+        ("--checkpoint_storage", spec.checkpoint_storage, forms.SIZE),
+        ("--shm_size", spec.shm_size, forms.SIZE),
         ("--gpu_resource", spec.gpu_resource or None, forms.GPU_RESOURCE),
     ):
         if found := form.problem(flag, value):

@@ -170,6 +170,11 @@ def check_slurm(spec: SlurmSpec) -> None:
         )
     for name in ("mem", "mem_per_gpu"):
         value = getattr(spec, name)
+        if value is not None and value.isdigit() and int(value) > 0:  # 0 is SLURM's "all the node's memory"
+            raise DistsetupError(
+                f"--{name} {value}: SLURM reads a number without a unit as megabytes.",
+                f"write the unit: {value}G for gigabytes, or {value}M for megabytes.",
+            )
         if value is not None and not _MEMORY.match(value):
             raise DistsetupError(f"--{name} '{value}' is not a SLURM memory size.", "write e.g. 64G or 512000M.")
     if spec.mem and spec.mem_per_gpu:

@@ -36,11 +36,14 @@ def project(tmp_path, monkeypatch):
         (("--use_spot",), ("--use_spot", "SkyPilot flag")),
         (("--checkpoint_bucket", "s3://b"), ("--checkpoint_bucket", "SkyPilot flag")),
         (("--namespace", "my ns"), ("--namespace 'my ns'", "DNS label")),
-        (("--shm_size", "16 GB"), ("--shm_size '16 GB'", "quantity")),
+        (("--shm_size", "16 GB"), ("--shm_size '16 GB'", "a size in bytes")),
+        (("--shm_size", "16"), ("--shm_size '16'", "a size in bytes")),  # Kubernetes: 16 bytes
+        (("--checkpoint_storage", "512m"), ("--checkpoint_storage '512m'", "e.g. --checkpoint_storage 16Gi")),
         (("--gpu_resource", "nvidia gpu"), ("--gpu_resource", "resource name")),
         (("--checkpoint_claim", "Bad_Claim"), ("--checkpoint_claim", "DNS subdomain")),
         (("--gpu_resource", "gpu"), ("--gpu_resource", "extended resource")),  # no domain: not a device's
-        (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "quantity")),
+        (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "a size in bytes")),
+        (("--shm_size", "0Gi"), ("--shm_size", "a size in bytes")),
     ],
     ids=[
         "image",
@@ -55,7 +58,8 @@ def project(tmp_path, monkeypatch):
         "port",
         "env",
     ]
-    + ["spot", "bucket", "namespace", "shm", "resource", "claim", "no domain", "negative"],
+    + ["spot", "bucket", "namespace", "shm", "shm bare", "storage milli", "resource", "claim", "no domain"]
+    + ["negative", "shm zero"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     result = write(run_cli, "trainjob", *extra, nodes=2)

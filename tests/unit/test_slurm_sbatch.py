@@ -151,6 +151,7 @@ def test_time_limits_slurm_rejects(text):
         ({"partition": "gpu queue"}, "not a SLURM partition name"),
         ({"partition": "gpu;rm"}, "not a SLURM partition name"),
         ({"mem": "lots"}, "not a SLURM memory size"),
+        ({"mem": "256"}, "--mem 256: SLURM reads a number without a unit as megabytes"),  # meant 256G, most likely
         ({"mem": "1G", "mem_per_gpu": "1G"}, "mutually exclusive"),
         ({"conda_env": "a", "venv": "b"}, "mutually exclusive"),
         ({"modules": ("cuda 12",)}, "not an environment-module name"),
