@@ -185,10 +185,19 @@ def _check_launcher(spec: LaunchSpec) -> None:
             raise DistsetupError(
                 f"host name '{host}' is not a valid host name.", "list hosts as e.g. --hosts gpu01,gpu02."
             )
+    if spec.hosts and spec.launch_method != "deepspeed":  # torchrun and accelerate start on each node by themselves
+        raise DistsetupError(
+            f"--hosts names the deepspeed launcher's hostfile; {spec.launch_method} reads none, and would ignore it.",
+            "run the script on each node (its node rank from --node_rank or the scheduler), or add "
+            "--launch_method deepspeed.",
+        )
     if spec.hosts and len(spec.hosts) != spec.num_nodes:
         raise DistsetupError(
             f"--hosts lists {len(spec.hosts)} host(s) for --num_nodes {spec.num_nodes}.", "list one host per node."
         )
+    if len(set(spec.hosts)) != len(spec.hosts):  # DeepSpeed's hostfile reader refuses a host named twice
+        twice = next(host for host in spec.hosts if spec.hosts.count(host) > 1)
+        raise DistsetupError(f"--hosts names {twice} twice.", "list each node once.")
     if spec.ssh and spec.launch_method != "deepspeed":
         raise DistsetupError("--ssh is for the deepspeed launcher.", "add --launch_method deepspeed or drop --ssh.")
     if spec.ssh and (spec.num_nodes < 2 or not spec.hosts):

@@ -224,6 +224,8 @@ def test_script_whose_folder_is_gone_says_so(tmp_path):
         ({"num_nodes": 2, "hosts": ("a;rm", "b")}, "not a valid host name"),
         ({"config": "a\nb"}, "control character"),
         ({"ssh": True}, "--ssh is for the deepspeed launcher"),
+        ({"num_nodes": 2, "hosts": ("a", "b")}, "torchrun reads none, and would ignore it"),  # it was ignored
+        ({"launch_method": "deepspeed", "num_nodes": 2, "hosts": ("a", "a")}, "--hosts names a twice"),
         ({"launch_method": "deepspeed", "num_nodes": 2, "gpus": (2, 3)}, "resets CUDA_VISIBLE_DEVICES"),
         ({"launch_method": "torchrn"}, "unknown launch method torchrn"),
         ({"workdir": "relative/dir"}, "is not an absolute path"),

@@ -69,6 +69,9 @@ def test_flags_override_the_configs_backend(run_cli, project):
         ),
         (["--num_nodes", "2", "--num_gpus_per_node", "2", "--master_addr", "h0"], "world size 4 = 16"),
         (["--use_deepspeed", "--use_fsdp"], "mutually exclusive"),
+        # the backend not trained with lost its file without a word
+        (["--use_fsdp", "--deepspeed_config", "ds.json"], "--deepspeed_config and --use_fsdp name two backends"),
+        (["--deepspeed_config", "ds.json", "--fsdp_config", "f.json"], "and --fsdp_config name two backends"),
         (["--gpus", "0,x"], "is not a list of GPU indices"),
         (["--num_gpus_per_node", "many"], "neither a number nor auto"),
         (
