@@ -114,9 +114,9 @@ def check_job(spec: JobSpec) -> None:
         raise DistsetupError(f"--grace_seconds {found[0]}", found[1].replace("give it", "give --grace_seconds"))
 
 
-def check_flags_for_target(target: str, given: list[str]) -> None:
-    """Of the flags `given` (JobSpec's field names), one only the other kind of engine reads is refused, not left
-    unused (given at its default value too)."""
+def check_flags_given(target: str, given: list[str]) -> None:
+    """Of the flags `given` (JobSpec's field names), one the job would leave unused is refused (given at its default
+    value too): one only the other kind of engine reads, and the claim's size or class beside a claim of the user's."""
     on_skypilot = target == "skypilot"
     other = [name for name in given if name in (KUBERNETES_ONLY if on_skypilot else SKYPILOT_ONLY)]
     if other:
@@ -125,6 +125,12 @@ def check_flags_for_target(target: str, given: list[str]) -> None:
             f"--{other[0]} is {kind} flag: --target {target} does not read it.",
             f"drop it (--target {target} takes {', '.join('--' + name for name in own)}).",
         )
+    for name in ("checkpoint_storage", "storage_class"):
+        if name in given and "checkpoint_claim" in given:
+            raise DistsetupError(
+                f"--{name} shapes the claim distsetup writes, and with --checkpoint_claim it writes none.",
+                f"drop --{name} (your claim has its own), or drop --checkpoint_claim.",
+            )
 
 
 def _check_kubernetes(spec: JobSpec) -> None:

@@ -44,6 +44,10 @@ def project(tmp_path, monkeypatch):
         (("--gpu_resource", "gpu"), ("--gpu_resource", "extended resource")),  # no domain: not a device's
         (("--checkpoint_storage", "-1Gi"), ("--checkpoint_storage", "a size in bytes")),
         (("--shm_size", "0Gi"), ("--shm_size", "a size in bytes")),
+        (
+            ("--checkpoint_claim", "runs", "--checkpoint_storage", "5Gi"),
+            ("--checkpoint_storage shapes the claim distsetup writes",),
+        ),
     ],
     ids=[
         "image",
@@ -59,7 +63,7 @@ def project(tmp_path, monkeypatch):
         "env",
     ]
     + ["spot", "bucket", "namespace", "shm", "shm bare", "storage milli", "resource", "claim", "no domain"]
-    + ["negative", "shm zero"],
+    + ["negative", "shm zero", "claim sized"],
 )
 def test_bad_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     result = write(run_cli, "trainjob", *extra, nodes=2)

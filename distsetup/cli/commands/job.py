@@ -18,7 +18,7 @@ from distsetup.errors import DistsetupError
 from distsetup.jobs.entry import output_note
 from distsetup.jobs.manifest import default_output, job_documents, manifest_text, submit_command
 from distsetup.jobs.rules import manifest_problems
-from distsetup.jobs.spec import BUCKET_MOUNT, KUBERNETES_ONLY, SKYPILOT_ONLY, TARGETS, JobSpec, check_flags_for_target
+from distsetup.jobs.spec import BUCKET_MOUNT, KUBERNETES_ONLY, SKYPILOT_ONLY, TARGETS, JobSpec, check_flags_given
 from distsetup.scripts.launch_flags import parse_env_pairs
 
 
@@ -111,7 +111,7 @@ def job(target, output, dry_run, program_args, **opts):
     output = output or default_output(target)
     launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
     given = {key: opts[key] for key in (*KUBERNETES_ONLY, *SKYPILOT_ONLY) if opts[key] not in (None, False)}
-    check_flags_for_target(target, list(given))
+    check_flags_given(target, list(given))
     given.update({key: "" for key in ("gpu_resource", "accelerator") if given.get(key) == "none"})  # CPU nodes
     spec = JobSpec(
         target=target,
