@@ -25,14 +25,23 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """A group that imports a subcommand's module on first use, and shows a user's error as Click shows its
-    own: one line on stderr, exit status 1."""
+    """A group that imports a subcommand's module on first use, and shows a user's error in one line on stderr:
+    distsetup's own with exit status 1, Click's refusal of a flag or an argument (unknown, missing, of the wrong
+    type) with its status 2, naming the --help that says what the command takes instead of printing its usage."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            raise in_one_line(e) from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except DistsetupError as e:
             raise click.ClickException(e.format_message()) from None
+        except click.UsageError as e:
+            raise in_one_line(e) from None
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)
@@ -42,6 +51,15 @@ class LazyGroup(click.Group):
             return None
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(f"distsetup.cli.commands.{module}"), attr)
+
+
+def in_one_line(error: click.UsageError) -> click.UsageError:
+    """Click's refusal without the usage lines it shows before it (the context left out), naming the --help to
+    read."""
+    if error.ctx is None:
+        return error
+    said = error.format_message().rstrip(".")
+    return click.UsageError(f"{said}. HINT: `{error.ctx.command_path} --help` says what it takes.")
 
 
 @click.group(

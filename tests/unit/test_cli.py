@@ -70,6 +70,24 @@ def test_python_dash_m_and_version():
     assert out.returncode == 0 and "distsetup, version" in out.stdout
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["launcher", "--fo"], "Error: No such option '--fo'. HINT: `distsetup launcher --help` says what it takes."),
+        (["lunch"], "Error: No such command 'lunch'. HINT: `distsetup --help` says what it takes."),
+        (["--fo"], "Error: No such option '--fo'. HINT: `distsetup --help` says what it takes."),
+        (["checkpoint", "ls"], "Error: Missing argument 'RUN'. HINT: `distsetup checkpoint ls --help` says"),
+    ],
+)
+def test_a_flag_click_refuses_is_one_line(args, said):
+    """Click's usage errors printed the usage and a "Try ..." line before the error (four lines): one line, as
+    every other mistake, with Click's exit status 2."""
+    result = run_subprocess_cli(*args, cwd=REPO)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(said) and "Usage:" not in result.stderr, result.stderr
+
+
 def test_both_spellings_of_every_multiword_flag(run_cli):
     """Each --snake_case option also answers to --dash-case (and the reverse)."""
     for command in (cli.get_command(None, name) for name in COMMANDS):
