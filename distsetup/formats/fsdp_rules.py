@@ -86,6 +86,16 @@ def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = Fals
                     said=True,
                 )
             )
+    found += [
+        Violation(
+            "transformer_layer_cls_to_wrap",
+            f"{{transformer_layer_cls_to_wrap}} '{name}' is not a class name: each name between its commas is looked "
+            "up as a class of the model's.",
+            "write the classes' names, e.g. LlamaDecoderLayer (several: A,B).",
+        )
+        for name in spec.transformer_layer_cls_to_wrap
+        if not name.isidentifier()
+    ]
     if spec.mixed_precision == "no":
         found += [
             Violation(

@@ -11,6 +11,7 @@ has it) unless a spec names a user's script or module. Paths stay as the user wr
 folder, and the run config's own relative paths (output_dir, data) keep their meaning too.
 """
 
+import ipaddress
 import json
 import re
 import shlex
@@ -180,6 +181,16 @@ def _check_launcher(spec: LaunchSpec) -> None:
             "resets CUDA_VISIBLE_DEVICES to 0..N-1, so it would train on other GPUs.",
             "use --launch_method torchrun (the default), or drop --gpus.",
         )
+    if spec.master_addr is not None and not is_host(spec.master_addr):
+        raise DistsetupError(
+            f"--master_addr {spec.master_addr!r} is not a host name or an IP address.",
+            "give node 0's name or address, e.g. --master_addr gpu01.",
+        )
+    if spec.module is not None and not all(part.isidentifier() for part in spec.module.split(".")):
+        raise DistsetupError(
+            f"--python_module {spec.module!r} is not a module name (python -m takes names such as mypkg.train).",
+            "give the module's dotted name; a file goes to --script.",
+        )
     for host in spec.hosts:
         if not _HOST.match(host):
             raise DistsetupError(
@@ -204,6 +215,15 @@ def _check_launcher(spec: LaunchSpec) -> None:
         raise DistsetupError(
             "--ssh (pdsh) needs several nodes and their names.", "add --num_nodes N --hosts host1,host2,..."
         )
+
+
+def is_host(text: str) -> bool:
+    """A host name, or an IPv4 or IPv6 address."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return _HOST.match(text) is not None
+    return True
 
 
 def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:

@@ -2,6 +2,7 @@ import dataclasses
 import json
 
 import pytest
+from hostile_input import one_line_error
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import KEYS, RESHARDS_AFTER_FORWARD, SHARDING_STRATEGIES, FsdpSpec, build_fsdp_config
@@ -155,6 +156,15 @@ def test_the_rules_are_one_rule_for_flags_and_files(changes, option):
     unused = changes.get("auto_wrap_policy") == "NO_WRAP"
     assert (KEYS[option] in [p.path for p in problems]) != unused
     assert any(note.startswith(f"{KEYS[option]} is only used with") for note in notes) == unused
+
+
+def test_a_layer_class_that_is_no_class_name_is_refused_in_flags_and_files(run_cli):
+    """'Llama Decoder' was written and passed validate; the trainer and Accelerate look each name up as a class."""
+    one_line_error(run_cli("fsdp", "--transformer_layer_cls_to_wrap", "Llama Decoder", "-o", "-"), "not a class name")
+    config = {"fsdp_version": 2, "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer,Llama Decoder"}
+    problems, _ = fsdp_findings(config)
+    assert [p.path for p in problems] == ["fsdp_transformer_layer_cls_to_wrap"]
+    assert "'Llama Decoder' is not a class name" in problems[0].message
 
 
 def _file_values(spec: FsdpSpec, option: str) -> dict:

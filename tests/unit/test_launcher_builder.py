@@ -226,6 +226,8 @@ def test_script_whose_folder_is_gone_says_so(tmp_path):
         ({"ssh": True}, "--ssh is for the deepspeed launcher"),
         ({"num_nodes": 2, "hosts": ("a", "b")}, "torchrun reads none, and would ignore it"),  # it was ignored
         ({"launch_method": "deepspeed", "num_nodes": 2, "hosts": ("a", "a")}, "--hosts names a twice"),
+        ({"num_nodes": 2, "master_addr": "gpu 01"}, "--master_addr 'gpu 01' is not a host name"),
+        ({"module": "my mod"}, "--python_module 'my mod' is not a module name"),
         ({"launch_method": "deepspeed", "num_nodes": 2, "gpus": (2, 3)}, "resets CUDA_VISIBLE_DEVICES"),
         ({"launch_method": "torchrn"}, "unknown launch method torchrn"),
         ({"workdir": "relative/dir"}, "is not an absolute path"),
