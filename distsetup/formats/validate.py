@@ -64,8 +64,8 @@ def validate_file(
             settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size)
             problems, notes = settled.problems, notes + settled.notes
         return Validated(kind, problems, data, notes)
-    if kind in ("deepspeed", "fsdp") and (wrong := wrong_kind_problem(data, kind)):
-        return Validated(kind, [wrong], data)
+    if kind in ("deepspeed", "fsdp") and (other_kind := wrong_kind_problem(data, kind)):
+        return Validated(kind, [other_kind], data)
     problems = [] if as_yaml else duplicate_key_problems(data)
     if kind == "accelerate":
         # the file says how many machines: --num_gpus_per_node sets the world (num_machines x it), else --world_size

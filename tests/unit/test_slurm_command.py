@@ -93,6 +93,9 @@ def test_old_module_flag_still_loads_environment_modules(run_cli, tmp_path, monk
         (["--time_limit", "3 days"], "not one SLURM accepts"),
         (["--partition", "a b"], "not a SLURM partition name"),
         (["--env", "1X=2"], "not KEY=VALUE"),
+        # given, and dropped without a word
+        (["--signal_seconds", "60"], "--signal_seconds is read only with --requeue"),
+        (["--gpu_request", "none", "--gpu_type", "a100"], "--gpu_type a100 names the GPUs asked for"),
         (
             ["--use_deepspeed", "--deepspeed_config", "ds.json", "--num_nodes", "2", "--num_gpus_per_node", "2"],
             "6 is not divisible by train_micro_batch_size_per_gpu 3 x world size 4",

@@ -69,10 +69,8 @@ Examples:
 @option(
     "signal_seconds",
     type=positive,
-    default=120,
-    show_default=True,
     help="With --requeue: seconds before the time limit that SLURM signals the job; torchrun gives the "
-    "processes this less 30 s to checkpoint.",
+    "processes this less 30 s to checkpoint [120].",
 )
 @option("submit", is_flag=True, help="Run sbatch on the written script and print the job id.")
 @option(
@@ -117,6 +115,15 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
             "distsetup slurm needs a number for --num_gpus_per_node, not auto.", "e.g. --num_gpus_per_node 8."
         )
     o = dict(o)
+    if o["signal_seconds"] is not None and not o["requeue"]:  # given, and dropped without a word
+        raise DistsetupError(
+            "--signal_seconds is read only with --requeue.", "add --requeue, or drop --signal_seconds."
+        )
+    if o["gpu_type"] is not None and o["gpu_request"] == "none":
+        raise DistsetupError(
+            f"--gpu_type {o['gpu_type']} names the GPUs asked for, and --gpu_request none asks for none.",
+            "drop --gpu_type, or ask for GPUs (--gpu_request gres or gpus-per-node).",
+        )
     take_renamed(o, "module", "env_module")
     launch_opts = dict(o, env_pairs=parse_env_pairs(o["env"]))
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
@@ -144,7 +151,7 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
         conda_env=o["conda_env"],
         venv=o["venv"],
         requeue=o["requeue"],
-        signal_seconds=o["signal_seconds"],
+        **({"signal_seconds": o["signal_seconds"]} if o["signal_seconds"] is not None else {}),
     ), notes
 
 
