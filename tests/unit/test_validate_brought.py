@@ -162,6 +162,8 @@ def test_resolve_says_what_it_needs(run_cli, tmp_path):
         "validate", write(tmp_path / "f.json", {"fsdp_sharding_strategy": "FULL_SHARD"}), "--resolve"
     )
     assert not_deepspeed.exit_code == 1 and "--resolve needs a DeepSpeed file" in not_deepspeed.stderr
+    unread = run_cli("validate", ds_file, "--hf", "--hidden_size", 4096)  # it was dropped without a word
+    assert unread.exit_code == 1 and "--hidden_size is read only with --resolve" in unread.stderr
 
 
 def test_validate_of_a_yaml_run_config_is_unchanged(run_cli):

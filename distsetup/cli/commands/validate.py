@@ -66,6 +66,11 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     """Check FILE against the schema and DeepSpeed's, FSDP's, Accelerate's and the HF Trainer's rules; exit 1 on
     problems."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
+    unread = [
+        name for name in ("hidden_size", "micro_batch_size", "gradient_accumulation_steps", "max_steps") if o[name]
+    ]
+    if unread and not o["resolve"]:  # given, and dropped without a word
+        raise DistsetupError(f"--{unread[0]} is read only with --resolve.", f"add --resolve, or drop --{unread[0]}.")
     if o["fix"]:
         fix(file, kind)
     job_kind = kind if kind in JOB_KINDS else job_file_kind(file) if kind is None else None
