@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.file_kinds import KIND_WORDS, content_kind
 from distsetup.formats.problems import Problem
+from distsetup.formats.reading import read_yaml
 
 
 def json_text(data: dict) -> str:
@@ -67,6 +69,29 @@ def writable_target(path: Path, inputs: Mapping[str, str | Path | None], option:
     return path
 
 
+def check_replaced_kind(path: Path, kind: str, option: str = "--output") -> None:
+    """A config of `kind` written over an existing file replaces only a config of that kind (or one its keys do not
+    tell, or a .json file it cannot read): a DeepSpeed file written with -o config.yaml replaced the run config, one
+    written with -o train.py the training script."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        data = read_yaml(path)  # JSON is YAML
+    except DistsetupError:
+        if path.suffix == ".json":  # a JSON config's place, whatever it holds now
+            return
+        held = "something that is no config"
+    else:
+        found = content_kind(data)
+        if found is None or found == kind:
+            return
+        held = KIND_WORDS[found]
+    raise DistsetupError(
+        f"{option} {path} holds {held}: writing {KIND_WORDS[kind]} there would destroy it.",
+        f"choose another {option} (this command writes JSON).",
+    )
+
+
 def write_atomic(
     path: Path,
     text: str,
@@ -101,12 +126,16 @@ def emit(
     executable: bool = False,
     inputs: Mapping[str, str | Path | None] | None = None,
     remarks: Sequence[str] = (),
+    kind: str | None = None,
 ) -> None:
     """Print `text` (no output, '-' or a dry run) or write it to `output` (never over one of the command's
-    `inputs`, {what: path}) and say what comes next. `remarks` ("Note: ...", "Warning: ...") go to stderr
-    once nothing stands in the way, so they never precede an error."""
+    `inputs`, {what: path}, nor over a config of another kind than `kind`, where the text is a config) and say what
+    comes next. `remarks` ("Note: ...", "Warning: ...") go to stderr once nothing stands in the way, so they never
+    precede an error."""
     if output not in (None, "-") and not dry_run:
-        writable_target(Path(output), inputs or {})
+        target = writable_target(Path(output), inputs or {})
+        if kind is not None:
+            check_replaced_kind(target, kind)
         write_atomic(Path(output), text, executable=executable, inputs=inputs)
     for remark in remarks:
         click.echo(remark, err=True)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from hostile_input import one_line_error
 from repo import REPO, heavy_imports, run_subprocess_cli
 
 from distsetup.cli.main import COMMANDS, cli
@@ -127,6 +128,27 @@ def test_failed_command_leaves_the_existing_file_untouched(run_cli, tmp_path):
     out.write_text("previous")
     result = run_cli("deepspeed", "--bf16", "--fp16", "--output", out)
     assert result.exit_code == 1 and out.read_text() == "previous"
+
+
+@pytest.mark.parametrize(
+    "name, text, command, held",
+    [
+        ("config.yaml", "model:\n  n_layer: 2\n", "deepspeed", "a run config"),  # -o config.yaml: an easy slip
+        ("train.py", "import torch\nprint(1)\n", "fsdp", "something that is no config"),
+        ("fsdp.json", '{"fsdp_version": 2}', "deepspeed", "an FSDP config"),
+        ("ds.json", '{"zero_optimization": {"stage": 1}}', "deepspeed", None),  # the same kind: regenerated
+    ],
+)
+def test_a_config_is_written_over_a_config_of_its_kind_only(run_cli, tmp_path, name, text, command, held):
+    """`distsetup deepspeed -o config.yaml` replaced the run config with JSON, `-o train.py` the script."""
+    out = tmp_path / name
+    out.write_text(text)
+    result = run_cli(command, "--output", out)
+    if held is None:
+        assert result.exit_code == 0 and json.loads(out.read_text())["zero_optimization"], result.output
+        return
+    one_line_error(result, f"--output {out} holds {held}: writing a")
+    assert out.read_text() == text
 
 
 def test_write_atomic_never_leaves_half_a_file(tmp_path):

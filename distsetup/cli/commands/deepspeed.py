@@ -160,7 +160,7 @@ def deepspeed(ctx: click.Context, output, dry_run, **opts):
     )
     notes = [] if spec.hf_auto else deepspeed_notes(config)
     remarks = [f"Warning: {w}" for w in warnings] + [f"Note: {n}" for n in notes]
-    emit(json_text(config), output, dry_run, next_step=next_step, remarks=remarks)
+    emit(json_text(config), output, dry_run, next_step=next_step, remarks=remarks, kind="deepspeed")
 
 
 def scale_spec_lr(spec: DeepSpeedSpec, rule: str, base_batch: int | None) -> DeepSpeedSpec:

@@ -143,4 +143,5 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         dry_run,
         next_step=f"distsetup launcher --use_fsdp --fsdp_config {shlex.quote(str(output))}",
         remarks=[f"Warning: {w}" for w in warnings],
+        kind="fsdp",
     )

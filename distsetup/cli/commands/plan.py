@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from distsetup.cli.options import chosen_precision, option, positive, switch
-from distsetup.cli.output import json_text, write_atomic
+from distsetup.cli.output import check_replaced_kind, json_text, writable_target, write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, global_batch_of
 from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
@@ -137,7 +137,10 @@ def plan_command(**o):
             )
         for name, config in files.items():
             path = Path(o["write"]) / name
-            write_atomic(path, json_text(config), inputs={"run config": o["config"]}, option="--write")
+            inputs = {"run config": o["config"]}
+            kind = "fsdp" if name.startswith("fsdp") else "deepspeed"
+            check_replaced_kind(writable_target(path, inputs, "--write"), kind, "--write")
+            write_atomic(path, json_text(config), inputs=inputs, option="--write")
             click.echo(f"Wrote {path}", err=True)
 
 
