@@ -144,6 +144,8 @@ def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
     none). Not for a Kubernetes job, whose script is in the image."""
     if spec.script is None or spec.workdir is None or (Path(spec.workdir) / spec.script).is_file():
         return []
+    if (Path(spec.workdir) / spec.script).is_dir():
+        raise DistsetupError(f"--script {spec.script} is a folder.", "give the training script's file, e.g. train.py.")
     program, _, arguments = spec.script.partition(" ")
     # a file there, or a Python file's name followed by more (not yet written: "train.py --epochs 3")
     named_then_arguments = (Path(spec.workdir) / program).is_file() or (

@@ -95,7 +95,7 @@ def check_text(name: str, value: str | None) -> None:
     if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise DistsetupError(
             f"{name} {value!r} contains a control character (newline, tab, ...).",
-            "rename the file or folder, or quote it without newlines.",
+            f"give {name} without one (a file or folder named so: rename it).",
         )
 
 

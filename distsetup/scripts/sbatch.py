@@ -187,7 +187,7 @@ def check_slurm(spec: SlurmSpec) -> None:
         raise DistsetupError("--conda_env and --venv are mutually exclusive.", "activate one environment.")
     for module in spec.modules:
         if not _MODULE.match(module):
-            raise DistsetupError(f"--env_module '{module}' is not an environment-module name.", "write e.g. cuda/12.4.")
+            raise DistsetupError(f"--env_module {module!r} is not an environment-module name.", "write e.g. cuda/12.4.")
     if spec.gpu_type is not None and not re.match(r"^[A-Za-z0-9_.-]+$", spec.gpu_type):
         raise DistsetupError(f"--gpu_type '{spec.gpu_type}' is not a GRES type.", "write e.g. a100.")
     for name in (

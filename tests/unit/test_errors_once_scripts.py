@@ -97,3 +97,10 @@ def test_a_script_given_with_its_arguments_is_refused_and_one_not_there_yet_note
     noted = run_cli("launcher", "--script", "later.py", "--num_gpus_per_node", 2, "-o", "run.sh")
     assert noted.exit_code == 0 and (tmp_path / "run.sh").exists()
     assert f"--script later.py: no such file in {tmp_path} yet" in noted.output
+    (tmp_path / "trainer").mkdir()  # a folder is no script (it was noted as a file "not there yet")
+    folder = run_cli("launcher", "--script", "trainer", "--num_gpus_per_node", 2, "-o", "other.sh")
+    assert (
+        folder.exit_code == 1
+        and "--script trainer is a folder" in folder.output
+        and not (tmp_path / "other.sh").exists()
+    )
