@@ -316,6 +316,7 @@ def launch_context(spec: LaunchSpec) -> dict:
         # which signals every process, the task outlives the launcher's runner.py until launch.py and the ranks end
         "hands_sigterm_to_launch_py": spec.launch_method == "deepspeed" and not spec.ssh,
         "outlives_deepspeed_runner": False,
+        "hands_usr1_on_as_sigterm": False,
         "single_node": single,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,

@@ -154,18 +154,20 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     while not (checkpoints / "step_0000005" / "COMPLETE").exists():  # training is under way
         assert time.monotonic() < deadline, cluster.logs()
         time.sleep(0.2)
-    # What SLURM does before the time limit (--signal=B:USR1@60): signal the batch shell.
-    cluster.run("scancel", "--signal=USR1", "--batch", job)
+    # USR1 to the job steps, as `scancel --signal=USR1 JOB` or a site's --signal=USR1@N (without B:) send it: it
+    # ended torchrun (no handler), the ranks trained on alone and the job FAILED. (What the script asks SLURM for,
+    # USR1 to the batch shell, the deepspeed launcher's test below sends.)
+    cluster.run("scancel", "--signal=USR1", job)
     state = cluster.wait_job(job, timeout=200)
     log = job_log(root, job)
     assert state["JobState"] == "COMPLETED", log[-4000:]
     assert state["Restarts"] == "1", log[-4000:]
+    assert "distsetup: checkpointed for preemption: requeueing job" in log
     preempted = [line for line in log.splitlines() if line.startswith("preempted: checkpoint at step ")]
     assert len(preempted) == 1, log[-4000:]
     step = int(preempted[0].rsplit(" ", 1)[1])
     assert 5 <= step < 200
     assert (checkpoints / f"step_{step:07d}" / "COMPLETE").exists()
-    assert "distsetup: requeueing job" in log
     assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["steps"] == 200 and summary["world_size"] == 2

@@ -72,6 +72,7 @@ fi
 # Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
 # processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
 # the next run resumes from the newest complete checkpoint.
+# shellcheck disable=SC2317  # run by the trap below
 forward_preemption() {
   echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
   scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
@@ -81,6 +82,10 @@ forward_preemption() {
   exit 0
 }
 trap forward_preemption USR1
+# Each rank that stops for preemption with its checkpoint written says so here, whatever sent the signal (a USR1
+# or SIGTERM to the job steps as well): the job is then requeued. Node 0 runs this shell, and its ranks stop too.
+export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_ID"
+rm -f "$DISTSETUP_PREEMPTED_FILE"  # a requeued job runs this script again
 # The single-quoted program runs once per node; its $VARIABLES expand there, not here.
 # shellcheck disable=SC2016
 srun "${SRUN_ARGS[@]}" bash -c '
@@ -124,4 +129,12 @@ done
 exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
-wait "$SRUN_PID"
+status=0
+wait "$SRUN_PID" || status=$?
+if [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
+  echo "distsetup: checkpointed for preemption: requeueing job $SLURM_JOB_ID" >&2
+  rm -f "$DISTSETUP_PREEMPTED_FILE"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$status"

@@ -66,5 +66,23 @@ echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
-exec "${LAUNCH[@]}" -m "$MODULE" "$@"
+# SLURM may send USR1 to every process of the job (scancel --signal=USR1, --signal=USR1@N without B:), and
+# torchrun has no handler for it: it would die of it, and its processes train on alone. So it starts with
+# USR1 ignored, and this shell hands it SIGTERM instead, which it forwards: they checkpoint and stop.
+trap "" USR1
+"${LAUNCH[@]}" -m "$MODULE" "$@" &
+RUNNER_PID=$!
+# shellcheck disable=SC2317  # run by the trap below
+hand_usr1_on_as_sigterm() {
+  kill -TERM "$RUNNER_PID" 2>/dev/null || true
+}
+trap hand_usr1_on_as_sigterm USR1
+trap : TERM  # SLURM signals every process of the job; caught, so that this shell waits for the checkpoint
+status=0
+wait "$RUNNER_PID" || status=$?
+while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
+  status=0
+  wait "$RUNNER_PID" || status=$?
+done
+exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@"

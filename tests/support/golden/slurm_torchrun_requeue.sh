@@ -62,6 +62,7 @@ fi
 # Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
 # processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
 # the next run resumes from the newest complete checkpoint.
+# shellcheck disable=SC2317  # run by the trap below
 forward_preemption() {
   echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
   scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
@@ -71,6 +72,10 @@ forward_preemption() {
   exit 0
 }
 trap forward_preemption USR1
+# Each rank that stops for preemption with its checkpoint written says so here, whatever sent the signal (a USR1
+# or SIGTERM to the job steps as well): the job is then requeued. Node 0 runs this shell, and its ranks stop too.
+export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_ID"
+rm -f "$DISTSETUP_PREEMPTED_FILE"  # a requeued job runs this script again
 # The single-quoted program runs once per node; its $VARIABLES expand there, not here.
 # shellcheck disable=SC2016
 srun "${SRUN_ARGS[@]}" bash -c '
@@ -80,7 +85,33 @@ echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
 LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID")
-exec "${LAUNCH[@]}" -m "$MODULE" "$@"
+# SLURM may send USR1 to every process of the job (scancel --signal=USR1, --signal=USR1@N without B:), and
+# torchrun has no handler for it: it would die of it, and its processes train on alone. So it starts with
+# USR1 ignored, and this shell hands it SIGTERM instead, which it forwards: they checkpoint and stop.
+trap "" USR1
+"${LAUNCH[@]}" -m "$MODULE" "$@" &
+RUNNER_PID=$!
+# shellcheck disable=SC2317  # run by the trap below
+hand_usr1_on_as_sigterm() {
+  kill -TERM "$RUNNER_PID" 2>/dev/null || true
+}
+trap hand_usr1_on_as_sigterm USR1
+trap : TERM  # SLURM signals every process of the job; caught, so that this shell waits for the checkpoint
+status=0
+wait "$RUNNER_PID" || status=$?
+while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
+  status=0
+  wait "$RUNNER_PID" || status=$?
+done
+exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
-wait "$SRUN_PID"
+status=0
+wait "$SRUN_PID" || status=$?
+if [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
+  echo "distsetup: checkpointed for preemption: requeueing job $SLURM_JOB_ID" >&2
+  rm -f "$DISTSETUP_PREEMPTED_FILE"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$status"
