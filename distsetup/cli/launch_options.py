@@ -57,6 +57,15 @@ SCRIPT_WORDING = {
     "master_port": {"help": "Rendezvous port [29500; a free one on one node; under SLURM derived from the job id]."},
     "dry_run": {"help": "Print the script and write nothing."},
 }
+# ... in `distsetup slurm`, whose job asks SLURM for the GPUs of each node
+SLURM_WORDING = {
+    **SCRIPT_WORDING,
+    "num_gpus_per_node": {
+        "metavar": "N",
+        "help": "Processes per node, and the GPUs each node asks SLURM for (CPU processes with --gpu_request none) "
+        "[1, said in a note].",
+    },
+}
 # ... and in `distsetup job`, whose nodes all run torchrun, in pods or SkyPilot nodes that ask for the GPUs.
 JOB_WORDING = {
     "launch_method": {
@@ -124,6 +133,7 @@ def shared_launch_options(wording: dict[str, dict[str, str]]):
 
 
 launch_options = shared_launch_options(SCRIPT_WORDING)
+slurm_launch_options = shared_launch_options(SLURM_WORDING)
 job_launch_options = shared_launch_options(JOB_WORDING)
 
 

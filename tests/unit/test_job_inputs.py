@@ -187,21 +187,25 @@ def test_the_help_examples_run_as_written(run_cli, project):
         assert result.exit_code == 0, (example, result.output)
 
 
-@pytest.mark.parametrize("command, writes_a_job", [("job", True), ("launcher", False), ("slurm", False)])
-def test_the_shared_options_help_says_what_the_command_does_with_them(run_cli, command, writes_a_job):
+SCRIPTS_WORDS = {  # what the launch scripts' options say, and which command says it
+    "the deepspeed launcher, or accelerate": ("launcher", "slurm"),
+    "or auto (every visible GPU)": ("launcher",),
+    "[auto, or the count of --gpus]": ("launcher",),
+    "the GPUs each node asks SLURM for": ("slurm",),
+    "under SLURM derived from the job id": ("launcher", "slurm"),
+    "Print the script": ("launcher", "slurm"),
+    "--launch-method torchrun The only launcher a job runs": ("job",),
+}
+
+
+@pytest.mark.parametrize("command", ["job", "launcher", "slurm"])
+def test_the_shared_options_help_says_what_the_command_does_with_them(run_cli, command):
     """`job --help` read the launch scripts' texts: --launch_method offered the deepspeed launcher and accelerate, and
     --num_gpus_per_node auto and --gpus, which a job refuses or lacks; --master_port spoke of SLURM, --dry_run of a
-    script. The scripts' commands keep them."""
+    script. `slurm --help` offered auto and --gpus too, which it refuses or lacks."""
     help_text = " ".join(run_cli(command, "--help").stdout.split())
-    scripts_words = (
-        "the deepspeed launcher, or accelerate",
-        "or auto (every visible GPU)",
-        "[auto, or the count of --gpus]",
-        "under SLURM derived from the job id",
-        "Print the script",
-    )
-    assert [words in help_text for words in scripts_words] == [not writes_a_job] * len(scripts_words)
-    assert ("--launch-method torchrun The only launcher a job runs" in help_text) == writes_a_job
+    said = {words for words in SCRIPTS_WORDS if words in help_text}
+    assert said == {words for words, commands in SCRIPTS_WORDS.items() if command in commands}
 
 
 @pytest.mark.parametrize("output_dir, in_bucket", [("runs/exp2", True), ("/tmp/exp2", False)])

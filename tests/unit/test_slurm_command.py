@@ -84,6 +84,16 @@ def test_old_module_flag_still_loads_environment_modules(run_cli, tmp_path, monk
     assert "--env_module" in help_text and "--python_module" in help_text and "--module " not in help_text
 
 
+def test_the_gpus_per_node_left_out_are_said(run_cli, tmp_path, monkeypatch):
+    """Left out, --num_gpus_per_node is 1: `slurm --num_nodes 4` on nodes of 8 GPUs trained on 4 of 32, unsaid."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("slurm", "--num_nodes", "4", "-o", "-")
+    assert result.exit_code == 0 and "#SBATCH --gres=gpu:1" in result.stdout
+    assert "Note: --num_gpus_per_node not given: 1 process a node" in result.stderr
+    given = run_cli("slurm", "--num_nodes", "4", "--num_gpus_per_node", "8", "-o", "-")
+    assert given.exit_code == 0 and "--num_gpus_per_node not given" not in given.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -8,10 +8,10 @@ import click
 
 from distsetup.cli.launch_options import (
     launch_inputs,
-    launch_options,
     launch_spec_from_options,
     regenerate_command,
     script_notes,
+    slurm_launch_options,
 )
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
@@ -30,7 +30,7 @@ Examples:
   distsetup slurm --script my_train.py --num_nodes 2 --num_gpus_per_node 8   # your own script
 """
 )
-@launch_options
+@slurm_launch_options
 @option("job_name", default="distsetup", show_default=True, help="#SBATCH --job-name.")
 @option(
     "gpu_request",
@@ -128,6 +128,8 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
     launch_opts = dict(o, env_pairs=parse_env_pairs(o["env"]))
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
     launch, notes = launch_spec_from_options(launch_opts, slurm=True)
+    if o["num_gpus_per_node"] is None:  # a node of 8 GPUs would train on one, without a word
+        notes.insert(0, "--num_gpus_per_node not given: 1 process a node, with 1 GPU each node asks for.")
     return SlurmSpec(
         launch=launch,
         job_name=o["job_name"],
