@@ -160,8 +160,9 @@ def check_slurm(spec: SlurmSpec) -> None:
         limit = time_limit_seconds(spec.time_limit)
         if spec.requeue and limit is not None and spec.signal_seconds >= limit:
             raise DistsetupError(
-                f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit {spec.time_limit}.",
-                "signal a few minutes before the end, e.g. 300.",
+                f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit {spec.time_limit} "
+                f"({limit} s): the job would be warned as it starts, and requeued again and again.",
+                f"give --signal_seconds under {limit} (a few minutes before the end), or a longer --time_limit.",
             )
     if spec.partition is not None and not _PARTITION.match(spec.partition):
         raise DistsetupError(
