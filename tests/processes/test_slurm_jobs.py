@@ -6,6 +6,7 @@ pytest-xdist worker (tests/conftest.py)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,31 +147,46 @@ def test_job_submitted_from_another_folder_trains(run_cli, cluster, tmp_path, mo
     assert not (jobs / "out").exists()
 
 
-def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
-    root = slurm_project(tmp_path / "requeue", max_steps=200, checkpoint_interval=5)
-    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 60)
-    checkpoints = root / "out" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (checkpoints / "step_0000005" / "COMPLETE").exists():  # training is under way
+def wait_for_checkpoint(cluster, folder: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (folder / "COMPLETE").exists():
         assert time.monotonic() < deadline, cluster.logs()
         time.sleep(0.2)
+
+
+def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
+    """Stopped twice, each time with a checkpoint that the requeued job resumes from, and said in the job's log."""
+    root = slurm_project(tmp_path / "requeue", max_steps=300, checkpoint_interval=5)
+    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 60)
+    checkpoints = root / "out" / "checkpoints"
+    wait_for_checkpoint(cluster, checkpoints / "step_0000005")  # training is under way
     # USR1 to the job steps, as `scancel --signal=USR1 JOB` or a site's --signal=USR1@N (without B:) send it: it
     # ended torchrun (no handler), the ranks trained on alone and the job FAILED. (What the script asks SLURM for,
     # USR1 to the batch shell, the deepspeed launcher's test below sends.)
     cluster.run("scancel", "--signal=USR1", job)
-    state = cluster.wait_job(job, timeout=200)
+    deadline = time.monotonic() + 200
+    while not (resumed := re.search(r"resumed from .* \(step (\d+)\)", job_log(root, job))):  # requeued, trains
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.5)
+    wait_for_checkpoint(cluster, checkpoints / f"step_{(int(resumed.group(1)) // 5 + 1) * 5:07d}")
+    # SIGTERM to every process of the job, the batch shell too (scontrol requeue, as a preemption by another job):
+    # the checkpoint was written, but srun, which relays the ranks' output, died with the batch shell before their
+    # line "preempted: checkpoint at step N" reached the log; SLURM requeues the job itself.
+    cluster.run("scontrol", "requeue", job)
+    state = cluster.wait_job(job, timeout=300)
     log = job_log(root, job)
     assert state["JobState"] == "COMPLETED", log[-4000:]
-    assert state["Restarts"] == "1", log[-4000:]
-    assert "distsetup: checkpointed for preemption: requeueing job" in log
+    assert state["Restarts"] == "2", log[-4000:]
+    assert log.count("distsetup: checkpointed for preemption: requeueing job") == 1  # the second, SLURM's own
     preempted = [line for line in log.splitlines() if line.startswith("preempted: checkpoint at step ")]
-    assert len(preempted) == 1, log[-4000:]
-    step = int(preempted[0].rsplit(" ", 1)[1])
-    assert 5 <= step < 200
-    assert (checkpoints / f"step_{step:07d}" / "COMPLETE").exists()
-    assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
+    assert len(preempted) == 2, log[-4000:]
+    steps = [int(line.rsplit(" ", 1)[1]) for line in preempted]
+    assert 5 <= steps[0] < steps[1] < 300
+    for step in steps:
+        assert (checkpoints / f"step_{step:07d}" / "COMPLETE").exists()
+        assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
-    assert summary["steps"] == 200 and summary["world_size"] == 2
+    assert summary["steps"] == 300 and summary["world_size"] == 2
 
 
 # A program that takes 3 s to checkpoint after SIGTERM, then waits for the other rank's (as the trainer's barrier

@@ -57,6 +57,9 @@ SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --export=A
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
   SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
 fi
+# SLURM sends SIGTERM to this shell too (scancel, scontrol requeue, the time limit): caught, so that it lives until
+# srun ends, and srun, which relays what the training processes print, until they have checkpointed and said so.
+trap : TERM
 # The single-quoted program runs once per node; its $VARIABLES expand there, not here.
 # shellcheck disable=SC2016
 srun "${SRUN_ARGS[@]}" bash -c '

@@ -76,6 +76,10 @@ trap forward_preemption USR1
 # or SIGTERM to the job steps as well): the job is then requeued. Node 0 runs this shell, and its ranks stop too.
 export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_ID"
 rm -f "$DISTSETUP_PREEMPTED_FILE"  # a requeued job runs this script again
+# SLURM sends SIGTERM to this shell too (scancel, scontrol requeue, the time limit): caught, so that it lives until
+# srun ends, and srun, which relays what the training processes print, until they have checkpointed and said so.
+terminated=0
+trap "terminated=1" TERM
 # The single-quoted program runs once per node; its $VARIABLES expand there, not here.
 # shellcheck disable=SC2016
 srun "${SRUN_ARGS[@]}" bash -c '
@@ -108,7 +112,11 @@ exit "$status"
 SRUN_PID=$!
 status=0
 wait "$SRUN_PID" || status=$?
-if [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
+while kill -0 "$SRUN_PID" 2>/dev/null; do  # a signal ended the wait, not srun: wait for it
+  status=0
+  wait "$SRUN_PID" || status=$?
+done
+if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then  # SLURM requeues or ends a job it terminates
   echo "distsetup: checkpointed for preemption: requeueing job $SLURM_JOB_ID" >&2
   rm -f "$DISTSETUP_PREEMPTED_FILE"
   scontrol requeue "$SLURM_JOB_ID"
