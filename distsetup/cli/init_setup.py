@@ -14,11 +14,12 @@ from distsetup.formats.batch import check_world_counts, per_rank_batch
 from distsetup.formats.deepspeed_rules import deepspeed_problems
 from distsetup.formats.fsdp import TRAINER_PRECISIONS
 from distsetup.formats.fsdp_rules import fsdp_problems
+from distsetup.formats.runconfig import TrainingConfig
 from distsetup.formats.runconfig_load import config_problems
 from distsetup.planning.estimates import BY_KEY, STRATEGIES, Hardware, Workload, estimate
 from distsetup.planning.models import BUILTIN_SIZES, ModelShape, hf_context_length, hf_shape_from_json
 from distsetup.planning.planner import Plan, candidates, plan
-from distsetup.planning.recommendation import recommended_files
+from distsetup.planning.recommendation import recommended_files, run_config_optimizer
 from distsetup.planning.units import gb, in_words, parse_memory
 from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script, launch_warnings
 from distsetup.scripts.sbatch import SlurmSpec, build_slurm_script, slurm_warnings
@@ -170,7 +171,7 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
         )
     strategy = BY_KEY[chosen.strategy]
     backend = {"ddp": "ddp" if answers.world_size > 1 else "single"}.get(strategy.framework, strategy.framework)
-    _, files, _ = recommended_files(result)
+    _, files, _ = recommended_files(result, run_config_optimizer(TrainingConfig()))  # the run config's: it sets none
     memory = f"{gb(chosen.total)} of {gb(chosen.usable)} GB usable per GPU" + (
         f", {gb(chosen.cpu_per_node)} GB of CPU memory per node" if chosen.cpu_per_node else ""
     )

@@ -4,17 +4,19 @@ and the command line that writes it."""
 import shlex
 
 from distsetup.formats.batch import resolve_batch
-from distsetup.formats.deepspeed import DeepSpeedSpec, build_deepspeed_config
+from distsetup.formats.deepspeed import DeepSpeedSpec, OptimizerSpec, build_deepspeed_config
 from distsetup.formats.deepspeed_rules import check_spec
 from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config
 from distsetup.formats.fsdp_rules import check_fsdp_spec
+from distsetup.formats.runconfig import TrainingConfig
 from distsetup.planning.estimates import BY_KEY, Estimate
 from distsetup.planning.planner import Plan
 
 
-def recommended_files(result: Plan) -> tuple[str | None, dict, list[str]]:
+def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> tuple[str | None, dict, list[str]]:
     """The exact `distsetup deepspeed|fsdp` command, the config it writes (via the same builders) and the warnings
-    that command prints about it."""
+    that command prints about it. `optimizer`: the run config's lr, betas and weight decay, which a DeepSpeed file
+    then carries too (its own defaults would override them: lr 3e-4 where the run config trains at 1e-3)."""
     choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
     if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
         return None, {}, []
@@ -25,7 +27,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict, list[str]]:
     if s.framework == "deepspeed":
         # the file leaves ZeRO's buffers unset where DeepSpeed's own sizes fit, as the estimate counts them
         hidden_size = None if choice.keeps_deepspeed_sizes else result.model.hidden_size
-        args = deepspeed_args(choice, micro, accumulation, precision, world, hidden_size)
+        args = deepspeed_args(choice, micro, accumulation, precision, world, hidden_size) + optimizer_args(optimizer)
         ds_spec = DeepSpeedSpec(
             zero_stage=s.zero_stage,
             offload_optimizer="cpu" if s.offload_optimizer else None,
@@ -33,6 +35,7 @@ def recommended_files(result: Plan) -> tuple[str | None, dict, list[str]]:
             precision=precision,
             batch=resolve_batch(micro, accumulation, None, world),
             hidden_size=hidden_size,
+            optimizer=optimizer or OptimizerSpec(),
         )
         warnings = check_spec(ds_spec)
         name, config = "ds_config.json", build_deepspeed_config(ds_spec)
@@ -78,6 +81,23 @@ def deepspeed_args(
         "--world_size",
         str(world_size),
     ]
+
+
+def run_config_optimizer(training: TrainingConfig) -> OptimizerSpec:
+    """The AdamW settings of a run config's training section, for the DeepSpeed file beside it."""
+    return OptimizerSpec(
+        lr=training.lr, betas=(training.betas[0], training.betas[1]), weight_decay=training.weight_decay
+    )
+
+
+def optimizer_args(optimizer: OptimizerSpec | None) -> list[str]:
+    """The `distsetup deepspeed` arguments that write `optimizer`'s settings."""
+    if optimizer is None:
+        return []
+    args = [] if optimizer.lr is None else ["--lr", str(optimizer.lr)]  # str: the float again when read back
+    if optimizer.betas is not None:
+        args += ["--betas", *(str(beta) for beta in optimizer.betas)]
+    return args + ([] if optimizer.weight_decay is None else ["--weight_decay", str(optimizer.weight_decay)])
 
 
 def fsdp_args(choice: Estimate, precision: str, layer_cls: str) -> list[str]:

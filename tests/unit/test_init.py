@@ -17,6 +17,7 @@ from repo import heavy_imports
 from distsetup.cli.commands.init import Questions, ask_everything
 from distsetup.cli.init_setup import Answers, build_setup
 from distsetup.cli.machine import Machine
+from distsetup.formats.runconfig import TrainingConfig
 from distsetup.planning.gpus import GpuInfo
 
 
@@ -233,6 +234,40 @@ def test_fp16_never_gets_fsdp_which_the_trainer_cannot_scale(run_cli, tmp_path, 
     (tmp_path / "config" / "config.yaml").write_text(fsdp_fp16.replace("ds_config.json", "fsdp_config.json"))
     refused = run_cli("validate", "config/config.yaml", "--json")
     assert [p["path"] for p in json.loads(refused.stdout)] == ["training.precision"]
+
+
+def test_a_deepspeed_file_trains_with_the_run_configs_optimizer_settings(run_cli, tmp_path, monkeypatch):
+    """init's DeepSpeed file said lr 3e-4 and betas (0.9, 0.999), DeepSpeed's defaults, which override the run
+    config's (1e-3, (0.9, 0.95)): the same answers trained at another lr under ZeRO than under DDP. plan --write of a
+    run config carries its values as well, in the file and in the command it prints."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("init", "--yes", "--model", "large", "--gpu_memory", "16GB", "--num_gpus_per_node", 2).exit_code == 0
+    optimizer = json.loads((tmp_path / "config" / "ds_config.json").read_text())["optimizer"]["params"]
+    training = TrainingConfig()
+    assert (optimizer["lr"], optimizer["betas"], optimizer["weight_decay"]) == (
+        training.lr,
+        training.betas,
+        training.weight_decay,
+    )
+    checked = run_cli("validate", "config/config.yaml")
+    assert checked.exit_code == 0 and "from DeepSpeed file" not in checked.output
+    config = (tmp_path / "config" / "config.yaml").read_text().replace("training:\n", "training:\n  lr: 0.0002\n", 1)
+    (tmp_path / "config" / "config.yaml").write_text(config)
+    planned = run_cli(
+        "plan",
+        "--config",
+        "config/config.yaml",
+        "--gpu_memory",
+        "16GB",
+        "--num_gpus",
+        2,
+        "--json",
+        "--write",
+        "planned",
+    )
+    assert planned.exit_code == 0, planned.output
+    assert json.loads((tmp_path / "planned" / "ds_config.json").read_text())["optimizer"]["params"]["lr"] == 2e-4
+    assert "--lr 0.0002 --betas 0.9 0.95 --weight_decay 0.01" in json.loads(planned.stdout)["command"]
 
 
 def test_the_summary_says_why_with_numbers_that_hold(tmp_path):

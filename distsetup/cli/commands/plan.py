@@ -16,7 +16,7 @@ from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
 from distsetup.planning.estimates import BY_KEY, Hardware, Workload
 from distsetup.planning.models import ModelShape, assumed_shape, gpt_shape, hf_shape_from_json
 from distsetup.planning.planner import Plan, plan
-from distsetup.planning.recommendation import recommended_files
+from distsetup.planning.recommendation import recommended_files, run_config_optimizer
 from distsetup.planning.units import MAX_BATCH, gb, in_words, parse_count, parse_memory
 
 COLUMNS = (
@@ -113,7 +113,7 @@ def plan_command(**o):
         chunked_loss=defaults.get("chunked_loss", "auto"),
     )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
-    command, files, warnings = recommended_files(result)
+    command, files, warnings = recommended_files(result, defaults.get("optimizer"))
     for note in notes:  # after every check: a note never precedes an error
         click.echo(f"Note: {note}", err=True)
     for warning in warnings:  # what the recommended command says of its file (HYBRID_SHARD under FSDP2, say)
@@ -205,6 +205,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         "micro_batch": cfg.training.micro_batch_size,
         "accumulation": cfg.training.gradient_accumulation_steps,
         "chunked_loss": cfg.training.chunked_loss,
+        "optimizer": run_config_optimizer(cfg.training),  # a DeepSpeed file written carries the run config's
     }
     if cfg.model.type != "python" or cfg.data.type != "python":  # the GPT's, an HF model's or token data's length
         defaults["seq_len"] = cfg.model.block_size
