@@ -29,6 +29,7 @@ MAIL_TYPES = (
     "ARRAY_TASKS",
 )
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MEMORY = re.compile(r"^[0-9]+[KMGT]?$", re.IGNORECASE)
 _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -164,11 +165,8 @@ def check_slurm(spec: SlurmSpec) -> None:
                 f"({limit} s): the job would be warned as it starts, and requeued again and again.",
                 f"give --signal_seconds under {limit} (a few minutes before the end), or a longer --time_limit.",
             )
-    if spec.partition is not None and not _PARTITION.match(spec.partition):
-        raise DistsetupError(
-            f"partition '{spec.partition}' is not a SLURM partition name.",
-            "use letters, digits, _ . - (several: gpu,gpu-long).",
-        )
+    check_partition(spec.partition)
+    check_account(spec.account)
     for name in ("mem", "mem_per_gpu"):
         value = getattr(spec, name)
         if value is not None and value.isdigit() and int(value) > 0:  # 0 is SLURM's "all the node's memory"
@@ -263,6 +261,20 @@ def sbatch_directives(spec: SlurmSpec) -> dict[str, str | None]:
         directives["signal"] = f"B:USR1@{spec.signal_seconds}"
     directives.update(spec.extra_sbatch)
     return dict(sorted(directives.items()))
+
+
+def check_partition(partition: str | None) -> None:
+    if partition is not None and not _PARTITION.match(partition):
+        raise DistsetupError(
+            f"partition {partition!r} is not a SLURM partition name.",
+            "use letters, digits, _ . - (several: gpu,gpu-long).",
+        )
+
+
+def check_account(account: str | None) -> None:
+    """An account is one name (sbatch refuses `--account="my account"` when the job is submitted)."""
+    if account is not None and not _NAME.match(account):
+        raise DistsetupError(f"--account {account!r} is not a SLURM account name.", "use letters, digits, _ . -")
 
 
 def sbatch_lines(directives: dict[str, str | None]) -> list[str]:

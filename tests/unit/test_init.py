@@ -9,15 +9,16 @@ import shlex
 import subprocess
 import sys
 
+import click
 import pexpect
 import pytest
 from init_terminal import environment, files_in, spawn_init
 from repo import heavy_imports
 
-from distsetup.cli.commands.init import Questions, ask_everything
+from distsetup.cli.commands.init import Questions, _data, _model, _reasked, ask_everything
 from distsetup.cli.init_setup import Answers, build_setup
 from distsetup.cli.machine import Machine
-from distsetup.formats.runconfig import TrainingConfig
+from distsetup.formats.runconfig import PRECISIONS, TrainingConfig
 from distsetup.planning.gpus import GpuInfo
 
 
@@ -109,6 +110,18 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         (["--data", "missing.jsonl"], "--data: no file missing.jsonl."),
         (["--global_batch_size", "3"], "--global_batch_size 3 is not divisible by the 2 processes"),
         (["--data", ","], "--data ',' names no file."),
+        # each answer checked at its question, as the run config checks it: these failed after the last one
+        (["--data", "d.csv"], "--data: d.csv is none of .txt, .jsonl, .json, .parquet, .bin files."),
+        (["--data", "folder"], "--data: folder is a folder."),
+        (["--model", "broken"], "broken/config.json is not valid JSON"),
+        (
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--partition", "gpu queue"],
+            "partition 'gpu queue' is not a SLURM partition name.",
+        ),
+        (
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--account", "my account"],
+            "--account 'my account' is not a SLURM account name",  # sbatch refused it, at submission
+        ),
         (["--scheduler", "slurm"], "no GPU here to measure, and --gpu_memory is not given for the SLURM nodes."),
         (
             ["--model", "folder-7b", "--seq_len", "8192"],
@@ -126,10 +139,23 @@ def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypat
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder-7b").mkdir()
     (tmp_path / "folder-7b" / "config.json").write_text(json.dumps(LLAMA_7B))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    (tmp_path / "d.csv").write_text("a,b\n")
     result = run_cli("init", "--yes", *args)
     assert result.exit_code == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert files_in(tmp_path) == ["folder-7b/config.json"]
+    assert files_in(tmp_path) == ["broken/config.json", "d.csv", "folder-7b/config.json"]
+
+
+def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):
+    """What the terminal's prompt does with an answer: spaces around it and capitals are no part of it; a file the run
+    config cannot read is said at its question (click.prompt asks again), not after the last."""
+    assert _reasked(click.Choice(PRECISIONS, case_sensitive=False), None)(" FP32 ") == "fp32"
+    assert _reasked(str, _model)(" tiny ") == "tiny"
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    with pytest.raises(click.BadParameter, match="notes.csv is none of .txt"):
+        _reasked(str, _data)(str(tmp_path / "notes.csv"))
 
 
 def test_defaults_come_from_the_gpus_and_the_slurm_allocation():

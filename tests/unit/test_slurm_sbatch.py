@@ -150,6 +150,7 @@ def test_time_limits_slurm_rejects(text):
         ({"time_limit": "48h"}, "not one SLURM accepts"),
         ({"partition": "gpu queue"}, "not a SLURM partition name"),
         ({"partition": "gpu;rm"}, "not a SLURM partition name"),
+        ({"account": "my account"}, "--account 'my account' is not a SLURM account name"),  # sbatch refuses it
         ({"mem": "lots"}, "not a SLURM memory size"),
         ({"mem": "256"}, "--mem 256: SLURM reads a number without a unit as megabytes"),  # meant 256G, most likely
         ({"mem": "1G", "mem_per_gpu": "1G"}, "mutually exclusive"),

@@ -22,12 +22,14 @@ from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
-from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS
-from distsetup.planning.models import BUILTIN_SIZES
+from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS, TEXT_SUFFIXES, TOKEN_SUFFIX
+from distsetup.planning.models import BUILTIN_SIZES, hf_shape_from_json
 from distsetup.planning.units import MAX_BATCH, parse_memory
-from distsetup.scripts.sbatch import time_limit_seconds
+from distsetup.scripts.sbatch import check_account, check_partition, time_limit_seconds
 
 NO_GPU = "none"
+
+DATA_SUFFIXES = (*TEXT_SUFFIXES, TOKEN_SUFFIX)  # the files a run config's data.paths take
 
 
 @click.command(
@@ -42,7 +44,7 @@ scripts/run_training.sh or scripts/slurm_job.sh; never over an existing file wit
 """,
 )
 @option("model", help=f"A built-in size ({', '.join(BUILTIN_SIZES)}) or a local Hugging Face model folder.")
-@option("data", help="Training files, comma-separated (.txt, or .jsonl with a text field), or synthetic.")
+@option("data", help=f"Training files, comma-separated ({', '.join(DATA_SUFFIXES)}), or synthetic.")
 @option("scheduler", type=click.Choice(SCHEDULERS), help="Where it runs: this machine (local) or SLURM.")
 @option("num_nodes", type=click.IntRange(1, MAX_NODES), help="Nodes [the SLURM allocation's, else 1].")
 @option(
@@ -100,11 +102,12 @@ class Questions:
 
 
 def _reasked(kind, check: Callable | None) -> Callable:
-    """A prompt's conversion: a value that fails `kind` or `check` is said and asked again."""
+    """A prompt's conversion: a value that fails `kind` or `check` is said and asked again (spaces around it are no
+    part of the answer)."""
     convert = click.types.convert_type(kind)
 
     def proc(text):
-        value = convert(text)
+        value = convert(text.strip() if isinstance(text, str) else text)
         if check is None:
             return value
         try:
@@ -119,7 +122,7 @@ def what_this_machine_has(machine: Machine) -> str:
     if machine.gpus:
         return f"This machine: {len(machine.gpus)} GPU(s) ({', '.join(sorted({g.name for g in machine.gpus}))})."
     reason = (machine.no_gpu_reason or "").rstrip(".")
-    return f"This machine: no GPU ({reason}). Without --gpu_memory, init writes a CPU setup."
+    return f"This machine: no GPU ({reason}). A CPU setup, unless you give the memory of the run's GPUs."
 
 
 def ask_everything(q: Questions, machine: Machine) -> Answers:
@@ -134,7 +137,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         "scheduler",
         f"Where it runs ({', '.join(SCHEDULERS)})",
         "slurm" if machine.in_slurm_job else "local",
-        click.Choice(SCHEDULERS),
+        click.Choice(SCHEDULERS, case_sensitive=False),
     )
     refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
     num_nodes = q.answer(
@@ -154,7 +157,10 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
     )
     precision_default = machine.precision if machine.gpus or not gpu_memory else "bf16"
     precision = q.answer(
-        "precision", f"Precision ({', '.join(PRECISIONS)})", precision_default, click.Choice(PRECISIONS)
+        "precision",
+        f"Precision ({', '.join(PRECISIONS)})",
+        precision_default,
+        click.Choice(PRECISIONS, case_sensitive=False),
     )
     global_batch = _ask_global_batch(q, num_nodes, per_node)
     slurm = _ask_slurm(q, machine) if scheduler == "slurm" else {}
@@ -187,7 +193,11 @@ def _ask_gpu_memory(q: Questions, machine: Machine, scheduler: str) -> str | Non
     else:
         memory_default = NO_GPU
     return q.answer(
-        "gpu_memory", f"Memory of one GPU ({NO_GPU}: train on CPU processes)", memory_default, str, _gpu_memory
+        "gpu_memory",
+        f"Memory of one GPU, e.g. 80GB ({NO_GPU}: train on CPU processes)",
+        memory_default,
+        str,
+        _gpu_memory,
     )
 
 
@@ -211,32 +221,60 @@ def _ask_slurm(q: Questions, machine: Machine) -> dict:
     """The SLURM job's partition, time limit and account (defaults: the allocation's), venv and CPUs per task."""
     return {
         "partition": q.answer(
-            "partition", "SLURM partition (empty: the default)", machine.slurm.get("SLURM_JOB_PARTITION", ""), str
+            "partition",
+            "SLURM partition (empty: the default)",
+            machine.slurm.get("SLURM_JOB_PARTITION", ""),
+            str,
+            _named(check_partition),
         ),
         "time_limit": q.answer("time_limit", "SLURM time limit", "24:00:00", str, _time_limit),
-        "account": q.answer("account", "SLURM account (empty: none)", machine.slurm.get("SLURM_JOB_ACCOUNT", ""), str),
+        "account": q.answer(
+            "account",
+            "SLURM account (empty: none)",
+            machine.slurm.get("SLURM_JOB_ACCOUNT", ""),
+            str,
+            _named(check_account),
+        ),
         "venv": q.given.get("venv") or machine.venv,
         "cpus_per_task": q.given.get("cpus_per_task"),
     }
 
 
 def _model(value: str) -> str:
+    """A built-in size, or a folder whose config.json describes a decoder: checked at its question, not after the
+    last (which lost every answer)."""
     value = value.strip()
     if value not in BUILTIN_SIZES:
-        hf_config_path(value)
+        hf_shape_from_json(hf_config_path(value), None)
     return value
 
 
 def _data(value: str) -> tuple[str, ...]:
+    """Files the run config takes, each there and of a kind it reads (checked here, not after the last question)."""
     if value.strip() == "synthetic":
         return ()
     paths = tuple(p.strip() for p in value.split(",") if p.strip())
+    kinds = f"{', '.join(DATA_SUFFIXES)} files"
     if not paths:
-        raise DistsetupError(f"--data {value!r} names no file.", "give .txt or .jsonl files, or synthetic.")
+        raise DistsetupError(f"--data {value!r} names no file.", f"give {kinds}, or synthetic.")
     for path in paths:
+        if Path(path).is_dir():
+            raise DistsetupError(f"--data: {path} is a folder.", f"name its files ({kinds}), comma-separated.")
         if not Path(path).is_file():
-            raise DistsetupError(f"--data: no file {path}.", "give existing .txt or .jsonl files, or synthetic.")
+            raise DistsetupError(f"--data: no file {path}.", f"give existing {kinds}, or synthetic.")
+        if not path.endswith(DATA_SUFFIXES):
+            raise DistsetupError(f"--data: {path} is none of {kinds}.", "give files of these kinds, or synthetic.")
     return paths
+
+
+def _named(check: Callable[[str | None], None]) -> Callable[[str], str]:
+    """A SLURM name's answer (empty: none), checked as `distsetup slurm` checks it."""
+
+    def checked(value: str) -> str:
+        check(value.strip() or None)
+        return value.strip()
+
+    return checked
 
 
 def _gpu_memory(value: str) -> str | None:
