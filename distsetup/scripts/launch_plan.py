@@ -242,7 +242,8 @@ def train_args(spec: LaunchSpec) -> list[str]:
 
     `section.key=value` overrides are the trainer's syntax, so they go only to distsetup's trainer, which
     reads their values as YAML: a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
-    script gets `--deepspeed FILE`, the spelling of distsetup's trainer and of the HF Trainer.
+    script gets `--deepspeed FILE`, the spelling of distsetup's trainer and of the HF Trainer; a script of the user's
+    `--fsdp --fsdp_config FILE`, the HF Trainer's (under accelerate the FSDP file goes to accelerate launch).
     """
     args = ["--config", spec.config] if spec.config else []
     if spec.runs_default_trainer:
@@ -253,6 +254,8 @@ def train_args(spec: LaunchSpec) -> list[str]:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
     if spec.backend == "deepspeed" and spec.deepspeed_config:
         args += ["--deepspeed", spec.deepspeed_config]
+    if spec.backend == "fsdp" and not spec.runs_default_trainer and spec.launch_method != "accelerate":
+        args += ["--fsdp", *(["--fsdp_config", spec.fsdp_config] if spec.fsdp_config else [])]  # the HF Trainer's
     return args
 
 

@@ -162,14 +162,24 @@ def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cl
 
 
 @pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
-def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, flags):
+def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, monkeypatch, flags):
     """The Trainer reads cpu_offload (not offload_params) and, for FSDP1, the sharding strategy from
     reshard_after_forward: the file gives both, so an offloading file trains offloaded and a SHARD_GRAD_OP file as
-    SHARD_GRAD_OP."""
+    SHARD_GRAD_OP. A script of the user's gets it as the Trainer's arguments take it, `--fsdp --fsdp_config FILE`
+    (under torchrun it got nothing, and trained DDP)."""
+    monkeypatch.chdir(tmp_path)
     _, meant = write_fsdp_file(run_cli, tmp_path, flags)
-    arguments = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), fsdp=True, fsdp_config=str(tmp_path / "fsdp.json"), report_to=[]
-    )
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher", "--use_fsdp", "--fsdp_config", "fsdp.json", "--script", "user.py", "--num_gpus_per_node", 2,
+        "-o", "run.sh",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "torchrun", cwd=tmp_path).stdout.splitlines()
+    given = argv[argv.index("user.py") + 1 :]
+    assert given == ["--fsdp", "--fsdp_config", "fsdp.json"]
+    parser = transformers.HfArgumentParser(transformers.TrainingArguments)
+    (arguments,) = parser.parse_args_into_dataclasses(args=[*given, "--output_dir", "out", "--report_to", "none"])
     understood = arguments.fsdp_plugin_args
     assert understood["fsdp_version"] == meant.fsdp_version
     assert understood.get("cpu_offload", False) == meant.cpu_offload
