@@ -37,6 +37,7 @@ class TrainerValues:
     bf16_full_eval: bool = False
     warmup_steps: float = 0  # a ratio of the steps when below 1
     max_steps: int = -1
+    auto_find_batch_size: bool = False  # the Trainer then fills the batch sizes without comparing them
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainerValues":
@@ -76,6 +77,7 @@ class Fill:
     source: str
     must_match: bool = True  # a value that is not "auto" must equal it (fill_match), else only filled
     zero3_only: bool = False
+    batch_size: bool = False  # only filled under auto_find_batch_size (transformers' trainer_config_process)
 
 
 def _train_batch(t: TrainerValues, c: Context):
@@ -96,9 +98,19 @@ def _hidden(key: str):
 
 
 FILLS = (
-    Fill("train_micro_batch_size_per_gpu", lambda t, c: t.per_device_train_batch_size, "per_device_train_batch_size"),
+    Fill(
+        "train_micro_batch_size_per_gpu",
+        lambda t, c: t.per_device_train_batch_size,
+        "per_device_train_batch_size",
+        batch_size=True,
+    ),
     Fill("gradient_accumulation_steps", lambda t, c: t.gradient_accumulation_steps, "gradient_accumulation_steps"),
-    Fill("train_batch_size", _train_batch, "world size x per_device_train_batch_size x gradient_accumulation_steps"),
+    Fill(
+        "train_batch_size",
+        _train_batch,
+        "world size x per_device_train_batch_size x gradient_accumulation_steps",
+        batch_size=True,
+    ),
     Fill("gradient_clipping", lambda t, c: t.max_grad_norm, "max_grad_norm"),
     Fill("optimizer.params.lr", lambda t, c: t.learning_rate, "learning_rate"),
     Fill("optimizer.params.betas", lambda t, c: [t.adam_beta1, t.adam_beta2], "adam_beta1+adam_beta2"),
@@ -184,9 +196,20 @@ def filled_in(config: dict, trainer: TrainerValues, context: Context) -> dict:
 def mismatch_problems(config: dict, trainer: TrainerValues, context: Context, where: str) -> list[Problem]:
     """Values of the DeepSpeed file (`where`) the Trainer compares with TrainingArguments and stops on."""
     problems = []
+    if trainer.auto_find_batch_size and zero_stage_of(config) == 3:
+        problems.append(
+            Problem(
+                "zero_optimization.stage",
+                "3, with TrainingArguments' auto_find_batch_size: the HF Trainer refuses them together "
+                '("isn\'t supported yet with DeepSpeed Zero-3").',
+                "use ZeRO-1 or 2, or drop auto_find_batch_size.",
+            )
+        )
     for fill in FILLS:
         node, key = _node(config, fill.path)
         if node is None or not fill.must_match or node.get(key) in (None, "auto"):
+            continue
+        if fill.batch_size and trainer.auto_find_batch_size:
             continue
         ours, theirs = node[key], fill.value(trainer, context)
         if theirs is None or ours == theirs:

@@ -254,3 +254,18 @@ def test_the_rules_hold_for_what_trainingarguments_put_in_the_files_auto(run_cli
     assert problem_paths(run_cli, file, "--world_size", 2) == []
     fp16 = write(tmp_path / "fp16.json", {**json.loads(file.read_text()), "fp16": True})
     assert problem_paths(run_cli, fp16, "--world_size", 2) == ["deepspeed -> fp16.enabled"]
+
+
+def test_auto_find_batch_size_leaves_the_batch_sizes_uncompared_and_refuses_zero3(run_cli, tmp_path):
+    """With auto_find_batch_size the Trainer fills the batch sizes without comparing them (transformers'
+    trainer_config_process; a 2-process run trained where validate said it stops), and refuses ZeRO-3."""
+    ds = {**BASE_DS, "train_batch_size": 8, "gradient_accumulation_steps": 1}  # micro 4: TrainingArguments say 2
+    args = {"output_dir": "out", "deepspeed": "ds.json", "per_device_train_batch_size": 2, "max_grad_norm": 1.0}
+    args.update(learning_rate=3e-4, adam_beta2=0.95, weight_decay=0.1, bf16=True)
+    write(tmp_path / "ds.json", ds)
+    compared = problem_paths(run_cli, write(tmp_path / "ta.json", args), "--world_size", 2)
+    assert compared == ["deepspeed -> train_micro_batch_size_per_gpu", "deepspeed -> train_batch_size"]
+    found = write(tmp_path / "ta.json", {**args, "auto_find_batch_size": True})
+    assert problem_paths(run_cli, found, "--world_size", 2) == []
+    write(tmp_path / "ds.json", {**ds, "zero_optimization": {"stage": 3}})
+    assert problem_paths(run_cli, found, "--world_size", 2) == ["deepspeed -> zero_optimization.stage"]
