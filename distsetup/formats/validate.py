@@ -94,18 +94,24 @@ def validate_file(
 def _named_deepspeed_problems(
     named, base_dir: Path, key: str, world_size: int | None, trainer: TrainerValues | None
 ) -> list[Problem]:
-    """Problems in the DeepSpeed file an Accelerate config or TrainingArguments names (`key`), prefixed with
-    the key; with TrainingArguments also the values the HF Trainer would find mismatched."""
-    if not isinstance(named, str) or not named.strip():
+    """Problems in the DeepSpeed file an Accelerate config or TrainingArguments names (`key`; TrainingArguments also
+    take its settings written in place, a mapping), prefixed with the key; with TrainingArguments also the values the
+    HF Trainer would find mismatched."""
+    if isinstance(named, dict) and trainer is not None:
+        config, where = named, f"{key} (written in place)"
+        found = duplicate_key_problems(config) + deepspeed_problems(config, world_size, hf=True)
+    elif isinstance(named, str) and named.strip():
+        target = resolve_config_path(named, base_dir)
+        try:
+            _, found, config, _ = validate_file(target, "deepspeed", world_size, hf=True)
+        except DistsetupError as e:
+            return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
+        where = str(target)
+    else:
         return []
-    target = resolve_config_path(named, base_dir)
-    try:
-        _, found, config, _ = validate_file(target, "deepspeed", world_size, hf=True)
-    except DistsetupError as e:
-        return [Problem(key, e.message, "give an existing DeepSpeed JSON file.")]
     if trainer is not None:
         context = Context(world_size=world_size)
-        found += mismatch_problems(config, trainer, context, str(target))
+        found += mismatch_problems(config, trainer, context, where)
         # the rules again on what DeepSpeed gets (fp16 "auto" made true by TrainingArguments at stage 0, say)
         said = {(p.path, p.message) for p in found}
         found += [

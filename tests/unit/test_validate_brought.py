@@ -269,3 +269,17 @@ def test_auto_find_batch_size_leaves_the_batch_sizes_uncompared_and_refuses_zero
     assert problem_paths(run_cli, found, "--world_size", 2) == []
     write(tmp_path / "ds.json", {**ds, "zero_optimization": {"stage": 3}})
     assert problem_paths(run_cli, found, "--world_size", 2) == ["deepspeed -> zero_optimization.stage"]
+
+
+def test_a_deepspeed_config_written_in_the_training_arguments_is_checked_as_a_named_one(run_cli, tmp_path):
+    """TrainingArguments take the DeepSpeed settings as a mapping too: validate said "no problems" where the HF
+    Trainer stops on the mismatch, or DeepSpeed on a rule."""
+    inline = {
+        **BASE_DS,
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}},
+    }
+    args = {"output_dir": "out", "deepspeed": inline, "per_device_train_batch_size": 2}
+    paths = problem_paths(run_cli, write(tmp_path / "ta.json", args), "--world_size", 2)
+    assert "deepspeed -> train_micro_batch_size_per_gpu" in paths  # 4 against TrainingArguments' 2
+    assert "deepspeed -> zero_optimization.offload_param" in paths  # parameters offloaded below stage 3
