@@ -59,7 +59,8 @@ def in_one_line(error: click.UsageError) -> click.UsageError:
     if error.ctx is None:
         return error
     said = error.format_message().rstrip(".")
-    return click.UsageError(f"{said}. HINT: `{error.ctx.command_path} --help` says what it takes.")
+    ended = said if said.endswith(("?", "!", ")")) else f"{said}."  # "(Did you mean '--x'?)" ends its sentence
+    return click.UsageError(f"{ended} HINT: `{error.ctx.command_path} --help` says what it takes.")
 
 
 @click.group(

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import click
 import pytest
 from hostile_input import one_line_error
 from repo import REPO, heavy_imports, run_subprocess_cli
@@ -90,8 +91,16 @@ def test_a_flag_click_refuses_is_one_line(args, said):
 
 
 def test_both_spellings_of_every_multiword_flag(run_cli):
-    """Each --snake_case option also answers to --dash-case (and the reverse)."""
-    for command in (cli.get_command(None, name) for name in COMMANDS):
+    """Each --snake_case option also answers to --dash-case (and the reverse), in the subcommands of a group too
+    (checkpoint export's --max_shard_size had no --max-shard-size)."""
+
+    def commands(group):
+        for command in (group.get_command(None, name) for name in group.list_commands(None)):
+            yield command
+            if isinstance(command, click.Group):
+                yield from commands(command)
+
+    for command in commands(cli):
         for param in command.params:
             long_names = [o for o in param.opts + param.secondary_opts if o.startswith("--")]
             multiword = [o for o in long_names if "_" in o or "-" in o[2:]]

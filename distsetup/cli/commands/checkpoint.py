@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from distsetup.cli.options import option
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, list_checkpoints
 
@@ -73,7 +74,7 @@ def ls(run: Path, as_json: bool):
     help="safetensors: model.safetensors and model.json (any model); hf: a Hugging Face folder that "
     "from_pretrained loads (model.type hf).",
 )
-@click.option("--max_shard_size", help="--format hf: shard above this size, as save_pretrained  [default: 50GB]")
+@option("max_shard_size", help="--format hf: shard above this size, as save_pretrained  [default: 50GB]")
 def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str | None):
     """Write the newest complete checkpoint of RUN (any backend, any world size; RUN may also name one of its
     checkpoints/step_N folders) into the new folder OUTPUT:
