@@ -200,3 +200,11 @@ def test_a_config_of_another_kind_is_said_to_be_one(run_cli, tmp_path, monkeypat
         assert result.exit_code == 1 and said in result.stdout, result.output
     else:
         one_line_error(result, said)
+
+
+def test_a_script_given_to_validate_is_said_to_be_no_config(run_cli, tmp_path, monkeypatch):
+    """validate run_training.sh said "is not valid JSON ... fix the JSON syntax (no comments or trailing commas)"."""
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("launcher", "--num_gpus_per_node", 1, "-o", "run_training.sh").exit_code == 0
+    one_line_error(run_cli("validate", "run_training.sh"), "run_training.sh is no config file validate reads")
+    one_line_error(run_cli("validate", "missing.sh"), "cannot read")  # a file not there is said as before

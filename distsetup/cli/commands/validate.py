@@ -79,7 +79,7 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
     elif o["crd"]:
         raise DistsetupError(f"--crd checks Kubernetes manifests; {file} is not one.", "drop --crd.")
     else:
-        kind, problems, data, notes = validate_file(file, kind, world, hf, num_gpus_per_node)
+        kind, problems, data, notes = validate_unknown_suffix(file, kind, world, hf, num_gpus_per_node)
     resolved, mismatched = resolve(file, kind, data, world, o) if o["resolve"] else ([], [])
     problems = problems + mismatched
     if as_json_output:
@@ -103,6 +103,20 @@ def validate(ctx: click.Context, file: Path, world_size, num_nodes, num_gpus_per
         summary = f"{len(problems)} problem(s)" if problems else "no problems"
         click.echo(f"{file}: {KIND_NAMES[kind]}, {summary}{checked}.", err=bool(problems))
     ctx.exit(1 if problems else 0)
+
+
+def validate_unknown_suffix(file: Path, kind: str | None, world, hf: bool, num_gpus_per_node):
+    """validate_file; a file it cannot read whose name is no config's (run_training.sh) is said to be no config,
+    not given JSON's syntax to fix."""
+    try:
+        return validate_file(file, kind, world, hf, num_gpus_per_node)
+    except DistsetupError:
+        if kind is not None or file.suffix in (".json", *YAML_SUFFIXES) or not file.is_file():
+            raise
+        raise DistsetupError(
+            f"{file} is no config file validate reads: {', '.join(KIND_NAMES[k] for k in KINDS)} (JSON or YAML).",
+            "give the config file (a script distsetup wrote reads the run config: validate that one).",
+        ) from None
 
 
 def fix(file: Path, kind: str | None) -> None:
