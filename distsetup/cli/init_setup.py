@@ -328,7 +328,7 @@ def refuse_existing(paths, force: bool) -> list[str]:
     existing = [path for path in paths if Path(path).exists() or Path(path).is_symlink()]
     if existing and not force:
         raise DistsetupError(
-            f"{existing[0]} exists: distsetup init never writes over a file.",
+            f"{existing[0]} exists: distsetup init writes over no file unless told to.",
             "add --force to replace what init writes, or run it in another folder.",
         )
     return existing
