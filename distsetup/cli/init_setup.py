@@ -166,7 +166,7 @@ def gpu_choice(answers: Answers, model: Model) -> Choice:
         raise DistsetupError(
             f"nothing fits: {model.name} ({in_words(model.shape.params)} parameters, {answers.precision}, "
             f"sequence {model.seq_len}) on {answers.num_nodes} node(s) x {answers.num_gpus_per_node} GPU(s) of "
-            f"{answers.gpu_memory}.",
+            f"{hardware.gpu_memory / 1e9:g} GB.",
             "what would: " + " ".join(result.advice),
         )
     strategy = BY_KEY[chosen.strategy]

@@ -125,7 +125,15 @@ def plan(model: ModelShape, hw: Hardware, work: Workload, allowed: tuple[str, ..
 def what_would_fit(
     model: ModelShape, hw: Hardware, work: Workload, allowed: tuple[str, ...] | None = None
 ) -> list[str]:
-    """When nothing fits: a smaller micro-batch, more GPUs, NVMe offload, or model parallelism."""
+    """When nothing fits: a smaller micro-batch, more GPUs, NVMe offload, or model parallelism; or, on a GPU whose
+    usable memory the runtime alone takes, a GPU's memory to give."""
+    usable = hw.gpu_memory * (1 - hw.headroom)
+    if usable <= hw.runtime_bytes:
+        return [
+            f"a GPU of {hw.gpu_memory / GB:g} GB leaves {usable / GB:.2f} GB usable, less than the "
+            f"{hw.runtime_bytes / GB:.1f} GB each process takes before any model (CUDA context, communication "
+            "buffers): give the GPUs' memory with its unit (e.g. 80GB)."
+        ]
     advice = []
     one = replace(work, micro_batch_size=1, global_batch_size=None)
     if (work.micro_batch_size or 1) > 1:

@@ -129,8 +129,8 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         ),
         (
             ["--model", "xl", "--gpu_memory", "1GB", "--num_gpus_per_node", "1"],
-            "nothing fits: xl (1.48B parameters, bf16, sequence 1024) on 1 node(s) x 1 GPU(s) of 1GB. HINT: what "
-            "would: even one layer",
+            "nothing fits: xl (1.48B parameters, bf16, sequence 1024) on 1 node(s) x 1 GPU(s) of 1 GB. HINT: what "
+            "would: a GPU of 1 GB leaves 0.90 GB usable, less than the 1.0 GB each process takes before any model",
         ),
     ],
 )

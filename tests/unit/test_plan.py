@@ -164,6 +164,25 @@ def test_recommendation_is_the_first_strategy_that_fits(gpu_memory, gpus):
         assert not estimate(chosen, SEVEN_B, hw, work, bigger[0], result.choice.activation_checkpointing).fits
 
 
+@pytest.mark.parametrize(
+    "memory, advice",
+    [
+        ("1GB", "a GPU of 1 GB leaves 0.90 GB usable, less than the 1.0 GB each process takes"),  # not the model
+        ("2GB", "even one layer with micro-batch 1 does not fit a GPU"),
+    ],
+)
+def test_a_gpu_the_runtime_alone_fills_is_said_apart_from_a_model_too_large(memory, advice):
+    """--gpu_memory 1 (a GB meant, and 1 GB given) was answered "the model needs tensor or pipeline parallelism" for
+    a model of 0.1M parameters: the runtime's 1 GB took the usable 0.9 before any model."""
+    hw = Hardware(1, 1, parse_memory(memory))
+    huge = ModelShape(parse_count("70B"), hidden_size=8192, num_layers=80, num_heads=64, vocab_size=32000)
+    for model in (huge, ModelShape(parse_count("0.1M"), hidden_size=64, num_layers=2, num_heads=4, vocab_size=256)):
+        result = plan(model, hw, Workload("bf16", 64, micro_batch_size=1))
+        if result.choice is None:
+            assert [a for a in result.advice if a.startswith(advice)], result.advice
+    assert plan(huge, hw, Workload("bf16", 64, micro_batch_size=1)).choice is None
+
+
 def test_nothing_fits_says_what_would():
     hw, work = Hardware(1, 2, parse_memory("24GB")), Workload("bf16", 2048, micro_batch_size=4)
     huge = ModelShape(parse_count("70B"), hidden_size=8192, num_layers=80, num_heads=64, vocab_size=32000)
