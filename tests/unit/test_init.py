@@ -113,6 +113,7 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         # each answer checked at its question, as the run config checks it: these failed after the last one
         (["--data", "d.csv"], "--data: d.csv is none of .txt, .jsonl, .json, .parquet, .bin files."),
         (["--data", "folder"], "--data: folder is a folder."),
+        (["--partition", "gpu"], "--partition is for a SLURM job, and --scheduler local runs on this machine."),
         (["--model", "broken"], "broken/config.json is not valid JSON"),
         (
             ["--scheduler", "slurm", "--gpu_memory", "none", "--partition", "gpu queue"],

@@ -30,6 +30,7 @@ from distsetup.scripts.sbatch import check_account, check_partition, time_limit_
 NO_GPU = "none"
 
 DATA_SUFFIXES = (*TEXT_SUFFIXES, TOKEN_SUFFIX)  # the files a run config's data.paths take
+SLURM_ONLY = ("partition", "time_limit", "account", "cpus_per_task")  # the flags only a SLURM job reads
 
 
 @click.command(
@@ -140,6 +141,12 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         click.Choice(SCHEDULERS, case_sensitive=False),
     )
     refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
+    unread = [name for name in SLURM_ONLY if q.given.get(name) is not None] if scheduler != "slurm" else []
+    if unread:  # given, and dropped without a word
+        raise DistsetupError(
+            f"--{unread[0]} is for a SLURM job, and --scheduler {scheduler} runs on this machine.",
+            f"drop --{unread[0]}, or give --scheduler slurm.",
+        )
     num_nodes = q.answer(
         "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
     )
