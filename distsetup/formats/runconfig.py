@@ -18,6 +18,12 @@ MODEL_TYPES = ("gpt", "hf", "python")
 BUILTIN_BLOCK = "Block"  # the built-in GPT's block class: what FSDP2 shards, checkpointing recomputes, compile compiles
 DATA_TYPES = ("synthetic", "files", "python")
 FORMATS = ("text", "prompt_completion", "chat")
+# The data settings that name the fields each format reads from a record
+FORMAT_FIELDS = {
+    "text": ("text_field",),
+    "prompt_completion": ("prompt_field", "completion_field"),
+    "chat": ("messages_field",),
+}
 REPORTERS = ("tensorboard", "wandb")
 CHECKPOINTING = ("none", "full", "selective")  # besides metrics.jsonl, which is always written
 TEXT_LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # datasets' builders

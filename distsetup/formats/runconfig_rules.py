@@ -2,6 +2,7 @@
 files, the model's shape (a Hugging Face model's from its config.json), the user's code it names, the data files, the
 lr scaling."""
 
+import json
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
@@ -10,6 +11,7 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import (
+    FORMAT_FIELDS,
     PYTHON_REFERENCES,
     TEXT_SUFFIXES,
     TOKEN_SUFFIX,
@@ -316,4 +318,35 @@ def _data_file_problems(data: DataConfig, tokens: bool, base_dir: Path | None) -
                         "config).",
                     )
                 )
+            elif name.endswith(".jsonl"):
+                problems += first_record_problems(resolve_config_path(name, base_dir), where, data)
     return problems
+
+
+FIRST_RECORD_BYTES = 1 << 20  # a record longer than this is read by the trainer alone
+
+
+def first_record_problems(path: Path, where: str, data: DataConfig) -> list[Problem]:
+    """The fields data.format reads, each in the first record of a .jsonl file (the trainer stops at the first record
+    without one, after the process group and before torchrun's own failure block: said here before any start)."""
+    try:
+        with path.open("rb") as f:
+            line = next((line for line in f.read(FIRST_RECORD_BYTES).splitlines() if line.strip()), b"")
+        record = json.loads(line) if line else None
+    except (OSError, ValueError):
+        return []  # unreadable or cut short: the trainer says what it finds
+    if not isinstance(record, dict):
+        return []
+    for setting in FORMAT_FIELDS[data.format]:
+        field = getattr(data, setting)
+        if field not in record:
+            fields = ", ".join(str(key) for key in record) or "none"
+            return [
+                Problem(
+                    where,
+                    f"{path.name}: its first record has no field '{field}' that format {data.format} reads (its "
+                    f"fields: {fields}).",
+                    f"name the field with data.{setting}, or write '{field}' in every record.",
+                )
+            ]
+    return []

@@ -113,6 +113,7 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         # each answer checked at its question, as the run config checks it: these failed after the last one
         (["--data", "d.csv"], "--data: d.csv is none of .txt, .jsonl, .json, .parquet, .bin files."),
         (["--data", "folder"], "--data: folder is a folder."),
+        (["--data", "body.jsonl"], "--data: body.jsonl: its first record has no field 'text'"),
         (["--partition", "gpu"], "--partition is for a SLURM job, and --scheduler local runs on this machine."),
         (["--model", "broken"], "broken/config.json is not valid JSON"),
         (
@@ -143,10 +144,11 @@ def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypat
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "d.csv").write_text("a,b\n")
+    (tmp_path / "body.jsonl").write_text('{"body": "hello"}\n')
     result = run_cli("init", "--yes", *args)
     assert result.exit_code == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert files_in(tmp_path) == ["broken/config.json", "d.csv", "folder-7b/config.json"]
+    assert files_in(tmp_path) == ["body.jsonl", "broken/config.json", "d.csv", "folder-7b/config.json"]
 
 
 def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):

@@ -2,6 +2,7 @@ import dataclasses
 import json
 
 import pytest
+from hostile_input import problems_of
 from repo import REPO
 
 from distsetup.errors import DistsetupError
@@ -216,3 +217,16 @@ def test_every_backend_a_run_config_names_is_one_the_trainer_has():
     from distsetup.training.backends import BACKENDS as TRAINER_BACKENDS
 
     assert tuple(TRAINER_BACKENDS) == BACKENDS
+
+
+def test_a_jsonl_file_without_the_fields_its_format_reads_is_a_problem_before_any_start(tmp_path):
+    """A .jsonl without a text field passed init, validate, doctor and the scripts' --check; the trainer stopped at
+    its first record, after the process group, and torchrun's failure block followed."""
+    (tmp_path / "d.jsonl").write_text('{"body": "hello"}\n{"body": "again"}\n')
+    config = "data:\n  type: files\n  paths: [d.jsonl]\n"
+    (found,) = problems_of(write_yaml(tmp_path, config)).values()
+    assert found.path == "data.paths[0]" and "first record has no field 'text' that format text reads" in found.message
+    assert problems_of(write_yaml(tmp_path, config + "  text_field: body\n")) == {}
+    (tmp_path / "d.jsonl").write_text('{"prompt": "2+2=", "answer": "4"}\n')
+    (found,) = problems_of(write_yaml(tmp_path, config + "  format: prompt_completion\n")).values()
+    assert "no field 'completion' that format prompt_completion reads (its fields: prompt, answer)" in found.message

@@ -22,7 +22,8 @@ from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
-from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS, TEXT_SUFFIXES, TOKEN_SUFFIX
+from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS, TEXT_SUFFIXES, TOKEN_SUFFIX, DataConfig
+from distsetup.formats.runconfig_rules import first_record_problems
 from distsetup.planning.models import BUILTIN_SIZES, hf_shape_from_json
 from distsetup.planning.units import MAX_BATCH, parse_memory
 from distsetup.scripts.sbatch import check_account, check_partition, time_limit_seconds
@@ -271,6 +272,8 @@ def _data(value: str) -> tuple[str, ...]:
             raise DistsetupError(f"--data: no file {path}.", f"give existing {kinds}, or synthetic.")
         if not path.endswith(DATA_SUFFIXES):
             raise DistsetupError(f"--data: {path} is none of {kinds}.", "give files of these kinds, or synthetic.")
+        for problem in first_record_problems(Path(path), "--data", DataConfig()) if path.endswith(".jsonl") else ():
+            raise DistsetupError(f"--data: {problem.message}", "give files whose records hold 'text' (init's format).")
     return paths
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.runconfig import TEXT_LOADERS
+from distsetup.formats.runconfig import FORMAT_FIELDS, TEXT_LOADERS
 from distsetup.training.world import last_line
 
 FIELD_SETTINGS = ("text_field", "prompt_field", "completion_field", "messages_field")
@@ -89,9 +89,7 @@ class SampleEncoder:
     @staticmethod
     def field_settings(format: str) -> tuple[str, ...]:
         """The data settings that name the fields format `format` reads."""
-        return {"text": ("text_field",), "prompt_completion": ("prompt_field", "completion_field")}.get(
-            format, ("messages_field",)
-        )
+        return FORMAT_FIELDS[format]
 
     def samples(self, path: Path) -> Iterator[Sample]:
         if path.suffix == ".txt":  # one document, tokenized a batch of lines at a time: memory stays bounded
