@@ -298,7 +298,7 @@ HEADER = """\
 
 
 def summary(answers: Answers, model: Model, choice: Choice) -> list[str]:
-    processes = "GPU(s)" if answers.gpu_memory else "CPU process(es) (no --gpu_memory: a CPU setup, gloo)"
+    processes = "GPU(s)" if answers.gpu_memory else "CPU process(es) (no GPU memory given: a CPU setup, gloo)"
     where = (
         f"SLURM ({answers.num_nodes} node(s)"
         + (f", partition {answers.partition}" if answers.partition else "")
