@@ -12,9 +12,8 @@ import click
 from distsetup.cli.options import option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import accelerate_launch_args
-from distsetup.formats.reading import read_yaml
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
-from distsetup.formats.runconfig_load import backend_of, check_run_config, run_config_from
+from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.scripts.launch_flags import FLAG_VARIABLES, parse_gpus
@@ -297,7 +296,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
     names it from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
     config = o["config"]
     base_dir = Path(config).parent if config else None
-    raw = read_yaml(Path(config)) if config else {}
+    raw = read_run_config(Path(config)) if config else {}
     dist = raw.setdefault("distributed", {})
     if not isinstance(dist, dict):
         dist = {}  # a schema problem: config_problems below names it

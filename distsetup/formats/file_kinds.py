@@ -3,10 +3,12 @@ where another kind goes is one line saying what it is and where it goes: a DeepS
 as a run config ("bf16 is training.precision here", which invited editing the DeepSpeed file), a run config given as
 --deepspeed_config got "unknown key 'data'" and DeepSpeed's sixty keys."""
 
+import functools
+
 from distsetup.formats.accelerate import is_accelerate_config
 from distsetup.formats.fsdp import UNPREFIXED
 from distsetup.formats.hf_trainer import is_training_arguments
-from distsetup.formats.problems import Problem
+from distsetup.formats.problems import Problem, load_schema
 from distsetup.formats.runconfig import SECTIONS
 
 # An FSDP file's keys as the HF Trainer's fsdp_config spells them, without fsdp_ (but activation_checkpointing,
@@ -47,9 +49,10 @@ def content_kind(data: dict) -> str | None:
 
 def wrong_kind_problem(data: dict, expected: str) -> Problem | None:
     """The problem of a config of another kind than `expected`, said of the whole file; None where its keys do not
-    say it is another."""
+    say it is another, or where it has keys of its own kind too (a run config with a stray train_batch_size is a
+    run config with an unknown key, said by its own rules)."""
     found = content_kind(data)
-    if found is None or found == expected:
+    if found is None or found == expected or any(_of_kind(key, expected) for key in data):
         return None
     telling = [key for key in data if content_kind({key: data[key]}) == found] or list(data)  # the keys that say so
     keys = ", ".join(str(key) for key in telling[:3])
@@ -58,3 +61,19 @@ def wrong_kind_problem(data: dict, expected: str) -> Problem | None:
         f"this is {KIND_WORDS[found]} ({keys}), not {KIND_WORDS[expected]}.",
         f"give it as {WHERE_IT_GOES[found]}, and give {KIND_WORDS[expected]} here.",
     )
+
+
+def _of_kind(key, kind: str) -> bool:
+    """Whether top-level `key` belongs to a config of `kind` (run config, DeepSpeed or FSDP; the others: never)."""
+    if kind == "run_config":
+        return key in SECTIONS
+    if kind == "deepspeed":
+        return key in _deepspeed_keys()
+    if kind == "fsdp":
+        return content_kind({key: None}) == "fsdp"
+    return False
+
+
+@functools.cache
+def _deepspeed_keys() -> frozenset[str]:
+    return frozenset(load_schema("deepspeed")["properties"])

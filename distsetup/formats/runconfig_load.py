@@ -34,7 +34,7 @@ def load_run_config(
 ) -> RunConfig:
     """Read config.yaml (or the defaults when path is None), apply overrides, and check it all but the keys
     `not_needed` (what the command does not read)."""
-    raw = read_yaml(Path(path)) if path else {}
+    raw = read_run_config(Path(path)) if path else {}
     raw = apply_overrides(raw, list(overrides))
     checked = check_run_config(raw, Path(path).parent if path else None)
     problems = [problem for problem in checked.problems if problem.path not in not_needed]
@@ -44,6 +44,16 @@ def load_run_config(
             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
         )
     return run_config_from(raw, checked)
+
+
+def read_run_config(path: Path) -> dict:
+    """A run config file as a dict, refused in one line where it is a config of another kind (said before the
+    overrides or flags add sections of a run config to it)."""
+    raw = read_yaml(path)
+    wrong = wrong_kind_problem(raw, "run_config")
+    if wrong:
+        raise DistsetupError(f"{path}: {wrong.message}", wrong.fix)
+    return raw
 
 
 def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) -> str:

@@ -170,7 +170,7 @@ def test_doctor_reports_the_typo(run_cli, here):
 GIVEN_AS_ANOTHER_KIND = {  # name -> (arguments, what is said)
     "DeepSpeed file as --config": (
         ["slurm", "--num_gpus_per_node", 1, "--config", "ds.json", "-o", "-"],
-        "this is a DeepSpeed config (zero_optimization), not a run config. Fix: give it as --deepspeed_config",
+        "ds.json: this is a DeepSpeed config (zero_optimization), not a run config. HINT: give it as --deepspeed_config",
     ),
     "run config as --deepspeed_config": (
         ["launcher", "--use_deepspeed", "--deepspeed_config", "config.yaml", "--num_gpus_per_node", 1, "-o", "-"],
@@ -181,6 +181,8 @@ GIVEN_AS_ANOTHER_KIND = {  # name -> (arguments, what is said)
         "this is an FSDP config (fsdp_version",
     ),
     "a run config in JSON": (["validate", "run.json"], "this is a run config (model), not a DeepSpeed config"),
+    # a key of another kind in a config of its own kind is an unknown key, said by its own rules
+    "a stray key": (["validate", "stray.yaml"], "train_batch_size: unknown key 'train_batch_size'"),
 }
 
 
@@ -194,6 +196,7 @@ def test_a_config_of_another_kind_is_said_to_be_one(run_cli, tmp_path, monkeypat
     assert run_cli("fsdp", "-o", "fsdp.json").exit_code == 0
     (tmp_path / "config.yaml").write_text("model:\n  n_layer: 2\ntraining:\n  max_steps: 5\n")
     (tmp_path / "run.json").write_text(json.dumps({"model": {"n_layer": 2}}))
+    (tmp_path / "stray.yaml").write_text("model:\n  n_layer: 2\ntrain_batch_size: 8\n")
     args, said = GIVEN_AS_ANOTHER_KIND[case]
     result = run_cli(*args)
     if args[0] == "validate":
