@@ -272,7 +272,7 @@ def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     if data.val_paths and data.val_fraction:
         problems.append(Problem("data.val_fraction", "val_paths and val_fraction are both set.", "keep one of them."))
     tokens = data.paths[0].endswith(TOKEN_SUFFIX)
-    problems += _data_file_problems(data, tokens, base_dir)
+    problems += data_file_problems(data, base_dir)
     if tokens and data.val_fraction:
         problems.append(
             Problem("data.val_fraction", "a pre-tokenized .bin is not split.", "name a validation .bin in val_paths.")
@@ -284,10 +284,10 @@ def _data_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     return problems
 
 
-def _data_file_problems(data: DataConfig, tokens: bool, base_dir: Path | None) -> list[Problem]:
-    """Each data file: a text or token file (`tokens`: the first is a .bin), a .bin alone in its split, plain text
-    only for format text, and present."""
-    problems = []
+def data_file_problems(data: DataConfig, base_dir: Path | None) -> list[Problem]:
+    """Each data file: a text or token file, a .bin alone in its split (where the first is a .bin), plain text only
+    for format text, present, and a .jsonl's first record holding the fields its format reads."""
+    tokens, problems = bool(data.paths) and data.paths[0].endswith(TOKEN_SUFFIX), []
     for key in ("paths", "val_paths"):
         for i, name in enumerate(getattr(data, key)):
             where = f"data.{key}[{i}]"
@@ -339,7 +339,7 @@ def first_record_problems(path: Path, where: str, data: DataConfig) -> list[Prob
         return []
     for setting in FORMAT_FIELDS[data.format]:
         field = getattr(data, setting)
-        if field not in record:
+        if record.get(field) is None:  # the trainer reads a null as no field
             fields = ", ".join(str(key) for key in record) or "none"
             return [
                 Problem(

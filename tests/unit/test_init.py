@@ -107,11 +107,12 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
             "--time_limit: time limit '25:99:00' is not one SLURM accepts.",
         ),
         (["--gpu_memory", "lots"], "--gpu_memory: cannot read 'lots' as an amount of memory."),
-        (["--data", "missing.jsonl"], "--data: no file missing.jsonl."),
+        (["--data", "missing.jsonl"], "--data: file missing.jsonl does not exist."),
         (["--global_batch_size", "3"], "--global_batch_size 3 is not divisible by the 2 processes"),
         (["--data", ","], "--data ',' names no file."),
         # each answer checked at its question, as the run config checks it: these failed after the last one
-        (["--data", "d.csv"], "--data: d.csv is none of .txt, .jsonl, .json, .parquet, .bin files."),
+        (["--data", "d.csv"], "--data: d.csv is not a .txt, .jsonl, .json, .parquet or .bin file."),
+        (["--data", "a.bin,b.txt"], "--data: b.txt: a pre-tokenized .bin file is the only file of its split."),
         (["--data", "folder"], "--data: folder is a folder."),
         (["--data", "body.jsonl"], "--data: body.jsonl: its first record has no field 'text'"),
         (["--partition", "gpu"], "--partition is for a SLURM job, and --scheduler local runs on this machine."),
@@ -145,10 +146,19 @@ def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypat
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "d.csv").write_text("a,b\n")
     (tmp_path / "body.jsonl").write_text('{"body": "hello"}\n')
+    (tmp_path / "a.bin").write_bytes(b"")
+    (tmp_path / "b.txt").write_text("hello")
     result = run_cli("init", "--yes", *args)
     assert result.exit_code == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert files_in(tmp_path) == ["body.jsonl", "broken/config.json", "d.csv", "folder-7b/config.json"]
+    assert files_in(tmp_path) == [
+        "a.bin",
+        "b.txt",
+        "body.jsonl",
+        "broken/config.json",
+        "d.csv",
+        "folder-7b/config.json",
+    ]
 
 
 def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):
@@ -157,7 +167,7 @@ def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):
     assert _reasked(click.Choice(PRECISIONS, case_sensitive=False), None)(" FP32 ") == "fp32"
     assert _reasked(str, _model)(" tiny ") == "tiny"
     (tmp_path / "notes.csv").write_text("a,b\n")
-    with pytest.raises(click.BadParameter, match="notes.csv is none of .txt"):
+    with pytest.raises(click.BadParameter, match="notes.csv is not a .txt"):
         _reasked(str, _data)(str(tmp_path / "notes.csv"))
 
 

@@ -227,6 +227,8 @@ def test_a_jsonl_file_without_the_fields_its_format_reads_is_a_problem_before_an
     (found,) = problems_of(write_yaml(tmp_path, config)).values()
     assert found.path == "data.paths[0]" and "first record has no field 'text' that format text reads" in found.message
     assert problems_of(write_yaml(tmp_path, config + "  text_field: body\n")) == {}
+    (tmp_path / "d.jsonl").write_text('{"text": null}\n')  # the trainer reads a null as no field
+    assert "no field 'text'" in next(iter(problems_of(write_yaml(tmp_path, config)).values())).message
     (tmp_path / "d.jsonl").write_text('{"prompt": "2+2=", "answer": "4"}\n')
     (found,) = problems_of(write_yaml(tmp_path, config + "  format: prompt_completion\n")).values()
     assert "no field 'completion' that format prompt_completion reads (its fields: prompt, answer)" in found.message

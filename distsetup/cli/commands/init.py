@@ -23,7 +23,7 @@ from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
 from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS, TEXT_SUFFIXES, TOKEN_SUFFIX, DataConfig
-from distsetup.formats.runconfig_rules import first_record_problems
+from distsetup.formats.runconfig_rules import data_file_problems
 from distsetup.planning.models import BUILTIN_SIZES, hf_shape_from_json
 from distsetup.planning.units import MAX_BATCH, parse_memory
 from distsetup.scripts.sbatch import check_account, check_partition, time_limit_seconds
@@ -31,7 +31,7 @@ from distsetup.scripts.sbatch import check_account, check_partition, time_limit_
 NO_GPU = "none"
 
 DATA_SUFFIXES = (*TEXT_SUFFIXES, TOKEN_SUFFIX)  # the files a run config's data.paths take
-SLURM_ONLY = ("partition", "time_limit", "account", "cpus_per_task")  # the flags only a SLURM job reads
+SLURM_ONLY = ("partition", "time_limit", "account", "venv", "cpus_per_task")  # the flags only a SLURM job reads
 
 
 @click.command(
@@ -268,12 +268,8 @@ def _data(value: str) -> tuple[str, ...]:
     for path in paths:
         if Path(path).is_dir():
             raise DistsetupError(f"--data: {path} is a folder.", f"name its files ({kinds}), comma-separated.")
-        if not Path(path).is_file():
-            raise DistsetupError(f"--data: no file {path}.", f"give existing {kinds}, or synthetic.")
-        if not path.endswith(DATA_SUFFIXES):
-            raise DistsetupError(f"--data: {path} is none of {kinds}.", "give files of these kinds, or synthetic.")
-        for problem in first_record_problems(Path(path), "--data", DataConfig()) if path.endswith(".jsonl") else ():
-            raise DistsetupError(f"--data: {problem.message}", "give files whose records hold 'text' (init's format).")
+    for problem in data_file_problems(DataConfig(type="files", paths=list(paths)), None):  # the run config's rule
+        raise DistsetupError(f"--data: {problem.message}", f"give {kinds} (records with 'text'), or synthetic.")
     return paths
 
 
