@@ -58,9 +58,10 @@ class Preemption:
 
 
 def tell_the_entry_point() -> None:
-    """Where the node's entry point asks (DISTSETUP_PREEMPTED_FILE, set by the pod entry point `distsetup job`
-    writes), a file saying that this rank stopped for preemption with its checkpoint whole: torchrun exits 1 whatever
-    its ranks' status, and the entry point then exits with the status its engine restarts the job on."""
+    """Where the script that started the run asks (DISTSETUP_PREEMPTED_FILE, set by the pod entry point `distsetup
+    job` writes and by the requeuing SLURM script), a file saying that this rank stopped for preemption with its
+    checkpoint whole: torchrun exits 1 whatever its ranks' status, and the script then exits with the status its
+    engine restarts the job on, or requeues the SLURM job."""
     path = os.environ.get("DISTSETUP_PREEMPTED_FILE")
     if path:
         Path(path).touch()

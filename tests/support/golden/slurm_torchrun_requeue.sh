@@ -62,14 +62,28 @@ fi
 # Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
 # processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
 # the next run resumes from the newest complete checkpoint.
+SRUN_PID=""
+terminated=0  # SLURM sent SIGTERM to this shell: it requeues or ends the job itself
 # shellcheck disable=SC2317  # run by the trap below
 forward_preemption() {
   echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
   scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
-  wait "$SRUN_PID" || true
-  echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
-  scontrol requeue "$SLURM_JOB_ID"
+  wait_for_srun
+  if ((!terminated)); then
+    echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+  fi
   exit 0
+}
+# srun's status once it has ended: a signal to this shell ends a wait, not srun
+wait_for_srun() {
+  status=0
+  [[ -n "$SRUN_PID" ]] || return 0  # signalled before srun started
+  wait "$SRUN_PID" || status=$?
+  while kill -0 "$SRUN_PID" 2>/dev/null; do
+    status=0
+    wait "$SRUN_PID" || status=$?
+  done
 }
 trap forward_preemption USR1
 # Each rank that stops for preemption with its checkpoint written says so here, whatever sent the signal (a USR1
@@ -78,7 +92,6 @@ export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_
 rm -f "$DISTSETUP_PREEMPTED_FILE"  # a requeued job runs this script again
 # SLURM sends SIGTERM to this shell too (scancel, scontrol requeue, the time limit): caught, so that it lives until
 # srun ends, and srun, which relays what the training processes print, until they have checkpointed and said so.
-terminated=0
 trap "terminated=1" TERM
 # The single-quoted program runs once per node; its $VARIABLES expand there, not here.
 # shellcheck disable=SC2016
@@ -110,13 +123,8 @@ done
 exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
-status=0
-wait "$SRUN_PID" || status=$?
-while kill -0 "$SRUN_PID" 2>/dev/null; do  # a signal ended the wait, not srun: wait for it
-  status=0
-  wait "$SRUN_PID" || status=$?
-done
-if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then  # SLURM requeues or ends a job it terminates
+wait_for_srun
+if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
   echo "distsetup: checkpointed for preemption: requeueing job $SLURM_JOB_ID" >&2
   rm -f "$DISTSETUP_PREEMPTED_FILE"
   scontrol requeue "$SLURM_JOB_ID"
