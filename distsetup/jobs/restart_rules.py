@@ -8,7 +8,7 @@ counted number of times. Each rule is the engine's own way of choosing, read fro
   the first rule that matches the failed Job's reason, message and replicated Job decides, and RestartJobSet (the
   default where none matches) counts against maxRestarts;
 - a PyTorchJob (training-operator v1): restartPolicy ExitCode recreates a pod that exits 128-255 and fails the job on
-  1-127; left out, it is OnFailure."""
+  1-127; left out, it is OnFailure, whose restarts runPolicy.backoffLimit counts, preemptions' too."""
 
 import re
 
@@ -60,8 +60,8 @@ def _pod_failure_rule(path: str, job: dict, container: str) -> tuple[int | None,
             return None, None
         return None, Problem(
             f"{path}.podFailurePolicy.rules[{index}].action",
-            f"{rule['action']}: the entry point's exit {RESTART_STATUS} after a preemption is counted as a failure "
-            f"(against backoffLimit {job.get('backoffLimit', 6)}), then fails the Job.",
+            f"{rule['action']}: the entry point's exit {RESTART_STATUS} after a preemption is taken as a failure (of "
+            "the Job or its index), not as a preemption to restart the world for.",
             f"write FailJob (and a JobSet failurePolicy rule that restarts the world for it), or {FIX_FROM_DISTSETUP}",
         )
     return None, Problem(
@@ -86,8 +86,10 @@ def _jobset_problems(document: dict, replicated_job: str, container: str, rule_i
                 f"[{JOB_FAILURE_REASON}], or {FIX_FROM_DISTSETUP}",
             )
         ]
+    namespace, name = document["metadata"].get("namespace", "default"), document["metadata"]["name"]
+    pod = f"{name}-{replicated_job}-0-0"  # the first node's pod, but for the suffix the Job controller adds
     message = FAIL_JOB_MESSAGE.format(
-        container=container, namespace="default", pod="pod", code=RESTART_STATUS, index=rule_index
+        container=container, namespace=namespace, pod=pod, code=RESTART_STATUS, index=rule_index
     )
     for index, rule in enumerate(policy.get("rules", [])):
         if _applies(rule, replicated_job, message):
@@ -145,7 +147,12 @@ def _pytorchjob_problems(document: dict) -> list[Problem]:
             outcome = f"a preempted pod's exit {RESTART_STATUS} fails the job"
         elif policy == "Always":
             outcome = "the pod restarts after the run has finished too (exit 0), and trains it again without end"
-        elif policy == "OnFailure" and not bounded:
+        elif policy == "OnFailure" and bounded:
+            outcome = (
+                f"each preemption's exit {RESTART_STATUS} is a restart runPolicy.backoffLimit counts: preemptions "
+                "fail the job"
+            )
+        elif policy == "OnFailure":
             outcome = "a program's error (exit 1-127) restarts the pod without end (runPolicy sets no backoffLimit)"
         else:
             continue

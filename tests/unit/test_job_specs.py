@@ -280,19 +280,28 @@ def test_a_mutated_spec_fails_with_the_path_to_fix(run_cli, project, mutation):
     [
         # a preempted pod's 143 ignored: the Job recreates the pod, uncounted (the JobSet is not restarted)
         ("jobset", "JobSet", f"{JOB}.podFailurePolicy.rules.0.action", "Ignore"),
-        # OnFailure restarts the pod in place; runPolicy.backoffLimit bounds a program's errors
-        ("pytorchjob", "PyTorchJob", "spec.runPolicy.backoffLimit", 5),
     ],
 )
 def test_other_ways_of_keeping_the_restart_contract_are_no_problem(run_cli, project, target, kind, path, value):
     assert write(run_cli, target).exit_code == 0
+    assert manifest_problems(mutated(objects(project, target), lambda d: set_in(d, kind, path, value))) == []
+
+
+def test_a_pytorchjob_restarted_in_place_counts_preemptions_against_its_limit(run_cli, project):
+    """OnFailure with runPolicy.backoffLimit bounds a failing program, but each preemption's 143 is a restart it
+    counts as well: preemptions fail the job."""
+    assert write(run_cli, "pytorchjob").exit_code == 0
 
     def change(documents):
-        set_in(documents, kind, path, value)
-        if target == "pytorchjob":
-            set_in(documents, kind, "spec.pytorchReplicaSpecs.Master.restartPolicy", "OnFailure")
+        set_in(documents, "PyTorchJob", "spec.runPolicy.backoffLimit", 5)
+        for role in ("Master", "Worker"):
+            set_in(documents, "PyTorchJob", f"spec.pytorchReplicaSpecs.{role}.restartPolicy", "OnFailure")
 
-    assert manifest_problems(mutated(objects(project, target), change)) == []
+    problems = manifest_problems(mutated(objects(project, "pytorchjob"), change))
+    assert [p.path for p in problems] == [
+        f"PyTorchJob/llm-run.spec.pytorchReplicaSpecs.{role}.restartPolicy" for role in ("Master", "Worker")
+    ]
+    assert all("is a restart runPolicy.backoffLimit counts" in p.message for p in problems)
 
 
 def test_an_empty_storage_class_is_no_provisioning_and_valid(run_cli, project):
