@@ -185,12 +185,15 @@ class _PyYamlLoader(yaml.SafeLoader):
         sizes = [self._sizes[id(child)] for child in children]
         self._sizes[id(node)] = (1 + sum(v for v, _ in sizes), 1 + max((d for _, d in sizes), default=0))
         check_size(*self._sizes[id(node)])
+        if isinstance(node, yaml.MappingNode):
+            self._check_unique_keys(node)
         return node
 
-    def construct_mapping(self, node, deep=False):
+    @staticmethod
+    def _check_unique_keys(node: yaml.MappingNode) -> None:
         """A key written twice in one mapping is refused: PyYAML keeps the last one, so a second `training:` section
         appended to a file dropped every setting of the first without a word (YAML itself has keys unique, and
-        kubectl's strict decoding refuses them)."""
+        kubectl's strict decoding refuses them). Checked as composed, before merge keys (`<<`) copy pairs in."""
         first_seen: dict = {}
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
@@ -203,7 +206,6 @@ class _PyYamlLoader(yaml.SafeLoader):
                     problem_mark=key_node.start_mark,
                 )
             first_seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
 
 
 class _Loader(_PyYamlLoader):

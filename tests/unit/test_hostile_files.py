@@ -84,6 +84,9 @@ def test_yaml_bombs_are_refused_in_milliseconds(tmp_path, text, words):
 
 def test_a_few_anchors_still_work():
     assert parse_yaml("base: &lr 3.0e-4\ntraining: {lr: *lr}\n")["training"]["lr"] == 3e-4
+    # merge keys override what they merge, also where a merged mapping merged one itself: no key written twice
+    merged = parse_yaml("mid: &m {<<: {a: 1}, a: 2}\n<<: *m\nb: 3\n")
+    assert merged == {"mid": {"a": 2}, "a": 2, "b": 3}
 
 
 @pytest.mark.parametrize(
