@@ -169,9 +169,10 @@ def check_slurm(spec: SlurmSpec) -> None:
     check_account(spec.account)
     for name in ("mem", "mem_per_gpu"):
         value = getattr(spec, name)
-        if value is not None and value.isdigit() and int(value) > 0:  # 0 is SLURM's "all the node's memory"
+        # 0 is SLURM's "all the node's memory"; under a GB, a number without a unit was meant as gigabytes
+        if value is not None and value.isdigit() and 0 < int(value) < 1024:
             raise DistsetupError(
-                f"--{name} {value}: SLURM reads a number without a unit as megabytes.",
+                f"--{name} {value}: SLURM reads a number without a unit as megabytes ({value} MB for a training job).",
                 f"write the unit: {value}G for gigabytes, or {value}M for megabytes.",
             )
         if value is not None and not _MEMORY.match(value):

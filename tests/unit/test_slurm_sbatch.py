@@ -153,6 +153,7 @@ def test_time_limits_slurm_rejects(text):
         ({"account": "my account"}, "--account 'my account' is not a SLURM account name"),  # sbatch refuses it
         ({"mem": "lots"}, "not a SLURM memory size"),
         ({"mem": "256"}, "--mem 256: SLURM reads a number without a unit as megabytes"),  # meant 256G, most likely
+        ({"mem_per_gpu": "80"}, "--mem_per_gpu 80: SLURM reads a number without a unit as megabytes"),
         ({"mem": "1G", "mem_per_gpu": "1G"}, "mutually exclusive"),
         ({"conda_env": "a", "venv": "b"}, "mutually exclusive"),
         ({"modules": ("cuda 12",)}, "not an environment-module name"),
@@ -168,3 +169,9 @@ def test_bad_input(kwargs, message):
 
 def test_unlimited_time_with_requeue():
     assert "#SBATCH --time=UNLIMITED" in build(time_limit="UNLIMITED", requeue=True)
+
+
+def test_megabytes_written_as_slurm_reads_them_stay_valid():
+    """--mem 256000 is 256 GB in megabytes, as SLURM users write it (a number under a GB is refused above); 0 is all
+    the node's memory."""
+    assert "#SBATCH --mem=256000" in build(mem="256000") and "#SBATCH --mem=0" in build(mem="0")

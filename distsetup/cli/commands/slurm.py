@@ -129,7 +129,8 @@ def slurm_spec_from_options(o: dict) -> tuple[SlurmSpec, list[str]]:
     launch_opts["num_gpus_per_node"] = 1 if o["num_gpus_per_node"] is None else o["num_gpus_per_node"]
     launch, notes = launch_spec_from_options(launch_opts, slurm=True)
     if o["num_gpus_per_node"] is None:  # a node of 8 GPUs would train on one, without a word
-        notes.insert(0, "--num_gpus_per_node not given: 1 process a node, with 1 GPU each node asks for.")
+        asked = "" if o["gpu_request"] == "none" else ", with 1 GPU each node asks for"
+        notes.insert(0, f"--num_gpus_per_node not given: 1 process a node{asked}.")
     return SlurmSpec(
         launch=launch,
         job_name=o["job_name"],
