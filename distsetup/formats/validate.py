@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.accelerate import accelerate_problems, is_accelerate_config
+from distsetup.formats.accelerate import accelerate_problems
 from distsetup.formats.deepspeed_rules import deepspeed_notes, deepspeed_problems
-from distsetup.formats.file_kinds import HF_TRAINER_FSDP_KEYS, wrong_kind_problem
+from distsetup.formats.file_kinds import content_kind, wrong_kind_problem
 from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
-from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, is_training_arguments, mismatch_problems
+from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, mismatch_problems
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
@@ -23,15 +23,14 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def detect_kind(path: Path, data: dict) -> str:
-    if is_accelerate_config(data):
-        return "accelerate"
-    if is_training_arguments(data):
-        return "training_args"
+    """The kind a file is read as: Accelerate's and TrainingArguments by their keys, else a run config in YAML, an
+    FSDP file by its keys, a DeepSpeed file otherwise (whose rules say what is wrong with anything else)."""
+    found = content_kind(data)
+    if found in ("accelerate", "training_args"):
+        return found
     if path.suffix in YAML_SUFFIXES:
         return "run_config"
-    if any(k.startswith("fsdp_") or k in HF_TRAINER_FSDP_KEYS for k in data):
-        return "fsdp"
-    return "deepspeed"
+    return "fsdp" if found == "fsdp" else "deepspeed"
 
 
 class Validated(NamedTuple):

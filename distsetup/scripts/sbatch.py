@@ -188,7 +188,7 @@ def check_slurm(spec: SlurmSpec) -> None:
     for module in spec.modules:
         if not _MODULE.match(module):
             raise DistsetupError(f"--env_module {module!r} is not an environment-module name.", "write e.g. cuda/12.4.")
-    if spec.gpu_type is not None and not re.match(r"^[A-Za-z0-9_.-]+$", spec.gpu_type):
+    if spec.gpu_type is not None and not _NAME.match(spec.gpu_type):
         raise DistsetupError(f"--gpu_type '{spec.gpu_type}' is not a GRES type.", "write e.g. a100.")
     for name in (
         "job_name",
