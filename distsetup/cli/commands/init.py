@@ -70,7 +70,10 @@ def init(yes: bool, force: bool, **given):
     """Ask what the run needs, choose the strategy with the planner, and write every file to start it."""
     refuse_existing([CONFIG_PATH], force)  # before any question: the answers would be lost
     machine = this_machine()
-    answers = ask_everything(Questions(given, yes, force), machine)
+    try:
+        answers = ask_everything(Questions(given, yes, force), machine)
+    except click.Abort:  # Ctrl-C or the end of input at a question: Click would say only "Aborted!"
+        raise DistsetupError("init stopped at a question: nothing was written.", "run it again to answer them.")
     setup = build_setup(answers, working_folder())
     write_setup(setup.files, force)
     for remark in setup.remarks:
