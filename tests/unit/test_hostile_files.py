@@ -173,7 +173,8 @@ def test_doctor_reports_the_typo(run_cli, here):
 GIVEN_AS_ANOTHER_KIND = {  # name -> (arguments, what is said)
     "DeepSpeed file as --config": (
         ["slurm", "--num_gpus_per_node", 1, "--config", "ds.json", "-o", "-"],
-        "ds.json: this is a DeepSpeed config (zero_optimization), not a run config. HINT: give it as --deepspeed_config",
+        "ds.json: this is a DeepSpeed config (zero_optimization), not a run config. HINT: give it as "
+        "--deepspeed_config",
     ),
     "run config as --deepspeed_config": (
         ["launcher", "--use_deepspeed", "--deepspeed_config", "config.yaml", "--num_gpus_per_node", 1, "-o", "-"],
