@@ -52,7 +52,9 @@ def wrong_kind_problem(data: dict, expected: str) -> Problem | None:
     say it is another, or where it has keys of its own kind too (a run config with a stray train_batch_size is a
     run config with an unknown key, said by its own rules)."""
     found = content_kind(data)
-    if found is None or found == expected or any(_of_kind(key, expected) for key in data):
+    if found is None or found == expected:
+        return None
+    if found not in ("accelerate", "training_args") and any(_of_kind(key, expected) for key in data):
         return None
     telling = [key for key in data if content_kind({key: data[key]}) == found] or list(data)  # the keys that say so
     keys = ", ".join(str(key) for key in telling[:3])
@@ -64,16 +66,17 @@ def wrong_kind_problem(data: dict, expected: str) -> Problem | None:
 
 
 def _of_kind(key, kind: str) -> bool:
-    """Whether top-level `key` belongs to a config of `kind` (run config, DeepSpeed or FSDP; the others: never)."""
+    """Whether top-level `key` is one only a config of `kind` has (a run config's section, a DeepSpeed file's marks,
+    an FSDP file's own keys): keys several kinds share (bf16, gradient_accumulation_steps) tell nothing."""
     if kind == "run_config":
         return key in SECTIONS
     if kind == "deepspeed":
-        return key in _deepspeed_keys()
+        return key in DEEPSPEED_MARKS
     if kind == "fsdp":
-        return content_kind({key: None}) == "fsdp"
+        return key in _fsdp_keys()
     return False
 
 
 @functools.cache
-def _deepspeed_keys() -> frozenset[str]:
-    return frozenset(load_schema("deepspeed")["properties"])
+def _fsdp_keys() -> frozenset[str]:
+    return frozenset(load_schema("fsdp")["properties"])

@@ -187,6 +187,19 @@ GIVEN_AS_ANOTHER_KIND = {  # name -> (arguments, what is said)
     "a run config in JSON": (["validate", "run.json"], "this is a run config (model), not a DeepSpeed config"),
     # a key of another kind in a config of its own kind is an unknown key, said by its own rules
     "a stray key": (["validate", "stray.yaml"], "train_batch_size: unknown key 'train_batch_size'"),
+    # keys several kinds share (bf16, activation_checkpointing, an fsdp_config block) make no file its own kind
+    "TrainingArguments as --deepspeed_config": (
+        ["launcher", "--use_deepspeed", "--deepspeed_config", "ta.json", "--script", "t.py", "-o", "-"],
+        "this is the HF Trainer's TrainingArguments (per_device_train_batch_size), not a DeepSpeed config",
+    ),
+    "an Accelerate file as --fsdp_config": (
+        ["launcher", "--use_fsdp", "--fsdp_config", "acc.yaml", "-o", "-"],
+        "this is an Accelerate config (compute_environment, distributed_type), not an FSDP config",
+    ),
+    "an HF FSDP file as --deepspeed_config": (
+        ["launcher", "--use_deepspeed", "--deepspeed_config", "hf_fsdp.json", "-o", "-"],
+        "this is an FSDP config (fsdp_version), not a DeepSpeed config",
+    ),
 }
 
 
@@ -201,6 +214,15 @@ def test_a_config_of_another_kind_is_said_to_be_one(run_cli, tmp_path, monkeypat
     (tmp_path / "config.yaml").write_text("model:\n  n_layer: 2\ntraining:\n  max_steps: 5\n")
     (tmp_path / "run.json").write_text(json.dumps({"model": {"n_layer": 2}}))
     (tmp_path / "stray.yaml").write_text("model:\n  n_layer: 2\ntrain_batch_size: 8\n")
+    training_args = {
+        "output_dir": "o",
+        "per_device_train_batch_size": 2,
+        "bf16": True,
+        "gradient_accumulation_steps": 1,
+    }
+    (tmp_path / "ta.json").write_text(json.dumps(training_args))
+    (tmp_path / "acc.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config: {}\n")
+    (tmp_path / "hf_fsdp.json").write_text(json.dumps({"activation_checkpointing": True, "fsdp_version": 2}))
     args, said = GIVEN_AS_ANOTHER_KIND[case]
     result = run_cli(*args)
     if args[0] == "validate":
