@@ -330,9 +330,13 @@ def first_record_problems(path: Path, where: str, data: DataConfig) -> list[Prob
     """The fields data.format reads, each in the first record of a .jsonl file (the trainer stops at the first record
     without one, after the process group and before torchrun's own failure block: said here before any start)."""
     try:
-        with path.open("rb") as f:
-            line = next((line for line in f.read(FIRST_RECORD_BYTES).splitlines() if line.strip()), b"")
-        record = json.loads(line) if line else None
+        with path.open("rb") as f:  # line by line: a shard on a network file system is read no further than its record
+            line = b""
+            while not line.strip() and f.tell() < FIRST_RECORD_BYTES:
+                line = f.readline(FIRST_RECORD_BYTES)
+                if not line:
+                    break
+        record = json.loads(line) if line.strip() else None
     except (OSError, ValueError):
         return []  # unreadable or cut short: the trainer says what it finds
     if not isinstance(record, dict):

@@ -170,7 +170,7 @@ def check_slurm(spec: SlurmSpec) -> None:
     for name in ("mem", "mem_per_gpu"):
         value = getattr(spec, name)
         # 0 is SLURM's "all the node's memory"; under a GB, a number without a unit was meant as gigabytes
-        if value is not None and value.isdigit() and 0 < int(value) < 1024:
+        if value is not None and value.isascii() and value.isdigit() and 0 < int(value) < 1024:
             raise DistsetupError(
                 f"--{name} {value}: SLURM reads a number without a unit as megabytes ({value} MB for a training job).",
                 f"write the unit: {value}G for gigabytes, or {value}M for megabytes.",

@@ -152,6 +152,7 @@ def test_time_limits_slurm_rejects(text):
         ({"partition": "gpu;rm"}, "not a SLURM partition name"),
         ({"account": "my account"}, "--account 'my account' is not a SLURM account name"),  # sbatch refuses it
         ({"mem": "lots"}, "not a SLURM memory size"),
+        ({"mem": "²"}, "not a SLURM memory size"),  # a digit to str.isdigit, none to int(): it raised ValueError
         ({"mem": "256"}, "--mem 256: SLURM reads a number without a unit as megabytes"),  # meant 256G, most likely
         ({"mem_per_gpu": "80"}, "--mem_per_gpu 80: SLURM reads a number without a unit as megabytes"),
         ({"mem": "1G", "mem_per_gpu": "1G"}, "mutually exclusive"),

@@ -26,6 +26,40 @@
 #SBATCH --signal=B:USR1@300
 #SBATCH --time=1-00:00:00
 set -euo pipefail
+# Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1), set up from here on. Ask the
+# training processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
+# the next run resumes from the newest complete checkpoint.
+SRUN_PID=""
+terminated=0  # SLURM sent SIGTERM to this shell: it requeues or ends the job itself
+# shellcheck disable=SC2317  # run by the trap below
+forward_preemption() {
+  trap "" USR1  # once
+  if [[ -n "$SRUN_PID" ]] && ! kill -0 "$SRUN_PID" 2>/dev/null; then
+    return 0  # srun has ended: the job ends as it did
+  fi
+  echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
+  if ! scancel --signal=TERM "$SLURM_JOB_ID"; then  # the job steps, not this shell
+    echo "distsetup: warning: scancel failed: signalling srun, which passes SIGTERM on to the processes" >&2
+    [[ -z "$SRUN_PID" ]] || kill -TERM "$SRUN_PID" 2>/dev/null || true
+  fi
+  wait_for_srun
+  if ((!terminated)); then
+    echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+  fi
+  exit 0
+}
+# srun's status once it has ended: a signal to this shell ends a wait, not srun
+wait_for_srun() {
+  status=0
+  [[ -n "$SRUN_PID" ]] || return 0  # signalled before srun started
+  wait "$SRUN_PID" || status=$?
+  while kill -0 "$SRUN_PID" 2>/dev/null; do
+    status=0
+    wait "$SRUN_PID" || status=$?
+  done
+}
+trap forward_preemption USR1
 
 # --- parameters ---
 export NNODES="$SLURM_NNODES"
@@ -69,33 +103,6 @@ SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --export=A
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
   SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
 fi
-# Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1). Ask the training
-# processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
-# the next run resumes from the newest complete checkpoint.
-SRUN_PID=""
-terminated=0  # SLURM sent SIGTERM to this shell: it requeues or ends the job itself
-# shellcheck disable=SC2317  # run by the trap below
-forward_preemption() {
-  echo "distsetup: preemption signal: asking the training processes to checkpoint" >&2
-  scancel --signal=TERM "$SLURM_JOB_ID"  # the job steps, not this shell
-  wait_for_srun
-  if ((!terminated)); then
-    echo "distsetup: requeueing job $SLURM_JOB_ID" >&2
-    scontrol requeue "$SLURM_JOB_ID"
-  fi
-  exit 0
-}
-# srun's status once it has ended: a signal to this shell ends a wait, not srun
-wait_for_srun() {
-  status=0
-  [[ -n "$SRUN_PID" ]] || return 0  # signalled before srun started
-  wait "$SRUN_PID" || status=$?
-  while kill -0 "$SRUN_PID" 2>/dev/null; do
-    status=0
-    wait "$SRUN_PID" || status=$?
-  done
-}
-trap forward_preemption USR1
 # Each rank that stops for preemption with its checkpoint written says so here, whatever sent the signal (a USR1
 # or SIGTERM to the job steps as well): the job is then requeued. Node 0 runs this shell, and its ranks stop too.
 export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_ID"
