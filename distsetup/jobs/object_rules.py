@@ -26,6 +26,8 @@ def object_rules(document: dict) -> list[Problem]:
     """The rules of one schema-valid Kubernetes object."""
     kind = document["kind"]
     problems = _name_problems(document)
+    if not isinstance(document["metadata"].get("name"), str):  # the rules below name what it makes after it
+        return problems
     if kind == "ConfigMap":
         size = sum(len(value.encode()) for value in document.get("data", {}).values())
         if size > CONFIGMAP_MAX_BYTES:

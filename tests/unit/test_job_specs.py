@@ -163,6 +163,9 @@ MUTATIONS = {  # name -> (target, kind, path, value, the problems' paths)
         [f"TrainingRuntime/llm-run-runtime.spec.template.{POD_SHOWN}.containers[0].env[0].name"],
     ),
     "runtime kind": ("trainjob", "TrainJob", "spec.runtimeRef.kind", None, ["TrainJob/llm-run.spec.runtimeRef.kind"]),
+    # a generated name (metadata.generateName): every name the JobSet makes, node 0's address among them, follows its
+    # own, which the entry point needs (validate raised KeyError)
+    "no name": ("jobset", "JobSet", "metadata.name", None, ["[2].metadata.name"]),
     # the forms the API server holds names and sizes to (jobs/forms.py)
     "namespace": ("jobset", "JobSet", "metadata.namespace", "my ns", ["JobSet/llm-run.metadata.namespace"]),
     "size": (
