@@ -18,6 +18,7 @@ from repo import heavy_imports
 from distsetup.cli.commands.init import Questions, _data, _model, _reasked, ask_everything
 from distsetup.cli.init_setup import Answers, build_setup
 from distsetup.cli.machine import Machine
+from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import PRECISIONS, TrainingConfig
 from distsetup.planning.gpus import GpuInfo
 
@@ -159,6 +160,14 @@ def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypat
         "d.csv",
         "folder-7b/config.json",
     ]
+
+
+def test_a_slurm_flag_for_a_local_scheduler_is_refused_before_any_question():
+    """Asked in a terminal, `init --scheduler local --partition gpu` was refused after the model, data and scheduler
+    questions, their answers lost. (Without a terminal, a question would say so instead: it comes first.)"""
+    questions = Questions({"scheduler": "local", "partition": "gpu"}, yes=False)
+    with pytest.raises(DistsetupError, match="--partition is for a SLURM job"):
+        ask_everything(questions, Machine(no_gpu_reason="no driver", cpu_count=2))
 
 
 def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):

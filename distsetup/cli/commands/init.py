@@ -132,6 +132,8 @@ def what_this_machine_has(machine: Machine) -> str:
 
 def ask_everything(q: Questions, machine: Machine) -> Answers:
     """Every answer a setup needs, in the order a person would give them."""
+    if q.given.get("scheduler"):  # said before any question where the flag says it
+        refuse_slurm_flags(q, q.given["scheduler"])
     if not q.yes:  # under --yes the summary says what was chosen; an error stays one line
         click.echo(what_this_machine_has(machine), err=True)
     model = q.answer(
@@ -145,12 +147,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         click.Choice(SCHEDULERS, case_sensitive=False),
     )
     refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
-    unread = [name for name in SLURM_ONLY if q.given.get(name) is not None] if scheduler != "slurm" else []
-    if unread:  # given, and dropped without a word
-        raise DistsetupError(
-            f"--{unread[0]} is for a SLURM job, and --scheduler {scheduler} runs on this machine.",
-            f"drop --{unread[0]}, or give --scheduler slurm.",
-        )
+    refuse_slurm_flags(q, scheduler)
     num_nodes = q.answer(
         "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
     )
@@ -188,6 +185,16 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         seq_len=q.given.get("seq_len"),
         **{key: value or None for key, value in slurm.items()},
     )
+
+
+def refuse_slurm_flags(q: Questions, scheduler: str) -> None:
+    """A SLURM job's flags given for a scheduler that reads none of them (dropped without a word)."""
+    unread = [name for name in SLURM_ONLY if q.given.get(name) is not None] if scheduler != "slurm" else []
+    if unread:
+        raise DistsetupError(
+            f"--{unread[0]} is for a SLURM job, and --scheduler {scheduler} runs on this machine.",
+            f"drop --{unread[0]}, or give --scheduler slurm.",
+        )
 
 
 def _ask_gpu_memory(q: Questions, machine: Machine, scheduler: str) -> str | None:
