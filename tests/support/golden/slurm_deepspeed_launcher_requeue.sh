@@ -51,10 +51,10 @@ forward_preemption() {
 }
 # srun's status once it has ended: a signal to this shell ends a wait, not srun
 wait_for_srun() {
-  status=0
   [[ -n "$SRUN_PID" ]] || return 0  # signalled before srun started
+  status=0
   wait "$SRUN_PID" || status=$?
-  while kill -0 "$SRUN_PID" 2>/dev/null; do
+  while kill -0 "$SRUN_PID" 2>/dev/null; do  # a signal ended the wait, not srun: wait for it
     status=0
     wait "$SRUN_PID" || status=$?
   done
