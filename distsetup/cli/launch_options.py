@@ -199,13 +199,15 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     resolved, the DeepSpeed file checked for this world."""
     if o["use_deepspeed"] and o["use_fsdp"]:
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
-    for given, other in (("deepspeed_config", "fsdp_config"), ("fsdp_config", "deepspeed_config")):
-        other_flag = (
-            f"--{other}" if o[other] else f"--use_{other.split('_')[0]}" if o[f"use_{other.split('_')[0]}"] else None
-        )
-        if o[given] and other_flag:  # the backend not trained with lost its flag without a word
+    # the backend not trained with lost its flag without a word
+    for given, others in (
+        ("deepspeed_config", ("fsdp_config", "use_fsdp")),
+        ("fsdp_config", ("deepspeed_config", "use_deepspeed")),
+    ):
+        other = next((name for name in others if o[name]), None)
+        if o[given] and other:
             raise DistsetupError(
-                f"--{given} and {other_flag} name two backends (DeepSpeed and FSDP); a run trains with one.",
+                f"--{given} and --{other} name two backends (DeepSpeed and FSDP); a run trains with one.",
                 "give the flags of the backend you train with.",
             )
     if o["script"] and o["python_module"]:

@@ -29,6 +29,7 @@ CHECKPOINTING = ("none", "full", "selective")  # besides metrics.jsonl, which is
 TEXT_LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # datasets' builders
 TEXT_SUFFIXES = tuple(TEXT_LOADERS)
 TOKEN_SUFFIX = ".bin"  # a pre-tokenized token file
+DATA_SUFFIXES = (*TEXT_SUFFIXES, TOKEN_SUFFIX)  # the files data.paths take
 PRECISIONS = ("fp32", "bf16", "fp16")
 BUILTIN_SHAPE = ("n_layer", "n_head", "n_embd", "dropout")  # the built-in GPT's alone: the others have their own
 # Upper bounds on the model's shape that no real model reaches (the largest published: about 128 layers of

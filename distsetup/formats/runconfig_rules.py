@@ -11,6 +11,7 @@ from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import (
+    DATA_SUFFIXES,
     FORMAT_FIELDS,
     PYTHON_REFERENCES,
     TEXT_SUFFIXES,
@@ -291,7 +292,7 @@ def data_file_problems(data: DataConfig, base_dir: Path | None) -> list[Problem]
     for key in ("paths", "val_paths"):
         for i, name in enumerate(getattr(data, key)):
             where = f"data.{key}[{i}]"
-            if not name.endswith((*TEXT_SUFFIXES, TOKEN_SUFFIX)):
+            if not name.endswith(DATA_SUFFIXES):
                 problems.append(
                     Problem(where, f"{name} is not a {', '.join(TEXT_SUFFIXES)} or {TOKEN_SUFFIX} file.", "rename it.")
                 )

@@ -22,7 +22,7 @@ from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
-from distsetup.formats.runconfig import MODEL_MAXIMA, PRECISIONS, TEXT_SUFFIXES, TOKEN_SUFFIX, DataConfig
+from distsetup.formats.runconfig import DATA_SUFFIXES, MODEL_MAXIMA, PRECISIONS, DataConfig
 from distsetup.formats.runconfig_rules import data_file_problems
 from distsetup.planning.models import BUILTIN_SIZES, hf_shape_from_json
 from distsetup.planning.units import MAX_BATCH, parse_memory
@@ -30,7 +30,6 @@ from distsetup.scripts.sbatch import check_account, check_partition, time_limit_
 
 NO_GPU = "none"
 
-DATA_SUFFIXES = (*TEXT_SUFFIXES, TOKEN_SUFFIX)  # the files a run config's data.paths take
 SLURM_ONLY = ("partition", "time_limit", "account", "venv", "cpus_per_task")  # the flags only a SLURM job reads
 
 
