@@ -43,6 +43,22 @@ def test_selective_checkpointing_recomputes_no_matmul_and_changes_no_gradient():
         assert torch.allclose(a, b, atol=1e-7) and torch.allclose(a, c, atol=1e-7)
 
 
+def test_a_block_inside_another_is_recomputed_once_in_backward():
+    """model.layer_classes naming a layer and a part of it (Block and CausalSelfAttention): the outer block's
+    recomputation covers the inner one, which runs forward twice (once more than without checkpointing), not three
+    times."""
+    from distsetup.training.model.blocks import layer_modules
+
+    model = GPT(256, 32, 2, 2, 64, 0.0)
+    blocks = layer_modules(model, ["Block", "CausalSelfAttention"])
+    attention_forwards = []
+    model.blocks[0].attn.register_forward_pre_hook(lambda *_: attention_forwards.append(1))
+    apply_activation_checkpointing(model, blocks)
+    x = torch.randint(0, 256, (2, 16))
+    model(x, x).backward()
+    assert len(attention_forwards) == 2
+
+
 @pytest.mark.parametrize("written, read", [(True, "full"), (False, "none"), ("selective", "selective")])
 def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     cfg = load_run_config(None, [f"training.activation_checkpointing={str(written).lower()}"])

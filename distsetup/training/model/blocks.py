@@ -61,8 +61,16 @@ def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module], mo
         wrapper = functools.partial(
             checkpoint_wrapper, context_fn=lambda: create_selective_checkpoint_contexts(_keep_expensive_outputs)
         )
-    ids = {id(b) for b in blocks}
+    ids = {id(b) for b in outermost(blocks)}
     apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in ids)
+
+
+def outermost(blocks: list[nn.Module]) -> list[nn.Module]:
+    """The blocks inside no other block (model.layer_classes may name a layer and a part of it): checkpointing the
+    outer one recomputes the inner one's activations already, and checkpointing both would run the inner forward a
+    third time in backward; compiling the outer one compiles the inner one."""
+    inside = {id(inner) for block in blocks for inner in block.modules() if inner is not block}
+    return [block for block in blocks if id(block) not in inside]
 
 
 def in_place_of(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
@@ -74,7 +82,7 @@ def in_place_of(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
 def compile_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
     """torch.compile each block (with its activation checkpointing) in place, as torchtitan does before sharding:
     parameter names and the state dict stay as they were, and FSDP2 and ZeRO-3 keep their hooks between blocks."""
-    for unit in in_place_of(model, blocks):
+    for unit in in_place_of(model, outermost(blocks)):
         unit.compile()
 
 
