@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from distsetup.cli.options import option, positive, stack, switch
+from distsetup.cli.options import IntegerRange, option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
@@ -118,7 +118,7 @@ def shared_launch_options(wording: dict[str, dict[str, str]]):
         switch("nccl_ib_disable", default=None, help="NCCL_IB_DISABLE=1 (TCP instead of InfiniBand)."),
         option(
             "timeout_minutes",
-            type=click.IntRange(1, MAX_TIMEOUT_MINUTES),
+            type=IntegerRange(1, MAX_TIMEOUT_MINUTES),
             help="Collective timeout (distributed.timeout_minutes).",
         ),
         option("cuda_device_max_connections", type=positive, help="CUDA_DEVICE_MAX_CONNECTIONS."),

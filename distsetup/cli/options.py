@@ -105,7 +105,20 @@ def spec_values(spec_class, opts: dict, *, besides: tuple[str, ...] = ()) -> dic
     return {f.name: opts[f.name] for f in dataclasses.fields(spec_class) if f.name in opts and f.name not in besides}
 
 
-positive = click.IntRange(min=1)
+class IntegerRange(click.IntRange):
+    """click.IntRange, saying what it takes: "'two' is not a valid integer" and INTEGER in --help, where Click says
+    "integer range"."""
+
+    name = "integer"
+
+
+class NumberRange(click.FloatRange):
+    """click.FloatRange, as IntegerRange: "'x' is not a valid float", FLOAT in --help."""
+
+    name = "float"
+
+
+positive = IntegerRange(min=1)
 
 output_options = stack(
     option(

@@ -90,23 +90,39 @@ def test_a_flag_click_refuses_is_one_line(args, said):
     assert line.startswith(said) and "Usage:" not in result.stderr, result.stderr
 
 
+def every_command(group: click.Group):
+    """Every command of `group`, and of its groups."""
+    for command in (group.get_command(None, name) for name in group.list_commands(None)):
+        yield command
+        if isinstance(command, click.Group):
+            yield from every_command(command)
+
+
 def test_both_spellings_of_every_multiword_flag(run_cli):
     """Each --snake_case option also answers to --dash-case (and the reverse), in the subcommands of a group too
     (checkpoint export's --max_shard_size had no --max-shard-size)."""
-
-    def commands(group):
-        for command in (group.get_command(None, name) for name in group.list_commands(None)):
-            yield command
-            if isinstance(command, click.Group):
-                yield from commands(command)
-
-    for command in commands(cli):
+    for command in every_command(cli):
         for param in command.params:
             long_names = [o for o in param.opts + param.secondary_opts if o.startswith("--")]
             multiword = [o for o in long_names if "_" in o or "-" in o[2:]]
             for name in multiword:
                 twin = "--" + (name[2:].replace("_", "-") if "_" in name else name[2:].replace("-", "_"))
                 assert twin in long_names, f"{command.name}: {name} has no {twin}"
+
+
+def test_a_number_out_of_its_type_is_said_as_the_number_it_should_be(run_cli):
+    """Click says "'two' is not a valid integer range" (and INTEGER RANGE in --help) of its range types: every
+    option with a range takes distsetup's, which say "integer" and "float"."""
+    ranges = [
+        f"{command.name} {param.name}"
+        for command in every_command(cli)
+        for param in command.params
+        if type(param.type) in (click.IntRange, click.FloatRange)
+    ]
+    assert ranges == []
+    assert "Error: --zero_stage: 'two' is not a valid integer. " in run_cli("deepspeed", "--zero_stage", "two").stderr
+    assert "Error: --lr: 'x' is not a valid float. " in run_cli("deepspeed", "--lr", "x").stderr
+    assert "INTEGER RANGE" not in run_cli("init", "--help").stdout
 
 
 def test_shell_completion_completes_commands_and_flags():

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from distsetup.cli.options import (
+    IntegerRange,
+    NumberRange,
     batch_options,
     chosen_precision,
     option,
@@ -34,7 +36,7 @@ from distsetup.formats.deepspeed_rules import applies, check_spec, deepspeed_not
 from distsetup.formats.lr_scaling import scaled_lr
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
-BYTES = click.IntRange(min=1)
+BYTES = IntegerRange(min=1)
 DEFAULTS = DeepSpeedSpec()  # each option's default is its field's
 
 
@@ -47,7 +49,7 @@ Examples:
 """
 )
 @option("preset", type=click.Choice(sorted(PRESETS)), help="Start from a common recipe; flags override it.")
-@option("zero_stage", type=click.IntRange(0, 3), default=DEFAULTS.zero_stage, show_default=True, help="ZeRO stage 0-3.")
+@option("zero_stage", type=IntegerRange(0, 3), default=DEFAULTS.zero_stage, show_default=True, help="ZeRO stage 0-3.")
 @option(
     "offload_optimizer",
     type=OFFLOAD,
@@ -68,7 +70,7 @@ Examples:
 @option("fp16", is_flag=True, help="float16 mixed precision with dynamic loss scaling.")
 @batch_options
 @world_options
-@option("gradient_clipping", type=click.FloatRange(min=0), help="Clip the gradient norm [1.0].")
+@option("gradient_clipping", type=NumberRange(min=0), help="Clip the gradient norm [1.0].")
 @switch("overlap_comm", default=DEFAULTS.overlap_comm, help="Overlap gradient reduction with backward.")
 @switch(
     "contiguous_gradients", default=DEFAULTS.contiguous_gradients, help="Copy gradients into one buffer as produced."
@@ -78,7 +80,7 @@ Examples:
 @option("stage3_prefetch_bucket_size", type=BYTES, help="Stage 3: parameters prefetched ahead.")
 @option(
     "stage3_param_persistence_threshold",
-    type=click.IntRange(min=0),
+    type=IntegerRange(min=0),
     help="Stage 3: parameters smaller than this stay unpartitioned.",
 )
 @option("stage3_max_live_parameters", type=BYTES, help="Stage 3: parameters resident at once per GPU.")
@@ -90,7 +92,7 @@ Examples:
 @option("sub_group_size", type=BYTES, help="Stage 3: parameters of a partition the optimizer steps at once.")
 @option(
     "hidden_size",
-    type=click.IntRange(min=1),
+    type=IntegerRange(min=1),
     help="The model's hidden size: the buffer sizes not given are sized from it (as HF's auto does, and the trainer "
     "where DeepSpeed's own leave no room).",
 )
@@ -106,7 +108,7 @@ Examples:
     show_default=True,
     help="Optimizer block; none lets the training script bring its own.",
 )
-@option("lr", type=click.FloatRange(min=0, min_open=True), help="Learning rate [3e-4].")
+@option("lr", type=NumberRange(min=0, min_open=True), help="Learning rate [3e-4].")
 @option(
     "scale_lr",
     type=click.Choice(["linear", "sqrt"]),
@@ -114,8 +116,8 @@ Examples:
 )
 @option("base_batch_size", type=positive, help="Global batch size that --lr was tuned for.")
 @option("betas", type=(float, float), help="Adam betas, e.g. --betas 0.9 0.95.")
-@option("eps", type=click.FloatRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
-@option("weight_decay", type=click.FloatRange(min=0), help="Weight decay [0.01].")
+@option("eps", type=NumberRange(min=0, min_open=True), help="Adam epsilon [1e-8].")
+@option("weight_decay", type=NumberRange(min=0), help="Weight decay [0.01].")
 @option(
     "scheduler",
     type=click.Choice(SCHEDULERS),
@@ -123,9 +125,9 @@ Examples:
     show_default=True,
     help="LR schedule block.",
 )
-@option("warmup_num_steps", type=click.IntRange(min=0), help="Warmup steps [100].")
+@option("warmup_num_steps", type=IntegerRange(min=0), help="Warmup steps [100].")
 @option("total_num_steps", type=positive, help="Total steps (WarmupDecayLR, WarmupCosineLR).")
-@option("warmup_min_lr", type=click.FloatRange(min=0), help="Learning rate at the start of warmup [0].")
+@option("warmup_min_lr", type=NumberRange(min=0), help="Learning rate at the start of warmup [0].")
 @option("steps_per_print", type=positive, help="DeepSpeed's progress print interval [100].")
 @option("wall_clock_breakdown", is_flag=True, default=DEFAULTS.wall_clock_breakdown, help="Time forward/backward/step.")
 @option("hf_auto", is_flag=True, default=DEFAULTS.hf_auto, help='Write "auto" where the HF Trainer fills values in.')

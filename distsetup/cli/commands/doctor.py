@@ -15,7 +15,7 @@ import click
 
 from distsetup import __version__
 from distsetup.cli.launch_options import DEFAULT_RUN_CONFIG
-from distsetup.cli.options import option, positive
+from distsetup.cli.options import NumberRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import world_size_from
 from distsetup.formats.fsdp import FsdpSpec
@@ -63,7 +63,7 @@ Examples:
 @option("num_gpus_per_node", type=positive, help="Planned processes per node.")
 @option("preflight", is_flag=True, help="Run a timed all-reduce + barrier across --nproc_per_node local ranks.")
 @option("nproc_per_node", type=positive, help="Ranks for --preflight [GPUs torch sees, else 2].")
-@option("timeout", type=click.FloatRange(min=1), default=30, show_default=True, help="Preflight timeout (s).")
+@option("timeout", type=NumberRange(min=1), default=30, show_default=True, help="Preflight timeout (s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.pass_context
 def doctor(

@@ -5,7 +5,7 @@ from typing import Any
 
 import click
 
-from distsetup.cli.options import option, output_options, spec_values, switch
+from distsetup.cli.options import IntegerRange, option, output_options, spec_values, switch
 from distsetup.cli.output import emit, json_text, refuse_generated_problems
 from distsetup.formats.fsdp import (
     BACKWARD_PREFETCH,
@@ -83,9 +83,7 @@ Examples:
     metavar="CLASS[,CLASS]",
     help=f"Block class(es) to wrap; repeat or comma-separate. [{BUILTIN_BLOCK}, the built-in model's block]",
 )
-@option(
-    "min_num_params", type=click.IntRange(min=1), default=DEFAULTS.min_num_params, help="SIZE_BASED_WRAP threshold."
-)
+@option("min_num_params", type=IntegerRange(min=1), default=DEFAULTS.min_num_params, help="SIZE_BASED_WRAP threshold.")
 @option(
     "state_dict_type",
     type=click.Choice(STATE_DICT_TYPES),

@@ -19,7 +19,7 @@ from distsetup.cli.init_setup import (
 )
 from distsetup.cli.launch_options import working_folder
 from distsetup.cli.machine import Machine, this_machine
-from distsetup.cli.options import option, positive
+from distsetup.cli.options import IntegerRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
 from distsetup.formats.runconfig import DATA_SUFFIXES, MODEL_MAXIMA, PRECISIONS, DataConfig
@@ -47,22 +47,22 @@ scripts/run_training.sh or scripts/slurm_job.sh; never over an existing file wit
 @option("model", help=f"A built-in size ({', '.join(BUILTIN_SIZES)}) or a local Hugging Face model folder.")
 @option("data", help=f"Training files, comma-separated ({', '.join(DATA_SUFFIXES)}), or synthetic.")
 @option("scheduler", type=click.Choice(SCHEDULERS), help="Where it runs: this machine (local) or SLURM.")
-@option("num_nodes", type=click.IntRange(1, MAX_NODES), help="Nodes [the SLURM allocation's, else 1].")
+@option("num_nodes", type=IntegerRange(1, MAX_NODES), help="Nodes [the SLURM allocation's, else 1].")
 @option(
     "num_gpus_per_node",
-    type=click.IntRange(1, MAX_PROCESSES_PER_NODE),
+    type=IntegerRange(1, MAX_PROCESSES_PER_NODE),
     help="GPUs per node, or CPU processes in a CPU setup [this machine's].",
 )
 @option("gpu_memory", help=f"Memory of one GPU, e.g. 80GB; {NO_GPU}: a CPU setup [this machine's GPUs].")
 @option("precision", type=click.Choice(PRECISIONS), help="bf16 (GPUs from Ampere on), fp16 or fp32.")
-@option("global_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per optimizer step [8 per process].")
+@option("global_batch_size", type=IntegerRange(1, MAX_BATCH), help="Samples per optimizer step [8 per process].")
 @option("partition", help="SLURM partition [the allocation's, else the cluster's default].")
 @option("time_limit", help="SLURM time limit, e.g. 24:00:00.")
 @option("account", help="SLURM account to charge [the allocation's, else none].")
 @option("venv", help="Virtual environment the SLURM job activates [the active one].")
 @option("cpus_per_task", type=positive, help="CPUs of each SLURM node's task (its launcher and processes).")
 @option("max_steps", type=positive, default=1000, show_default=True, help="Optimizer steps of the run.")
-@option("seq_len", type=click.IntRange(2, MODEL_MAXIMA["block_size"]), help="Tokens per sample [the model's].")
+@option("seq_len", type=IntegerRange(2, MODEL_MAXIMA["block_size"]), help="Tokens per sample [the model's].")
 @option("yes", "-y", is_flag=True, help="Ask nothing: defaults for every answer not given as a flag.")
 @option("force", is_flag=True, help="Replace files that exist.")
 def init(yes: bool, force: bool, **given):
@@ -148,7 +148,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
     refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
     refuse_slurm_flags(q, scheduler)
     num_nodes = q.answer(
-        "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, click.IntRange(1, MAX_NODES)
+        "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, IntegerRange(1, MAX_NODES)
     )
     gpu_memory = _ask_gpu_memory(q, machine, scheduler)
     per_node_default = (
@@ -160,7 +160,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         "num_gpus_per_node",
         "GPUs per node" if gpu_memory else "CPU processes per node",
         per_node_default,
-        click.IntRange(1, MAX_PROCESSES_PER_NODE),
+        IntegerRange(1, MAX_PROCESSES_PER_NODE),
     )
     precision_default = machine.precision if machine.gpus or not gpu_memory else "bf16"
     precision = q.answer(
@@ -229,7 +229,7 @@ def _ask_global_batch(q: Questions, num_nodes: int, per_node: int) -> int:
         "global_batch_size",
         "Global batch (samples per optimizer step)",
         8 * num_nodes * per_node,
-        click.IntRange(1, MAX_BATCH),
+        IntegerRange(1, MAX_BATCH),
         divides,
     )
 

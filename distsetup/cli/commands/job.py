@@ -12,7 +12,7 @@ from distsetup.cli.launch_options import (
     regenerate_command,
     script_notes,
 )
-from distsetup.cli.options import checked, option, positive
+from distsetup.cli.options import IntegerRange, checked, option, positive
 from distsetup.cli.output import emit, refuse_generated_problems
 from distsetup.errors import DistsetupError
 from distsetup.jobs.entry import output_note
@@ -74,7 +74,7 @@ Examples:
 )
 @option(
     "max_restarts",
-    type=click.IntRange(min=0),
+    type=IntegerRange(min=0),
     help="Restarts after failures; preemptions do not count [3; a PyTorchJob's operator has no limit].",
 )
 @option("accelerator", help="SkyPilot: the GPU type, e.g. H100 (--num_gpus_per_node of them); none for CPU nodes.")

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from distsetup.cli.options import chosen_precision, option, positive, switch
+from distsetup.cli.options import IntegerRange, NumberRange, chosen_precision, option, positive, switch
 from distsetup.cli.output import check_replaced_kind, json_text, writable_target, write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, global_batch_of
@@ -51,31 +51,29 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("config", type=click.Path(dir_okay=False, exists=True), help="Run config: the model is counted from it.")
 @option(
     "hidden_size",
-    type=click.IntRange(1, MODEL_MAXIMA["n_embd"]),
+    type=IntegerRange(1, MODEL_MAXIMA["n_embd"]),
     help="Hidden size (for activations and ZeRO's buffers).",
 )
-@option("num_layers", type=click.IntRange(1, MODEL_MAXIMA["n_layer"]), help="Transformer layers (for activations).")
+@option("num_layers", type=IntegerRange(1, MODEL_MAXIMA["n_layer"]), help="Transformer layers (for activations).")
 @option(
-    "num_heads", type=click.IntRange(1, MODEL_MAXIMA["n_head"]), help="Attention heads (only without flash attention)."
+    "num_heads", type=IntegerRange(1, MODEL_MAXIMA["n_head"]), help="Attention heads (only without flash attention)."
 )
-@option("vocab_size", type=click.IntRange(1, MODEL_MAXIMA["vocab_size"]), help="Vocabulary size (for the logits).")
+@option("vocab_size", type=IntegerRange(1, MODEL_MAXIMA["vocab_size"]), help="Vocabulary size (for the logits).")
 @option("layer_cls", help="Your model's decoder-layer class, for FSDP wrapping (e.g. LlamaDecoderLayer).")
 @option("num_gpus", type=positive, help="GPUs in total (spread over --num_nodes).")
 @option("num_nodes", type=positive, default=1, show_default=True, help="Nodes.")
 @option("num_gpus_per_node", type=positive, help="GPUs per node.")
 @option("gpu_memory", help="Memory per GPU, e.g. 80GB or 24GiB [this machine's smallest GPU].")
 @option("cpu_memory", help="CPU memory per node (offload, the model built at set-up), e.g. 512GB [not judged].")
-@option(
-    "headroom", type=click.FloatRange(0, 0.9), default=0.1, show_default=True, help="Fraction of GPU memory kept free."
-)
+@option("headroom", type=NumberRange(0, 0.9), default=0.1, show_default=True, help="Fraction of GPU memory kept free.")
 @option(
     "seq_len",
-    type=click.IntRange(1, MODEL_MAXIMA["block_size"]),
+    type=IntegerRange(1, MODEL_MAXIMA["block_size"]),
     help="Tokens per sample [model.block_size, else 2048].",
 )
-@option("micro_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per GPU per pass [the largest that fits].")
+@option("micro_batch_size", type=IntegerRange(1, MAX_BATCH), help="Samples per GPU per pass [the largest that fits].")
 @option(
-    "global_batch_size", type=click.IntRange(1, MAX_BATCH), help="Samples per optimizer step [run config's, else none]."
+    "global_batch_size", type=IntegerRange(1, MAX_BATCH), help="Samples per optimizer step [run config's, else none]."
 )
 @option("bf16", is_flag=True, help="bfloat16 mixed precision.")
 @option("fp16", is_flag=True, help="float16 mixed precision.")

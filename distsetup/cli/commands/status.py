@@ -4,7 +4,7 @@ import json
 
 import click
 
-from distsetup.cli.options import option, positive
+from distsetup.cli.options import NumberRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import FLAGS, BatchMismatch, complete_batch
 from distsetup.formats.lr_scaling import scaled_lr
@@ -22,14 +22,14 @@ Examples:
 )
 @option(
     "min_free_gb",
-    type=click.FloatRange(min=0),
+    type=NumberRange(min=0),
     default=16,
     show_default=True,
     help="A GPU qualifies with at least this much free memory (GiB).",
 )
 @option(
     "max_util",
-    type=click.FloatRange(0, 100),
+    type=NumberRange(0, 100),
     default=90,
     show_default=True,
     help="... and utilisation under this (percent).",
@@ -38,7 +38,7 @@ Examples:
 @option("allow_fewer", is_flag=True, help="With --count: take fewer GPUs and redo the batch arithmetic.")
 @option("global_batch_size", type=positive, help="With --allow_fewer: the global batch to keep.")
 @option("micro_batch_size", type=positive, help="With --allow_fewer: samples per GPU per pass.")
-@option("lr", type=click.FloatRange(min=0, min_open=True), help="With --scale_lr: the lr at --base_batch_size.")
+@option("lr", type=NumberRange(min=0, min_open=True), help="With --scale_lr: the lr at --base_batch_size.")
 @option("scale_lr", type=click.Choice(["linear", "sqrt"]), help="Rescale --lr if the global batch changes.")
 @click.option("--json", "as_json", is_flag=True, help="Print GPUs and the selection as JSON.")
 def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_batch_size, lr, scale_lr, as_json):

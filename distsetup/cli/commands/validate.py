@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from distsetup.cli.options import checked, option, positive, world_options
+from distsetup.cli.options import IntegerRange, checked, option, positive, world_options
 from distsetup.cli.output import write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import default_config_note
@@ -56,7 +56,7 @@ Examples:
 )
 @option("fix", is_flag=True, help="Rewrite a run config into distsetup's own keys, in place (comments kept).")
 @option("resolve", is_flag=True, help='Show what the HF Trainer puts in each "auto" of the DeepSpeed file.')
-@option("hidden_size", type=click.IntRange(1, MODEL_MAXIMA["n_embd"]), help="The model's hidden size (--resolve).")
+@option("hidden_size", type=IntegerRange(1, MODEL_MAXIMA["n_embd"]), help="The model's hidden size (--resolve).")
 @option("micro_batch_size", type=positive, help="per_device_train_batch_size (--resolve) [TrainingArguments'].")
 @option("gradient_accumulation_steps", type=positive, help="(--resolve) [TrainingArguments', else 1].")
 @option("max_steps", type=positive, help="Training steps, for the scheduler's (--resolve).")
