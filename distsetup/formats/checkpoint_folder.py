@@ -52,6 +52,7 @@ class Marker:
     precision: str | None = None
     model: dict | None = None  # the run config's model section (absent before distsetup stored it)
     loss: float | None = None
+    val_loss: float | None = None  # the validation loss, where the run evaluated at this step
     sampler: dict | None = None  # the ShardedSampler's state: where the data resumes
     user_code: str | None = None  # the folder of the user's own code (model.type or data.type python)
     layout: Layout | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
@@ -80,10 +81,11 @@ class Marker:
     def to_json(self) -> str:
         """Its keys (a loss that is NaN or infinite as null: JSON has no such numbers), then the other keys it was read
         with."""
-        optional = ("user_code", "layout", "converted_from")
+        optional = ("val_loss", "user_code", "layout", "converted_from")
         own = {k: v for k, v in asdict(self).items() if k != "other_keys" and (v is not None or k not in optional)}
-        if isinstance(own["loss"], float) and not math.isfinite(own["loss"]):
-            own["loss"] = None
+        for key in ("loss", "val_loss"):
+            if isinstance(own.get(key), float) and not math.isfinite(own[key]):
+                own[key] = None
         return json.dumps(own | {k: v for k, v in self.other_keys.items() if k not in own}, indent=2)
 
     @property
@@ -157,11 +159,24 @@ def resume_point(root: Path) -> tuple[Path | None, list[str]]:
 
 
 def beyond_newest(root: Path, keep: int) -> list[Path]:
-    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1): what
-    training.keep_checkpoints removes. Folders without a marker (being written, or a crash's leftovers) and
-    damaged ones are never among them."""
+    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1), the best
+    one aside: what training.keep_checkpoints removes (as the HF Trainer's save_total_limit keeps its best
+    checkpoint). Folders without a marker (being written, or a crash's leftovers) and damaged ones are never among
+    them."""
     intact = [path for step, path in _marked(root) if damage(path, step) is None]
-    return intact[: max(len(intact) - keep, 0)]
+    best = best_checkpoint(intact)
+    return [path for path in intact[: max(len(intact) - keep, 0)] if path != best]
+
+
+def best_checkpoint(intact: list[Path]) -> Path | None:
+    """The intact checkpoint folder with the lowest validation loss (the earliest of equals), or None where none
+    of them was evaluated at its step."""
+    scored = [(loss, path) for path in intact if (loss := _finite(Marker.read(path).val_loss)) is not None]
+    return min(scored, key=lambda scored_path: scored_path[0])[1] if scored else None
+
+
+def _finite(number: Any) -> float | None:
+    return float(number) if isinstance(number, int | float) and math.isfinite(number) else None
 
 
 def _marked(root: Path) -> list[tuple[int, Path]]:
@@ -217,7 +232,9 @@ class Listed:
     complete: bool
     problem: str | None  # why it is not usable: no marker yet (being written, or a crash mid-save), or damage
     size_bytes: int
+    val_loss: float | None  # where the run evaluated at its step
     resume: bool  # the one a resumed run starts from
+    best: bool  # the lowest val_loss of the complete ones: what training.keep_checkpoints always keeps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -261,12 +278,16 @@ def list_checkpoints(run: Path) -> list[Listed]:
                 complete=problem is None,
                 problem=problem,
                 size_bytes=size,
+                val_loss=_finite(marker.val_loss) if marker else None,
                 resume=False,
+                best=False,
             )
         )
     listed.sort(key=lambda c: c.step)  # by number: a step past 9,999,999 has a longer name
     if one_step:  # a resume reads the run's folder, not this one
         return listed
     # the newest complete and intact folder: what find_resume chooses, from the same damage() checks
-    newest = max((c for c in listed if c.complete), key=lambda c: c.step, default=None)
-    return [replace(c, resume=True) if c is newest else c for c in listed]
+    complete = [c for c in listed if c.complete]
+    newest = max(complete, key=lambda c: c.step, default=None)
+    best = best_checkpoint([Path(c.path) for c in complete])
+    return [replace(c, resume=c is newest, best=Path(c.path) == best) for c in listed]

@@ -38,6 +38,10 @@ class Loop:
     def __post_init__(self) -> None:
         self.logged = (self.first_step, 0.0)
 
+    def val_loss_at(self, step: int) -> float | None:
+        """The validation loss of the evaluation at `step`; None where none ran at it."""
+        return self.evals[-1]["val_loss"] if self.evals and self.evals[-1]["step"] == step else None
+
     def figures(self, step: int, world_size: int, items_per_step: int) -> dict:
         """The loop's figures for summary.json at step `step`: its evaluations, its pace since set-up (items: tokens
         or samples), its MFU, and where its time went."""

@@ -348,6 +348,7 @@ class Trainer:
                 model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
                 user_code=str(self.user_code) if self.user_code else None,
                 loss=self.loss,
+                val_loss=loop.val_loss_at(self.step),
                 sampler=loop.sampler.state_dict(),
             )
             loop.pending = ckpt.start_checkpoint(

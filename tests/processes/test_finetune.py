@@ -10,6 +10,8 @@ import yaml
 from text_data import chat_records, write_jsonl, write_llama, write_tokenizer
 from train_runs import DS_FILES, FSDP_FILES, losses, train
 
+from distsetup.formats.checkpoint_folder import Marker, step_dir
+
 pytest.importorskip("transformers")
 
 STEPS, RTOL = 20, 1e-4
@@ -104,6 +106,8 @@ def test_chat_finetuning_under_every_backend(tmp_path, inputs, single):
         assert len(curve) == STEPS and worst <= RTOL, f"{name}: relative loss difference {worst:.2e}"
         for ours, theirs in zip(parallel["evals"], summary["evals"], strict=True):
             assert ours["val_loss"] == pytest.approx(theirs["val_loss"], rel=RTOL), name
+        marker = Marker.read(step_dir(tmp_path / name / "out" / "checkpoints", STEPS))  # evaluated at its step
+        assert marker.val_loss == parallel["evals"][-1]["val_loss"], name
 
 
 def test_the_cache_token_files_train_as_the_text_they_came_from(tmp_path, inputs, single):

@@ -9,7 +9,7 @@ from distsetup.cli.options import option
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, list_checkpoints
 
-COLUMNS = ("step", "backend", "ZeRO", "world", "precision", "complete", "size", "")
+COLUMNS = ("step", "backend", "ZeRO", "world", "precision", "complete", "size", "val loss", "")
 
 
 @click.group(
@@ -31,7 +31,8 @@ def checkpoint():
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def ls(run: Path, as_json: bool):
     """List RUN's checkpoints (RUN: a training.output_dir, or its checkpoints folder): step, backend, ZeRO stage,
-    world size, precision, whether it is complete and intact, its size, and the one a resumed run starts from."""
+    world size, precision, whether it is complete and intact, its size, its validation loss (where the run evaluated
+    at its step), the one a resumed run starts from and the best one (the lowest validation loss)."""
     folder = checkpoints_folder(run)
     if not folder.is_dir():
         raise DistsetupError(f"{run}: no such folder.", "give a run's training.output_dir (it holds checkpoints/).")
@@ -51,7 +52,10 @@ def ls(run: Path, as_json: bool):
             c.precision or "?",
             "yes" if c.complete else f"no: {c.problem}",
             f"{c.size_bytes / 2**20:.1f} MiB",
-            "<- resume" if c.resume else "",
+            "-" if c.val_loss is None else f"{c.val_loss:.4f}",
+            "<- " + ", ".join(mark for mark, on in (("resume", c.resume), ("best", c.best)) if on)
+            if c.resume or c.best
+            else "",
         )
         for c in listed
     ]
