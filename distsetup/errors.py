@@ -17,3 +17,17 @@ class DistsetupError(Exception):
 
     def format_message(self) -> str:
         return self.message
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (at most `limit` characters; where Python errors say what happened), or
+    its type."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def last_line(error: BaseException) -> str:
+    """The last line of an error's message (where C++ and DCP errors say what happened), or its type."""
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else type(error).__name__

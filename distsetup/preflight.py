@@ -18,13 +18,14 @@ import sys
 import time
 from datetime import timedelta
 
+from distsetup.errors import first_line
+from distsetup.training.launch_env import read_world
+
 EXIT_FAILED = 1
 
 
 def where() -> dict:
     """Who this process is, from torchrun's (or srun's) environment, read by the trainer's one reader."""
-    from distsetup.training.world import read_world  # imports torch: not for --help
-
     world = read_world(srun_stands_in=True)
     return {
         "rank": world.rank,
@@ -37,7 +38,7 @@ def where() -> dict:
 
 
 def failure(info: dict, backend: str, stage: str, error: BaseException | str) -> str:
-    detail = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+    detail = first_line(error).rstrip(".") if isinstance(error, BaseException) else error.strip().rstrip(".")
     return (
         f"preflight FAILED: rank {info['rank']}/{info['world_size']} (local rank {info['local_rank']}) on host "
         f"{info['host']}: {stage} with master {info['master_addr']}:{info['master_port']} (backend {backend}): "

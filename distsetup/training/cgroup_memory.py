@@ -47,12 +47,6 @@ class GroupMemory:
     free: int
 
 
-def own_group() -> tuple[Layout, Path] | None:
-    """This process's memory cgroup, the first /proc lists (v1's memory one before v2's in a hybrid layout), and its
-    folder; None where there is none."""
-    return next(_memory_groups(), None)
-
-
 def limiting_group() -> GroupMemory | None:
     """The memory limits that bind this process, or None where there is none (or nothing can be read: not Linux).
     Where a v1 memory line and v2's line are both listed (a hybrid layout), the first that names a limit counts."""

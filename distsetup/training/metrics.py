@@ -13,10 +13,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, first_line
 from distsetup.formats.runconfig import SECTIONS, RunConfig
 from distsetup.training.run_record import METRICS, TENSORBOARD, continue_metrics
-from distsetup.training.world import first_line
 
 LIBRARIES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 WANDB_RUN_ID = "wandb_run_id"  # in output_dir: a resumed run continues the same W&B run

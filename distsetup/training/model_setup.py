@@ -18,11 +18,12 @@ from distsetup.training.backends.base import Backend
 from distsetup.training.checkpoint.export import load_weights
 from distsetup.training.data.datasets import Datasets
 from distsetup.training.data.loader import Placement, fetched, placed
+from distsetup.training.launch_env import World
 from distsetup.training.loss.sliced import LossHead
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
 from distsetup.training.model.throughput import counted_flops, flops_per_token
-from distsetup.training.world import World, decided_by_rank0
+from distsetup.training.world import decided_by_rank0
 
 
 def check_model_fits(

@@ -9,8 +9,9 @@ from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_poin
 from distsetup.training.backends.base import Backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.data.datasets import ShardedSampler
+from distsetup.training.launch_env import World
 from distsetup.training.optim import follow_this_runs_schedule
-from distsetup.training.world import World, decided_by_rank0
+from distsetup.training.world import decided_by_rank0
 
 
 def resume_decision(

@@ -25,6 +25,7 @@ from distsetup.training.data.datasets import Datasets, ShardedSampler, build_dat
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
+from distsetup.training.launch_env import read_world
 from distsetup.training.loop import Loop
 from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenObjective, mean_terms, objective_for
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
@@ -45,7 +46,6 @@ from distsetup.training.world import (
     is_lost_contact,
     lost_contact,
     pick_device,
-    read_world,
     synchronizer,
 )
 

@@ -11,10 +11,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, first_line
 from distsetup.formats import python_refs
 from distsetup.formats.runconfig import RunConfig
-from distsetup.training.world import first_line
 
 
 def raised_in_user_code(error: BaseException) -> str:

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from distsetup.errors import DistsetupError
-from distsetup.training.launch_env import SRUN_NAMES, World, read_world  # noqa: F401 (their home before)
+from distsetup.errors import DistsetupError, last_line
+from distsetup.training.launch_env import World
 
 T = TypeVar("T")
 
@@ -144,20 +144,6 @@ def decided_by_rank0(decide: Callable[[], T], patient: bool = False) -> T:
 def _patient_group():
     """A gloo group of every rank whose collectives wait a week (created by every rank at its first use)."""
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
-
-
-def first_line(error: BaseException, limit: int = 200) -> str:
-    """The first line of an error's message (at most `limit` characters; where Python errors say what happened), or
-    its type."""
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def last_line(error: BaseException) -> str:
-    """The last line of an error's message (where C++ and DCP errors say what happened), or its type."""
-    text = str(error).strip()
-    return text.splitlines()[-1] if text else type(error).__name__
 
 
 def is_lost_contact(error: BaseException) -> bool:

@@ -11,8 +11,9 @@ import torch.distributed as dist
 from conftest import DEVICE
 
 from distsetup.training.backends.precision import tf32_matmuls
+from distsetup.training.launch_env import World
 from distsetup.training.metrics import StepTimer
-from distsetup.training.world import World, destroy_process_group, init_process_group, synchronizer
+from distsetup.training.world import destroy_process_group, init_process_group, synchronizer
 
 
 def test_a_step_is_timed_with_its_queued_device_work(record):

@@ -20,8 +20,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends import fsdp_on_cpu
 from distsetup.training.backends.fsdp import FSDPBackend
+from distsetup.training.launch_env import World
 from distsetup.training.model.build import ModelParts
-from distsetup.training.world import World
 
 
 @pytest.fixture(scope="module", autouse=True)

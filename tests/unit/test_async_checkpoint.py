@@ -15,9 +15,9 @@ from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends.single import SingleBackend
 from distsetup.training.checkpoint.export import consolidated_state_dict
 from distsetup.training.checkpoint.files import save_checkpoint, start_checkpoint
+from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import TokenObjective
 from distsetup.training.model import build as models
-from distsetup.training.world import World
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
 

@@ -47,7 +47,7 @@ def test_deepspeed_file_lr_is_used_as_written_even_with_training_scale_lr(tmp_pa
     """`distsetup deepspeed --scale_lr` scales the file's lr; the trainer scaled it a second time."""
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends.deepspeed import DeepSpeedBackend
-    from distsetup.training.world import World
+    from distsetup.training.launch_env import World
 
     ds = {**ds_file(1), "optimizer": {"type": "AdamW", "params": {"lr": 0.004}}}  # batch 16 = 8 x 1 x 2
     (tmp_path / "ds.json").write_text(json.dumps(ds))
@@ -92,7 +92,7 @@ def test_the_single_backend_refuses_a_world_of_several_in_one_line():
     from distsetup.errors import DistsetupError
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends import make_backend
-    from distsetup.training.world import World
+    from distsetup.training.launch_env import World
 
     cfg = load_run_config(None, ["distributed.backend=single"])
     alone = make_backend("single", cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
@@ -109,7 +109,7 @@ def test_only_zero3_says_that_its_gathers_may_wait_for_each_other(tmp_path, stag
     trainer makes them leaves) and the other stages cannot."""
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends import make_backend
-    from distsetup.training.world import World
+    from distsetup.training.launch_env import World
 
     (tmp_path / "ds.json").write_text(json.dumps({**ds_file(1), "zero_optimization": {"stage": stage}}))
     run = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'ds.json'}"]

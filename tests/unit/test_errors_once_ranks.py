@@ -10,7 +10,7 @@ import pytest
 from repo import REPO
 
 from distsetup import train
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 BAD = "training:\n  lerning_rate: 0.1\n"
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE")

@@ -13,8 +13,8 @@ from repo import free_port
 
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends.fsdp import FSDPBackend
+from distsetup.training.launch_env import World
 from distsetup.training.model.build import ModelParts
-from distsetup.training.world import World
 
 VIEW_WARNING = "returned a view tensor"
 

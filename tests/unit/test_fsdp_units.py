@@ -15,8 +15,8 @@ from torch.distributed.tensor import DTensor
 from distsetup.formats.fsdp import FsdpSpec, build_fsdp_config
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends.fsdp import FSDPBackend
+from distsetup.training.launch_env import World
 from distsetup.training.model import build as models
-from distsetup.training.world import World
 
 TINY = ["model.n_layer=3", "model.n_embd=32", "model.block_size=16", "model.vocab_size=512"]
 WRAPPING = {  # FsdpSpec's fields changed from distsetup fsdp's defaults (full shard of each block)

@@ -11,7 +11,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends import make_backend
 from distsetup.training.backends.precision import tf32_matmuls
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 WORLD = World(rank=0, local_rank=0, size=2, local_size=2)
 

@@ -10,7 +10,8 @@ import torch
 from distsetup.formats.fsdp import FsdpSpec, build_fsdp_config
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.backends import make_backend
-from distsetup.training.world import World, nccl_error_handling, process_group_backend, read_world
+from distsetup.training.launch_env import World, read_world
+from distsetup.training.world import nccl_error_handling, process_group_backend
 
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE")
 

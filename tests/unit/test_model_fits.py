@@ -7,8 +7,8 @@ from train_runs import assert_clean_error, train, write_run_config
 
 from distsetup.errors import DistsetupError
 from distsetup.training import memory
+from distsetup.training.launch_env import World
 from distsetup.training.model import build
-from distsetup.training.world import World
 
 P = 10**9
 EIGHT = World(rank=0, local_rank=0, size=8, local_size=8)

@@ -123,8 +123,8 @@ def test_a_zero3_leaf_whose_input_is_changed_in_place_is_named_not_the_data(swit
 
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends.deepspeed import DeepSpeedBackend
+    from distsetup.training.launch_env import World
     from distsetup.training.loss.objective import PythonObjective
-    from distsetup.training.world import World
 
     (tmp_path / "ds.json").write_text(json.dumps(ds_file(3)))
     cfg = load_run_config(

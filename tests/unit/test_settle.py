@@ -18,7 +18,7 @@ from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.settle import settle
 from distsetup.training.backends import make_backend
 from distsetup.training.backends.fsdp import read_fsdp_settings
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 
 def test_a_batch_both_files_write_differently_stops_the_run_and_the_launcher(run_cli, tmp_path):

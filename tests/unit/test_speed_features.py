@@ -73,7 +73,7 @@ from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training import memory
 from distsetup.training.backends.deepspeed import DeepSpeedBackend
 from distsetup.training.model import build as models
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 folder = Path(tempfile.mkdtemp())
 batch = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2}

@@ -161,7 +161,7 @@ def environment_findings() -> list[Finding]:
             )
         )
     except NoGpuError as e:
-        found.append(Finding(OK, "gpus (nvml)", e.message.split(" HINT:")[0]))
+        found.append(Finding(OK, "gpus (nvml)", e.problem))
     except DistsetupError as e:
         found.append(Finding(WARN, "gpus (nvml)", e.message))
     return found

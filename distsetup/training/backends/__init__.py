@@ -15,7 +15,7 @@ import torch
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.training.backends.base import Backend
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 BACKENDS = {  # name -> "module:class" under distsetup.training.backends
     "single": "single:SingleBackend",

@@ -26,12 +26,13 @@ from distsetup.training.backends.precision import PRECISION_DTYPES, device_suppo
 from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
+from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import from_rank0
 from distsetup.training.model.build import ModelParts
 from distsetup.training.model.pretrained import Pretrained
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
-from distsetup.training.world import World, ranks
+from distsetup.training.world import ranks
 
 T = TypeVar("T")
 IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # torch optimizers' kernel choices

@@ -35,12 +35,13 @@ from distsetup.training.checkpoint.files import atomic_write_text
 from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
 from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
+from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import moe, pretrained
 from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
-from distsetup.training.world import World, decided_by_rank0, ranks
+from distsetup.training.world import decided_by_rank0, ranks
 
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping

@@ -32,12 +32,12 @@ from distsetup.training.backends.base import Backend
 from distsetup.training.backends.fsdp_root_output import root_output_not_a_view
 from distsetup.training.backends.precision import PRECISION_DTYPES
 from distsetup.training.checkpoint.files import atomic_save
+from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules
 from distsetup.training.model.build import ModelParts
-from distsetup.training.world import World
 
 
 def read_fsdp_settings(cfg: RunConfig) -> FsdpSpec:

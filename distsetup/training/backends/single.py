@@ -6,7 +6,7 @@ import torch.nn as nn
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.training.backends.base import Backend
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 
 class SingleBackend(Backend):

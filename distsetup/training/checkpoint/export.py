@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, first_line, last_line
 from distsetup.formats.checkpoint_folder import (
     MARKER,
     Marker,
@@ -32,7 +32,6 @@ from distsetup.training.checkpoint.safetensors_file import write_safetensors
 from distsetup.training.checkpoint.weight_stream import WeightStream
 from distsetup.training.model.build import require_transformers
 from distsetup.training.staged_folders import as_a_new_folder
-from distsetup.training.world import last_line
 
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -301,8 +300,9 @@ def load_weights(model: torch.nn.Module, path: str, state: Mapping[str, torch.Te
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
-            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DistsetupError(f"cannot load --init_from {path}: {detail}.", "pass a file written by --export.")
+            raise DistsetupError(
+                f"cannot load --init_from {path}: {first_line(e)}.", "pass a file written by --export."
+            )
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise DistsetupError(f"--init_from {path} holds no state dict of tensors.", "pass a file written by --export.")
     expected = model.state_dict()

@@ -20,9 +20,10 @@ from typing import Protocol
 
 import torch
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, last_line
 from distsetup.formats.checkpoint_folder import MARKER, Marker, beyond_newest, file_sizes, step_dir
-from distsetup.training.world import World, barrier, is_lost_contact, last_line
+from distsetup.training.launch_env import World
+from distsetup.training.world import barrier, is_lost_contact
 
 
 def atomic_save(obj, path: Path) -> None:

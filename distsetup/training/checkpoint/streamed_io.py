@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from distsetup.errors import first_line
+
 MAPPED_BYTES = 64 * 2**20  # read (or written) through one memory map before it is dropped
 
 
@@ -86,8 +88,7 @@ class MappedTorchFile:
         except OSError:  # names the file itself
             raise
         except Exception as e:  # damaged content: torch's message does not say which file
-            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{self.file.name}: {detail}") from e
+            raise ValueError(f"{self.file.name}: {first_line(e)}") from e
 
     def read(self, keys: tuple, part: slice | None = None) -> torch.Tensor:
         """A copy of the tensor (its `part`) at `keys`, the path to it in the file's object."""

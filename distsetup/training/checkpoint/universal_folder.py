@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, last_line
 from distsetup.formats.checkpoint_folder import Marker
 from distsetup.training.checkpoint import loss_scale
 from distsetup.training.checkpoint.streamed_io import Lazy, read, shape_and_dtype, storage_identity
 from distsetup.training.checkpoint.zero_files import MODEL_STATES, MOMENTS
 from distsetup.training.model.blocks import plain_name
-from distsetup.training.world import barrier, decided_by_rank0, last_line
+from distsetup.training.world import barrier, decided_by_rank0
 
 PREFIX = ".universal-"  # the hidden folder of output_dir a conversion writes, removed once loaded
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, first_line
 from distsetup.formats.batch import global_batch_of
 from distsetup.formats.runconfig import TOKEN_SUFFIX, RunConfig
 from distsetup.training import user_code
@@ -18,7 +18,7 @@ from distsetup.training.data.samples import SampleEncoder
 from distsetup.training.data.token_files import MappedBlocks, cached_tokens, check_ids, open_token_file
 from distsetup.training.data.tokenizer import check_vocabulary, load_tokenizer, stop_mismatch
 from distsetup.training.model.build import embedding_rows, end_of_sequence_ids
-from distsetup.training.world import decided_by_rank0, first_line
+from distsetup.training.world import decided_by_rank0
 
 
 def synthetic_dataset(num_samples: int, block_size: int, vocab_size: int, seed: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from distsetup.training.data.loader import Placement, validation_batches
-from distsetup.training.world import World
+from distsetup.training.launch_env import World
 
 T = TypeVar("T")
 

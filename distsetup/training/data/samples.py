@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, last_line
 from distsetup.formats.runconfig import FORMAT_FIELDS, TEXT_LOADERS
-from distsetup.training.world import last_line
 
 FIELD_SETTINGS = ("text_field", "prompt_field", "completion_field", "messages_field")
 BATCH = 1000  # records tokenized together (HF tokenizers encode a batch in parallel)

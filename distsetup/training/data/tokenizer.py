@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distsetup.errors import DistsetupError
-from distsetup.training.world import first_line
+from distsetup.errors import DistsetupError, first_line
 
 BYTES = "bytes"  # the byte-level tokenizer's fingerprint
 # A tokenizer's `fingerprint` names its vocabulary (what an id means: a token file's sidecar names it); its

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, first_line
 from distsetup.formats.runconfig import BUILTIN_BLOCK
 from distsetup.planning.estimates import BY_KEY, Hardware, device_state, model_states
 from distsetup.planning.models import ModelShape, gpt_params
 from distsetup.training import memory, user_code
+from distsetup.training.launch_env import World
 from distsetup.training.model import moe
 from distsetup.training.model.blocks import layer_modules
 from distsetup.training.model.gpt import GPT
-from distsetup.training.world import World, first_line
 
 if TYPE_CHECKING:
     from distsetup.training.model.pretrained import Pretrained

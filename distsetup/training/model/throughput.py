@@ -10,9 +10,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from distsetup.errors import first_line
 from distsetup.formats.runconfig import ModelConfig
 from distsetup.training.model.gpt import GPT
-from distsetup.training.world import first_line
 
 # Dense bf16 (and fp16) peaks from the vendors' data sheets, TFLOP/s; the first name found in the device name wins.
 PEAK_BF16_TFLOPS = {
