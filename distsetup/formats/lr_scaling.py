@@ -2,7 +2,8 @@
 
 import math
 
-RULES = ("none", "linear", "sqrt")
+SCALING_RULES = ("linear", "sqrt")  # what a --scale_lr flag takes; its absence is "none"
+RULES = ("none", *SCALING_RULES)
 
 
 def scaled_lr(lr: float, global_batch: int, base_batch: int | None, rule: str) -> float:

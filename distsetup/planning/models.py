@@ -43,17 +43,25 @@ class ModelShape:
         if self.largest_module_params is not None:
             return self.largest_module_params
         if self.hidden_size:
-            h = self.hidden_size
-            return max(4 * h * h + 4 * h, (self.vocab_size or 0) * h)
+            return max(mlp_in_params(self.hidden_size), (self.vocab_size or 0) * self.hidden_size)
         return self.block
+
+
+def block_params(h: int) -> int:
+    """A GPT-2 style block of hidden size h: qkv, proj, fc and fc-proj weights and biases, two LayerNorms."""
+    return 12 * h * h + 13 * h
+
+
+def mlp_in_params(h: int) -> int:
+    """Its MLP's first layer (h -> 4h, with bias): the block's largest module."""
+    return 4 * h * h + 4 * h
 
 
 def gpt_params(vocab_size: int, block_size: int, n_layer: int, n_embd: int, tied: bool = False) -> int:
     """Parameters of a GPT-2 style model with biases and learned positions (analytic count)."""
     h = n_embd
-    per_layer = 12 * h * h + 13 * h  # qkv, proj, fc, fc-proj weights + biases, two LayerNorms
     head = 0 if tied else vocab_size * h
-    return n_layer * per_layer + vocab_size * h + block_size * h + 2 * h + head
+    return n_layer * block_params(h) + vocab_size * h + block_size * h + 2 * h + head
 
 
 def gpt_shape(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, layer_cls: str) -> ModelShape:
@@ -66,8 +74,8 @@ def gpt_shape(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_emb
         num_layers=n_layer,
         num_heads=n_head,
         vocab_size=vocab_size,
-        block_params=12 * h * h + 13 * h,
-        largest_module_params=max(4 * h * h + 4 * h, vocab_size * h, block_size * h),
+        block_params=block_params(h),
+        largest_module_params=max(mlp_in_params(h), vocab_size * h, block_size * h),
         layer_cls=layer_cls,
     )
 

@@ -8,6 +8,7 @@ import click
 from distsetup.cli.options import option
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, list_checkpoints
+from distsetup.formats.runconfig import BACKENDS
 
 COLUMNS = ("step", "backend", "ZeRO", "world", "precision", "complete", "size", "val loss", "")
 
@@ -108,7 +109,7 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
 @click.option(
     "--to",
     "backend",
-    type=click.Choice(["single", "ddp", "fsdp", "deepspeed"]),
+    type=click.Choice(BACKENDS),
     required=True,
     help="The backend that resumes the result (deepspeed: any ZeRO stage 1-3).",
 )

@@ -33,7 +33,7 @@ from distsetup.formats.deepspeed import (
     build_deepspeed_config,
 )
 from distsetup.formats.deepspeed_rules import applies, check_spec, deepspeed_notes, deepspeed_problems
-from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.formats.lr_scaling import SCALING_RULES, scaled_lr
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
 BYTES = IntegerRange(min=1)
@@ -111,7 +111,7 @@ Examples:
 @option("lr", type=NumberRange(min=0, min_open=True), help="Learning rate [3e-4].")
 @option(
     "scale_lr",
-    type=click.Choice(["linear", "sqrt"]),
+    type=click.Choice(SCALING_RULES),
     help="Scale --lr from --base_batch_size to the global batch (needs the world size).",
 )
 @option("base_batch_size", type=positive, help="Global batch size that --lr was tuned for.")

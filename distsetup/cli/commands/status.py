@@ -7,7 +7,7 @@ import click
 from distsetup.cli.options import NumberRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import FLAGS, BatchMismatch, complete_batch
-from distsetup.formats.lr_scaling import scaled_lr
+from distsetup.formats.lr_scaling import SCALING_RULES, scaled_lr
 from distsetup.planning.gpus import GIB, NoGpuError, choose_gpus, judge_gpus, query_gpus
 
 
@@ -39,7 +39,7 @@ Examples:
 @option("global_batch_size", type=positive, help="With --allow_fewer: the global batch to keep.")
 @option("micro_batch_size", type=positive, help="With --allow_fewer: samples per GPU per pass.")
 @option("lr", type=NumberRange(min=0, min_open=True), help="With --scale_lr: the lr at --base_batch_size.")
-@option("scale_lr", type=click.Choice(["linear", "sqrt"]), help="Rescale --lr if the global batch changes.")
+@option("scale_lr", type=click.Choice(SCALING_RULES), help="Rescale --lr if the global batch changes.")
 @click.option("--json", "as_json", is_flag=True, help="Print GPUs and the selection as JSON.")
 def status(min_free_gb, max_util, count, allow_fewer, global_batch_size, micro_batch_size, lr, scale_lr, as_json):
     """List NVIDIA GPUs (memory, utilisation, processes) and which pass selection, ranked by free memory."""
