@@ -12,6 +12,7 @@ from distsetup.cli.output import json_text, refuse_generated_problems, write_ato
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, per_rank_batch
 from distsetup.formats.deepspeed_rules import deepspeed_problems
+from distsetup.formats.default_paths import CONFIG_FOLDER, RUN_CONFIG, SCRIPTS
 from distsetup.formats.fsdp import TRAINER_PRECISIONS
 from distsetup.formats.fsdp_rules import fsdp_problems
 from distsetup.formats.runconfig import TrainingConfig
@@ -24,9 +25,7 @@ from distsetup.planning.units import gb, in_words, parse_memory
 from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script, launch_warnings
 from distsetup.scripts.sbatch import SlurmSpec, build_slurm_script, slurm_warnings
 
-CONFIG_PATH = "config/config.yaml"
-SCRIPT_PATHS = {"local": "scripts/run_training.sh", "slurm": "scripts/slurm_job.sh"}
-SCHEDULERS = tuple(SCRIPT_PATHS)
+SCHEDULERS = tuple(SCRIPTS)
 CPU_MICRO_BATCH = 8  # the largest micro-batch init gives a CPU process
 LONGEST_DEFAULT_SEQUENCE = 2048  # an HF model's sequence unless --seq_len: its context, at most this
 
@@ -224,7 +223,7 @@ def run_config(answers: Answers, model: Model, choice: Choice) -> dict:
     distributed: dict = {"backend": choice.backend}
     for name in choice.files:
         key = "deepspeed_config" if choice.backend == "deepspeed" else "fsdp_config"
-        distributed[key] = f"config/{name}"
+        distributed[key] = f"{CONFIG_FOLDER}/{name}"
     return {
         "model": model.section,
         "data": {"type": "files", "paths": list(answers.data)} if answers.data else {"type": "synthetic"},
@@ -248,19 +247,19 @@ def build_setup(answers: Answers, workdir: str) -> Setup:
     choice = gpu_choice(answers, model) if answers.gpu_memory else cpu_choice(answers)
     config = run_config(answers, model, choice)
     refuse_generated_problems(config_problems(config, None))
-    script = SCRIPT_PATHS[answers.scheduler]
+    script = SCRIPTS[answers.scheduler]
     runner = "sbatch" if answers.scheduler == "slurm" else "bash"
     header = HEADER.format(command=answers.command_line(), run=f"{runner} {script}")
-    files = {CONFIG_PATH: (header + yaml.safe_dump(config, sort_keys=False), False)}
+    files = {RUN_CONFIG: (header + yaml.safe_dump(config, sort_keys=False), False)}
     for name, data in choice.files.items():
         refuse_generated_problems(
             deepspeed_problems(data, answers.world_size) if choice.backend == "deepspeed" else fsdp_problems(data)
         )
-        files[f"config/{name}"] = (json_text(data), False)
+        files[f"{CONFIG_FOLDER}/{name}"] = (json_text(data), False)
     launch = LaunchSpec(
         backend=choice.backend,
         workdir=workdir,
-        config=CONFIG_PATH,
+        config=RUN_CONFIG,
         deepspeed_config=config["distributed"].get("deepspeed_config"),
         fsdp_config=config["distributed"].get("fsdp_config"),
         num_nodes=answers.num_nodes,

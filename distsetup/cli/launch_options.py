@@ -11,6 +11,7 @@ import click
 
 from distsetup.cli.options import IntegerRange, option, positive, stack, switch
 from distsetup.errors import DistsetupError
+from distsetup.formats.default_paths import BACKEND_FILES, RUN_CONFIG
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
@@ -27,8 +28,6 @@ from distsetup.scripts.launch_plan import (
 )
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
-DEFAULT_FILES = {"deepspeed": "config/ds_config.json", "fsdp": "config/fsdp_config.json"}
-DEFAULT_RUN_CONFIG = "config/config.yaml"  # where `distsetup init` writes it
 
 
 class GpuCount(click.ParamType):
@@ -275,7 +274,7 @@ def _found_run_config(o: dict) -> str | None:
     trainer = LaunchSpec(script=o["script"], module=o["python_module"]).runs_default_trainer
     if o["config"] or not trainer:
         return None
-    return DEFAULT_RUN_CONFIG if Path(DEFAULT_RUN_CONFIG).is_file() else None
+    return RUN_CONFIG if Path(RUN_CONFIG).is_file() else None
 
 
 def working_folder() -> str:
@@ -311,13 +310,13 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
     )
     if flag:
         dist.update(backend=flag, use_deepspeed=False, use_fsdp=False)
-    for kind in DEFAULT_FILES:
+    for kind in BACKEND_FILES:
         if o[f"{kind}_config"]:
             dist[f"{kind}_config"] = o[f"{kind}_config"]
     backend = backend_of(dist)
     notes = []
-    if backend in DEFAULT_FILES and not dist.get(f"{backend}_config"):
-        default = DEFAULT_FILES[backend]
+    if backend in BACKEND_FILES and not dist.get(f"{backend}_config"):
+        default = BACKEND_FILES[backend]
         if Path(default).is_file():
             dist[f"{backend}_config"] = default
             notes.append(f"using {default} for {backend} (none given with --{backend}_config or in the run config).")
@@ -330,7 +329,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
             )
     checked = check_run_config(raw, base_dir)
     problems = checked.problems
-    for kind in DEFAULT_FILES:  # a file the flags name: the flag's problem, not the run config's
+    for kind in BACKEND_FILES:  # a file the flags name: the flag's problem, not the run config's
         named = [p for p in problems if p.path == f"distributed.{kind}_config" and o[f"{kind}_config"]]
         if named:
             raise DistsetupError(f"--{kind}_config {o[f'{kind}_config']}: {named[0].message}", named[0].fix)
@@ -342,7 +341,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
         )
     files = {
         kind: str(resolve_config_path(dist[f"{kind}_config"], base_dir))
-        for kind in DEFAULT_FILES
+        for kind in BACKEND_FILES
         if kind == backend and dist.get(f"{kind}_config")
     }
     return backend, files, notes, run_config_from(raw, checked) if config else None

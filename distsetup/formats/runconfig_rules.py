@@ -7,6 +7,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats import python_refs
+from distsetup.formats.default_paths import BACKEND_FILES
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import read_json
@@ -89,8 +90,8 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
             Problem(
                 "distributed.deepspeed_config",
                 "backend deepspeed needs a DeepSpeed file.",
-                "run `distsetup deepspeed --output config/ds_config.json` and set "
-                "deepspeed_config: config/ds_config.json.",
+                f"run `distsetup deepspeed --output {BACKEND_FILES['deepspeed']}` and set "
+                f"deepspeed_config: {BACKEND_FILES['deepspeed']}.",
                 involves=("distributed.backend",),
             )
         )

@@ -6,6 +6,7 @@ import shlex
 from distsetup.formats.batch import resolve_batch
 from distsetup.formats.deepspeed import DeepSpeedSpec, OptimizerSpec, build_deepspeed_config
 from distsetup.formats.deepspeed_rules import check_spec
+from distsetup.formats.default_paths import BACKEND_FILE_NAMES, BACKEND_FILES
 from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config
 from distsetup.formats.fsdp_rules import check_fsdp_spec
 from distsetup.formats.runconfig import TrainingConfig
@@ -38,8 +39,8 @@ def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> t
             optimizer=optimizer or OptimizerSpec(),
         )
         warnings = check_spec(ds_spec)
-        name, config = "ds_config.json", build_deepspeed_config(ds_spec)
-        command = ["distsetup", "deepspeed", *args, "--output", f"config/{name}"]
+        name, config = BACKEND_FILE_NAMES["deepspeed"], build_deepspeed_config(ds_spec)
+        command = ["distsetup", "deepspeed", *args, "--output", BACKEND_FILES["deepspeed"]]
     else:
         fsdp_spec = FsdpSpec(
             sharding_strategy=s.fsdp_sharding,
@@ -48,13 +49,13 @@ def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> t
             activation_checkpointing=choice.activation_checkpointing,
         )
         warnings = check_fsdp_spec(fsdp_spec)
-        name, config = "fsdp_config.json", build_fsdp_config(fsdp_spec)
+        name, config = BACKEND_FILE_NAMES["fsdp"], build_fsdp_config(fsdp_spec)
         command = [
             "distsetup",
             "fsdp",
             *fsdp_args(choice, precision, result.model.layer_cls),
             "--output",
-            f"config/{name}",
+            BACKEND_FILES["fsdp"],
         ]
     return shlex.join(command), {name: config}, warnings
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts
+from distsetup.formats.default_paths import SCRIPTS
 from distsetup.formats.runconfig import BACKENDS
 from distsetup.scripts.templating import render
 
@@ -365,7 +366,7 @@ def literal_dollars(values: object) -> bool:
     return any("$" in s or "`" in s for s in strings(values))
 
 
-def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = "scripts/run_training.sh") -> str:
+def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = SCRIPTS["local"]) -> str:
     """The script for one node; `command_line` (how to regenerate it) and `output` go in its header."""
     check_launch(spec)
     context = launch_context(spec)
@@ -375,6 +376,6 @@ def build_launcher_script(spec: LaunchSpec, command_line: str, output: str = "sc
     return render(
         "run_training.sh.j2",
         command_line=command_line,
-        output_name=output if output not in (None, "-") else "scripts/run_training.sh",
+        output_name=output if output not in (None, "-") else SCRIPTS["local"],
         **context,
     )

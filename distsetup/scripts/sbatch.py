@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.default_paths import SCRIPTS
 from distsetup.scripts.launch_plan import LaunchSpec, check_launch, check_text, launch_context, literal_dollars
 from distsetup.scripts.templating import render
 
@@ -285,7 +286,7 @@ def sbatch_lines(directives: dict[str, str | None]) -> list[str]:
     ]
 
 
-def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "scripts/slurm_job.sh") -> str:
+def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = SCRIPTS["slurm"]) -> str:
     """scripts/slurm_job.sh (`command_line`, how to regenerate it, and `output` go in its header)."""
     check_slurm(spec)
     context = launch_context(spec.launch)
@@ -301,7 +302,7 @@ def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = "script
     return render(
         "slurm_job.sh.j2",
         command_line=command_line,
-        output_name=output if output not in (None, "-") else "scripts/slurm_job.sh",
+        output_name=output if output not in (None, "-") else SCRIPTS["slurm"],
         sbatch_lines=sbatch_lines(sbatch_directives(spec)),
         modules=list(spec.modules),
         conda_env=spec.conda_env,

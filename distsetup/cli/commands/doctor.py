@@ -14,10 +14,10 @@ from pathlib import Path
 import click
 
 from distsetup import __version__
-from distsetup.cli.launch_options import DEFAULT_RUN_CONFIG
 from distsetup.cli.options import NumberRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import world_size_from
+from distsetup.formats.default_paths import RUN_CONFIG
 from distsetup.formats.fsdp import FsdpSpec
 from distsetup.formats.reading import read_json
 from distsetup.formats.settle import settle
@@ -46,7 +46,7 @@ Examples:
 @option(
     "config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help=f"Run config to check [{DEFAULT_RUN_CONFIG} where it exists].",
+    help=f"Run config to check [{RUN_CONFIG} where it exists].",
 )
 @option(
     "deepspeed_config",
@@ -81,8 +81,8 @@ def doctor(
 ):
     """Check the environment and that the run config, DeepSpeed/FSDP files and world size agree."""
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
-    if config is None and Path(DEFAULT_RUN_CONFIG).is_file():  # as the launcher finds it
-        config = Path(DEFAULT_RUN_CONFIG)
+    if config is None and Path(RUN_CONFIG).is_file():  # as the launcher finds it
+        config = Path(RUN_CONFIG)
     findings = environment_findings()
     findings += slurm_findings(os.environ, num_nodes, num_gpus_per_node)
     findings += consistency_findings(config, deepspeed_config, fsdp_config, world)

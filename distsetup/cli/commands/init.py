@@ -8,9 +8,7 @@ from pathlib import Path
 import click
 
 from distsetup.cli.init_setup import (
-    CONFIG_PATH,
     SCHEDULERS,
-    SCRIPT_PATHS,
     Answers,
     build_setup,
     hf_config_path,
@@ -22,6 +20,7 @@ from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import IntegerRange, option, positive
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import MAX_NODES, MAX_PROCESSES_PER_NODE, per_rank_batch
+from distsetup.formats.default_paths import RUN_CONFIG, SCRIPTS
 from distsetup.formats.runconfig import DATA_SUFFIXES, MODEL_MAXIMA, PRECISIONS, DataConfig
 from distsetup.formats.runconfig_rules import data_file_problems
 from distsetup.planning.models import BUILTIN_SIZES, hf_shape_from_json
@@ -67,7 +66,7 @@ scripts/run_training.sh or scripts/slurm_job.sh; never over an existing file wit
 @option("force", is_flag=True, help="Replace files that exist.")
 def init(yes: bool, force: bool, **given):
     """Ask what the run needs, choose the strategy with the planner, and write every file to start it."""
-    refuse_existing([CONFIG_PATH], force)  # before any question: the answers would be lost
+    refuse_existing([RUN_CONFIG], force)  # before any question: the answers would be lost
     machine = this_machine()
     try:
         answers = ask_everything(Questions(given, yes, force), machine)
@@ -145,7 +144,7 @@ def ask_everything(q: Questions, machine: Machine) -> Answers:
         "slurm" if machine.in_slurm_job else "local",
         click.Choice(SCHEDULERS, case_sensitive=False),
     )
-    refuse_existing([SCRIPT_PATHS[scheduler]], q.force)  # before more questions
+    refuse_existing([SCRIPTS[scheduler]], q.force)  # before more questions
     refuse_slurm_flags(q, scheduler)
     num_nodes = q.answer(
         "num_nodes", "Nodes", machine.slurm_count("SLURM_JOB_NUM_NODES") or 1, IntegerRange(1, MAX_NODES)

@@ -13,6 +13,7 @@ from distsetup.cli.launch_options import (
 )
 from distsetup.cli.options import option, renamed, take_renamed
 from distsetup.cli.output import emit
+from distsetup.formats.default_paths import SCRIPTS
 from distsetup.scripts.launch_plan import RDZV_BACKENDS, build_launcher_script, launch_warnings
 
 
@@ -47,7 +48,7 @@ Examples:
     "output",
     "-o",
     type=click.Path(dir_okay=False),
-    default="scripts/run_training.sh",
+    default=SCRIPTS["local"],
     show_default=True,
     help="Script to write; '-' prints it.",
 )

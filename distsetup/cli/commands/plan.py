@@ -12,6 +12,7 @@ from distsetup.cli.options import IntegerRange, NumberRange, chosen_precision, o
 from distsetup.cli.output import check_replaced_kind, json_text, writable_target, write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, global_batch_of
+from distsetup.formats.default_paths import BACKEND_FILE_NAMES
 from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
 from distsetup.planning.estimates import BY_KEY, Hardware, Workload
 from distsetup.planning.models import ModelShape, assumed_shape, gpt_shape, hf_shape_from_json
@@ -116,7 +117,7 @@ def plan_command(**o):
         click.echo(f"Note: {note}", err=True)
     for warning in warnings:  # what the recommended command says of its file (HYBRID_SHARD under FSDP2, say)
         click.echo(f"Warning: {warning}", err=True)
-    if o["params"] and not o["layer_cls"] and "fsdp_config.json" in files:
+    if o["params"] and not o["layer_cls"] and BACKEND_FILE_NAMES["fsdp"] in files:
         click.echo(
             f"Note: the FSDP command wraps the built-in model's {BUILTIN_BLOCK} class; give --layer_cls with your "
             "model's decoder layer (e.g. LlamaDecoderLayer).",
@@ -136,7 +137,7 @@ def plan_command(**o):
         for name, config in files.items():
             path = Path(o["write"]) / name
             inputs = {"run config": o["config"]}
-            kind = "fsdp" if name.startswith("fsdp") else "deepspeed"
+            kind = next(backend for backend, its_name in BACKEND_FILE_NAMES.items() if its_name == name)
             check_replaced_kind(writable_target(path, inputs, "--write"), kind, "--write")
             write_atomic(path, json_text(config), inputs=inputs, option="--write")
             click.echo(f"Wrote {path}", err=True)

@@ -16,6 +16,7 @@ from distsetup.cli.launch_options import (
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
+from distsetup.formats.default_paths import SCRIPTS
 from distsetup.scripts.launch_flags import parse_env_pairs
 from distsetup.scripts.sbatch import GPU_REQUESTS, SlurmSpec, build_slurm_script, parse_sbatch_pairs, slurm_warnings
 
@@ -77,7 +78,7 @@ Examples:
     "output",
     "-o",
     type=click.Path(dir_okay=False),
-    default="scripts/slurm_job.sh",
+    default=SCRIPTS["slurm"],
     show_default=True,
     help="Script to write; '-' prints it.",
 )
