@@ -147,3 +147,27 @@ def test_a_saved_scale_below_the_runs_minimum_comes_up_to_it():
     own = deepspeed_scaler()  # min_loss_scale 1: DeepSpeed would raise the next halving to it
     loss_scale.restore(own, saved)
     assert own.cur_scale == own.min_scale == 1
+
+
+@pytest.mark.parametrize("name", ["single", "ddp"])
+def test_a_step_the_loss_scale_skips_leaves_the_schedule_where_it_is(name):
+    """As DeepSpeed's engine and Accelerate's scheduler: the torch backends' fp16 runs advanced the learning rate
+    through warmup and decay on steps that updated nothing (an overflow), so one run config followed another
+    schedule under DDP than under DeepSpeed. A real GradScaler sees a real infinite gradient."""
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends import make_backend
+    from distsetup.training.launch_env import World
+    from distsetup.training.model.build import ModelParts
+
+    settings = ["training.precision=fp16", "training.warmup_steps=4", "training.lr=0.01"]
+    cfg = load_run_config(None, [f"distributed.backend={name}", *settings])
+    backend = make_backend(name, cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+    backend.wrap(ModelParts(module=torch.nn.Linear(3, 1), blocks=[], conditional=[]), steps=10)
+    lrs = []
+    for overflow in (True, True, False, True, False):
+        lrs.append(backend.current_lr())
+        loss = backend.model(torch.ones(2, 3)).sum() * (float("inf") if overflow else 1.0)
+        backend.scaler.scale(loss).backward()
+        backend.step()
+    assert lrs == pytest.approx([0.002, 0.002, 0.002, 0.004, 0.004])  # warmup moves on the good steps only
+    assert backend.current_lr() == pytest.approx(0.006)

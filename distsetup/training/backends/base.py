@@ -123,17 +123,23 @@ class Backend(abc.ABC):
             self.model.train()
 
     def step(self) -> None:
-        """Clip, update, advance the schedule, drop the gradients."""
+        """Clip, update, advance the schedule, drop the gradients. A step the fp16 loss scale skips (an overflow)
+        leaves the schedule where it is, as DeepSpeed's engine and Accelerate's scheduler do: the same run config
+        follows the same schedule under every backend."""
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        updated = True
         if self.scaler:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            updated = self.scaler.get_scale() >= scale  # an overflow skips the update and lowers the scale
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        if updated:
+            self.scheduler.step()
         self._measure_memory()
         self.optimizer.zero_grad(set_to_none=True)
 
