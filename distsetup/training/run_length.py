@@ -18,13 +18,23 @@ def step_cap() -> int | None:
     return int(value)
 
 
-def run_steps(max_steps: int, epochs: int | None, per_epoch: int, cap: int | None) -> tuple[int, list[str]]:
+def run_steps(
+    max_steps: int, epochs: int | None, per_epoch: int, cap: int | None, resumed: tuple[int, int] | None = None
+) -> tuple[int, list[str]]:
     """The run's steps (training.max_steps, or `epochs` x the `per_epoch` steps of one pass over the training set,
-    at most `cap`) and a line for the user on each of those two choices that applied."""
+    at most `cap`) and a line for the user on each of those two choices that applied. `resumed`: (the checkpoint's
+    step, the steps from its data position to the end of the epochs), where its global batch was another: its steps
+    were of another size, and the epochs end where its position says."""
     steps, said = max_steps, []
     if epochs is not None:
         steps = epochs * per_epoch
         said.append(f"{epochs} epochs of {per_epoch} steps: {steps} steps")
+        if resumed is not None and sum(resumed) != steps:
+            steps = sum(resumed)
+            said[-1] = (
+                f"{epochs} epochs: {steps} steps (the checkpoint's {resumed[0]} at its global batch, then {resumed[1]} "
+                f"at this run's, {per_epoch} an epoch)"
+            )
     if cap is not None and steps > cap:
         steps = cap
         said.append(f"{STEP_CAP} caps the run at {steps} steps")

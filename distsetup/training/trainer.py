@@ -168,7 +168,7 @@ class Trainer:
         resume = self._resume_decision()
         self._say_backend()
         self._set_aside_previous_run(resume)
-        data, sampler = self._build_data()
+        data, sampler = self._build_data(resume)
         objective, flops, peak = self._build_model(data)
         if resume:
             self._load(resume, sampler)
@@ -230,8 +230,9 @@ class Trainer:
             e.alike_on_every_rank = True
             raise
 
-    def _build_data(self) -> tuple[Datasets, ShardedSampler]:
-        """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read."""
+    def _build_data(self, resume: Path | None) -> tuple[Datasets, ShardedSampler]:
+        """The datasets (rank 0 tokenizes text into the cache while the others wait) and the order ranks read; the
+        run's steps (training.epochs counted from checkpoint `resume`'s data position)."""
         backend, world, t = self.backend, self.world, self.t
         data = self.built_data or self._datasets()
         for note in data.notes:
@@ -239,8 +240,15 @@ class Trainer:
         sampler = ShardedSampler(
             len(data.train), backend.micro_batch, backend.accumulation, world.size, world.rank, t.seed
         )
+        resumed = None
+        if t.epochs is not None and resume is not None:
+            marker = Marker.read(resume)
+            if marker.data_position is not None:  # as resuming.load loads it, for the steps left in the epochs
+                sampler.load_state_dict(marker.data_position)
+                resumed = (marker.step, sampler.steps_until_end_of_epoch(t.epochs))
         # before wrap(): the learning-rate schedule spans the whole run
-        self.max_steps, said = run_steps(t.max_steps, t.epochs, len(data.train) // self.global_batch, self.step_cap)
+        per_epoch = len(data.train) // self.global_batch
+        self.max_steps, said = run_steps(t.max_steps, t.epochs, per_epoch, self.step_cap, resumed)
         for line in said:
             self.say(line)
         return data, sampler

@@ -290,6 +290,14 @@ class ShardedSampler:
         self.set_epoch(state["epoch"])
         self.position = state["samples"] if "samples" in state else state["position"] * state["global_batch"]
 
+    def steps_until_end_of_epoch(self, epochs: int) -> int:
+        """The optimizer steps from its position until `epochs` passes over the samples are done (0 where they
+        are): the rest of this epoch, then whole ones."""
+        if self.epoch >= epochs:
+            return 0
+        left_in_this_one = (self.num_samples - self.position) // self.global_batch
+        return left_in_this_one + (epochs - self.epoch - 1) * (self.num_samples // self.global_batch)
+
     def next_step(self) -> list[torch.Tensor]:
         """This rank's sample indices for each micro-batch of the next optimizer step."""
         if self.position + self.global_batch > self.num_samples:
