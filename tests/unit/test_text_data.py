@@ -409,3 +409,37 @@ def test_a_model_that_would_not_stop_where_the_data_end_gets_a_note(tmp_path, to
     assert note.endswith(f"add {eos} to it")
     GenerationConfig(eos_token_id=[eos + 1, eos]).save_pretrained(llama)
     assert stop_notes() == []
+
+
+def test_an_hf_models_own_loss_weighs_each_micro_batch_by_its_counted_labels(tmp_path):
+    """data.type python, a Hugging Face causal LM's own loss on batches with labels (-100 where no loss): the step's
+    loss and the validation loss are the mean over every counted next-token label, as the HF Trainer makes them with
+    num_items_in_batch, whatever the split into micro-batches; each micro-batch counted as its samples, a batch of
+    2 counted labels weighed as much as one of 20."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.loss.objective import PythonObjective, labels_averaged
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
+    model.eval()
+    torch.manual_seed(0)
+    ids = torch.randint(2, 256, (4, 16))
+    labels = ids.clone()
+    for row, counted in enumerate((2, 15, 5, 11)):  # next-token labels left counted in each sample
+        labels[row, : 16 - counted] = IGNORE
+    batches = [{"input_ids": ids[i : i + 2], "labels": labels[i : i + 2]} for i in (0, 2)]
+    logits = model(input_ids=ids).logits[:, :-1]
+    targets = labels[:, 1:]
+    every_label = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+    objective = PythonObjective(None, None, "model.type python", {}, labels_averaged(model))
+    weights = objective.step_weights(batches, world_size=1, device=torch.device("cpu"))
+    step = sum(objective.micro_loss(model, b, w).loss for b, w in zip(batches, weights, strict=True)) / len(batches)
+    sums = [objective.eval_sums(model, b, samples=2) for b in batches]
+    validation = sum(loss for loss, _ in sums) / sum(counted for _, counted in sums)
+    assert step.item() == pytest.approx(every_label.item(), abs=1e-5)
+    assert validation.item() == pytest.approx(every_label.item(), abs=1e-5)
+    by_samples = PythonObjective(None, None, "model.type python", {})  # a model whose loss is not the labels' mean
+    assert by_samples.step_weights(batches, 1, torch.device("cpu")) == [1.0, 1.0]
+    unweighted = sum(by_samples.micro_loss(model, b).loss for b in batches) / 2
+    assert abs(unweighted.item() - every_label.item()) > 1e-4  # ten times the tolerance: the test tells them apart

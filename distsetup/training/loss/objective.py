@@ -167,18 +167,30 @@ class PythonObjective:
 
     unit = "samples"
 
-    def __init__(self, loss: Callable | None, loss_source: str | None, model_source: str, forward_kwargs: dict):
+    def __init__(
+        self,
+        loss: Callable | None,
+        loss_source: str | None,
+        model_source: str,
+        forward_kwargs: dict,
+        counted_labels: Callable[[dict], torch.Tensor] | None = None,
+    ):
+        """`counted_labels`: where the loss is the model's own mean over a batch's labels (labels_averaged), the
+        labels it counts; None: a micro-batch's loss weighs as much as its samples."""
         self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
-        self.forward_kwargs = forward_kwargs
+        self.forward_kwargs, self.counted_labels = forward_kwargs, counted_labels
 
     def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
         loss, parts = self._loss(model, batch)
         return MicroLoss(weighted(loss, weight), {name: part.detach() for name, part in parts.items()})
 
     def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A validation micro-batch's mean loss x its samples, and its samples: summed over ranks and batches, the
-        mean over the whole validation set."""
+        """A validation micro-batch's mean loss x what it averages (its counted labels, or its samples), and their
+        number: summed over ranks and batches, the mean over the whole validation set."""
         loss, _ = self._loss(model, batch)
+        if (labels := self._labels_counted(batch)) is not None:
+            counted = (labels != IGNORE).sum()
+            return loss.detach() * counted, counted
         return loss.detach() * samples, torch.tensor(samples, device=loss.device)
 
     def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
@@ -186,7 +198,22 @@ class PythonObjective:
         return self._compute(model, batch)[0]
 
     def step_weights(self, batches: list, world_size: int, device: torch.device) -> Sequence[float | torch.Tensor]:
-        return [1.0] * len(batches)  # micro-batches of as many samples: their mean is the step's
+        """Each micro-batch's loss weight: its share of the step's counted labels where the loss is their mean (as
+        the HF Trainer's num_items_in_batch makes it), else 1 (micro-batches of as many samples)."""
+        counted = [labels for batch in batches if (labels := self._labels_counted(batch)) is not None]
+        if len(counted) < len(batches):
+            return [1.0] * len(batches)
+        return loss_weights(counted, world_size, device).unbind()
+
+    def _labels_counted(self, batch) -> torch.Tensor | None:
+        """The labels of `batch` its loss is the mean over, or None (no such loss, or a batch without labels)."""
+        if (
+            self.counted_labels is None
+            or not isinstance(batch, dict)
+            or not isinstance(batch.get("labels"), torch.Tensor)
+        ):
+            return None
+        return self.counted_labels(batch)
 
     def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self._checked:
@@ -303,7 +330,31 @@ def objective_for(
         head, note = loss_head(module, m, t.chunked_loss, probe)
         return TokenObjective(module, m.type, m.vocab_size, data.train.masked, source, head), note
     loss_source = t.loss and f"training.loss {t.loss}"
-    return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type)), ""
+    counted = labels_averaged(module) if loss_function is None else None
+    return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type), counted), ""
+
+
+# Hugging Face models' own losses that are the mean over the labels that are not -100 (transformers' LOSS_MAPPING,
+# by the model's loss_type), and whether they shift them first: a causal LM's targets are the next tokens.
+MEAN_OVER_LABELS = {"ForCausalLM": True, "ForMaskedLM": False, "ForTokenClassification": False}
+
+
+def labels_averaged(module: nn.Module) -> Callable[[dict], torch.Tensor] | None:
+    """Where the model's own loss is the mean over a batch's counted labels (a Hugging Face causal LM, masked LM or
+    token classifier), the labels of a batch it counts, as the HF Trainer counts them for num_items_in_batch; else
+    None."""
+    shifted = MEAN_OVER_LABELS.get(getattr(module, "loss_type", None) or "")
+    if shifted is None or getattr(getattr(module, "config", None), "is_encoder_decoder", False):
+        return None
+    return _next_token_labels if shifted else _labels
+
+
+def _next_token_labels(batch: dict) -> torch.Tensor:
+    return batch["labels"][..., 1:]
+
+
+def _labels(batch: dict) -> torch.Tensor:
+    return batch["labels"]
 
 
 def rejected_input(error: Exception) -> bool:
