@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig, names_user_code, resolve_config_path
 from distsetup.formats.runconfig_load import load_run_config
+from distsetup.formats.runconfig_rules import missing_file_fix
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
 
@@ -80,7 +81,7 @@ def load_config(args):
     if args.deepspeed and not resolve_config_path(args.deepspeed, base_dir).is_file():
         raise DistsetupError(
             f"--deepspeed {args.deepspeed}: file {args.deepspeed} does not exist.",
-            "create it with `distsetup deepspeed` or fix the path.",  # as the launcher says it of --deepspeed_config
+            missing_file_fix("deepspeed_config"),  # as the launcher says it of --deepspeed_config
         )
     overrides = list(args.overrides)
     if args.deepspeed:

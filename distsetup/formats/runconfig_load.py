@@ -137,7 +137,7 @@ def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
     wrong = wrong_kind_problem(raw, "run_config")
     if wrong:
         return Checked([wrong], [], {})
-    notes, problems, spelled = _read_other_spellings(raw)
+    notes, problems, spelled = _rewrite_into_own_keys(raw)
     written = {
         f"{section}.{key}": f"{section}.{key}"
         for section, values in raw.items()
@@ -159,9 +159,10 @@ def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
     return Checked(problems, notes, written)
 
 
-def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
-    """Older spellings of distsetup's keys, other tools' names, and FSDP settings written inline."""
-    problems = _read_old_spellings(raw)
+def _rewrite_into_own_keys(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
+    """`raw` rewritten in place into distsetup's own keys: older spellings of them, other tools' names, and FSDP
+    settings written inline; (notes on what was read so, problems, {own key: the name it was written as})."""
+    problems = _rewrite_older_forms(raw)
     notes, found, spelled = read_other_names(raw)
     problems += found
     distributed = raw.get("distributed")
@@ -182,10 +183,10 @@ def _read_other_spellings(raw: dict) -> tuple[list[str], list[Problem], dict[str
     return notes, problems, spelled
 
 
-def _read_old_spellings(raw: dict) -> list[Problem]:
-    """distsetup's own keys in the forms users write (other_names.OWN_KEY_FORMS: activation_checkpointing true is
-    full, chunked_loss yes always, report_to "none" none); model.layer_cls named one class before model.layer_classes
-    named several."""
+def _rewrite_older_forms(raw: dict) -> list[Problem]:
+    """`raw` rewritten in place from the forms users write distsetup's own keys in (other_names.OWN_KEY_FORMS:
+    activation_checkpointing true is full, chunked_loss yes always, report_to "none" none); model.layer_cls named one
+    class before model.layer_classes named several."""
     model = raw.get("model")
     for (section_name, key), form in OWN_KEY_FORMS.items():
         section = raw.get(section_name)
@@ -270,7 +271,7 @@ def run_config_from(raw: dict, checked: Checked) -> RunConfig:
 def model_config(section: dict) -> ModelConfig:
     """A model section as stored in a checkpoint's marker (older ones spell layer_cls) as a ModelConfig."""
     raw = {"model": dict(section)}
-    _read_old_spellings(raw)
+    _rewrite_older_forms(raw)
     return ModelConfig(**raw["model"])
 
 

@@ -102,7 +102,7 @@ def _backend_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]
                 Problem(
                     f"distributed.{key}",
                     f"file {value} does not exist.",
-                    f"create it with `distsetup {key.split('_')[0]}` or fix the path.",
+                    missing_file_fix(key),
                 )
             )
     if dist.backend == "fsdp" and training.precision not in TRAINER_PRECISIONS:
@@ -356,3 +356,11 @@ def first_record_problems(path: Path, where: str, data: DataConfig) -> list[Prob
                 )
             ]
     return []
+
+
+WRITTEN_BY = {"deepspeed_config": "distsetup deepspeed", "fsdp_config": "distsetup fsdp"}  # by distributed.* key
+
+
+def missing_file_fix(key: str) -> str:
+    """The fix for a distributed.`key` file that does not exist (or the flag that names it)."""
+    return f"create it with `{WRITTEN_BY[key]}` or fix the path."
