@@ -36,6 +36,7 @@ from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.runconfig_rules import missing_file_fix
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
+from distsetup.training.preemption import PREEMPTED
 
 if TYPE_CHECKING:
     from distsetup.training.trainer import Trainer
@@ -91,9 +92,7 @@ def load_config(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Until the trainer takes SIGTERM over (preemption), a rank that its launcher stops (another rank said an error
-    # every rank found: say_once_per_node) exits as that rank does, silently, also before it found the error itself.
-    signal.signal(signal.SIGTERM, lambda *_: exit_now(DistsetupError.exit_code))
+    signal.signal(signal.SIGTERM, stopped_during_set_up)  # until the trainer takes SIGTERM over (preemption.py)
     try:
         cfg = load_config(args)
         if args.check:
@@ -134,6 +133,17 @@ def say_once_per_node(error: DistsetupError) -> int:
     if not speaks_for_its_node(read_world()):
         time.sleep(SPEAKER_HEAD_START_S)
     return say(error)
+
+
+def stopped_during_set_up(*_) -> None:
+    """SIGTERM before the trainer takes it over: a preemption with nothing to checkpoint yet, said by the node's
+    first rank, or the launcher stopping the ranks because another rank said an error every rank finds
+    (say_once_per_node): that rank has exited, and these exit silently. The status is the preempted one (the
+    launcher reports the rank that failed first); the entry points that requeue or restart a job know a
+    preemption by the signal they got themselves."""
+    if speaks_for_its_node(read_world()):  # os.write: a print here could interrupt a print (reentrant)
+        os.write(2, b"stopped by SIGTERM during set-up, before training: no checkpoint to write\n")
+    exit_now(PREEMPTED)
 
 
 def speaks_for_its_node(world: World) -> bool:

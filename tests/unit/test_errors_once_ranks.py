@@ -11,6 +11,7 @@ from repo import REPO
 
 from distsetup import train
 from distsetup.training.launch_env import World
+from distsetup.training.preemption import PREEMPTED
 
 BAD = "training:\n  lerning_rate: 0.1\n"
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE")
@@ -63,6 +64,30 @@ def test_another_rank_leaves_it_to_the_first_and_exits_with_its_status_when_stop
     monkeypatch.setattr(train, "exit_now", stopped.append)
     handlers[train.signal.SIGTERM](train.signal.SIGTERM, None)
     assert stopped == [1] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("local_rank, said", [("0", True), ("1", False)])
+def test_sigterm_during_set_up_is_a_preemption_said_once_per_node(monkeypatch, capfd, local_rank, said):
+    """Before the trainer takes SIGTERM over, a preemption has nothing to checkpoint: the node's first rank says so
+    and every rank exits as preempted (it exited 1 in silence, as for another rank's error, which stops the ranks
+    with the same signal: then the speaker has already exited)."""
+    for name, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    handlers: dict = {}
+    monkeypatch.setattr(train.signal, "signal", handlers.__setitem__)
+
+    def stop_here(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "load_config", stop_here)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(["--config", "run.yaml"])  # stopped right after taking SIGTERM
+    stopped = []
+    monkeypatch.setattr(train, "exit_now", stopped.append)
+    handlers[train.signal.SIGTERM](train.signal.SIGTERM, None)
+    assert stopped == [PREEMPTED]
+    lines = capfd.readouterr().err.splitlines()
+    assert lines == (["stopped by SIGTERM during set-up, before training: no checkpoint to write"] if said else [])
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
