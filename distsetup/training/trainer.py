@@ -8,6 +8,7 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 import argparse
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -347,6 +348,8 @@ class Trainer:
         with self.training_peak.left_out(self.step), loop.timer.checkpointing():
             if loop.pending is not None:  # the one before completes first
                 loop.pending.finish(self.world, self.backend)
+                loop.pending = None
+            self._refuse_weights_gone_wrong()
             marker = Marker(
                 backend=self.backend.name,
                 step=self.step,
@@ -365,6 +368,20 @@ class Trainer:
             if not background:
                 loop.pending.finish(self.world, self.backend)
                 loop.pending = None
+
+    def _refuse_weights_gone_wrong(self) -> None:
+        """A step whose loss (agreed by every rank) is not a number has left weights that are none either, unless
+        the fp16 loss scale skipped its update: such a checkpoint would become the one a run resumes from, and
+        training.keep_checkpoints would remove the good ones for it."""
+        if math.isfinite(self.loss) or self.backend.precision == "fp16":
+            return
+        raise DistsetupError(
+            f"the loss is {self.loss} at step {self.step}: the weights are no longer finite, so no checkpoint is "
+            "written (the newest one stays the one a run resumes from).",
+            "lower training.lr or raise training.warmup_steps, or look for a bad batch; a checkpoint whose bytes were "
+            "damaged in place loads so too (move it aside).",
+            alike_on_every_rank=True,  # the loss every rank agreed on
+        )
 
     def _host_peaks(self) -> dict[str, list[int]]:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of

@@ -128,6 +128,19 @@ def test_an_error_mid_training_closes_its_progress_and_keeps_the_metrics(tmp_pat
     assert logged == [1, 2]
 
 
+def test_weights_gone_to_nan_are_never_checkpointed_over_good_ones(tmp_path):
+    """A loss that is not a number (here an lr of 1e30: step 1 trains, step 2 is nan) at a checkpoint step stops the
+    run in one line instead of writing the nan weights, which training.keep_checkpoints would have kept in place of
+    the last good checkpoint."""
+    config = write_run_config(tmp_path, "single")
+    settings = ("training.max_steps=4", "training.checkpoint_interval=1", "training.keep_checkpoints=1")
+    result = train(config, 1, *settings, "training.lr=1e30", "training.warmup_steps=0")
+    assert_clean_error(result, "the loss is nan at step 2", "no checkpoint is written")
+    checkpoints = tmp_path / "out" / "checkpoints"
+    assert [folder.name for folder in checkpoints.iterdir()] == ["step_0000001"]
+    assert json.loads((checkpoints / "step_0000001" / "COMPLETE").read_text())["loss"] > 0  # a number
+
+
 def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):
     import pytest
 
