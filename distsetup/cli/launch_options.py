@@ -259,7 +259,7 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
             for problem in settle(
                 run_config, ds, None, spec.world_size, f"DeepSpeed file {spec.deepspeed_config}"
             ).problems:
-                raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
+                raise problem.as_error()
     if spec.fsdp_config:
         fsdp = read_valid(spec.fsdp_config, "fsdp")
         if spec.launch_method == "accelerate":

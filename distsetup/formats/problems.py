@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
+from distsetup.errors import DistsetupError
 from distsetup.formats.fast_schema import conforms
 
 
@@ -22,6 +23,10 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path or '<file>'}: {self.message} Fix: {self.fix}"
+
+    def as_error(self) -> DistsetupError:
+        """The one line a command or the trainer stops with: where, what is wrong, and the fix."""
+        return DistsetupError(f"{self.path}: {self.message}" if self.path else self.message, self.fix)
 
 
 @dataclass(frozen=True)

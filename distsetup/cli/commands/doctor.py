@@ -302,7 +302,7 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
         FsdpSpec.from_dict(fsdp_settings) if fsdp_settings and backend == "fsdp" else None,
         world,
     )
-    out += [(FAIL, f"{p.path}: {p.message} Fix: {p.fix}") for p in settled.problems]
+    out += [(FAIL, str(p)) for p in settled.problems]
     out += [(WARN, note) for note in settled.notes]
     if settled.train_batch is not None and not settled.problems:
         scaled = (

@@ -60,8 +60,7 @@ class DeepSpeedBackend(Backend):
         self.ds_config = read_valid(file, "deepspeed", world.size)
         settled = settle(cfg, self.ds_config, None, world.size, f"DeepSpeed file {file}")
         if settled.problems:
-            problem = settled.problems[0]
-            raise DistsetupError(f"{problem.path}: {problem.message}", problem.fix)
+            raise settled.problems[0].as_error()
         super().__init__(cfg, world, device, settled)
         self.own_checkpoint: Path | None = None  # a checkpoint this run loads as DeepSpeed wrote it
         t = cfg.training
