@@ -196,6 +196,19 @@ def regenerate_command(name: str) -> str:
 def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:
     """Options -> (LaunchSpec, notes for stderr): backend and files from the flags or the run config, GPUs
     resolved, the DeepSpeed file checked for this world."""
+    _refuse_flags_that_conflict(o)
+    found_config = _found_run_config(o)
+    o = {**o, "config": o["config"] or found_config}
+    backend, files, notes, run_config = distributed_settings(o)
+    if found_config:
+        notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
+    spec = _spec(o, backend, files, slurm)
+    check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
+    return _with_backend_files_checked(spec, run_config), notes
+
+
+def _refuse_flags_that_conflict(o: dict) -> None:
+    """Flags that name two backends, or set one variable twice; refused before any file is read."""
     if o["use_deepspeed"] and o["use_fsdp"]:
         raise DistsetupError("--use_deepspeed and --use_fsdp are mutually exclusive.", "choose one backend.")
     # the backend not trained with lost its flag without a word
@@ -209,18 +222,14 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
                 f"--{given} and --{other} name two backends (DeepSpeed and FSDP); a run trains with one.",
                 "give the flags of the backend you train with.",
             )
-    if o["script"] and o["python_module"]:
-        raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
     for key, _ in o.get("env_pairs") or ():  # both exported, the later silently
         if (flag := FLAG_VARIABLES.get(key)) and o.get(flag) is not None:
             raise DistsetupError(f"--env {key}=... and --{flag} both set {key}.", "give one of them.")
-    found_config = _found_run_config(o)
-    o = {**o, "config": o["config"] or found_config}
-    backend, files, notes, run_config = distributed_settings(o)
-    if found_config:
-        notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
+
+
+def _spec(o: dict, backend: str, files: dict[str, str], slurm: bool) -> LaunchSpec:
     gpus, nproc = _gpus_and_nproc(o.get("gpus"), o["num_gpus_per_node"])
-    spec = LaunchSpec(
+    return LaunchSpec(
         backend=backend,
         launch_method=o["launch_method"],
         script=o["script"],
@@ -250,7 +259,12 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         ),
         preflight=o["preflight"],
     )
-    check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
+
+
+def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None) -> LaunchSpec:
+    """The spec once its backend files pass what `distsetup validate` checks (for the world it launches), the
+    DeepSpeed file settled against the run config the trainer will read; an FSDP file's settings passed to
+    accelerate launch."""
     # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
     # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
     if spec.deepspeed_config:
@@ -264,7 +278,7 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         fsdp = read_valid(spec.fsdp_config, "fsdp")
         if spec.launch_method == "accelerate":
             spec = replace(spec, accelerate_fsdp_args=tuple(accelerate_launch_args(fsdp)))
-    return spec, notes
+    return spec
 
 
 def _found_run_config(o: dict) -> str | None:
