@@ -185,7 +185,7 @@ def prepare(cfg: RunConfig, args: argparse.Namespace) -> "Trainer":
     ask_for_huge_pages()
     from distsetup.training.trainer import Trainer
 
-    trainer = Trainer(cfg, args)
+    trainer = Trainer(cfg, config_folder=config_folder(args), no_resume=args.no_resume, init_from=args.init_from)
     if trainer.backend.gathers_weights:
         map_large_tensors_apart()
     _RUNS.append(trainer)

@@ -1,11 +1,10 @@
 """One training run, for every backend and every model and data kind (objective.py is what differs).
 
-`Trainer(cfg, args)` does every check that can fail before any process group; `run()` joins the process group,
+`Trainer(cfg, ...)` does every check that can fail before any process group; `run()` joins the process group,
 sets up (resume decision, data, model, wrap, checkpoint load), trains, and always tears down. `train()` is the loop:
 it asks `train_step` for a step and the others when to log, evaluate and checkpoint, as torchtitan's trainer does.
 """
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -52,12 +51,14 @@ from distsetup.training.world import (
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, args: argparse.Namespace):
+    def __init__(self, cfg: RunConfig, *, config_folder: Path | None, no_resume: bool, init_from: str | None):
         """Every check that can fail before a process group: the backend and its file, the device's precision, the
         model (its builder, blocks and size: counted for the built-in GPT, else from a copy built on the meta
         device), the node's memory against it, the user's loss and data functions, the reporters; then this run
-        takes its output folder's lock."""
-        self.cfg, self.args, self.t = cfg, args, cfg.training
+        takes its output folder's lock. `config_folder`: the run config's (the user's modules are there);
+        `no_resume`, `init_from`: the command line's --no_resume and --init_from."""
+        self.cfg, self.t = cfg, cfg.training
+        self.no_resume, self.init_from = no_resume, init_from
         self.step_cap = step_cap()
         self.world = world = read_world()
         self.say = print if world.is_main else (lambda *a, **k: None)
@@ -67,7 +68,6 @@ class Trainer:
         backend.set_up_device()
         self.global_batch = global_batch_of(backend.micro_batch, backend.accumulation, world.size)
         # the user's modules come from the run config's folder (`distsetup checkpoint convert` looks there too)
-        config_folder = Path(args.config).parent if args.config else None
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
         check_model_fits(cfg.model, self.model_description, backend, world, self.device)
@@ -196,9 +196,7 @@ class Trainer:
         return loop
 
     def _resume_decision(self) -> Path | None:
-        resume = resuming.resume_decision(
-            self.ckpt_root, self.args.no_resume, self.backend, self.model_section, self.say
-        )
+        resume = resuming.resume_decision(self.ckpt_root, self.no_resume, self.backend, self.model_section, self.say)
         if self.lock.unsupported:
             self.say(f"note: {self.lock.unsupported}")
         return resume
@@ -218,9 +216,9 @@ class Trainer:
         --no_resume all of it (else a later resume would pick a stale step); where no checkpoint was there to resume
         (a crash before the first, the checkpoints removed or passed over as damaged), its metrics and summary."""
         if resume is None and self.world.is_main:
-            names = run_record.RECORD if self.args.no_resume else run_record.METRICS_AND_SUMMARY
+            names = run_record.RECORD if self.no_resume else run_record.METRICS_AND_SUMMARY
             if aside := run_record.set_aside(self.out_dir, names):
-                why = "--no_resume" if self.args.no_resume else "note: no checkpoint to resume"
+                why = "--no_resume" if self.no_resume else "note: no checkpoint to resume"
                 self.say(f"{why}: moved the previous run's record to {aside}")
         barrier()
 
@@ -259,9 +257,7 @@ class Trainer:
         its training FLOPs per item and the device's peak (for MFU)."""
         m, t, backend = self.cfg.model, self.t, self.backend
         torch.manual_seed(t.seed)
-        whole, self.pretrained = whole_model(
-            m, self.args.init_from, self.model_description, backend, self.world, self.say
-        )
+        whole, self.pretrained = whole_model(m, self.init_from, self.model_description, backend, self.world, self.say)
         build = functools.partial(models.build, m, weights=False)
         # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
         partitioned = backend.partitions_at_construction and self.model_description.builds_on_meta
