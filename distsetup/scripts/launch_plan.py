@@ -289,11 +289,15 @@ def environment_lines(env: EnvSpec) -> list[dict]:
     return lines
 
 
-def launch_context(spec: LaunchSpec) -> dict:
-    """Plain values for templates/_launch.sh.j2 and the scripts' headers."""
+def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
+    """Plain values for templates/_launch.sh.j2 and the scripts' headers. `under_slurm`: the srun program of
+    slurm_job.sh, which SLURM starts on every node (its node rank from SLURM, its port from the job) and signals
+    every process of."""
     world = spec.world_size
     nproc = "auto" if spec.nproc_per_node is None else spec.nproc_per_node
     single = spec.num_nodes == 1
+    one_node_here = single and not under_slurm  # a launch that needs no other node's address or port
+    deepspeed_here = spec.launch_method == "deepspeed" and not spec.ssh
     return {
         "backend": spec.backend,
         "launch_method": spec.launch_method,
@@ -309,19 +313,20 @@ def launch_context(spec: LaunchSpec) -> dict:
         "num_nodes": spec.num_nodes,
         "nproc_per_node": nproc,
         "world_desc": f"{world} process(es)" if world else f"{spec.num_nodes} x (visible GPUs) processes",
-        "node_rank": 0 if single and spec.node_rank is None else spec.node_rank,
+        "node_rank": None if under_slurm else 0 if single and spec.node_rank is None else spec.node_rank,
         "master_addr": "127.0.0.1" if single and spec.master_addr is None else spec.master_addr,
         "master_addr_sh": _always_quoted("127.0.0.1" if single and spec.master_addr is None else spec.master_addr),
         "master_port": spec.master_port or DEFAULT_MASTER_PORT,
-        "standalone": single and spec.master_port is None and spec.launch_method == "torchrun",
+        "standalone": one_node_here and spec.master_port is None and spec.launch_method == "torchrun",
         # the other launchers on one node: a free port, chosen when the script starts
-        "free_port": single and spec.master_port is None and spec.launch_method != "torchrun",
+        "free_port": one_node_here and spec.master_port is None and spec.launch_method != "torchrun",
         # the deepspeed launcher (templates/_launch.sh.j2): SIGTERM to this script reaches its launch.py; under SLURM,
         # which signals every process, the task outlives the launcher's runner.py until launch.py and the ranks end
-        "hands_sigterm_to_launch_py": spec.launch_method == "deepspeed" and not spec.ssh,
-        "outlives_deepspeed_runner": False,
-        "hands_usr1_on_as_sigterm": False,
-        "single_node": single,
+        "hands_sigterm_to_launch_py": deepspeed_here and not under_slurm,
+        "outlives_deepspeed_runner": deepspeed_here and under_slurm,
+        # under SLURM the node's program hands a USR1 on to torchrun or accelerate as the SIGTERM they forward
+        "hands_usr1_on_as_sigterm": under_slurm and spec.launch_method != "deepspeed",
+        "single_node": one_node_here,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,

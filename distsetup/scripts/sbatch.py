@@ -289,15 +289,7 @@ def sbatch_lines(directives: dict[str, str | None]) -> list[str]:
 def build_slurm_script(spec: SlurmSpec, command_line: str, output: str = SCRIPTS["slurm"]) -> str:
     """scripts/slurm_job.sh (`command_line`, how to regenerate it, and `output` go in its header)."""
     check_slurm(spec)
-    context = launch_context(spec.launch)
-    context.update(single_node=False, standalone=False, free_port=False, node_rank=None)
-    # SLURM signals every process of the job itself: the srun program outlives the deepspeed launcher's runner.py,
-    # and hands a USR1 on to torchrun or accelerate as the SIGTERM they forward
-    context.update(
-        hands_sigterm_to_launch_py=False,
-        outlives_deepspeed_runner=context["hands_sigterm_to_launch_py"],
-        hands_usr1_on_as_sigterm=spec.launch.launch_method != "deepspeed",
-    )
+    context = launch_context(spec.launch, under_slurm=True)
     context["literal_dollars"] = literal_dollars([context, spec.modules, spec.venv, spec.conda_env])
     return render(
         "slurm_job.sh.j2",
