@@ -34,7 +34,10 @@ class Checked(click.ParamType):
     def convert(self, value, param, ctx):
         flag = flag_of(param)
         if isinstance(value, str) and not value.strip():
-            raise DistsetupError(f"{flag} is empty.", f"give a value, or leave {flag} out.")
+            required = param is not None and param.required
+            raise DistsetupError(
+                f"{flag} is empty.", "give a value." if required else f"give a value, or leave {flag} out."
+            )
         try:
             result = self.inner.convert(value, param, ctx)
         except click.BadParameter as e:

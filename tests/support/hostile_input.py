@@ -13,13 +13,14 @@ from distsetup.formats.validate import validate_file
 RUN_CONFIG = "training: {micro_batch_size: 4}\ndistributed: {backend: ddp}\n"
 
 
-def one_line_error(result, *words):
-    """Exit 1 with a single `Error: ...` line on stderr that holds every one of `words`."""
+def one_line_error(result, *words) -> str:
+    """Exit 1 with a single `Error: ...` line on stderr that holds every one of `words`: that line."""
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, result.stderr
     for word in words:
         assert word in lines[0], lines[0]
+    return lines[0]
 
 
 def problems_of(path, **kwargs) -> dict:

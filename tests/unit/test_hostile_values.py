@@ -100,11 +100,16 @@ def test_run_config_with_inf_or_nan_is_refused_everywhere(run_cli, here, value):
         (["plan", "--params", "7B", "--gpu_memory", "80GB", "--write", ""], "--write"),
         (["doctor", "--config", ""], "--config"),
         (["validate", ""], "FILE"),
+        (["checkpoint", "export", "runs", "-o", ""], "--output"),  # said ". exists", the folder it read "" as
+        (["checkpoint", "convert", "runs", "--to", "ddp", "-o", " "], "--output"),
+        (["checkpoint", "ls", ""], "RUN"),
     ],
 )
 def test_empty_values_are_refused_not_taken_as_not_given(run_cli, here, args, flag):
-    one_line_error(run_cli(*args), f"{flag} is empty")
+    line = one_line_error(run_cli(*args), f"{flag} is empty")
     assert not (here / "scripts").exists()
+    required = flag in ("FILE", "RUN") or args[0] == "checkpoint"
+    assert line.endswith("HINT: give a value.") == required  # not "or leave it out"
 
 
 @pytest.mark.parametrize("value", ['""', '"   "'])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from distsetup.cli.options import option
+from distsetup.cli.options import checked, option
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import checkpoints_folder, list_checkpoints
 from distsetup.formats.runconfig import BACKENDS
@@ -28,7 +28,7 @@ def checkpoint():
 
 
 @checkpoint.command("ls")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run", type=checked(click.Path(file_okay=False, path_type=Path)))
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def ls(run: Path, as_json: bool):
     """List RUN's checkpoints (RUN: a training.output_dir, or its checkpoints folder): step, backend, ZeRO stage,
@@ -67,8 +67,8 @@ def ls(run: Path, as_json: bool):
 
 
 @checkpoint.command("export")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new folder to write.")
+@click.argument("run", type=checked(click.Path(file_okay=False, path_type=Path)))
+@click.option("-o", "--output", type=checked(click.Path(path_type=Path)), required=True, help="A new folder to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
 @click.option(
     "--format",
@@ -105,7 +105,7 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
 
 
 @checkpoint.command("convert")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run", type=checked(click.Path(file_okay=False, path_type=Path)))
 @click.option(
     "--to",
     "backend",
@@ -113,7 +113,9 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
     required=True,
     help="The backend that resumes the result (deepspeed: any ZeRO stage 1-3).",
 )
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="A new run folder to write.")
+@click.option(
+    "-o", "--output", type=checked(click.Path(path_type=Path)), required=True, help="A new run folder to write."
+)
 def convert(run: Path, backend: str, output: Path):
     """Rewrite the newest complete checkpoint of RUN (or the step_N folder RUN names; any backend, any world size)
     as one that BACKEND resumes at any world size, with the whole training state: weights, AdamW moments and steps,
