@@ -6,7 +6,7 @@ import shlex
 from distsetup.formats.batch import resolve_batch
 from distsetup.formats.deepspeed import DeepSpeedSpec, OptimizerSpec, build_deepspeed_config
 from distsetup.formats.deepspeed_rules import check_spec
-from distsetup.formats.default_paths import BACKEND_FILE_NAMES, BACKEND_FILES
+from distsetup.formats.default_paths import BACKEND_FILE_NAMES, CONFIG_FOLDER
 from distsetup.formats.fsdp import FLAG_FOR_PRECISION, FsdpSpec, build_fsdp_config
 from distsetup.formats.fsdp_rules import check_fsdp_spec
 from distsetup.formats.runconfig import TrainingConfig
@@ -14,10 +14,13 @@ from distsetup.planning.estimates import BY_KEY, Estimate
 from distsetup.planning.planner import Plan
 
 
-def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> tuple[str | None, dict, list[str]]:
+def recommended_files(
+    result: Plan, optimizer: OptimizerSpec | None = None, folder: str = CONFIG_FOLDER
+) -> tuple[str | None, dict, list[str]]:
     """The exact `distsetup deepspeed|fsdp` command, the config it writes (via the same builders) and the warnings
     that command prints about it. `optimizer`: the run config's lr, betas and weight decay, which a DeepSpeed file
-    then carries too (its own defaults would override them: lr 3e-4 where the run config trains at 1e-3)."""
+    then carries too (its own defaults would override them: lr 3e-4 where the run config trains at 1e-3).
+    `folder`: where the command writes it (plan --write's)."""
     choice, micro, accumulation = result.choice, result.micro_batch, result.accumulation
     if choice is None or micro is None or accumulation is None:  # no recommendation: all three are None
         return None, {}, []
@@ -40,7 +43,7 @@ def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> t
         )
         warnings = check_spec(ds_spec)
         name, config = BACKEND_FILE_NAMES["deepspeed"], build_deepspeed_config(ds_spec)
-        command = ["distsetup", "deepspeed", *args, "--output", BACKEND_FILES["deepspeed"]]
+        command = ["distsetup", "deepspeed", *args, "--output", f"{folder}/{name}"]
     else:
         fsdp_spec = FsdpSpec(
             sharding_strategy=s.fsdp_sharding,
@@ -55,7 +58,7 @@ def recommended_files(result: Plan, optimizer: OptimizerSpec | None = None) -> t
             "fsdp",
             *fsdp_args(choice, precision, result.model.layer_cls),
             "--output",
-            BACKEND_FILES["fsdp"],
+            f"{folder}/{name}",
         ]
     return shlex.join(command), {name: config}, warnings
 

@@ -316,6 +316,11 @@ def test_a_deepspeed_file_trains_with_the_run_configs_optimizer_settings(run_cli
     assert planned.exit_code == 0, planned.output
     assert json.loads((tmp_path / "planned" / "ds_config.json").read_text())["optimizer"]["params"]["lr"] == 2e-4
     assert "--lr 0.0002 --betas 0.9 0.95 --weight_decay 0.01" in json.loads(planned.stdout)["command"]
+    command = shlex.split(json.loads(planned.stdout)["command"])
+    assert command[-2:] == ["--output", "planned/ds_config.json"]  # where --write wrote it, not config/
+    written = json.loads((tmp_path / "planned" / "ds_config.json").read_text())
+    assert run_cli(*command[1:]).exit_code == 0
+    assert json.loads((tmp_path / "planned" / "ds_config.json").read_text()) == written
 
 
 def test_the_summary_says_why_with_numbers_that_hold(tmp_path):

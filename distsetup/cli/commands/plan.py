@@ -12,7 +12,7 @@ from distsetup.cli.options import IntegerRange, NumberRange, chosen_precision, o
 from distsetup.cli.output import check_replaced_kind, json_text, writable_target, write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, global_batch_of
-from distsetup.formats.default_paths import BACKEND_FILE_NAMES
+from distsetup.formats.default_paths import BACKEND_FILE_NAMES, CONFIG_FOLDER
 from distsetup.formats.runconfig import BUILTIN_BLOCK, MODEL_MAXIMA
 from distsetup.planning.estimates import BY_KEY, Hardware, Workload
 from distsetup.planning.models import ModelShape, assumed_shape, gpt_shape, hf_shape_from_json
@@ -112,7 +112,8 @@ def plan_command(**o):
         chunked_loss=defaults.get("chunked_loss", "auto"),
     )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
-    command, files, warnings = recommended_files(result, defaults.get("optimizer"))
+    folder = str(Path(o["write"])) if o["write"] else CONFIG_FOLDER  # the Next command writes what --write wrote
+    command, files, warnings = recommended_files(result, defaults.get("optimizer"), folder)
     for note in notes:  # after every check: a note never precedes an error
         click.echo(f"Note: {note}", err=True)
     for warning in warnings:  # what the recommended command says of its file (HYBRID_SHARD under FSDP2, say)
