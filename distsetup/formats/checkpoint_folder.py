@@ -159,13 +159,11 @@ def resume_point(root: Path) -> tuple[Path | None, list[str]]:
 
 
 def beyond_newest(root: Path, keep: int) -> list[Path]:
-    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1), the best
-    one aside: what training.keep_checkpoints removes (as the HF Trainer's save_total_limit keeps its best
-    checkpoint). Folders without a marker (being written, or a crash's leftovers) and damaged ones are never among
-    them."""
+    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1): what
+    training.keep_checkpoints removes. Folders without a marker (being written, or a crash's leftovers) and
+    damaged ones are never among them."""
     intact = [path for step, path in _marked(root) if damage(path, step) is None]
-    best = best_checkpoint(intact)
-    return [path for path in intact[: max(len(intact) - keep, 0)] if path != best]
+    return intact[: max(len(intact) - keep, 0)]
 
 
 def best_checkpoint(intact: list[Path]) -> Path | None:
@@ -234,7 +232,7 @@ class Listed:
     size_bytes: int
     val_loss: float | None  # where the run evaluated at its step
     resume: bool  # the one a resumed run starts from
-    best: bool  # the lowest val_loss of the complete ones: what training.keep_checkpoints always keeps
+    best: bool  # the lowest val_loss of the complete ones
 
     def to_dict(self) -> dict:
         return asdict(self)

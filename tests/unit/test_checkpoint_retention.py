@@ -21,9 +21,9 @@ def test_keep_checkpoints_removes_only_older_complete_intact_folders(tmp_path):
     assert beyond_newest(root, 5) == [] and beyond_newest(tmp_path / "none", 1) == []
 
 
-def test_the_checkpoint_with_the_lowest_validation_loss_is_kept_and_listed_as_best(tmp_path, run_cli):
-    """As the HF Trainer's save_total_limit keeps its best checkpoint: keep_checkpoints removes it never; a marker
-    without val_loss (no evaluation at its step, or an older distsetup's) is never the best."""
+def test_the_checkpoint_with_the_lowest_validation_loss_is_listed_as_best(tmp_path, run_cli):
+    """A marker without val_loss (no evaluation at its step, or an older distsetup's) is never the best; it is
+    listed, not kept beyond keep_checkpoints (a quota's setting)."""
     root = tmp_path / "checkpoints"
     for step, val_loss in ((10, 2.0), (20, 1.5), (30, None), (40, 1.7), (50, float("nan"))):
         folder = step_dir(root, step)
@@ -33,7 +33,7 @@ def test_the_checkpoint_with_the_lowest_validation_loss_is_kept_and_listed_as_be
         (folder / MARKER).write_text(marker.to_json())
     assert json.loads((step_dir(root, 50) / MARKER).read_text())["val_loss"] is None  # JSON has no NaN
     assert "val_loss" not in json.loads((step_dir(root, 30) / MARKER).read_text())
-    assert beyond_newest(root, 1) == [step_dir(root, step) for step in (10, 30, 40)]
+    assert beyond_newest(root, 1) == [step_dir(root, step) for step in (10, 20, 30, 40)]
     listed = list_checkpoints(tmp_path)
     assert [(c.step, c.val_loss, c.best, c.resume) for c in listed] == [
         (10, 2.0, False, False),
