@@ -38,7 +38,8 @@ def where() -> dict:
 
 
 def failure(info: dict, backend: str, stage: str, error: BaseException | str) -> str:
-    detail = first_line(error).rstrip(".") if isinstance(error, BaseException) else error.strip().rstrip(".")
+    detail = first_line(error, limit=2000) if isinstance(error, BaseException) else error.strip()  # NCCL's are long
+    detail = detail.rstrip(".")
     return (
         f"preflight FAILED: rank {info['rank']}/{info['world_size']} (local rank {info['local_rank']}) on host "
         f"{info['host']}: {stage} with master {info['master_addr']}:{info['master_port']} (backend {backend}): "

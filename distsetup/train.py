@@ -142,7 +142,10 @@ def stopped_during_set_up(*_) -> None:
     launcher reports the rank that failed first); the entry points that requeue or restart a job know a
     preemption by the signal they got themselves."""
     if speaks_for_its_node(read_world()):  # os.write: a print here could interrupt a print (reentrant)
-        os.write(2, b"stopped by SIGTERM during set-up, before training: no checkpoint to write\n")
+        os.write(
+            2,
+            b"stopped by SIGTERM during set-up (a preemption, or the launcher ending the ranks after another failed)\n",
+        )
     exit_now(PREEMPTED)
 
 

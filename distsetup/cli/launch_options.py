@@ -222,6 +222,8 @@ def _refuse_flags_that_conflict(o: dict) -> None:
                 f"--{given} and --{other} name two backends (DeepSpeed and FSDP); a run trains with one.",
                 "give the flags of the backend you train with.",
             )
+    if o["script"] and o["python_module"]:  # check_launch says it too, after the files: said before them
+        raise DistsetupError("--script and --python_module are mutually exclusive.", "give one of them.")
     for key, _ in o.get("env_pairs") or ():  # both exported, the later silently
         if (flag := FLAG_VARIABLES.get(key)) and o.get(flag) is not None:
             raise DistsetupError(f"--env {key}=... and --{flag} both set {key}.", "give one of them.")

@@ -23,8 +23,8 @@ def run_steps(
 ) -> tuple[int, list[str]]:
     """The run's steps (training.max_steps, or `epochs` x the `per_epoch` steps of one pass over the training set,
     at most `cap`) and a line for the user on each of those two choices that applied. `resumed`: (the checkpoint's
-    step, the steps from its data position to the end of the epochs), where its global batch was another: its steps
-    were of another size, and the epochs end where its position says."""
+    step, the steps from its data position to the end of the epochs): where its steps were of another global batch
+    (or the data has another size), the epochs end where its position says."""
     steps, said = max_steps, []
     if epochs is not None:
         steps = epochs * per_epoch
@@ -32,8 +32,8 @@ def run_steps(
         if resumed is not None and sum(resumed) != steps:
             steps = sum(resumed)
             said[-1] = (
-                f"{epochs} epochs: {steps} steps (the checkpoint's {resumed[0]} at its global batch, then {resumed[1]} "
-                f"at this run's, {per_epoch} an epoch)"
+                f"{epochs} epochs: {steps} steps (the checkpoint's {resumed[0]}, then {resumed[1]} from its data "
+                f"position, {per_epoch} an epoch)"
             )
     if cap is not None and steps > cap:
         steps = cap

@@ -40,7 +40,7 @@ def test_epochs_set_the_run_length_and_the_schedule_spans_it(tmp_path):
     )
     resumed = train(config, 1)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    said = "2 epochs: 19 steps (the checkpoint's 10 at its global batch, then 9 at this run's, 8 an epoch)"
+    said = "2 epochs: 19 steps (the checkpoint's 10, then 9 from its data position, 8 an epoch)"
     assert said in resumed.stdout
     marker = Marker.read(tmp_path / "out" / "checkpoints" / "step_0000019")
     assert marker.sampler == {"epoch": 1, "samples": 96, "global_batch": 12}  # the end of epoch 1: 4 samples left

@@ -295,7 +295,7 @@ class ShardedSampler:
         are): the rest of this epoch, then whole ones."""
         if self.epoch >= epochs:
             return 0
-        left_in_this_one = (self.num_samples - self.position) // self.global_batch
+        left_in_this_one = max(self.num_samples - self.position, 0) // self.global_batch  # fewer samples now: none
         return left_in_this_one + (epochs - self.epoch - 1) * (self.num_samples // self.global_batch)
 
     def next_step(self) -> list[torch.Tensor]:

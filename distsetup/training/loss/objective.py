@@ -188,8 +188,8 @@ class PythonObjective:
         """A validation micro-batch's mean loss x what it averages (its counted labels, or its samples), and their
         number: summed over ranks and batches, the mean over the whole validation set."""
         loss, _ = self._loss(model, batch)
-        if (labels := self._labels_counted(batch)) is not None:
-            counted = (labels != IGNORE).sum()
+        if self.counted_labels is not None:
+            counted = (self._labels_counted(batch) != IGNORE).sum().to(loss.device)
             return loss.detach() * counted, counted
         return loss.detach() * samples, torch.tensor(samples, device=loss.device)
 
@@ -200,19 +200,16 @@ class PythonObjective:
     def step_weights(self, batches: list, world_size: int, device: torch.device) -> Sequence[float | torch.Tensor]:
         """Each micro-batch's loss weight: its share of the step's counted labels where the loss is their mean (as
         the HF Trainer's num_items_in_batch makes it), else 1 (micro-batches of as many samples)."""
-        counted = [labels for batch in batches if (labels := self._labels_counted(batch)) is not None]
-        if len(counted) < len(batches):
+        if self.counted_labels is None:
             return [1.0] * len(batches)
-        return loss_weights(counted, world_size, device).unbind()
+        # every rank all-reduces the counts (a batch without labels counts none: its model returns no loss)
+        return loss_weights([self._labels_counted(batch) for batch in batches], world_size, device).unbind()
 
-    def _labels_counted(self, batch) -> torch.Tensor | None:
-        """The labels of `batch` its loss is the mean over, or None (no such loss, or a batch without labels)."""
-        if (
-            self.counted_labels is None
-            or not isinstance(batch, dict)
-            or not isinstance(batch.get("labels"), torch.Tensor)
-        ):
-            return None
+    def _labels_counted(self, batch) -> torch.Tensor:
+        """The labels of `batch` its loss is the mean over (none where it has no labels)."""
+        assert self.counted_labels is not None
+        if not isinstance(batch, dict) or not isinstance(batch.get("labels"), torch.Tensor):
+            return torch.empty(0)
         return self.counted_labels(batch)
 
     def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
