@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from distsetup.errors import DistsetupError
 
 MARKER = "COMPLETE"
+WITHDRAWN = "WITHDRAWN"  # why a checkpoint's marker was taken away (its weights trained to a loss of nan)
 STEP_FOLDER = re.compile(r"step_(\d+)")
 
 
@@ -250,6 +251,14 @@ def one_step_folder(path: Path) -> int | None:
     return int(match.group(1)) if match and path.is_dir() else None
 
 
+def _unmarked(folder: Path) -> str:
+    """Why a step folder has no marker: the trainer withdrew it (WITHDRAWN says why), or it was never finished."""
+    try:
+        return f"withdrawn: {(folder / WITHDRAWN).read_text().strip()}"
+    except OSError:
+        return f"no {MARKER} marker (being written, or stopped mid-save)"
+
+
 def list_checkpoints(run: Path) -> list[Listed]:
     """Every step_* folder of a run, oldest first, with its metadata and whether a resume would use it; where `run`
     is one step_* folder, that one alone (what export and convert then read)."""
@@ -262,7 +271,7 @@ def list_checkpoints(run: Path) -> list[Listed]:
             continue
         step = int(match.group(1))
         marked = (folder / MARKER).is_file()
-        problem = damage(folder, step) if marked else f"no {MARKER} marker (being written, or stopped mid-save)"
+        problem = damage(folder, step) if marked else _unmarked(folder)
         marker = Marker.read(folder) if marked and problem is None else None
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         listed.append(

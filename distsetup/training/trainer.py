@@ -84,6 +84,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption(announce=world.is_main)
         self.step, self.loss = 0, float("nan")
+        self.unconfirmed: ckpt.PendingCheckpoint | None = None  # the checkpoint the next step's loss confirms
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = 0  # this rank's peak resident bytes in set-up
         self.training_peak = memory.TrainingPeak()
@@ -124,13 +125,18 @@ class Trainer:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
                 log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-                terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now)
+                confirming = self.unconfirmed is not None  # the step after a checkpoint: it trained from its weights
+                terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now or confirming)
+                if confirming:
+                    self._confirm_checkpoint(loop)
                 if terms is not None and (log_now or stop):
                     self._log(loop, terms, lr, loss_scale)
                 if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
                     self._evaluate(loop)
                 if stop or checkpoint_now:
-                    self._checkpoint(loop, background=t.async_checkpoint and not stop)  # a stopped run: a whole one
+                    # a stopped run's is whole; it and the last are kept unconfirmed: no step follows them here
+                    last = stop or self.step == self.max_steps
+                    self._checkpoint(loop, background=t.async_checkpoint and not stop, confirmed=last)
                 if stop:
                     return self.preemption.stopped_at(self.step, self.say)
         if loop.pending is not None:
@@ -340,7 +346,7 @@ class Trainer:
             perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
             loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
-    def _checkpoint(self, loop: Loop, background: bool) -> None:
+    def _checkpoint(self, loop: Loop, background: bool, confirmed: bool) -> None:
         with self.training_peak.left_out(self.step), loop.timer.checkpointing():
             if loop.pending is not None:  # the one before completes first
                 loop.pending.finish(self.world, self.backend)
@@ -358,12 +364,35 @@ class Trainer:
                 val_loss=loop.val_loss_at(self.step),
                 sampler=loop.sampler.state_dict(),
             )
+            keep = self.t.keep_checkpoints
             loop.pending = ckpt.start_checkpoint(
-                self.backend, self.ckpt_root, self.world, marker, self.t.keep_checkpoints, background
+                self.backend, self.ckpt_root, self.world, marker, keep, background, confirmed
             )
+            if not confirmed:
+                self.unconfirmed = loop.pending
             if not background:
                 loop.pending.finish(self.world, self.backend)
                 loop.pending = None
+
+    def _confirm_checkpoint(self, loop: Loop) -> None:
+        """The step after a checkpoint trained from its weights: where its loss (agreed by every rank) is a number,
+        the older checkpoints may go for it (training.keep_checkpoints); where it is not (outside fp16, whose loss
+        scale skips such steps), the weights it saved were gone wrong: it is withdrawn, and the run stops."""
+        checkpoint, self.unconfirmed = self.unconfirmed, None
+        assert checkpoint is not None
+        if math.isfinite(self.loss) or self.backend.precision == "fp16":
+            checkpoint.confirm(self.world)
+            return
+        if loop.pending is checkpoint:  # still written in the background: it never completes
+            loop.pending = None
+        saved = checkpoint.marker.step
+        checkpoint.withdraw(self.world, f"step {self.step}, trained from its weights, has a loss of {self.loss}")
+        raise DistsetupError(
+            f"the loss is {self.loss} at step {self.step}, the first after the checkpoint of step {saved}, which is "
+            "withdrawn (a run resumes from the one before it): its weights, or this step's batch, give no number.",
+            "lower training.lr or raise training.warmup_steps, or look for a bad batch.",
+            alike_on_every_rank=True,  # the loss every rank agreed on
+        )
 
     def _refuse_weights_gone_wrong(self) -> None:
         """A step whose loss (agreed by every rank) is not a number has left weights that are none either, unless

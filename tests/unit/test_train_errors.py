@@ -7,6 +7,7 @@ import pytest
 from train_runs import GLOBAL_BATCH, assert_clean_error, ds_file, train, write_run_config
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.checkpoint_folder import find_resume, step_dir
 
 
 def test_missing_config(tmp_path):
@@ -128,17 +129,67 @@ def test_an_error_mid_training_closes_its_progress_and_keeps_the_metrics(tmp_pat
     assert logged == [1, 2]
 
 
-def test_weights_gone_to_nan_are_never_checkpointed_over_good_ones(tmp_path):
-    """A loss that is not a number (here an lr of 1e30: step 1 trains, step 2 is nan) at a checkpoint step stops the
-    run in one line instead of writing the nan weights, which training.keep_checkpoints would have kept in place of
-    the last good checkpoint."""
-    config = write_run_config(tmp_path, "single")
-    settings = ("training.max_steps=4", "training.checkpoint_interval=1", "training.keep_checkpoints=1")
-    result = train(config, 1, *settings, "training.lr=1e30", "training.warmup_steps=0")
-    assert_clean_error(result, "the loss is nan at step 2", "no checkpoint is written")
+FLAKY = """
+import torch
+import torch.nn.functional as F
+
+computed = 0
+
+
+def build_model():
+    return torch.nn.Linear(4, 1)
+
+
+def build_dataset(split):
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.TensorDataset(x, x.sum(-1, keepdim=True))
+
+
+def loss(model, batch):
+    global computed
+    x, y = batch
+    value = F.mse_loss(model(x), y)
+    if x.is_meta or not torch.is_grad_enabled():  # the trainer's checks, not a step
+        return value
+    computed += 1
+    return value * float("nan") if computed >= 3 else value  # from the third step on
+"""
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_a_loss_that_is_no_number_never_makes_a_checkpoint_a_run_resumes_from(run_cli, tmp_path, interval):
+    """Step 3's loss is nan. Checkpointed every step: the checkpoint of step 2, whose weights step 3 trained from, is
+    withdrawn (its marker taken away), and the one of step 1 stays, though keep_checkpoints is 1: it is removed only
+    once the step after the newer one has a loss that is a number. Checkpointed every 3 steps: step 3's is not
+    written. Either way the run stops in one line, and a resume never starts from weights gone wrong."""
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    config = {
+        "model": {"type": "python", "builder": "flaky:build_model"},
+        "data": {"type": "python", "builder": "flaky:build_dataset"},
+        "training": {
+            "loss": "flaky:loss",
+            "max_steps": 6,
+            "checkpoint_interval": interval,
+            "keep_checkpoints": 1,
+            "micro_batch_size": 4,
+            "output_dir": str(tmp_path / "out"),
+        },
+        "distributed": {"backend": "single"},
+    }
+    (tmp_path / "run.yaml").write_text(json.dumps(config))
+    result = train(tmp_path / "run.yaml", 1)
     checkpoints = tmp_path / "out" / "checkpoints"
-    assert [folder.name for folder in checkpoints.iterdir()] == ["step_0000001"]
-    assert json.loads((checkpoints / "step_0000001" / "COMPLETE").read_text())["loss"] > 0  # a number
+    if interval == 1:
+        assert_clean_error(
+            result, "the loss is nan at step 3, the first after the checkpoint of step 2, which is withdrawn"
+        )
+        assert find_resume(checkpoints)[0] == step_dir(checkpoints, 1)
+        listed = json.loads(run_cli("checkpoint", "ls", tmp_path / "out", "--json").stdout)
+        assert [(c["step"], c["complete"], c["resume"]) for c in listed] == [(1, True, True), (2, False, False)]
+        assert listed[1]["problem"] == "withdrawn: step 3, trained from its weights, has a loss of nan"
+    else:
+        assert_clean_error(result, "the loss is nan at step 3: the weights are no longer finite, so no checkpoint")
+        assert not checkpoints.exists()
 
 
 def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):

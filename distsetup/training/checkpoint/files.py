@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from distsetup.errors import DistsetupError, last_line
-from distsetup.formats.checkpoint_folder import MARKER, Marker, beyond_newest, file_sizes, step_dir
+from distsetup.formats.checkpoint_folder import MARKER, WITHDRAWN, Marker, beyond_newest, file_sizes, step_dir
 from distsetup.training.launch_env import World
 from distsetup.training.world import barrier, is_lost_contact
 
@@ -106,11 +106,18 @@ def save_checkpoint(backend: Checkpointing, root: Path, world: World, marker: Ma
 
 
 def start_checkpoint(
-    backend: Checkpointing, root: Path, world: World, marker: Marker, keep: int | None, background: bool
+    backend: Checkpointing,
+    root: Path,
+    world: World,
+    marker: Marker,
+    keep: int | None,
+    background: bool,
+    confirmed: bool = True,
 ) -> "PendingCheckpoint":
     """Every rank starts writing its part of checkpoint `marker.step`: in the background (training.async_checkpoint),
     once the backend has copied what it writes, or else whole before returning. The checkpoint is complete only
-    once PendingCheckpoint.finish() has seen every rank's part on disk and written the marker."""
+    once PendingCheckpoint.finish() has seen every rank's part on disk and written the marker. Not `confirmed`: the
+    older ones stay until confirm() (the trainer's, once the next step's loss is a number)."""
     path = step_dir(root, marker.step)
     with disk_errors(path):
         if world.is_main:
@@ -125,7 +132,7 @@ def start_checkpoint(
         else:
             backend.save(path)
             writes = []
-    return PendingCheckpoint(path, marker, writes, keep)
+    return PendingCheckpoint(path, marker, writes, keep, confirmed)
 
 
 @dataclass
@@ -136,6 +143,8 @@ class PendingCheckpoint:
     marker: Marker  # all but the files' sizes, which it gets once they are on disk
     writes: list[Future]
     keep: int | None
+    confirmed: bool = True  # known good: training.keep_checkpoints may remove older ones for it
+    finished: bool = False
 
     def written_here(self) -> bool:
         return all(write.done() for write in self.writes)
@@ -153,6 +162,25 @@ class PendingCheckpoint:
                 atomic_write_text(self.path / MARKER, marker.to_json())
                 backend.checkpoint_complete(self.path)
         barrier()
+        self.finished = True
+        if self.confirmed:
+            self._remove_older(world)
+
+    def confirm(self, world: World) -> None:
+        """Its weights trained a step to a loss that is a number: the older ones may go for it (now, or once it is
+        finished)."""
+        self.confirmed = True
+        if self.finished:
+            self._remove_older(world)
+
+    def withdraw(self, world: World, reason: str) -> None:
+        """Its weights trained a step to a loss that is not a number: rank 0 takes its marker away, so that no run
+        resumes from it (the one before it is still there: nothing was removed for it), and says why in WITHDRAWN."""
+        if world.is_main:
+            (self.path / MARKER).unlink(missing_ok=True)
+            atomic_write_text(self.path / WITHDRAWN, reason)
+
+    def _remove_older(self, world: World) -> None:
         if self.keep and world.is_main:
             remove_older(self.path.parent, self.keep)
 
