@@ -58,6 +58,9 @@ class Marker:
     user_code: str | None = None  # the folder of the user's own code (model.type or data.type python)
     layout: Layout | None = None  # set where the files are not in the backend's own layout (a converted checkpoint)
     converted_from: str | None = None
+    # False: written before the step after it checked its weights (training.keep_checkpoints waits for that, and a
+    # run resuming from it checks them at its first step); None: checked, or a checkpoint that needs no check
+    confirmed: bool | None = None
     files: dict[str, int] = field(default_factory=dict)
     other_keys: dict[str, Any] = field(default_factory=dict)  # read with keys it does not know (another distsetup's)
 
@@ -82,7 +85,7 @@ class Marker:
     def to_json(self) -> str:
         """Its keys (a loss that is NaN or infinite as null: JSON has no such numbers), then the other keys it was read
         with."""
-        optional = ("val_loss", "user_code", "layout", "converted_from")
+        optional = ("val_loss", "user_code", "layout", "converted_from", "confirmed")
         own = {k: v for k, v in asdict(self).items() if k != "other_keys" and (v is not None or k not in optional)}
         for key in ("loss", "val_loss"):
             if isinstance(own.get(key), float) and not math.isfinite(own[key]):
@@ -160,11 +163,14 @@ def resume_point(root: Path) -> tuple[Path | None, list[str]]:
 
 
 def beyond_newest(root: Path, keep: int) -> list[Path]:
-    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1): what
-    training.keep_checkpoints removes. Folders without a marker (being written, or a crash's leftovers) and
-    damaged ones are never among them."""
-    intact = [path for step, path in _marked(root) if damage(path, step) is None]
-    return intact[: max(len(intact) - keep, 0)]
+    """The complete, intact checkpoint folders under `root` older than its `keep` newest ones (keep >= 1), and the
+    withdrawn ones older than the newest: what training.keep_checkpoints removes. Folders without a marker (being
+    written, or a crash's leftovers) and damaged ones are never among them."""
+    intact = [(step, path) for step, path in _marked(root) if damage(path, step) is None]
+    if not intact:
+        return []
+    withdrawn = [path for step, path in _stepped(root) if (path / WITHDRAWN).is_file() and step < intact[-1][0]]
+    return [path for _, path in intact[: max(len(intact) - keep, 0)]] + withdrawn
 
 
 def best_checkpoint(intact: list[Path]) -> Path | None:
@@ -180,13 +186,14 @@ def _finite(number: Any) -> float | None:
 
 def _marked(root: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every step_* folder under `root` with a COMPLETE marker, oldest first."""
+    return [(step, folder) for step, folder in _stepped(root) if (folder / MARKER).is_file()]
+
+
+def _stepped(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every step_* folder under `root`, oldest first."""
     if not root.is_dir():
         return []
-    return sorted(
-        (int(m.group(1)), d)
-        for d in root.glob("step_*")
-        if (m := STEP_FOLDER.fullmatch(d.name)) and (d / MARKER).is_file()
-    )
+    return sorted((int(m.group(1)), d) for d in root.glob("step_*") if (m := STEP_FOLDER.fullmatch(d.name)))
 
 
 def damage(path: Path, step: int) -> str | None:
@@ -229,7 +236,7 @@ class Listed:
     world_size: int | None
     precision: str | None
     complete: bool
-    problem: str | None  # why it is not usable: no marker yet (being written, or a crash mid-save), or damage
+    problem: str | None  # why it is not usable: no marker yet (being written, or a crash mid-save), damage, withdrawn
     size_bytes: int
     val_loss: float | None  # where the run evaluated at its step
     resume: bool  # the one a resumed run starts from

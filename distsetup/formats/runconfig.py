@@ -168,7 +168,8 @@ class TrainingConfig:
     checkpoint_interval: int = setting(50, "save every N steps (and at the end)", minimum=1)
     keep_checkpoints: int | None = setting(
         None,
-        "keep the N newest complete checkpoints (older ones go once a newer one is complete); default all",
+        "keep the N newest complete checkpoints (older ones go once the step after a newer one has checked it); "
+        "default all",
         minimum=1,
     )
     async_checkpoint: bool = setting(

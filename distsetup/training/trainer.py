@@ -134,8 +134,9 @@ class Trainer:
                 if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
                     self._evaluate(loop)
                 if stop or checkpoint_now:
-                    # a stopped run's is whole; it and the last are kept unconfirmed: no step follows them here
-                    last = stop or self.step == self.max_steps
+                    # a stopped run's is whole, and the run that resumes from it confirms it at its first step; the
+                    # last one no step confirms: it is trusted, as the finished run's result
+                    last = self.step == self.max_steps and not stop
                     self._checkpoint(loop, background=t.async_checkpoint and not stop, confirmed=last)
                 if stop:
                     return self.preemption.stopped_at(self.step, self.say)
@@ -296,6 +297,9 @@ class Trainer:
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
         marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.say)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
+        if marker.confirmed is False:  # a stopped run's, or one a crash left unchecked: this run's first step checks it
+            keep = self.t.keep_checkpoints
+            self.unconfirmed = ckpt.PendingCheckpoint(resume, marker, [], keep, confirmed=False, finished=True)
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:
@@ -363,6 +367,7 @@ class Trainer:
                 loss=self.loss,
                 val_loss=loop.val_loss_at(self.step),
                 sampler=loop.sampler.state_dict(),
+                confirmed=None if confirmed else False,
             )
             keep = self.t.keep_checkpoints
             loop.pending = ckpt.start_checkpoint(
@@ -386,7 +391,9 @@ class Trainer:
         if loop.pending is checkpoint:  # still written in the background: it never completes
             loop.pending = None
         saved = checkpoint.marker.step
-        checkpoint.withdraw(self.world, f"step {self.step}, trained from its weights, has a loss of {self.loss}")
+        checkpoint.withdraw(
+            self.world, self.backend, f"step {self.step}, trained from its weights, has a loss of {self.loss}"
+        )
         raise DistsetupError(
             f"the loss is {self.loss} at step {self.step}, the first after the checkpoint of step {saved}, which is "
             "withdrawn (a run resumes from the one before it): its weights, or this step's batch, give no number.",

@@ -130,6 +130,8 @@ def test_an_error_mid_training_closes_its_progress_and_keeps_the_metrics(tmp_pat
 
 
 FLAKY = """
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -152,23 +154,19 @@ def loss(model, batch):
     if x.is_meta or not torch.is_grad_enabled():  # the trainer's checks, not a step
         return value
     computed += 1
-    return value * float("nan") if computed >= 3 else value  # from the third step on
+    return value * float("nan") if computed >= int(os.environ["NAN_FROM"]) else value  # this run's Nth step on
 """
 
 
-@pytest.mark.parametrize("interval", [1, 3])
-def test_a_loss_that_is_no_number_never_makes_a_checkpoint_a_run_resumes_from(run_cli, tmp_path, interval):
-    """Step 3's loss is nan. Checkpointed every step: the checkpoint of step 2, whose weights step 3 trained from, is
-    withdrawn (its marker taken away), and the one of step 1 stays, though keep_checkpoints is 1: it is removed only
-    once the step after the newer one has a loss that is a number. Checkpointed every 3 steps: step 3's is not
-    written. Either way the run stops in one line, and a resume never starts from weights gone wrong."""
+def flaky_run(tmp_path, interval: int, max_steps: int, nan_from: int):
+    """A run whose loss is nan from its `nan_from`th step on (keep_checkpoints 1), to its end or its error."""
     (tmp_path / "flaky.py").write_text(FLAKY)
     config = {
         "model": {"type": "python", "builder": "flaky:build_model"},
         "data": {"type": "python", "builder": "flaky:build_dataset"},
         "training": {
             "loss": "flaky:loss",
-            "max_steps": 6,
+            "max_steps": max_steps,
             "checkpoint_interval": interval,
             "keep_checkpoints": 1,
             "micro_batch_size": 4,
@@ -177,19 +175,70 @@ def test_a_loss_that_is_no_number_never_makes_a_checkpoint_a_run_resumes_from(ru
         "distributed": {"backend": "single"},
     }
     (tmp_path / "run.yaml").write_text(json.dumps(config))
-    result = train(tmp_path / "run.yaml", 1)
+    return train(tmp_path / "run.yaml", 1, env={"NAN_FROM": str(nan_from)})
+
+
+def test_a_loss_that_is_no_number_withdraws_the_checkpoint_it_trained_from(run_cli, tmp_path):
+    """Step 5's loss is nan, checkpointed every step: the checkpoint of step 4, whose weights step 5 trained from, is
+    withdrawn (its marker taken away), and the one of step 3 stays, though keep_checkpoints is 1: a checkpoint's
+    older ones go only once the step after it has a loss that is a number (steps 1 and 2 went so). The run stops in
+    one line, and a resume never starts from weights gone wrong."""
+    result = flaky_run(tmp_path, interval=1, max_steps=6, nan_from=5)
+    assert_clean_error(
+        result, "the loss is nan at step 5, the first after the checkpoint of step 4, which is withdrawn"
+    )
     checkpoints = tmp_path / "out" / "checkpoints"
-    if interval == 1:
-        assert_clean_error(
-            result, "the loss is nan at step 3, the first after the checkpoint of step 2, which is withdrawn"
-        )
-        assert find_resume(checkpoints)[0] == step_dir(checkpoints, 1)
-        listed = json.loads(run_cli("checkpoint", "ls", tmp_path / "out", "--json").stdout)
-        assert [(c["step"], c["complete"], c["resume"]) for c in listed] == [(1, True, True), (2, False, False)]
-        assert listed[1]["problem"] == "withdrawn: step 3, trained from its weights, has a loss of nan"
-    else:
-        assert_clean_error(result, "the loss is nan at step 3: the weights are no longer finite, so no checkpoint")
-        assert not checkpoints.exists()
+    assert find_resume(checkpoints)[0] == step_dir(checkpoints, 3)
+    listed = json.loads(run_cli("checkpoint", "ls", tmp_path / "out", "--json").stdout)
+    assert [(c["step"], c["complete"], c["resume"]) for c in listed] == [(3, True, True), (4, False, False)]
+    assert listed[1]["problem"] == "withdrawn: step 5, trained from its weights, has a loss of nan"
+    assert "confirmed" not in json.loads((step_dir(checkpoints, 3) / "COMPLETE").read_text())  # checked at step 4
+    exported = run_cli("checkpoint", "export", step_dir(checkpoints, 4), "-o", tmp_path / "exported")
+    assert exported.exit_code == 1 and "was withdrawn: step 5" in exported.stderr
+
+
+def test_a_checkpoint_step_whose_loss_is_no_number_writes_none(tmp_path):
+    assert_clean_error(flaky_run(tmp_path, interval=3, max_steps=6, nan_from=3), "the loss is nan at step 3: the")
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_run_resumed_from_an_unchecked_checkpoint_checks_it_at_its_first_step(tmp_path):
+    """A stopped run's checkpoint (or one a crash left before the step after it) says confirmed: false; the run that
+    resumes from it checks it with its first step's loss, and withdraws it where that is nan (here its weights are
+    made nan by hand, as an update gone wrong at the stopping step leaves them)."""
+    import torch
+
+    config = write_run_config(tmp_path, "single")
+    settings = ("training.checkpoint_interval=1", "training.keep_checkpoints=1")
+    assert train(config, 1, "training.max_steps=3", *settings).returncode == 0
+    newest = step_dir(tmp_path / "out" / "checkpoints", 3)
+    state = torch.load(newest / "state.pt", weights_only=False)
+    state["model"] = {name: torch.full_like(value, float("nan")) for name, value in state["model"].items()}
+    torch.save(state, newest / "state.pt")
+    marker = json.loads((newest / "COMPLETE").read_text())
+    files = {**marker["files"], "state.pt": (newest / "state.pt").stat().st_size}
+    (newest / "COMPLETE").write_text(json.dumps({**marker, "files": files, "confirmed": False}))
+    result = train(config, 1, "training.max_steps=5", *settings)
+    assert_clean_error(
+        result, "the loss is nan at step 4, the first after the checkpoint of step 3, which is withdrawn"
+    )
+    assert (newest / "WITHDRAWN").is_file() and find_resume(tmp_path / "out" / "checkpoints")[0] is None
+
+
+def test_deepspeeds_latest_names_the_newest_complete_checkpoint_after_a_withdrawal(tmp_path):
+    from distsetup.training.backends.deepspeed import point_latest_at_the_newest
+
+    for step in (10, 20):
+        step_dir(tmp_path, step).mkdir()
+        marker = {"backend": "deepspeed", "step": step, "world_size": 1, "files": {}}
+        (step_dir(tmp_path, step) / "COMPLETE").write_text(json.dumps(marker))
+    (tmp_path / "latest").write_text(step_dir(tmp_path, 30).name)  # the withdrawn one
+    point_latest_at_the_newest(tmp_path)
+    assert (tmp_path / "latest").read_text() == step_dir(tmp_path, 20).name
+    for step in (10, 20):
+        (step_dir(tmp_path, step) / "COMPLETE").unlink()
+    point_latest_at_the_newest(tmp_path)
+    assert not (tmp_path / "latest").exists()
 
 
 def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):

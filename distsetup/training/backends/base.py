@@ -250,6 +250,9 @@ class Backend(abc.ABC):
     def checkpoint_complete(self, path: Path) -> None:  # noqa: B027 (most formats need nothing)
         """Rank 0, once checkpoint `path` is complete on every rank: tell its format's own tools so."""
 
+    def checkpoint_withdrawn(self, path: Path) -> None:  # noqa: B027 (most formats need nothing)
+        """Rank 0, once checkpoint `path` is withdrawn: tell its format's own tools so."""
+
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import Marker, layout
+from distsetup.formats.checkpoint_folder import Marker, find_resume, layout
 from distsetup.formats.deepspeed import SIZED_BY_ROOM, enabled_precisions, offload_device, unset_sizes, zero_stage_of
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
@@ -289,6 +289,9 @@ class DeepSpeedBackend(Backend):
         # load_checkpoint and zero_to_fp32.py find the newest complete checkpoint without -t.
         atomic_write_text(path.parent / "latest", path.name)
 
+    def checkpoint_withdrawn(self, path: Path) -> None:
+        point_latest_at_the_newest(path.parent)
+
     def _loads_as_is(self, marker: Marker) -> bool:
         source, stage, size = marker.files_layout, marker.zero_stage, marker.world_size
         # ZeRO-0's optimizer is a torch optimizer in fp32 and DeepSpeed's wrapper around one in bf16 and fp16
@@ -392,3 +395,13 @@ class DeepSpeedBackend(Backend):
     def _measure_memory(self) -> None:
         if self.memory is None:
             self.memory = zero_memory.held_bytes(self.engine, self.zero_stage, self._grad_bytes)
+
+
+def point_latest_at_the_newest(root: Path) -> None:
+    """DeepSpeed's `latest` tag names the newest complete checkpoint under `root` again, or is gone where there is
+    none: its load_checkpoint and zero_to_fp32.py, without -t, would read a withdrawn one."""
+    newest = find_resume(root)[0]
+    if newest is None:
+        (root / "latest").unlink(missing_ok=True)
+    else:
+        atomic_write_text(root / "latest", newest.name)

@@ -18,6 +18,7 @@ import torch
 from distsetup.errors import DistsetupError, first_line, last_line
 from distsetup.formats.checkpoint_folder import (
     MARKER,
+    WITHDRAWN,
     Marker,
     checkpoints_folder,
     damage,
@@ -46,6 +47,11 @@ def newest_checkpoint(checkpoints: Path) -> Path:
     a line, as the trainer says it; or `checkpoints` itself where it is one step's folder (step_N, its marker in it),
     as DeepSpeed's and the HF Trainer's users name a checkpoint."""
     step = one_step_folder(checkpoints)
+    if step is not None and (checkpoints / WITHDRAWN).is_file():
+        reason = (checkpoints / WITHDRAWN).read_text().strip()
+        raise DistsetupError(
+            f"checkpoint {checkpoints} was withdrawn: {reason}.", "name the run's folder, for the newest complete one."
+        )
     if step is not None and (checkpoints / MARKER).is_file():
         if problem := damage(checkpoints, step):
             raise DistsetupError(

@@ -94,6 +94,8 @@ class Checkpointing(Protocol):
 
     def checkpoint_complete(self, path: Path) -> None: ...
 
+    def checkpoint_withdrawn(self, path: Path) -> None: ...
+
     def load(self, path: Path) -> None: ...
 
 
@@ -167,18 +169,31 @@ class PendingCheckpoint:
             self._remove_older(world)
 
     def confirm(self, world: World) -> None:
-        """Its weights trained a step to a loss that is a number: the older ones may go for it (now, or once it is
-        finished)."""
+        """Every rank: its weights trained a step to a loss that is a number. Its marker says so (once written),
+        and the older ones may go for it."""
         self.confirmed = True
+        self.marker = replace(self.marker, confirmed=None)
         if self.finished:
+            if world.is_main:
+                with disk_errors(self.path):
+                    written = Marker.read(self.path)
+                    atomic_write_text(self.path / MARKER, replace(written, confirmed=None).to_json())
             self._remove_older(world)
 
-    def withdraw(self, world: World, reason: str) -> None:
-        """Its weights trained a step to a loss that is not a number: rank 0 takes its marker away, so that no run
-        resumes from it (the one before it is still there: nothing was removed for it), and says why in WITHDRAWN."""
+    def withdraw(self, world: World, backend: Checkpointing, reason: str) -> None:
+        """Every rank: its weights trained a step to a loss that is not a number. Once every rank's writes have
+        ended, rank 0 says why in WITHDRAWN and takes its marker away, so that no run resumes from it (the one
+        before it is still there: nothing was removed for it), and tells its format's own tools."""
+        for write in self.writes:
+            with contextlib.suppress(BaseException):
+                write.result()
+        barrier()
         if world.is_main:
-            (self.path / MARKER).unlink(missing_ok=True)
-            atomic_write_text(self.path / WITHDRAWN, reason)
+            with disk_errors(self.path):
+                atomic_write_text(self.path / WITHDRAWN, reason)
+                (self.path / MARKER).unlink(missing_ok=True)
+                backend.checkpoint_withdrawn(self.path)
+        barrier()
 
     def _remove_older(self, world: World) -> None:
         if self.keep and world.is_main:
@@ -186,11 +201,11 @@ class PendingCheckpoint:
 
 
 def remove_older(root: Path, keep: int) -> None:
-    """training.keep_checkpoints: remove the complete checkpoints older than the `keep` newest; a removal that
-    fails is said, never fatal (the new checkpoint is complete either way)."""
+    """training.keep_checkpoints: remove the complete checkpoints older than the `keep` newest (and withdrawn ones
+    older than the newest); a removal that fails is said, never fatal (the new checkpoint is complete either way)."""
     for old in beyond_newest(root, keep):
         try:
-            (old / MARKER).unlink()  # first: a removal cut short leaves a folder no resume picks
+            (old / MARKER).unlink(missing_ok=True)  # first: a removal cut short leaves a folder no resume picks
         except OSError as e:
             print(f"note: training.keep_checkpoints could not remove {old}: {e.strerror or e}", flush=True)
             continue

@@ -203,7 +203,8 @@ class PythonObjective:
         if self.counted_labels is None:
             return [1.0] * len(batches)
         # every rank all-reduces the counts (a batch without labels counts none: its model returns no loss)
-        return loss_weights([self._labels_counted(batch) for batch in batches], world_size, device).unbind()
+        counted = [self._labels_counted(batch).to(device) for batch in batches]
+        return loss_weights(counted, world_size, device).unbind()
 
     def _labels_counted(self, batch) -> torch.Tensor:
         """The labels of `batch` its loss is the mean over (none where it has no labels)."""
