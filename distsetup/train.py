@@ -36,7 +36,6 @@ from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.runconfig_rules import missing_file_fix
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
 from distsetup.training.launch_env import World, read_world
-from distsetup.training.preemption import PREEMPTED
 
 if TYPE_CHECKING:
     from distsetup.training.trainer import Trainer
@@ -138,15 +137,15 @@ def say_once_per_node(error: DistsetupError) -> int:
 def stopped_during_set_up(*_) -> None:
     """SIGTERM before the trainer takes it over: a preemption with nothing to checkpoint yet, said by the node's
     first rank, or the launcher stopping the ranks because another rank said an error every rank finds
-    (say_once_per_node): that rank has exited, and these exit silently. The status is the preempted one (the
-    launcher reports the rank that failed first); the entry points that requeue or restart a job know a
-    preemption by the signal they got themselves."""
+    (say_once_per_node): that rank has exited, and these exit silently, with its status (1; torchrun's summary
+    lists every rank's). The entry points that requeue or restart a job know a preemption by the signal they got
+    themselves."""
     if speaks_for_its_node(read_world()):  # os.write: a print here could interrupt a print (reentrant)
         os.write(
             2,
             b"stopped by SIGTERM during set-up (a preemption, or the launcher ending the ranks after another failed)\n",
         )
-    exit_now(PREEMPTED)
+    exit_now(DistsetupError.exit_code)
 
 
 def speaks_for_its_node(world: World) -> bool:

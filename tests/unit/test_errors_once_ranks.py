@@ -11,7 +11,6 @@ from repo import REPO
 
 from distsetup import train
 from distsetup.training.launch_env import World
-from distsetup.training.preemption import PREEMPTED
 
 BAD = "training:\n  lerning_rate: 0.1\n"
 LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE")
@@ -69,8 +68,8 @@ def test_another_rank_leaves_it_to_the_first_and_exits_with_its_status_when_stop
 @pytest.mark.parametrize("local_rank, said", [("0", True), ("1", False)])
 def test_sigterm_during_set_up_is_a_preemption_said_once_per_node(monkeypatch, capfd, local_rank, said):
     """Before the trainer takes SIGTERM over, a preemption has nothing to checkpoint: the node's first rank says so
-    and every rank exits as preempted (it exited 1 in silence, as for another rank's error, which stops the ranks
-    with the same signal: then the speaker has already exited)."""
+    (every rank exited in silence), and every rank exits 1, as for another rank's error, which stops the ranks with
+    the same signal (then that node's speaker has already exited, and the others stay silent)."""
     for name, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)
     handlers: dict = {}
@@ -85,7 +84,7 @@ def test_sigterm_during_set_up_is_a_preemption_said_once_per_node(monkeypatch, c
     stopped = []
     monkeypatch.setattr(train, "exit_now", stopped.append)
     handlers[train.signal.SIGTERM](train.signal.SIGTERM, None)
-    assert stopped == [PREEMPTED]
+    assert stopped == [1]
     lines = capfd.readouterr().err.splitlines()
     said_line = "stopped by SIGTERM during set-up (a preemption, or the launcher ending the ranks after another failed)"
     assert lines == ([said_line] if said else [])
