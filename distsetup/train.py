@@ -22,6 +22,7 @@ user's signal) ends there, its checkpoint ready for the next `sbatch`, which res
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -39,6 +40,11 @@ from distsetup.training.launch_env import World, read_world
 
 if TYPE_CHECKING:
     from distsetup.training.trainer import Trainer
+
+
+# Seconds after which a run prints every thread's stack to stderr, once (the tests set it below their timeout, so that
+# a run that hangs shows where)
+STACKS_AFTER = "DISTSETUP_STACKS_AFTER_S"
 
 
 def parse_args(argv=None):
@@ -92,6 +98,8 @@ def load_config(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, stopped_during_set_up)  # until the trainer takes SIGTERM over (preemption.py)
+    if (seconds := os.environ.get(STACKS_AFTER, "")).isdigit():  # the tests': where a run that hangs waits
+        faulthandler.dump_traceback_later(int(seconds), exit=False)
     try:
         cfg = load_config(args)
         if args.check:

@@ -22,6 +22,8 @@ import yaml
 from repo import REPO, SHARED_RUNS_VARIABLE, free_port
 from text_data import write_llama
 
+from distsetup.train import STACKS_AFTER
+
 TRAIN = REPO / "src" / "train.py"
 BIN = Path(sys.executable).parent
 if shared := os.environ.get(SHARED_RUNS_VARIABLE):  # tests/conftest.py's, one for every worker of the session
@@ -31,6 +33,7 @@ else:
     atexit.register(shutil.rmtree, SHARED, ignore_errors=True)
 
 STEPS, INTERVAL, GLOBAL_BATCH = 30, 10, 24
+STACKS_AFTER_S = 240  # below train()'s timeout of 300 s
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 TRAINING = {
     "seed": 7,
@@ -156,21 +159,27 @@ def environment() -> dict:
     }
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.setdefault(STACKS_AFTER, str(STACKS_AFTER_S))  # a run that hangs prints its stacks before train() gives up
     return env
 
 
 def train(
     config: Path, nproc: int = 1, *args, timeout: int = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run it to the end; `env` adds to the environment the tests give every run."""
-    return subprocess.run(
-        command(config, nproc, *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**environment(), **(env or {})},
-        cwd=REPO,
-    )
+    """Run it to the end; `env` adds to the environment the tests give every run. A run still going after
+    `timeout` seconds fails the test with the end of its output, where a hung one printed its ranks' stacks."""
+    try:
+        return subprocess.run(
+            command(config, nproc, *args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**environment(), **(env or {})},
+            cwd=REPO,
+        )
+    except subprocess.TimeoutExpired as e:
+        said = "\n".join(text if isinstance(text, str) else (text or b"").decode() for text in (e.stdout, e.stderr))
+        raise AssertionError(f"the run took more than {timeout} s; the end of its output:\n{said[-12000:]}") from None
 
 
 def start(config: Path, nproc: int, *args) -> subprocess.Popen:

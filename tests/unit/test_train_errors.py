@@ -1,6 +1,7 @@
 """Bad input ends with one clear line and a non-zero status before any training starts."""
 
 import json
+import re
 import signal
 
 import pytest
@@ -290,3 +291,36 @@ def test_export_under_a_launcher_is_written_by_rank_0_alone(tmp_path, monkeypatc
     finally:
         signal.signal(signal.SIGTERM, before)  # main() takes SIGTERM over, as a rank
     assert not (tmp_path / "model.pt").exists() and capsys.readouterr().out == ""  # no race with rank 0's write
+
+
+SLOW = """
+import time
+
+import torch
+
+
+def build_model():
+    return torch.nn.Linear(4, 1)
+
+
+def build_dataset(split):
+    time.sleep(30)  # a run that hangs
+"""
+
+
+def test_a_run_that_hangs_fails_its_test_with_where_it_waits(tmp_path):
+    """DISTSETUP_STACKS_AFTER_S (the tests set it below train()'s timeout): the run prints every thread's stack, and
+    train() fails with the end of its output instead of a bare timeout."""
+    from train_runs import STACKS_AFTER
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    config = {
+        "model": {"type": "python", "builder": "slow:build_model"},
+        "data": {"type": "python", "builder": "slow:build_dataset"},
+        "training": {"output_dir": str(tmp_path / "out")},
+        "distributed": {"backend": "single"},
+    }
+    (tmp_path / "run.yaml").write_text(json.dumps(config))
+    with pytest.raises(AssertionError, match="the run took more than 8 s") as failed:
+        train(tmp_path / "run.yaml", 1, timeout=8, env={STACKS_AFTER: "4"})
+    assert re.search(r'slow.py", line \d+ in build_dataset', str(failed.value)), str(failed.value)
