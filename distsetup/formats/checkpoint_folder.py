@@ -173,13 +173,6 @@ def beyond_newest(root: Path, keep: int) -> list[Path]:
     return [path for _, path in intact[: max(len(intact) - keep, 0)]] + withdrawn
 
 
-def best_checkpoint(intact: list[Path]) -> Path | None:
-    """The intact checkpoint folder with the lowest validation loss (the earliest of equals), or None where none
-    of them was evaluated at its step."""
-    scored = [(loss, path) for path in intact if (loss := _finite(Marker.read(path).val_loss)) is not None]
-    return min(scored, key=lambda scored_path: scored_path[0])[1] if scored else None
-
-
 def _finite(number: Any) -> float | None:
     return float(number) if isinstance(number, int | float) and math.isfinite(number) else None
 
@@ -303,5 +296,6 @@ def list_checkpoints(run: Path) -> list[Listed]:
     # the newest complete and intact folder: what find_resume chooses, from the same damage() checks
     complete = [c for c in listed if c.complete]
     newest = max(complete, key=lambda c: c.step, default=None)
-    best = best_checkpoint([Path(c.path) for c in complete])
-    return [replace(c, resume=c is newest, best=Path(c.path) == best) for c in listed]
+    # the lowest validation loss (the earliest of equals), among those evaluated at their step
+    best = min((c for c in complete if c.val_loss is not None), key=lambda c: c.val_loss or 0.0, default=None)
+    return [replace(c, resume=c is newest, best=c is best) for c in listed]

@@ -385,7 +385,7 @@ class Trainer:
         scale skips such steps), the weights it saved were gone wrong: it is withdrawn, and the run stops."""
         checkpoint, self.unconfirmed = self.unconfirmed, None
         assert checkpoint is not None
-        if math.isfinite(self.loss) or self.backend.precision == "fp16":
+        if self._loss_left_weights_whole():
             checkpoint.confirm(self.world)
             return
         if loop.pending is checkpoint:  # still written in the background: it never completes
@@ -401,11 +401,16 @@ class Trainer:
             alike_on_every_rank=True,  # the loss every rank agreed on
         )
 
+    def _loss_left_weights_whole(self) -> bool:
+        """Whether this step's loss (agreed by every rank) is a number, or fp16's loss scale skipped a step whose loss
+        is not one (its weights are those before it)."""
+        return math.isfinite(self.loss) or self.backend.precision == "fp16"
+
     def _refuse_weights_gone_wrong(self) -> None:
         """A step whose loss (agreed by every rank) is not a number has left weights that are none either, unless
         the fp16 loss scale skipped its update: such a checkpoint would become the one a run resumes from, and
         training.keep_checkpoints would remove the good ones for it."""
-        if math.isfinite(self.loss) or self.backend.precision == "fp16":
+        if self._loss_left_weights_whole():
             return
         raise DistsetupError(
             f"the loss is {self.loss} at step {self.step}: the weights are no longer finite, so no checkpoint is "
