@@ -7,10 +7,10 @@ import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from process_tree import process_tree
 from train_runs import (
     INTERVAL,
     REPO,
@@ -36,22 +36,25 @@ def assert_same_weights(resumed: dict, uninterrupted: dict):
         assert torch.equal(resumed[key], uninterrupted[key]), f"{key} differs after resume"
 
 
-@pytest.mark.parametrize("name", ["ddp", "zero2"])
-def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
+@pytest.mark.parametrize("name, signalled", [("ddp", "torchrun"), ("zero2", "one rank")])
+def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path, name, signalled):
+    """SIGTERM to one rank, or to torchrun, which passes it on to each rank's whole process group: the rank, its
+    DataLoader workers (data.num_workers) and their fork server, which must serve the rank until it has checkpointed."""
     config = write_run_config(tmp_path, name)
     out = tmp_path / "out"
-    run = start(config, 2)
+    run = start(config, 2, *(["data.num_workers=2"] if signalled == "torchrun" else []))
     wait_for(out / "checkpoints" / f"step_{INTERVAL:07d}" / "COMPLETE", run)
-    os.kill(worker_pids(run.pid)[-1], signal.SIGTERM)
+    os.kill(run.pid if signalled == "torchrun" else worker_pids(run.pid)[-1], signal.SIGTERM)
     run.wait(timeout=180)
     log = run.log.read_text()
     stopped = re.search(r"preempted: checkpoint at step (\d+)", log)
-    assert stopped, log[-3000:]
+    assert stopped and "DataLoader worker" not in log, log[-3000:]
     step = int(stopped.group(1))
     assert INTERVAL <= step < STEPS and (out / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
-    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", log)
-    # torchrun SIGTERMs the peers once the first rank has exited (75): each must still exit 75 itself.
-    assert codes and set(codes) == {"75"}, codes
+    if signalled == "one rank":
+        codes = re.findall(r"exitcode\s*:\s*(-?\d+)", log)
+        # torchrun SIGTERMs the peers once the first rank has exited (75): each must still exit 75 itself.
+        assert codes and set(codes) == {"75"}, codes
 
     resumed = train(config, 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -61,19 +64,21 @@ def test_sigterm_to_one_rank_checkpoints_exits_75_and_resumes(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["SIGUSR1", "SIGINT"])
 def test_a_signal_to_a_single_process_checkpoints_the_step_it_reached_and_exits(tmp_path, name):
-    """SLURM's warning (SIGUSR1) and a first Ctrl-C (SIGINT; a second stops at once: test_preemption.py)."""
+    """SLURM's warning (SIGUSR1) and a first Ctrl-C (SIGINT; a second stops at once: test_preemption.py), sent to
+    the process and all it started, as SLURM signals every process of a step and a terminal its foreground group:
+    its DataLoader workers (data.num_workers), their fork server and multiprocessing's resource tracker."""
     config = write_run_config(tmp_path, "single", checkpoint_interval=5, max_steps=10_000)
-    workers = ("data.num_workers=2",) if name == "SIGINT" else ()  # a terminal's Ctrl-C reaches them too
-    run = start(config, 1, *workers)
+    run = start(config, 1, "data.num_workers=2")
     wait_for(tmp_path / "out" / "checkpoints" / "step_0000005" / "COMPLETE", run)
-    workers_pids = (Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split()) if workers else []
-    assert len(workers_pids) >= (2 if workers else 0)
-    for pid in [run.pid, *map(int, workers_pids)]:  # as a terminal's Ctrl-C reaches the rank and its workers
+    tree = process_tree(run.pid)
+    assert len(tree) >= 5, tree  # the process, the tracker, the server and 2 workers
+    for pid in tree:
         os.kill(pid, getattr(signal, name))
     status, log = run.wait(timeout=120), run.log.read_text()
     said = "stopped by Ctrl-C" if name == "SIGINT" else "preempted"
     stopped = re.search(rf"{said}: checkpoint at step (\d+)", log)
     assert status == (130 if name == "SIGINT" else 75) and stopped, log[-3000:]  # Ctrl-C: no requeue, no restart
+    assert "DataLoader worker" not in log and "leaked" not in log, log[-3000:]
     newest = sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir())[-1]
     assert newest == f"step_{int(stopped.group(1)):07d}" and int(stopped.group(1)) > 5
     assert ("Ctrl-C: checkpointing, then stopping" in log) == (name == "SIGINT")

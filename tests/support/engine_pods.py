@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from process_tree import process_tree
 
 from distsetup.jobs.engines import jobset_master_address, jobset_pod_host, pytorchjob_master_address
 
@@ -245,7 +246,7 @@ class PodRunner:
     def kill(self) -> None:
         """Every process of every pod (torchrun starts each rank in a session of its own: by process tree)."""
         for process in self.processes:
-            for pid in _tree(process.pid):
+            for pid in process_tree(process.pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -271,21 +272,3 @@ def _fqdn(pod: Pod, objects: list[dict]) -> str:
         return pod.host
     name = next(o["metadata"]["name"] for o in objects if o["kind"] in ("JobSet", "TrainJob"))
     return f"{pod.host}.{name}"
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += children.get(current, [])
-    return found

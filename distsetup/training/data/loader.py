@@ -6,18 +6,36 @@ loader reads from its own copy of the sampler; the sampler the trainer saves in 
 steps taken, so the data position a checkpoint records is exact however far the workers have read ahead. Each
 loader seeds its workers from a generator of its own: torch's global one (dropout's) is left as an uninterrupted run
 leaves it.
+
+The workers are forked from a fork server (a process started once per rank, with torch imported), never from the
+rank itself. A rank has threads (gloo's, torch's, the metrics writer's), and CPython 3.11 can deadlock a child forked
+while another thread holds the runtime's lock, as a thread does when it first enters Python: PyOS_AfterFork_Child
+waits for that lock before it makes it anew. The pairwise scorer's test runs hung so now and then; started beside
+threads entering Python, 2 loaders in 400 hung forked from the process, none from the server. A dataset that cannot
+be pickled over to the server is forked from the rank, with a note.
+
+Neither the server nor a worker answers the signals that stop a run (STOP_SIGNALS): a launcher or SLURM sends them
+to every process of a rank, and a worker that died of one would fail the rank's next batch ("DataLoader worker ...
+killed by signal") before the rank could checkpoint. The rank ends its workers as it ends.
 """
 
 import copy
+import functools
 import math
+import pickle
 import signal
-from collections.abc import Callable, Iterator
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
 
 from distsetup.training.data.datasets import ShardedSampler
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's to answer (training/preemption.py)
+QUEUE_FEEDER_WAIT_S = 5.0  # a closed queue's thread ends at once; a rank never waits long on a stuck one
 
 
 @dataclass(frozen=True)
@@ -37,8 +55,8 @@ class StepLoader:
         self.sampler, self.placement = sampler, placement
         ahead = copy.deepcopy(sampler)  # what the loader has asked for; `sampler` is what the loop has taken
         seed = sampler.seed + sampler.rank  # the workers' seeds, as DistributedSampler users seed theirs
-        loader = _loader(dataset, _MicroBatches(ahead), collate, num_workers, placement, seed)
-        self._batches: Iterator = iter(loader)
+        batches = _MicroBatches(ahead)
+        self._batches: Iterator = _started(dataset, batches, collate, num_workers, placement, seed, sampler.rank)
 
     def next_step(self) -> list:
         """The micro-batches of the next optimizer step (the sampler advances by one step)."""
@@ -46,8 +64,14 @@ class StepLoader:
         return [placed(next(self._batches), self.placement) for _ in range(self.sampler.accumulation)]
 
     def close(self) -> None:
-        """Stop the worker processes (the DataLoader's iterator does as it goes)."""
+        """Stop the worker processes (the DataLoader's iterator does as it goes), and wait for the threads that fed
+        any loader's queues to end: they hold the queues' semaphores, which the fork server's resource tracker
+        would otherwise find left behind, and warn of, once the rank has left without the interpreter's teardown
+        (distsetup/train.py exit_now)."""
         self._batches = iter(())
+        for thread in threading.enumerate():
+            if thread.name == "QueueFeederThread":  # multiprocessing.Queue's, closed with its DataLoader
+                thread.join(timeout=QUEUE_FEEDER_WAIT_S)
 
 
 class _MicroBatches:
@@ -72,7 +96,8 @@ def validation_batches(
     most = math.ceil(len(dataset) / world_size)
     chunks = [mine[start : start + micro] for start in range(0, most, micro)]
     counts = [len(chunk) for chunk in chunks]
-    batches = _loader(dataset, [chunk or mine[:1] for chunk in chunks], collate, num_workers, placement, rank)
+    micro_batches = [chunk or mine[:1] for chunk in chunks]
+    batches = _started(dataset, micro_batches, collate, num_workers, placement, rank, rank)
     for batch, counted in zip(batches, counts, strict=True):
         yield placed(batch, placement), counted
 
@@ -84,23 +109,69 @@ def fetched(dataset, indices: list[int], collate: Callable):
     return collate([dataset[i] for i in indices])
 
 
-def _loader(dataset, batch_sampler, collate: Callable, workers: int, placement: Placement, seed: int) -> DataLoader:
-    return DataLoader(
-        dataset,
-        batch_sampler=batch_sampler,
-        collate_fn=collate,
-        num_workers=workers,
-        worker_init_fn=_leave_ctrl_c_to_the_rank,
-        pin_memory=placement.device.type == "cuda",
-        generator=torch.Generator().manual_seed(seed),  # not torch's global generator: see the module's docstring
+def _started(
+    dataset, batch_sampler: Iterable, collate: Callable, workers: int, placement: Placement, seed: int, rank: int
+) -> Iterator:
+    """The batches of a DataLoader over `batch_sampler`, its `workers` started as the module's docstring says."""
+
+    def loader(context: str | None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            collate_fn=collate,
+            num_workers=workers,
+            worker_init_fn=_leave_stop_signals_to_the_rank,
+            multiprocessing_context=context,
+            pin_memory=placement.device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed),  # not torch's global generator: see the module's docstring
+        )
+
+    if workers == 0:
+        return iter(loader(None))
+    try:
+        with warnings.catch_warnings():  # torch's own words for it, which suggest fork for the whole program
+            warnings.filterwarnings("ignore", "Got pickle error when attempting to start a worker")
+            return iter(loader(_fork_server()))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        if "pickle" not in str(e):
+            raise
+        if rank == 0:
+            _note_forked_from_the_rank(str(e))
+        return iter(loader("fork"))
+
+
+@functools.cache
+def _fork_server() -> str:
+    """The start method of workers forked from the fork server, started here with torch imported and STOP_SIGNALS
+    blocked: the server and every worker it forks inherit the mask. So does the resource tracker the server needs,
+    started first: it blocks SIGINT and SIGTERM for itself, and unblocks them in this thread as it returns."""
+    from multiprocessing import forkserver, resource_tracker
+
+    forkserver.set_forkserver_preload(["torch", __name__])
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    return "forkserver"
+
+
+@functools.cache  # once for each dataset, not at each evaluation
+def _note_forked_from_the_rank(why: str) -> None:
+    print(
+        f"note: data.num_workers: the dataset cannot be pickled ({why}), so its DataLoader workers are forked from "
+        "the rank, which can deadlock in a process with threads (see distsetup/training/data/loader.py); make it "
+        "picklable (no lambdas, open files or locally defined classes in it).",
+        flush=True,
     )
 
 
-def _leave_ctrl_c_to_the_rank(worker_id: int) -> None:
-    """A worker ignores Ctrl-C: the rank that runs it stops at a checkpoint first (preemption.py), and a worker that
-    died of it would fail the rank's next batch ("DataLoader worker exited unexpectedly"). The rank ends its workers
-    as it ends."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
+    """A worker forked from the rank ignores STOP_SIGNALS too (see the module's docstring)."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
 
 
 def placed(batch, placement: Placement):
