@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import yaml
+from process_tree import process_tree
 from repo import REPO, SHARED_RUNS_VARIABLE, free_port
 from text_data import write_llama
 
@@ -167,19 +169,25 @@ def train(
     config: Path, nproc: int = 1, *args, timeout: int = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run it to the end; `env` adds to the environment the tests give every run. A run still going after
-    `timeout` seconds fails the test with the end of its output, where a hung one printed its ranks' stacks."""
-    try:
-        return subprocess.run(
-            command(config, nproc, *args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**environment(), **(env or {})},
-            cwd=REPO,
-        )
-    except subprocess.TimeoutExpired as e:
-        said = "\n".join(text if isinstance(text, str) else (text or b"").decode() for text in (e.stdout, e.stderr))
-        raise AssertionError(f"the run took more than {timeout} s; the end of its output:\n{said[-12000:]}") from None
+    `timeout` seconds is killed, all its processes (torchrun's ranks run in sessions of their own), and fails the
+    test with the end of its output, where a hung one printed its ranks' stacks."""
+    with subprocess.Popen(
+        command(config, nproc, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environment(), **(env or {})},
+        cwd=REPO,
+    ) as run:
+        try:
+            stdout, stderr = run.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in process_tree(run.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            said = "\n".join(run.communicate())[-12000:]
+            raise AssertionError(f"the run took more than {timeout} s; the end of its output:\n{said}") from None
+    return subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
 
 
 def start(config: Path, nproc: int, *args) -> subprocess.Popen:
