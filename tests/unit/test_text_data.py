@@ -443,3 +443,32 @@ def test_an_hf_models_own_loss_weighs_each_micro_batch_by_its_counted_labels(tmp
     assert by_samples.step_weights(batches, 1, torch.device("cpu")) == [1.0, 1.0]
     unweighted = sum(by_samples.micro_loss(model, b).loss for b in batches) / 2
     assert abs(unweighted.item() - every_label.item()) > 1e-4  # ten times the tolerance: the test tells them apart
+
+
+def test_a_micro_batch_whose_labels_are_all_ignored_weighs_nothing_rather_than_nan(tmp_path):
+    """An SFT sample cut before its completion, alone in a micro-batch: the model's own mean over no labels is nan,
+    and the step's loss, its gradients and the validation loss are the mean over the other micro-batches' labels
+    (the HF Trainer's num_items_in_batch gives the same), even where that micro-batch comes first (the first step's
+    check of the loss does not take its nan for a broken loss function)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from distsetup.training.loss.objective import PythonObjective, labels_averaged
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
+    torch.manual_seed(0)
+    ids = torch.randint(2, 256, (3, 16))
+    labels = ids.clone()
+    labels[0] = IGNORE  # the truncated sample
+    labels[1:, :8] = IGNORE  # the prompts
+    batches = [{"input_ids": ids[i : i + 1], "labels": labels[i : i + 1]} for i in range(3)]
+    every_label = model(input_ids=ids[1:], labels=labels[1:]).loss  # the mean over the counted labels
+
+    objective = PythonObjective(None, None, "model.type python", {}, labels_averaged(model))
+    weights = objective.step_weights(batches, world_size=1, device=torch.device("cpu"))
+    step = sum(objective.micro_loss(model, b, w).loss for b, w in zip(batches, weights, strict=True)) / len(batches)
+    step.backward()
+    sums = [objective.eval_sums(model, b, samples=1) for b in batches]
+    validation = sum(loss for loss, _ in sums) / sum(counted for _, counted in sums)
+    assert step.item() == pytest.approx(every_label.item(), abs=1e-5)
+    assert validation.item() == pytest.approx(every_label.item(), abs=1e-5)
+    assert all(p.grad is None or p.grad.isfinite().all() for p in model.parameters())

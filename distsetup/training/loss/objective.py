@@ -190,7 +190,7 @@ class PythonObjective:
         loss, _ = self._loss(model, batch)
         if self.counted_labels is not None:
             counted = (self._labels_counted(batch) != IGNORE).sum().to(loss.device)
-            return loss.detach() * counted, counted
+            return weighted(loss.detach(), counted), counted
         return loss.detach() * samples, torch.tensor(samples, device=loss.device)
 
     def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
@@ -222,8 +222,14 @@ class PythonObjective:
             if not rejected_input(e):
                 raise
             raise DistsetupError(*self._rejected(batch, e), alike_on_every_rank=True) from e
-        self._check(loss, parts)
+        if not self._counts_no_label(batch):  # its mean over no labels is nan, whatever the loss function
+            self._check(loss, parts)
         return loss, parts
+
+    def _counts_no_label(self, batch) -> bool:
+        """Whether the loss is the mean over the batch's labels and every one is ignored (an SFT sample cut before
+        its completion): it weighs nothing (`weighted`)."""
+        return self.counted_labels is not None and not (self._labels_counted(batch) != IGNORE).any().item()
 
     def _compute(self, model: nn.Module, batch) -> tuple[Any, dict[str, Any]]:
         """The micro-batch's loss and the terms logged beside it, as returned (_check checks them at the first step):
@@ -371,10 +377,11 @@ def is_scalar_loss(value) -> bool:
 
 def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     """`loss` x `weight`, without an operation in the graph for a weight of 1 (every step of unmasked data). A tensor
-    weight (step_weights of masked data) is never compared or read, which would make the host wait for the device;
+    weight (step_weights of masked data, a batch's counted labels) of 0 gives 0, not 0 x the mean over no labels
+    (nan; its gradient is 0 either way). It is never read on the host, which would make the host wait for the device;
     it is cast to the loss's dtype, as a Python float is (the same product, and the loss keeps its dtype)."""
     if isinstance(weight, torch.Tensor):
-        return loss * weight.to(loss.dtype)
+        return torch.where(weight > 0, loss * weight.to(loss.dtype), 0.0)
     return loss if weight == 1.0 else loss * weight
 
 
