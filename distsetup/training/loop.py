@@ -2,7 +2,6 @@
 
 from dataclasses import dataclass, field
 
-from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.data.datasets import Datasets, ShardedSampler
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.loss.objective import PythonObjective, TokenObjective
@@ -30,7 +29,6 @@ class Loop:
     timer: StepTimer
     agreement: StepAgreement
     first_step: int
-    pending: ckpt.PendingCheckpoint | None = None  # a checkpoint whose ranks still write in the background
     evals: list[dict] = field(default_factory=list)
     # the step and training seconds of the last log line (throughput is since then); the first step's at first
     logged: tuple[int, float] = field(init=False)

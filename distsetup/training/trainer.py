@@ -7,7 +7,6 @@ it asks `train_step` for a step and the others when to log, evaluate and checkpo
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from distsetup.formats.checkpoint_folder import Marker
 from distsetup.formats.runconfig import RunConfig, names_user_code
 from distsetup.training import memory, resuming, run_record, user_code
 from distsetup.training.backends import make_backend
-from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.checkpoint import universal_folder
+from distsetup.training.checkpoint.run_checkpoints import RunCheckpoints
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
@@ -84,7 +83,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption(announce=world.is_main)
         self.step, self.loss = 0, float("nan")
-        self.unconfirmed: ckpt.PendingCheckpoint | None = None  # the checkpoint the next step's loss confirms
+        self.checkpoints = RunCheckpoints(backend, world, self.ckpt_root, self.t.keep_checkpoints, backend.precision)
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = 0  # this rank's peak resident bytes in set-up
         self.training_peak = memory.TrainingPeak()
@@ -125,10 +124,11 @@ class Trainer:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
                 log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-                confirming = self.unconfirmed is not None  # the step after a checkpoint: it trained from its weights
+                # the step after a checkpoint trained from its weights: its loss confirms or withdraws it
+                confirming = self.checkpoints.unconfirmed is not None
                 terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now or confirming)
                 if confirming:
-                    self._confirm_checkpoint(loop)
+                    self.checkpoints.confirm_or_withdraw(self.step, self.loss)
                 if terms is not None and (log_now or stop):
                     self._log(loop, terms, lr, loss_scale)
                 if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
@@ -140,9 +140,9 @@ class Trainer:
                     self._checkpoint(loop, background=t.async_checkpoint and not stop, confirmed=last)
                 if stop:
                     return self.preemption.stopped_at(self.step, self.say)
-        if loop.pending is not None:
+        if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
-                loop.pending.finish(self.world, self.backend)
+                self.checkpoints.finish_pending()
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
         return 0
@@ -297,9 +297,7 @@ class Trainer:
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
         marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.say)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
-        if marker.confirmed is False:  # a stopped run's, or one a crash left unchecked: this run's first step checks it
-            keep = self.t.keep_checkpoints
-            self.unconfirmed = ckpt.PendingCheckpoint(resume, marker, [], keep, confirmed=False, finished=True)
+        self.checkpoints.resumed_from(resume, marker)
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:
@@ -318,14 +316,12 @@ class Trainer:
         if not (must or loop.agreement.due(self.step)):
             return None, False
         step_seconds = loop.timer.median_step_seconds or 0.0  # train_step() recorded a step: never 0
-        writing = loop.pending is not None and not loop.pending.written_here()
         terms, stop, written = loop.agreement.agree(
-            self.step, mean_terms(micro_losses), self.preemption.requested, step_seconds, writing
+            self.step, mean_terms(micro_losses), self.preemption.requested, step_seconds, self.checkpoints.writing()
         )
         self.loss = terms["loss"]
-        if loop.pending is not None and written:  # every rank's part is on disk
-            loop.pending.finish(self.world, self.backend)
-            loop.pending = None
+        if written:  # every rank's part of the checkpoint written in the background is on disk
+            self.checkpoints.finish_pending()
         return terms, stop
 
     def _log(self, loop: Loop, terms: dict[str, float], lr: float, loss_scale: float | None) -> None:
@@ -351,74 +347,21 @@ class Trainer:
             loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
 
     def _checkpoint(self, loop: Loop, background: bool, confirmed: bool) -> None:
+        marker = Marker(
+            backend=self.backend.name,
+            step=self.step,
+            world_size=self.world.size,
+            zero_stage=self.backend.zero_stage,
+            precision=self.backend.precision,
+            model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
+            user_code=str(self.user_code) if self.user_code else None,
+            loss=self.loss,
+            val_loss=loop.val_loss_at(self.step),
+            sampler=loop.sampler.state_dict(),
+            confirmed=None if confirmed else False,
+        )
         with self.training_peak.left_out(self.step), loop.timer.checkpointing():
-            if loop.pending is not None:  # the one before completes first
-                loop.pending.finish(self.world, self.backend)
-                loop.pending = None
-            self._refuse_weights_gone_wrong()
-            marker = Marker(
-                backend=self.backend.name,
-                step=self.step,
-                world_size=self.world.size,
-                zero_stage=self.backend.zero_stage,
-                precision=self.backend.precision,
-                model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
-                user_code=str(self.user_code) if self.user_code else None,
-                loss=self.loss,
-                val_loss=loop.val_loss_at(self.step),
-                sampler=loop.sampler.state_dict(),
-                confirmed=None if confirmed else False,
-            )
-            keep = self.t.keep_checkpoints
-            loop.pending = ckpt.start_checkpoint(
-                self.backend, self.ckpt_root, self.world, marker, keep, background, confirmed
-            )
-            if not confirmed:
-                self.unconfirmed = loop.pending
-            if not background:
-                loop.pending.finish(self.world, self.backend)
-                loop.pending = None
-
-    def _confirm_checkpoint(self, loop: Loop) -> None:
-        """The step after a checkpoint trained from its weights: where its loss (agreed by every rank) is a number,
-        the older checkpoints may go for it (training.keep_checkpoints); where it is not (outside fp16, whose loss
-        scale skips such steps), the weights it saved were gone wrong: it is withdrawn, and the run stops."""
-        checkpoint, self.unconfirmed = self.unconfirmed, None
-        assert checkpoint is not None
-        if self._loss_left_weights_whole():
-            checkpoint.confirm(self.world)
-            return
-        if loop.pending is checkpoint:  # still written in the background: it never completes
-            loop.pending = None
-        saved = checkpoint.marker.step
-        checkpoint.withdraw(
-            self.world, self.backend, f"step {self.step}, trained from its weights, has a loss of {self.loss}"
-        )
-        raise DistsetupError(
-            f"the loss is {self.loss} at step {self.step}, the first after the checkpoint of step {saved}, which is "
-            "withdrawn (a run resumes from the one before it): its weights, or this step's batch, give no number.",
-            "lower training.lr or raise training.warmup_steps, or look for a bad batch.",
-            alike_on_every_rank=True,  # the loss every rank agreed on
-        )
-
-    def _loss_left_weights_whole(self) -> bool:
-        """Whether this step's loss (agreed by every rank) is a number, or fp16's loss scale skipped a step whose loss
-        is not one (its weights are those before it)."""
-        return math.isfinite(self.loss) or self.backend.precision == "fp16"
-
-    def _refuse_weights_gone_wrong(self) -> None:
-        """A step whose loss (agreed by every rank) is not a number has left weights that are none either, unless
-        the fp16 loss scale skipped its update: such a checkpoint would become the one a run resumes from, and
-        training.keep_checkpoints would remove the good ones for it."""
-        if self._loss_left_weights_whole():
-            return
-        raise DistsetupError(
-            f"the loss is {self.loss} at step {self.step}: the weights are no longer finite, so no checkpoint is "
-            "written (the newest one stays the one a run resumes from).",
-            "lower training.lr or raise training.warmup_steps, or look for a bad batch; a checkpoint whose bytes were "
-            "damaged in place loads so too (move it aside).",
-            alike_on_every_rank=True,  # the loss every rank agreed on
-        )
+            self.checkpoints.write(marker, background, confirmed)
 
     def _host_peaks(self) -> dict[str, list[int]]:
         """Each rank's peak resident memory after set-up and in training (checkpoints left out), and the bytes of
