@@ -68,8 +68,9 @@ distributed: {{backend: ddp}}
     return root
 
 
-def submit(run_cli, cluster, root: Path, *args) -> str:
-    """A two-node job running distsetup's trainer (python -m distsetup.train), submitted from `root`."""
+def submit(run_cli, cluster, root: Path, *args, sbatch: tuple[str, ...] = ()) -> str:
+    """A two-node job running distsetup's trainer (python -m distsetup.train), submitted from `root` (`sbatch`: the
+    options sbatch is given)."""
     script = root / "job.sh"
     result = run_cli(
         "slurm",
@@ -93,7 +94,7 @@ def submit(run_cli, cluster, root: Path, *args) -> str:
     )
     assert result.exit_code == 0, result.output
     shellcheck([script])
-    return cluster.run("sbatch", "--parsable", str(script), cwd=root).stdout.strip().split(";")[0]
+    return cluster.run("sbatch", "--parsable", *sbatch, str(script), cwd=root).stdout.strip().split(";")[0]
 
 
 def job_log(root: Path, job_id: str, name: str = "distsetup") -> str:
@@ -187,6 +188,18 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
         assert f"resumed from {checkpoints / f'step_{step:07d}'} (step {step})" in log
     summary = json.loads((root / "out" / "summary.json").read_text())
     assert summary["steps"] == 300 and summary["world_size"] == 2
+
+
+def test_a_time_limit_no_longer_than_the_warning_stops_the_job_before_it_trains(run_cli, cluster, tmp_path):
+    """sbatch --time=2 (minutes) over a script that asks SLURM to warn 120 s before the time limit: warned at once,
+    each run would checkpoint and requeue, without end. The job stops with one line, unrequeued, before srun."""
+    root = slurm_project(tmp_path / "short", max_steps=300, checkpoint_interval=5)
+    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 120, sbatch=("--time=2",))
+    state = cluster.wait_job(job, timeout=120)
+    log = job_log(root, job)
+    assert (state["JobState"], state["Restarts"]) == ("FAILED", "0"), log[-4000:]
+    assert f"distsetup: job {job}'s time limit, 2:00, is not longer than the 120 s warning" in log, log[-4000:]
+    assert "node_rank" not in log and not (root / "out").exists()  # no process started
 
 
 # A program that takes 3 s to checkpoint after SIGTERM, then waits for the other rank's (as the trainer's barrier

@@ -26,6 +26,14 @@
 #SBATCH --signal=B:USR1@300
 #SBATCH --time=1-00:00:00
 set -euo pipefail
+# A time limit no longer than SLURM's warning (an sbatch --time given at submission) has SLURM warn at once: each run
+# would checkpoint as it starts and requeue, without end. squeue shows it as [D-][HH:]MM:SS.
+JOB_TIME_LIMIT="$(squeue -h -j "$SLURM_JOB_ID" -o %l 2>/dev/null || true)"
+if [[ "$JOB_TIME_LIMIT" =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]] &&
+  ((10#${BASH_REMATCH[2]:-0} * 86400 + 10#${BASH_REMATCH[4]:-0} * 3600 + 10#${BASH_REMATCH[5]} * 60 + 10#${BASH_REMATCH[6]} <= 300)); then
+  echo "distsetup: job $SLURM_JOB_ID's time limit, $JOB_TIME_LIMIT, is not longer than the 300 s warning this script asks SLURM for before it: every run would be warned as it starts and requeued, without end. Submit it with a longer sbatch --time, or regenerate it with a shorter --signal_seconds." >&2
+  exit 1
+fi
 # Preemption: SLURM sends USR1 to this shell before the time limit (--signal=B:USR1), set up from here on. Ask the
 # training processes to checkpoint with SIGTERM (torchrun forwards TERM, not USR1), wait, then requeue the job;
 # the next run resumes from the newest complete checkpoint.
