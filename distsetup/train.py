@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from distsetup.training.trainer import Trainer
 
 
-# Seconds after which a run prints every thread's stack to stderr, once (the tests set it below their timeout, so that
-# a run that hangs shows where)
+# Seconds after which a run prints every thread's stack to stderr, and again each time as many pass (the tests set it
+# below their timeout, so that a run that hangs shows where)
 STACKS_AFTER = "DISTSETUP_STACKS_AFTER_S"
 
 
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, stopped_during_set_up)  # until the trainer takes SIGTERM over (preemption.py)
     if (seconds := os.environ.get(STACKS_AFTER, "")).isdigit():  # the tests': where a run that hangs waits
-        faulthandler.dump_traceback_later(int(seconds), exit=False)
+        faulthandler.dump_traceback_later(int(seconds), repeat=True)
     try:
         cfg = load_config(args)
         if args.check:
