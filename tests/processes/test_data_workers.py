@@ -1,16 +1,30 @@
-"""data.num_workers: the DataLoader workers start from a fork server, never forked from the rank (CPython 3.11 can
-deadlock a child forked from a process with threads), and the signals that stop a run (a launcher's or SLURM's, sent
-to every process of the rank) leave them serving the rank until it ends them. A dataset that cannot be pickled to
-the server is forked from the rank, with one note. The runs behind it: test_train_resume.py (SIGTERM to torchrun,
-SIGUSR1 and SIGINT to every process of a run) and test_own_model.py (the pairwise scorer's 2 workers)."""
+"""data.num_workers: on the CPU under CPython 3.11 the DataLoader workers start from a fork server, not forked from
+the rank (CPython 3.11 can deadlock a child forked while gloo's threads enter Python), and they go when the rank is
+killed outright; the signals that stop a run (a launcher's or SLURM's, sent to every process of the rank) leave them
+serving the rank until it ends them. A dataset the server's workers cannot be given is forked from the rank, with
+one note. The runs behind it: test_train_resume.py (SIGTERM to torchrun, SIGUSR1 and SIGINT to every process of a
+run) and test_own_model.py (the pairwise scorer's 2 workers)."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import pytest
 import torch
+from process_tree import process_tree
 from torch.utils.data import default_collate
 
 from distsetup.training.data.datasets import ShardedSampler
-from distsetup.training.data.loader import STOP_SIGNALS, Placement, StepLoader, validation_batches
+from distsetup.training.data.loader import (
+    STOP_SIGNALS,
+    Placement,
+    StepLoader,
+    _note_forked_from_the_rank,
+    validation_batches,
+)
 
 CPU = Placement(torch.device("cpu"))
 
@@ -28,6 +42,14 @@ class WhoServes:
 class WhoServesFromAnOpenFile(WhoServes):
     def __init__(self):
         self.log = open(os.devnull, "w")  # an open file cannot be pickled
+
+
+class WhoServesBesideManyTensors(WhoServes):
+    def __init__(self):
+        self.rows = [torch.zeros(2) for _ in range(300)]  # one file descriptor each, where 256 at most go to a worker
+
+
+FROM_A_FORK_SERVER = sys.version_info < (3, 12)  # on the CPU (these tests'); CPython 3.12 forks safely
 
 
 def servers(batches: list[torch.Tensor]) -> tuple[set[int], set[int]]:
@@ -53,18 +75,78 @@ def read_through_stop_signals(dataset) -> tuple[set[int], set[int]]:
     return workers, parents
 
 
-def test_workers_start_from_a_fork_server_and_serve_through_the_stop_signals(capsys):
+def test_workers_start_where_they_cannot_deadlock_and_serve_through_the_stop_signals(capsys):
     workers, parents = read_through_stop_signals(WhoServes())
-    assert len(workers) == 2 and os.getpid() not in workers | parents and len(parents) == 1
+    assert len(workers) == 2 and os.getpid() not in workers and len(parents) == 1
+    assert (os.getpid() not in parents) == FROM_A_FORK_SERVER
     assert "note:" not in capsys.readouterr().out
 
 
-def test_a_dataset_that_cannot_be_pickled_is_read_by_workers_forked_from_the_rank_with_one_note(capsys):
-    dataset = WhoServesFromAnOpenFile()
-    workers, parents = read_through_stop_signals(dataset)
+@pytest.mark.parametrize(
+    "dataset, why", [(WhoServesFromAnOpenFile, "TextIOWrapper"), (WhoServesBesideManyTensors, "too many fds")]
+)
+def test_a_dataset_the_fork_servers_workers_cannot_take_is_read_by_workers_forked_from_the_rank(capsys, dataset, why):
+    _note_forked_from_the_rank.cache_clear()  # said once a process: here once a test
+    data = dataset()
+    workers, parents = read_through_stop_signals(data)
     assert len(workers) == 2 and parents == {os.getpid()}
     for _ in range(2):  # as at two evaluations: said once
-        assert len(list(validation_batches(dataset, 2, 0, 1, default_collate, 2, CPU))) == 4
+        assert len(list(validation_batches(data, 2, 0, 1, default_collate, 2, CPU))) == 4
     said = capsys.readouterr().out
-    assert said.count("note: data.num_workers: the dataset cannot be pickled") == 1, said
-    assert "TextIOWrapper" in said and "pickle error" not in said  # the reason, once; not torch's own warning
+    assert said.count("note: data.num_workers: the dataset cannot go to workers of the fork server") == int(
+        FROM_A_FORK_SERVER
+    ), said
+    assert (why in said) == FROM_A_FORK_SERVER and "pickle error" not in said  # the reason, not torch's warning
+
+
+RANK = """
+import os, sys, time
+sys.path[:0] = {paths!r}  # this module's folder, and tests/support
+import torch
+from torch.utils.data import default_collate
+from distsetup.training.data.datasets import ShardedSampler
+from distsetup.training.data.loader import Placement, StepLoader
+from test_data_workers import WhoServes
+
+if __name__ == "__main__":
+    cpu = Placement(torch.device("cpu"))
+    loader = StepLoader(WhoServes(), ShardedSampler(8, 2, 2, 1, 0, 0), default_collate, 2, cpu)  # 2 micro-batches
+    print(*torch.cat(loader.next_step())[:, 0].tolist(), flush=True)
+    time.sleep(3)  # long enough to look at its processes
+    if sys.argv[1] == "raising":
+        raise RuntimeError("a run that fails with its loader open")
+    time.sleep(600)  # until killed
+"""
+
+
+def alive(pids: set[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+@pytest.mark.parametrize("end", ["killed outright", "raising"])
+def test_a_rank_that_ends_takes_its_workers_with_it(tmp_path, end):
+    """kill -9 of a rank (a lost node, the OOM killer): its workers and the fork server they came from end within
+    seconds (the server's children kept it alive, and torch's watchdog watched the server). A rank that raises with
+    its loader open leaves (multiprocessing's exit SIGTERMed the workers, which ignore it, and waited for good)."""
+    script = tmp_path / "rank.py"
+    here = Path(__file__).parent
+    script.write_text(RANK.format(paths=[str(here), str(here.parent / "support")]))
+    rank = subprocess.Popen(
+        [sys.executable, str(script), end], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    workers = {int(pid) for pid in rank.stdout.readline().split()}
+    tree = set(process_tree(rank.pid))
+    assert len(workers) == 2 and workers < tree, (workers, tree)
+    if end == "killed outright":
+        rank.kill()
+    try:
+        _, said = rank.communicate(timeout=60)
+    finally:
+        rank.kill()
+    assert end == "killed outright" or "a run that fails with its loader open" in said
+    deadline = time.monotonic() + 20
+    while (left := alive(tree - {rank.pid})) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, left

@@ -7,23 +7,32 @@ steps taken, so the data position a checkpoint records is exact however far the 
 loader seeds its workers from a generator of its own: torch's global one (dropout's) is left as an uninterrupted run
 leaves it.
 
-The workers are forked from a fork server (a process started once per rank, with torch imported), never from the
-rank itself. A rank has threads (gloo's, torch's, the metrics writer's), and CPython 3.11 can deadlock a child forked
-while another thread holds the runtime's lock, as a thread does when it first enters Python: PyOS_AfterFork_Child
-waits for that lock before it makes it anew. The pairwise scorer's test runs hung so now and then; started beside
-threads entering Python, 2 loaders in 400 hung forked from the process, none from the server. A dataset that cannot
-be pickled over to the server is forked from the rank, with a note.
+Where forking the rank can deadlock, the workers start from a fork server instead (a process started once per
+rank, with torch imported): under CPython 3.11 and older, on the CPU. There the rank's gradients go through gloo,
+whose threads enter Python as they let go of each collective launched in backward (torch keeps the backward's
+contextvars in the collective's thread-local state), and CPython 3.11 deadlocks a child forked while a thread
+does: PyOS_AfterFork_Child waits for the runtime's lock before it makes it anew. The pairwise scorer's test runs hung
+so now and then; started beside threads entering Python, 10 loaders in 1400 hung forked, none from the server.
+Elsewhere (CPython 3.12 makes the lock anew first; NCCL's threads do not enter Python) they are forked from the
+rank, sharing its memory. A dataset the server's workers cannot be given (one that cannot be pickled, or holds 256
+tensors or more: their storages go as file descriptors) is forked from the rank, with a note.
 
 Neither the server nor a worker answers the signals that stop a run (STOP_SIGNALS): a launcher or SLURM sends them
 to every process of a rank, and a worker that died of one would fail the rank's next batch ("DataLoader worker ...
 killed by signal") before the rank could checkpoint. The rank ends its workers as it ends.
 """
 
+import atexit
+import contextlib
 import copy
 import functools
 import math
-import pickle
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util  # noqa: F401 - its exit function registered before this module's (_end_workers_left)
+import os
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
+from distsetup.errors import first_line
 from distsetup.training.data.datasets import ShardedSampler
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # the rank's to answer (training/preemption.py)
@@ -120,7 +130,7 @@ def _started(
             batch_sampler=batch_sampler,
             collate_fn=collate,
             num_workers=workers,
-            worker_init_fn=_leave_stop_signals_to_the_rank,
+            worker_init_fn=_serve_the_rank,
             multiprocessing_context=context,
             pin_memory=placement.device.type == "cuda",
             generator=torch.Generator().manual_seed(seed),  # not torch's global generator: see the module's docstring
@@ -128,50 +138,85 @@ def _started(
 
     if workers == 0:
         return iter(loader(None))
-    try:
-        with warnings.catch_warnings():  # torch's own words for it, which suggest fork for the whole program
-            warnings.filterwarnings("ignore", "Got pickle error when attempting to start a worker")
-            return iter(loader(_fork_server()))
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        if "pickle" not in str(e):
-            raise
-        if rank == 0:
-            _note_forked_from_the_rank(str(e))
+    if _forking_can_deadlock(placement):
+        try:
+            with warnings.catch_warnings():  # torch's words for a pickling error, which suggest fork for everything
+                warnings.filterwarnings("ignore", "Got pickle error when attempting to start a worker")
+                return iter(loader(_fork_server()))
+        except Exception as e:  # whatever stops the server's workers (pickling, 256 file descriptors at most)
+            if rank == 0:
+                _note_forked_from_the_rank(f"{type(e).__name__}: {first_line(e)}")
+    with _stop_signals_blocked():  # the forked workers keep them blocked
         return iter(loader("fork"))
 
 
-@functools.cache
+def _forking_can_deadlock(placement: Placement) -> bool:
+    """Whether a worker forked from the rank can deadlock: under CPython 3.11 and older, where the rank's gradients
+    go through gloo, whose threads enter Python (see the module's docstring)."""
+    return sys.version_info < (3, 12) and placement.device.type == "cpu"
+
+
 def _fork_server() -> str:
-    """The start method of workers forked from the fork server, started here with torch imported and STOP_SIGNALS
-    blocked: the server and every worker it forks inherit the mask. So does the resource tracker the server needs,
-    started first: it blocks SIGINT and SIGTERM for itself, and unblocks them in this thread as it returns."""
+    """The start method of workers forked from the fork server, started (or started again, where it died) with
+    torch imported and STOP_SIGNALS blocked: the server and every worker it forks inherit the mask. So does the
+    resource tracker the server needs, started first: it blocks SIGINT and SIGTERM for itself, and unblocks them in
+    this thread as it returns."""
     from multiprocessing import forkserver, resource_tracker
 
     forkserver.set_forkserver_preload(["torch", __name__])
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
+    with _stop_signals_blocked():
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         forkserver.ensure_running()
+    return "forkserver"
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """STOP_SIGNALS blocked in this thread (a process started meanwhile inherits the mask), then as they were: one
+    that came meanwhile is answered then."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-    return "forkserver"
 
 
 @functools.cache  # once for each dataset, not at each evaluation
 def _note_forked_from_the_rank(why: str) -> None:
     print(
-        f"note: data.num_workers: the dataset cannot be pickled ({why}), so its DataLoader workers are forked from "
-        "the rank, which can deadlock in a process with threads (see distsetup/training/data/loader.py); make it "
-        "picklable (no lambdas, open files or locally defined classes in it).",
+        f"note: data.num_workers: the dataset cannot go to workers of the fork server ({why}), so they are forked "
+        "from the rank, which can deadlock under CPython 3.11 (see distsetup/training/data/loader.py); make it "
+        "picklable (no lambdas, open files or locally defined classes in it) and hold fewer than 256 tensors.",
         flush=True,
     )
 
 
-def _leave_stop_signals_to_the_rank(worker_id: int) -> None:
-    """A worker forked from the rank ignores STOP_SIGNALS too (see the module's docstring)."""
+def _serve_the_rank(worker_id: int) -> None:
+    """A worker serves the rank until the rank ends it, or ends: it ignores STOP_SIGNALS too (blocked already), and
+    leaves as soon as the rank is gone, however it went (torch's own watchdog watches the worker's parent, which for
+    a worker of the fork server is the server: a rank killed outright left the server and its workers running for
+    good, each keeping the other alive)."""
     for stop in STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
+    rank = multiprocessing.parent_process()
+    if rank is not None:
+        threading.Thread(target=_leave_with, args=(rank.sentinel,), name="leave-with-the-rank", daemon=True).start()
+
+
+def _leave_with(rank_sentinel: int) -> None:
+    multiprocessing.connection.wait([rank_sentinel])
+    os._exit(0)
+
+
+@atexit.register  # after multiprocessing.util's own (imported above): atexit runs the last registered first
+def _end_workers_left() -> None:
+    """A rank that leaves through the interpreter's exit (a run that raised with a loader open) has multiprocessing
+    SIGTERM its daemonic children, DataLoader workers among them, and wait for them without end: they ignore SIGTERM
+    (STOP_SIGNALS). They are killed first."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 def placed(batch, placement: Placement):
