@@ -13,13 +13,16 @@ whose threads enter Python as they let go of each collective launched in backwar
 contextvars in the collective's thread-local state), and CPython 3.11 deadlocks a child forked while a thread
 does: PyOS_AfterFork_Child waits for the runtime's lock before it makes it anew. The pairwise scorer's test runs hung
 so now and then; started beside threads entering Python, 10 loaders in 1400 hung forked, none from the server.
-Elsewhere (CPython 3.12 makes the lock anew first; NCCL's threads do not enter Python) they are forked from the
-rank, sharing its memory. A dataset the server's workers cannot be given (one that cannot be pickled, or holds 256
-tensors or more: their storages go as file descriptors) is forked from the rank, with a note.
+Elsewhere they are forked from the rank, sharing its memory: CPython 3.12 makes the lock anew first, and on a GPU
+NCCL's work objects hold no Python state (ProcessGroupNCCL.hpp; gloo's AsyncWork keeps the thread-local state) and
+autograd's device threads keep their Python thread state for good (read, not run on a GPU). A dataset the server's
+workers cannot be given (one that cannot be pickled, or holds 256 tensors or more: their storages go as file
+descriptors) is forked from the rank, with a note.
 
 Neither the server nor a worker answers the signals that stop a run (STOP_SIGNALS): a launcher or SLURM sends them
 to every process of a rank, and a worker that died of one would fail the rank's next batch ("DataLoader worker ...
-killed by signal") before the rank could checkpoint. The rank ends its workers as it ends.
+killed by signal") before the rank could checkpoint. The rank ends its workers as it ends, and a worker leaves as
+soon as its rank is gone.
 """
 
 import atexit
