@@ -16,8 +16,8 @@ so now and then; started beside threads entering Python, 10 loaders in 1400 hung
 Elsewhere they are forked from the rank, sharing its memory: CPython 3.12 makes the lock anew first, and on a GPU
 NCCL's work objects hold no Python state (ProcessGroupNCCL.hpp; gloo's AsyncWork keeps the thread-local state) and
 autograd's device threads keep their Python thread state for good (read, not run on a GPU). A dataset the server's
-workers cannot be given (one that cannot be pickled, or holds 256 tensors or more: their storages go as file
-descriptors) is forked from the rank, with a note.
+workers cannot be given (one that cannot be pickled, or holds more than about 240 tensors: their storages go as
+file descriptors, 253 to a message) is forked from the rank, with a note.
 
 Neither the server nor a worker answers the signals that stop a run (STOP_SIGNALS): a launcher or SLURM sends them
 to every process of a rank, and a worker that died of one would fail the rank's next batch ("DataLoader worker ...
@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -77,14 +78,16 @@ class StepLoader:
         return [placed(next(self._batches), self.placement) for _ in range(self.sampler.accumulation)]
 
     def close(self) -> None:
-        """Stop the worker processes (the DataLoader's iterator does as it goes), and wait for the threads that fed
-        any loader's queues to end: they hold the queues' semaphores, which the fork server's resource tracker
-        would otherwise find left behind, and warn of, once the rank has left without the interpreter's teardown
-        (distsetup/train.py exit_now)."""
-        self._batches = iter(())
-        for thread in threading.enumerate():
-            if thread.name == "QueueFeederThread":  # multiprocessing.Queue's, closed with its DataLoader
-                thread.join(timeout=QUEUE_FEEDER_WAIT_S)
+        """Stop the worker processes, also where an exception's traceback still holds the DataLoader's iterator, and
+        wait for the threads that fed the loaders' queues to end: they hold the queues' semaphores, which the fork
+        server's resource tracker would otherwise find left behind, and warn of, once the rank has left without the
+        interpreter's teardown (distsetup/train.py exit_now)."""
+        batches, self._batches = self._batches, iter(())
+        getattr(batches, "_shutdown_workers", lambda: None)()  # torch's, as when the iterator is freed
+        for queue in list(_INDEX_QUEUES):
+            feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's, ending once the queue is closed
+            if feeder is not None and getattr(queue, "_closed", False):  # not another live loader's
+                feeder.join(timeout=QUEUE_FEEDER_WAIT_S)
 
 
 class _MicroBatches:
@@ -145,12 +148,25 @@ def _started(
         try:
             with warnings.catch_warnings():  # torch's words for a pickling error, which suggest fork for everything
                 warnings.filterwarnings("ignore", "Got pickle error when attempting to start a worker")
-                return iter(loader(_fork_server()))
-        except Exception as e:  # whatever stops the server's workers (pickling, 256 file descriptors at most)
+                return _kept(iter(loader(_fork_server())))
+        except Exception as e:  # whatever stops the server's workers (pickling, too many file descriptors)
             if rank == 0:
                 _note_forked_from_the_rank(f"{type(e).__name__}: {first_line(e)}")
     with _stop_signals_blocked():  # the forked workers keep them blocked
-        return iter(loader("fork"))
+        return _kept(iter(loader("fork")))
+
+
+# The loaders' worker processes and the queues this rank feeds them indices through, while they exist
+_WORKERS: "weakref.WeakSet[multiprocessing.process.BaseProcess]" = weakref.WeakSet()
+_INDEX_QUEUES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _kept(batches: Iterator) -> Iterator:
+    """`batches`, a DataLoader's iterator with workers, its workers and index queues kept in _WORKERS and
+    _INDEX_QUEUES (torch's attributes; none where torch has other names for them)."""
+    _WORKERS.update(getattr(batches, "_workers", ()))
+    _INDEX_QUEUES.update(getattr(batches, "_index_queues", ()))
+    return batches
 
 
 def _forking_can_deadlock(placement: Placement) -> bool:
@@ -167,6 +183,9 @@ def _fork_server() -> str:
     from multiprocessing import forkserver, resource_tracker
 
     forkserver.set_forkserver_preload(["torch", __name__])
+    # Linux passes 253 file descriptors in a message at most (SCM_MAX_FD): past that CPython 3.11's server, sent
+    # none, ended, and every loader's workers with it; at this bound the client refuses first (ValueError)
+    vars(forkserver)["MAXFDS_TO_SEND"] = min(forkserver.MAXFDS_TO_SEND, 253 + 1)
     with _stop_signals_blocked():
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -190,7 +209,7 @@ def _note_forked_from_the_rank(why: str) -> None:
     print(
         f"note: data.num_workers: the dataset cannot go to workers of the fork server ({why}), so they are forked "
         "from the rank, which can deadlock under CPython 3.11 (see distsetup/training/data/loader.py); make it "
-        "picklable (no lambdas, open files or locally defined classes in it) and hold fewer than 256 tensors.",
+        "picklable (no lambdas, open files or locally defined classes in it) and hold fewer than 240 tensors.",
         flush=True,
     )
 
@@ -215,11 +234,11 @@ def _leave_with(rank_sentinel: int) -> None:
 @atexit.register  # after multiprocessing.util's own (imported above): atexit runs the last registered first
 def _end_workers_left() -> None:
     """A rank that leaves through the interpreter's exit (a run that raised with a loader open) has multiprocessing
-    SIGTERM its daemonic children, DataLoader workers among them, and wait for them without end: they ignore SIGTERM
-    (STOP_SIGNALS). They are killed first."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
+    SIGTERM its daemonic children, the loaders' workers among them, and wait for them without end: they ignore
+    SIGTERM (STOP_SIGNALS). They are killed first; other children are left to multiprocessing."""
+    for worker in list(_WORKERS):
+        if worker.is_alive():
+            worker.kill()
 
 
 def placed(batch, placement: Placement):
