@@ -20,13 +20,8 @@ from process_tree import process_tree
 from torch.utils.data import default_collate
 
 from distsetup.training.data.datasets import ShardedSampler
-from distsetup.training.data.loader import (
-    STOP_SIGNALS,
-    Placement,
-    StepLoader,
-    _note_forked_from_the_rank,
-    validation_batches,
-)
+from distsetup.training.data.loader import Placement, StepLoader, validation_batches
+from distsetup.training.data.worker_processes import STOP_SIGNALS, _note_forked_from_the_rank
 
 CPU = Placement(torch.device("cpu"))
 
