@@ -180,6 +180,8 @@ class Trainer:
         objective, flops, peak = self._build_model(data)
         if resume:
             self._load(resume, sampler)
+            if isinstance(objective, PythonObjective):  # its first-step check names the checkpoint
+                objective.resumed_from = resume
         self.out_dir.mkdir(parents=True, exist_ok=True)
         wandb = wandb_settings(self.cfg, resume is not None, self.max_steps)
         metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb, start_step=self.step)

@@ -226,6 +226,27 @@ def test_a_run_resumed_from_an_unchecked_checkpoint_checks_it_at_its_first_step(
     assert (newest / "WITHDRAWN").is_file() and find_resume(tmp_path / "out" / "checkpoints")[0] is None
 
 
+def test_your_own_loss_of_nan_after_a_resume_names_the_checkpoint_it_trained_from(tmp_path):
+    """data.type python: the first step's check of the user's loss says which checkpoint the run resumed from, whose
+    weights (made nan by hand here) may be what gives no number, and how to resume from the one before it."""
+    import torch
+
+    assert flaky_run(tmp_path, interval=2, max_steps=2, nan_from=99).returncode == 0
+    newest = step_dir(tmp_path / "out" / "checkpoints", 2)
+    state = torch.load(newest / "state.pt", weights_only=False)
+    state["model"] = {name: torch.full_like(value, float("nan")) for name, value in state["model"].items()}
+    torch.save(state, newest / "state.pt")
+    marker = json.loads((newest / "COMPLETE").read_text())
+    files = {**marker["files"], "state.pt": (newest / "state.pt").stat().st_size}
+    (newest / "COMPLETE").write_text(json.dumps({**marker, "files": files}))
+    config = json.loads((tmp_path / "run.yaml").read_text())
+    config["training"]["max_steps"] = 4
+    (tmp_path / "run.yaml").write_text(json.dumps(config))
+    result = train(tmp_path / "run.yaml", 1, env={"NAN_FROM": "99"})
+    assert_clean_error(result, f"flaky:loss returned a loss of nan at the first step after resuming from {newest}")
+    assert "move that checkpoint aside to resume from the one before it" in result.stdout + result.stderr
+
+
 def test_deepspeeds_latest_names_the_newest_complete_checkpoint_after_a_withdrawal(tmp_path):
     from distsetup.training.backends.deepspeed import point_latest_at_the_newest
 

@@ -15,6 +15,7 @@ The first call checks what the user's code returned, in one line naming the sett
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -179,6 +180,7 @@ class PythonObjective:
         labels it counts; None: a micro-batch's loss weighs as much as its samples."""
         self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
         self.forward_kwargs, self.counted_labels = forward_kwargs, counted_labels
+        self.resumed_from: Path | None = None  # the checkpoint this run's first step trains from, where it resumed
 
     def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
         loss, parts = self._loss(model, batch)
@@ -294,11 +296,16 @@ class PythonObjective:
                 f"name it otherwise (the log's own: {', '.join(sorted(LOGGED_BESIDE_THE_LOSS))}).",
                 alike_on_every_rank=True,
             )
-        if not torch.isfinite(loss).item():
+        by_hand = "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN)"
+        if not torch.isfinite(loss).item() and self.resumed_from is not None:
             raise DistsetupError(
-                f"{source} returned a loss of {loss.item()} at the first step.",
-                "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN).",
+                f"{source} returned a loss of {loss.item()} at the first step after resuming from "
+                f"{self.resumed_from}: its weights, or the loss function, give no number.",
+                f"where {source} is as it was, move that checkpoint aside to resume from the one before it; else "
+                f"{by_hand}.",
             )
+        if not torch.isfinite(loss).item():
+            raise DistsetupError(f"{source} returned a loss of {loss.item()} at the first step.", f"{by_hand}.")
         self._checked = True
 
 
