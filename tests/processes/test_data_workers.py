@@ -5,7 +5,6 @@ serving the rank until it ends them. A dataset the server's workers cannot be gi
 one note. The runs behind it: test_train_resume.py (SIGTERM to torchrun, SIGUSR1 and SIGINT to every process of a
 run) and test_own_model.py (the pairwise scorer's 2 workers)."""
 
-import contextlib
 import os
 import select
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from process_tree import process_tree
+from process_tree import process_tree, running
 from torch.utils.data import default_collate
 
 from distsetup.training.data.datasets import ShardedSampler
@@ -122,16 +121,6 @@ if __name__ == "__main__":
 """
 
 
-def alive(pids: set[int]) -> list[int]:
-    """Those of `pids` still running (a zombie has ended)."""
-    running = []
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                running.append(pid)
-    return running
-
-
 @pytest.mark.parametrize("end", ["killed outright", "raising"])
 def test_a_rank_that_ends_takes_its_workers_with_it(tmp_path, end):
     """kill -9 of a rank (a lost node, the OOM killer): its workers and the fork server they came from end within
@@ -154,9 +143,9 @@ def test_a_rank_that_ends_takes_its_workers_with_it(tmp_path, end):
         _, said = rank.communicate(timeout=60)  # once every process holding its output has ended
         assert end == "killed outright" or "a run that fails with its loader open" in said
         deadline = time.monotonic() + 20
-        while (left := alive(tree - {rank.pid})) and time.monotonic() < deadline:
+        while (left := running(tree - {rank.pid})) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not left, left
     finally:
-        for pid in alive(tree):
+        for pid in running(tree):
             os.kill(pid, signal.SIGKILL)

@@ -8,15 +8,24 @@ def process_tree(pid: int) -> list[int]:
     """`pid` and its descendants."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
         found.append(current)
         todo += children.get(current, [])
     return found
+
+
+def running(pids) -> list[int]:
+    """Those of `pids` still running (a zombie has ended)."""
+    return [pid for pid in pids if (fields := _stat(pid)) and fields[0] != "Z"]
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name: state, parent pid, ...; none where it is gone."""
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []

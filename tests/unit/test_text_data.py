@@ -418,7 +418,8 @@ def test_an_hf_models_own_loss_weighs_each_micro_batch_by_its_counted_labels(tmp
     2 counted labels weighed as much as one of 20."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from distsetup.training.loss.objective import PythonObjective, labels_averaged
+    from distsetup.training.loss.counted_labels import labels_averaged
+    from distsetup.training.loss.objective import PythonObjective
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
     model.eval()
@@ -452,7 +453,8 @@ def test_a_micro_batch_whose_labels_are_all_ignored_weighs_nothing_rather_than_n
     check of the loss does not take its nan for a broken loss function)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from distsetup.training.loss.objective import PythonObjective, labels_averaged
+    from distsetup.training.loss.counted_labels import labels_averaged
+    from distsetup.training.loss.objective import PythonObjective
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
     torch.manual_seed(0)

@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+from pathlib import Path
 
 import pytest
 from train_runs import GLOBAL_BATCH, assert_clean_error, ds_file, train, write_run_config
@@ -203,22 +204,28 @@ def test_a_checkpoint_step_whose_loss_is_no_number_writes_none(tmp_path):
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+def make_weights_nan(checkpoint: Path, **marker_fields) -> None:
+    """Every weight in a single-process checkpoint's state.pt nan, as an update gone wrong leaves them; its marker
+    names the file's new size, and `marker_fields` besides."""
+    import torch
+
+    state = torch.load(checkpoint / "state.pt", weights_only=False)
+    state["model"] = {name: torch.full_like(value, float("nan")) for name, value in state["model"].items()}
+    torch.save(state, checkpoint / "state.pt")
+    marker = json.loads((checkpoint / "COMPLETE").read_text())
+    files = {**marker["files"], "state.pt": (checkpoint / "state.pt").stat().st_size}
+    (checkpoint / "COMPLETE").write_text(json.dumps({**marker, "files": files, **marker_fields}))
+
+
 def test_a_run_resumed_from_an_unchecked_checkpoint_checks_it_at_its_first_step(tmp_path):
     """A stopped run's checkpoint (or one a crash left before the step after it) says confirmed: false; the run that
     resumes from it checks it with its first step's loss, and withdraws it where that is nan (here its weights are
     made nan by hand, as an update gone wrong at the stopping step leaves them)."""
-    import torch
-
     config = write_run_config(tmp_path, "single")
     settings = ("training.checkpoint_interval=1", "training.keep_checkpoints=1")
     assert train(config, 1, "training.max_steps=3", *settings).returncode == 0
     newest = step_dir(tmp_path / "out" / "checkpoints", 3)
-    state = torch.load(newest / "state.pt", weights_only=False)
-    state["model"] = {name: torch.full_like(value, float("nan")) for name, value in state["model"].items()}
-    torch.save(state, newest / "state.pt")
-    marker = json.loads((newest / "COMPLETE").read_text())
-    files = {**marker["files"], "state.pt": (newest / "state.pt").stat().st_size}
-    (newest / "COMPLETE").write_text(json.dumps({**marker, "files": files, "confirmed": False}))
+    make_weights_nan(newest, confirmed=False)
     result = train(config, 1, "training.max_steps=5", *settings)
     assert_clean_error(
         result, "the loss is nan at step 4, the first after the checkpoint of step 3, which is withdrawn"
@@ -229,16 +236,9 @@ def test_a_run_resumed_from_an_unchecked_checkpoint_checks_it_at_its_first_step(
 def test_your_own_loss_of_nan_after_a_resume_names_the_checkpoint_it_trained_from(tmp_path):
     """data.type python: the first step's check of the user's loss says which checkpoint the run resumed from, whose
     weights (made nan by hand here) may be what gives no number, and how to resume from the one before it."""
-    import torch
-
     assert flaky_run(tmp_path, interval=2, max_steps=2, nan_from=99).returncode == 0
     newest = step_dir(tmp_path / "out" / "checkpoints", 2)
-    state = torch.load(newest / "state.pt", weights_only=False)
-    state["model"] = {name: torch.full_like(value, float("nan")) for name, value in state["model"].items()}
-    torch.save(state, newest / "state.pt")
-    marker = json.loads((newest / "COMPLETE").read_text())
-    files = {**marker["files"], "state.pt": (newest / "state.pt").stat().st_size}
-    (newest / "COMPLETE").write_text(json.dumps({**marker, "files": files}))
+    make_weights_nan(newest)
     config = json.loads((tmp_path / "run.yaml").read_text())
     config["training"]["max_steps"] = 4
     (tmp_path / "run.yaml").write_text(json.dumps(config))

@@ -26,6 +26,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
 from distsetup.training import user_code
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
+from distsetup.training.loss.counted_labels import labels_averaged
 from distsetup.training.loss.model_outputs import field_of, forward_kwargs
 from distsetup.training.loss.output_heads import loss_head
 from distsetup.training.loss.sliced import LossHead, targets_for
@@ -191,7 +192,7 @@ class PythonObjective:
         number: summed over ranks and batches, the mean over the whole validation set."""
         loss, _ = self._loss(model, batch)
         if self.counted_labels is not None:
-            counted = (self._labels_counted(batch) != IGNORE).sum().to(loss.device)
+            counted = self._label_count(batch).to(loss.device)
             return weighted(loss.detach(), counted), counted
         return loss.detach() * samples, torch.tensor(samples, device=loss.device)
 
@@ -207,6 +208,10 @@ class PythonObjective:
         # every rank all-reduces the counts (a batch without labels counts none: its model returns no loss)
         counted = [self._labels_counted(batch).to(device) for batch in batches]
         return loss_weights(counted, world_size, device).unbind()
+
+    def _label_count(self, batch) -> torch.Tensor:
+        """How many labels of `batch` its loss is the mean over (ignored ones left out)."""
+        return (self._labels_counted(batch) != IGNORE).sum()
 
     def _labels_counted(self, batch) -> torch.Tensor:
         """The labels of `batch` its loss is the mean over (none where it has no labels)."""
@@ -231,7 +236,7 @@ class PythonObjective:
     def _counts_no_label(self, batch) -> bool:
         """Whether the loss is the mean over the batch's labels and every one is ignored (an SFT sample cut before
         its completion): it weighs nothing (`weighted`)."""
-        return self.counted_labels is not None and not (self._labels_counted(batch) != IGNORE).any().item()
+        return self.counted_labels is not None and self._label_count(batch).item() == 0
 
     def _compute(self, model: nn.Module, batch) -> tuple[Any, dict[str, Any]]:
         """The micro-batch's loss and the terms logged beside it, as returned (_check checks them at the first step):
@@ -296,16 +301,16 @@ class PythonObjective:
                 f"name it otherwise (the log's own: {', '.join(sorted(LOGGED_BESIDE_THE_LOSS))}).",
                 alike_on_every_rank=True,
             )
-        by_hand = "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN)"
-        if not torch.isfinite(loss).item() and self.resumed_from is not None:
+        if not torch.isfinite(loss).item():
+            by_hand = "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN)."
+            if self.resumed_from is None:
+                raise DistsetupError(f"{source} returned a loss of {loss.item()} at the first step.", by_hand)
             raise DistsetupError(
                 f"{source} returned a loss of {loss.item()} at the first step after resuming from "
                 f"{self.resumed_from}: its weights, or the loss function, give no number.",
                 f"where {source} is as it was, move that checkpoint aside to resume from the one before it; else "
-                f"{by_hand}.",
+                f"{by_hand}",
             )
-        if not torch.isfinite(loss).item():
-            raise DistsetupError(f"{source} returned a loss of {loss.item()} at the first step.", f"{by_hand}.")
         self._checked = True
 
 
@@ -343,29 +348,6 @@ def objective_for(
     loss_source = t.loss and f"training.loss {t.loss}"
     counted = labels_averaged(module) if loss_function is None else None
     return PythonObjective(loss_function, loss_source, source, forward_kwargs(module, m.type), counted), ""
-
-
-# Hugging Face models' own losses that are the mean over the labels that are not -100 (transformers' LOSS_MAPPING,
-# by the model's loss_type), and whether they shift them first: a causal LM's targets are the next tokens.
-MEAN_OVER_LABELS = {"ForCausalLM": True, "ForMaskedLM": False, "ForTokenClassification": False}
-
-
-def labels_averaged(module: nn.Module) -> Callable[[dict], torch.Tensor] | None:
-    """Where the model's own loss is the mean over a batch's counted labels (a Hugging Face causal LM, masked LM or
-    token classifier), the labels of a batch it counts, as the HF Trainer counts them for num_items_in_batch; else
-    None."""
-    shifted = MEAN_OVER_LABELS.get(getattr(module, "loss_type", None) or "")
-    if shifted is None or getattr(getattr(module, "config", None), "is_encoder_decoder", False):
-        return None
-    return _next_token_labels if shifted else _labels
-
-
-def _next_token_labels(batch: dict) -> torch.Tensor:
-    return batch["labels"][..., 1:]
-
-
-def _labels(batch: dict) -> torch.Tensor:
-    return batch["labels"]
 
 
 def rejected_input(error: Exception) -> bool:
