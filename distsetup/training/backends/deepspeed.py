@@ -9,7 +9,9 @@ torch backends do.
 """
 
 import contextlib
+import io
 import os
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -46,6 +48,9 @@ from distsetup.training.world import decided_by_rank0, ranks
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
 FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
+# DeepSpeed 0.19 gathers and reduce-scatters with the names torch 2.13 deprecates: a FutureWarning on every rank that
+# names calls the user never made
+DEEPSPEED_CALLS_DEPRECATED = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 
 
 class DeepSpeedBackend(Backend):
@@ -106,10 +111,13 @@ class DeepSpeedBackend(Backend):
         `numactl` in a subprocess at every ZeRO-3 gradient reduction and counts NUMA nodes instead, and each
         subprocess resets Python's record of the warnings shown, so a warning meant once per process came once per
         step. Set before this join, it would turn on DeepSpeed's shared-memory all-reduce, whose /dev/shm buffers
-        (69 MB a rank) are never unlinked."""
+        (69 MB a rank) are never unlinked. DeepSpeed's words that no user can act on are said once, or not at all."""
         import deepspeed
 
-        deepspeed.init_distributed()
+        warnings.filterwarnings("ignore", DEEPSPEED_CALLS_DEPRECATED, FutureWarning)
+        # on every rank: "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", a plain print
+        with contextlib.nullcontext() if self.world.is_main else contextlib.redirect_stdout(io.StringIO()):
+            deepspeed.init_distributed()
         if self.device.type == "cpu":
             os.environ.setdefault("LOCAL_SIZE", str(self.world.local_size))
 
