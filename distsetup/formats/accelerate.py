@@ -2,9 +2,10 @@
 keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, checked as Accelerate reads them
 (accelerate 1.x: `ClusterConfig`, `accelerate launch`, `DeepSpeedPlugin`)."""
 
+import os
 from pathlib import Path
 
-from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, DeepSpeedSpec
+from distsetup.formats.deepspeed import OFFLOAD_DEVICES, PRECISION_SECTIONS, STAGE_NUMBERS, DeepSpeedSpec, precision_of
 from distsetup.formats.deepspeed_rules import AccelerateWords, violations, worded
 from distsetup.formats.fsdp_rules import fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
@@ -101,7 +102,8 @@ IGNORED_BESIDE_FILE = (
     "zero3_save_16bit_model",
 )
 WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-DEFAULT_CONFIG = Path("~/.cache/huggingface/accelerate/default_config.yaml")
+# How `accelerate launch` spells a DeepSpeed file's training precision
+LAUNCH_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 def is_accelerate_config(data: dict) -> bool:
@@ -276,10 +278,42 @@ def deepspeed_block_problems(block: dict, mixed_precision) -> list[Problem]:
     return problems
 
 
+def default_config() -> Path:
+    """Where `accelerate config` writes the config that every `accelerate launch` without --config_file reads:
+    in $HF_HOME, else in $XDG_CACHE_HOME/huggingface, else in ~/.cache/huggingface (accelerate's config_args.py)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    return (
+        Path(os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))).expanduser()
+        / "accelerate/default_config.yaml"
+    )
+
+
+def launch_mixed_precision(deepspeed_config: dict) -> str | None:
+    """`accelerate launch --mixed_precision` as a DeepSpeed file has it. Without the flag accelerate takes the
+    precision from its default config, where there is one, and then refuses the DeepSpeed file ("the following
+    accelerate config variables will be ignored"). None where the file leaves the precision to the HF Trainer
+    ("auto")."""
+    if any(str(deepspeed_config.get(key, {}).get("enabled")) == "auto" for key in PRECISION_SECTIONS):
+        return None
+    return LAUNCH_MIXED_PRECISION[precision_of(deepspeed_config)]
+
+
+def own_program_notes(deepspeed_config: dict, path: str) -> list[str]:
+    """What `accelerator.prepare` refuses in a program of the user's, beside a DeepSpeed file that names an optimizer
+    or a scheduler: one the program makes itself (the HF Trainer makes accelerate's stand-ins for them)."""
+    blocks = [block for block in ("optimizer", "scheduler") if isinstance(deepspeed_config.get(block), dict)]
+    return [
+        f"{path} names a DeepSpeed {block}: accelerator.prepare refuses one your program makes itself (use "
+        f"accelerate.utils.Dummy{'Optim' if block == 'optimizer' else 'Scheduler'}, or write the file without it: "
+        f"`distsetup deepspeed --{block} none`); the HF Trainer takes either."
+        for block in blocks
+    ]
+
+
 def default_config_note(path: Path) -> str | None:
     """The default config is read by every `accelerate launch` without --config_file, long after it was written."""
     try:
-        is_default = path.resolve() == DEFAULT_CONFIG.expanduser().resolve()
+        is_default = path.resolve() == default_config().resolve()
     except OSError:
         return None
     if not is_default:

@@ -71,6 +71,7 @@ class LaunchSpec:
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
     accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
+    accelerate_mixed_precision: str | None = None  # the DeepSpeed file's precision, as accelerate launch spells it
 
     @property
     def world_size(self) -> int | None:
@@ -166,6 +167,14 @@ def _check_launcher(spec: LaunchSpec) -> None:
             "backend deepspeed needs a DeepSpeed config file.",
             "add --deepspeed_config FILE (write one with `distsetup deepspeed`).",
         )
+    if spec.backend == "fsdp" and spec.launch_method == "accelerate" and not spec.fsdp_config:
+        if not spec.runs_default_trainer:  # distsetup's trainer shards each block without a file
+            raise DistsetupError(
+                "--use_fsdp without --fsdp_config leaves your program's FSDP to accelerate launch's defaults: FSDP1, "
+                "the whole model one unit.",
+                "write the file with `distsetup fsdp --transformer_layer_cls_to_wrap YourBlock -o fsdp.json` and add "
+                "--fsdp_config fsdp.json.",
+            )
     if spec.rdzv_backend == "c10d" and spec.launch_method != "torchrun":
         raise DistsetupError(
             f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
@@ -244,7 +253,9 @@ def train_args(spec: LaunchSpec) -> list[str]:
     `section.key=value` overrides are the trainer's syntax, so they go only to distsetup's trainer, which
     reads their values as YAML: a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
     script gets `--deepspeed FILE`, the spelling of distsetup's trainer and of the HF Trainer; a script of the user's
-    `--fsdp --fsdp_config FILE`, the HF Trainer's (under accelerate the FSDP file goes to accelerate launch).
+    `--fsdp --fsdp_config FILE`, the HF Trainer's. Under accelerate a program of the user's gets neither: the file
+    goes to accelerate launch, whose Accelerator (the HF Trainer's too) reads it, and a plain Accelerate program
+    would refuse the arguments.
     """
     args = ["--config", spec.config] if spec.config else []
     if spec.runs_default_trainer:
@@ -253,9 +264,10 @@ def train_args(spec: LaunchSpec) -> list[str]:
             args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config)}")
         if spec.env.timeout_minutes is not None:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
-    if spec.backend == "deepspeed" and spec.deepspeed_config:
+    accelerate_reads_it = spec.launch_method == "accelerate" and not spec.runs_default_trainer
+    if spec.backend == "deepspeed" and spec.deepspeed_config and not accelerate_reads_it:
         args += ["--deepspeed", spec.deepspeed_config]
-    if spec.backend == "fsdp" and not spec.runs_default_trainer and spec.launch_method != "accelerate":
+    if spec.backend == "fsdp" and not spec.runs_default_trainer and not accelerate_reads_it:
         args += ["--fsdp", *(["--fsdp_config", spec.fsdp_config] if spec.fsdp_config else [])]  # the HF Trainer's
     return args
 
@@ -331,6 +343,7 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
         "accelerate_fsdp_args": "\n".join(spec.accelerate_fsdp_args),
+        "accelerate_mixed_precision": spec.accelerate_mixed_precision,
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
         if spec.launch_method == "deepspeed" and not single

@@ -209,6 +209,7 @@ def test_two_node_scripts_form_one_world(run_cli, tmp_path, method):
 # A user's own Accelerate program: each process writes what its Accelerator made of the world, and its weights.
 ACCELERATE_PROGRAM = """\
 import json
+import os
 import sys
 
 import torch
@@ -217,7 +218,7 @@ from accelerate import Accelerator
 accelerator = Accelerator()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)  # one ZeRO takes as it is
 inputs = torch.randn(64, 4)
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(inputs, inputs.sum(-1, keepdim=True)), batch_size=8)
 model, optimizer, data = accelerator.prepare(model, optimizer, data)
@@ -228,8 +229,8 @@ for x, y in data:
     optimizer.zero_grad()
     batches += 1
 seen = {"processes": accelerator.num_processes, "type": str(accelerator.distributed_type), "batches": batches}
-seen.update(wrapped=type(model).__name__, weights=accelerator.unwrap_model(model).weight.tolist())
-with open(f"{sys.argv[1]}/process{accelerator.process_index}.json", "w") as f:
+seen.update(wrapped=type(model).__name__, weights=accelerator.unwrap_model(model).weight.tolist(), argv=sys.argv[2:])
+with open(f"{sys.argv[1]}/process{os.environ['RANK']}.json", "w") as f:  # the world's rank, whoever formed it
     json.dump(seen, f)
 """
 
@@ -257,4 +258,47 @@ def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, t
     for process in seen:
         assert process["processes"] == 2 and process["type"] == "DistributedType.MULTI_CPU", process
         assert process["wrapped"] == "DistributedDataParallel" and process["batches"] == 4, process
+    assert seen[0]["weights"] == seen[1]["weights"]
+
+
+def test_a_users_accelerate_program_gets_the_deepspeed_file_from_accelerate_beside_a_default_config(
+    run_cli, tmp_path, monkeypatch
+):
+    """Bugs: the program was handed `--deepspeed FILE`, which its parser refuses; and accelerate launch took the
+    precision of its default config (which every `accelerate config` writes), then refused the DeepSpeed file in
+    every rank. Here the program forms a DeepSpeed world of its own on the CPU (ACCELERATE_USE_CPU=false, as the
+    script's warning says), with the file's ZeRO stage, its weights alike on both ranks."""
+    (tmp_path / "own_train.py").write_text(ACCELERATE_PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    made = run_cli(
+        "deepspeed",
+        "--zero_stage",
+        2,
+        "--micro_batch_size",
+        8,
+        "--world_size",
+        2,
+        "--optimizer",
+        "none",
+        "-o",
+        "ds.json",
+    )
+    assert made.exit_code == 0, made.output
+    generated = run_cli(
+        "launcher", "--script", "own_train.py", "--launch_method", "accelerate", "--use_deepspeed",
+        "--deepspeed_config", "ds.json", "--num_gpus_per_node", 2, "--master_port", free_port(), "-o", "run.sh",
+    )  # fmt: skip
+    assert generated.exit_code == 0, generated.output
+    default = tmp_path / "hf" / "accelerate" / "default_config.yaml"  # as `accelerate config` writes it
+    default.parent.mkdir(parents=True)
+    default.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: 'no'\n")
+    env = {**run_env(), "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "false", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run(
+        ["bash", "run.sh", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"process{index}.json").read_text()) for index in (0, 1)]
+    for process in seen:
+        assert process["type"] == "DistributedType.DEEPSPEED" and process["wrapped"] == "DeepSpeedEngine", process
+        assert process["argv"] == [], process  # nothing but its own arguments
     assert seen[0]["weights"] == seen[1]["weights"]

@@ -181,6 +181,77 @@ def test_accelerate_gets_the_deepspeed_file_resolved_next_to_the_config(run_cli,
     assert run.stdout == "found sub/ds.json\n", run.stdout + run.stderr
 
 
+def accelerate_argv(run_cli, tmp_path, *args) -> tuple[list[str], str]:
+    """What `accelerate launch` is given by the script of `distsetup launcher --launch_method accelerate ARGS`, and
+    what the launcher said."""
+    written = run_cli("launcher", "--launch_method", "accelerate", "-o", tmp_path / "run.sh", *args)
+    assert written.exit_code == 0, written.output
+    run = run_script(tmp_path / "run.sh", tmp_path, "accelerate", env={"ACCELERATE_USE_CPU": "false"}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines(), written.stderr
+
+
+def test_accelerate_carries_the_deepspeed_file_and_its_precision_and_a_users_program_gets_no_flag(
+    run_cli, tmp_path, monkeypatch
+):
+    """Bugs: a program of the user's got `--deepspeed FILE`, which a plain Accelerate program's parser refuses
+    (accelerate launch carries the file, and the HF Trainer reads it from there too); and accelerate launch, told no
+    precision, took its default config's, then refused the file ("the following accelerate config variables will be
+    ignored"). A file that names an optimizer gets a note: accelerator.prepare refuses the program's own."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    (tmp_path / "ds.json").write_text(
+        json.dumps({**DS_CONFIG, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW"}})
+    )
+    mine, said = accelerate_argv(
+        run_cli, tmp_path, "--script", "mine.py", "--use_deepspeed", "--deepspeed_config", "ds.json",
+        "--num_gpus_per_node", 2,
+    )  # fmt: skip
+    assert mine[mine.index("--deepspeed_config_file") + 1] == "ds.json"
+    assert mine[mine.index("--mixed_precision") + 1] == "bf16" and mine[-1] == "mine.py"
+    assert "ds.json names a DeepSpeed optimizer: accelerator.prepare refuses one your program makes itself" in said
+    (tmp_path / "ds.json").write_text(json.dumps({**DS_CONFIG, "bf16": {"enabled": "auto"}}))  # the HF Trainer's
+    auto, said = accelerate_argv(
+        run_cli, tmp_path, "--script", "mine.py", "--use_deepspeed", "--deepspeed_config", "ds.json",
+        "--num_gpus_per_node", 2,
+    )  # fmt: skip
+    assert "--mixed_precision" not in auto and auto[-1] == "mine.py" and "optimizer" not in said
+    (tmp_path / "ds.json").write_text(json.dumps(DS_CONFIG))
+    trainer, _ = accelerate_argv(
+        run_cli, tmp_path, "--use_deepspeed", "--deepspeed_config", "ds.json", "--num_gpus_per_node", 2
+    )
+    assert trainer[trainer.index("distsetup.train") + 1 :] == [
+        "distributed.backend=deepspeed",
+        "--deepspeed",
+        "ds.json",
+    ]
+
+
+@pytest.mark.parametrize("processes, multi_gpu", [(1, False), (2, True)])
+def test_accelerate_is_told_multi_gpu_for_a_world_of_more_than_one_process_only(
+    run_cli, tmp_path, monkeypatch, processes, multi_gpu
+):
+    """Bug: a world of one process got --multi_gpu, which accelerate launch refuses ("at least 2 processes")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    argv, _ = accelerate_argv(run_cli, tmp_path, "--script", "mine.py", "--num_gpus_per_node", processes)
+    assert ("--multi_gpu" in argv) is multi_gpu and argv[argv.index("--num_processes") + 1] == str(processes)
+
+
+def test_accelerate_fsdp_for_a_users_program_needs_the_file(run_cli, tmp_path, monkeypatch):
+    """accelerate launch --use_fsdp alone applies FSDP1 to the whole model as one unit: refused, with the command
+    that writes the file; distsetup's trainer shards each block without one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    refused = run_cli("launcher", "--launch_method", "accelerate", "--script", "mine.py", "--use_fsdp", "-o", "run.sh")
+    assert refused.exit_code == 1 and not (tmp_path / "run.sh").exists()
+    assert (
+        "--use_fsdp without --fsdp_config" in refused.output
+        and "distsetup fsdp --transformer_layer_cls_to_wrap" in refused.output
+    )
+    assert run_cli("launcher", "--launch_method", "accelerate", "--use_fsdp", "-o", "run.sh").exit_code == 0
+
+
 @pytest.mark.parametrize("command", ["launcher", "slurm"])
 def test_use_deepspeed_finds_config_ds_config_json(run_cli, project, command):
     """Bug: the README's quick start (the shipped config.yaml has no deepspeed_config) failed with a

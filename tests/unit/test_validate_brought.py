@@ -133,14 +133,22 @@ def test_the_correct_multi_node_file_passes_and_the_default_path_gets_a_note(run
     mpirun = {**MULTI_NODE, "distributed_type": "MULTI_CPU", "mpirun_config": {"mpirun_hostfile": "hosts"}}
     assert problem_paths(run_cli, write(tmp_path / "cpu.yaml", mpirun), "--num_gpus_per_node", 8) == []
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    note = "note: this is Accelerate's default config: `accelerate launch` without --config_file uses it"
     default = tmp_path / ".cache" / "huggingface" / "accelerate" / "default_config.yaml"
     default.parent.mkdir(parents=True)
     write(default, MULTI_NODE)
     result = run_cli("validate", default)
     assert result.exit_code == 0
-    assert (
-        "note: this is Accelerate's default config: `accelerate launch` without --config_file uses it" in result.stdout
-    )
+    assert note in result.stdout
+    # accelerate looks in $HF_HOME first (its config_args.py): the file there is the default one, not that in ~/.cache
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert note not in run_cli("validate", default).stdout
+    moved = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    moved.parent.mkdir(parents=True)
+    write(moved, MULTI_NODE)
+    assert note in run_cli("validate", moved).stdout
 
 
 def test_training_arguments_of_the_wrong_type_are_named(run_cli, tmp_path):
