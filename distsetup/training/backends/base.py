@@ -28,7 +28,7 @@ from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
 from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
-from distsetup.training.model import from_rank0
+from distsetup.training.model import from_rank0, moe
 from distsetup.training.model.build import ModelParts
 from distsetup.training.model.pretrained import Pretrained
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
@@ -76,6 +76,7 @@ class Backend(abc.ABC):
         self.placement = Placement(device)  # where batches go
         self._writer: ThreadPoolExecutor | None = None  # the thread of background checkpoint writes
         self.tf32 = False  # fp32 matmuls in TF32 (set_up_device)
+        self.unrouted_as_zero: list[nn.Module] = []  # layers whose experts none ran get a zero gradient (moe.py)
 
     @property
     def gathers_weights(self) -> bool:
@@ -126,6 +127,7 @@ class Backend(abc.ABC):
         """Clip, update, advance the schedule, drop the gradients. A step the fp16 loss scale skips (an overflow)
         leaves the schedule where it is, as DeepSpeed's engine and Accelerate's scheduler do: the same run config
         follows the same schedule under every backend."""
+        moe.zero_gradient_where_none(self.unrouted_as_zero)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.grad_clip > 0:

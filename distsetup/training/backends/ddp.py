@@ -20,11 +20,14 @@ class DDPBackend(Backend):
     name = "ddp"
 
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
+        """DDP looks for the experts a rank did not run; one that no rank ran gets a zero gradient, as under FSDP2
+        and ZeRO."""
         if layers:
             self.notes.append(
                 f"{moe.described_layers(layers)} may run other experts on each rank: DDP looks for unused parameters "
                 "(find_unused_parameters)"
             )
+        self.unrouted_as_zero = layers
 
     def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -22,4 +22,6 @@ class SingleBackend(Backend):
         super().__init__(cfg, world, device)
 
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
-        """One process: every layer's gradients are its own."""
+        """One process: every layer's gradients are its own; an expert that ran on no micro-batch of a step gets a
+        zero gradient, as under FSDP2 and ZeRO."""
+        self.unrouted_as_zero = layers

@@ -107,6 +107,16 @@ def inside(module: nn.Module, layers: list[nn.Module]) -> bool:
     return any(module is not layer and any(module is sub for sub in layer.modules()) for layer in layers)
 
 
+def zero_gradient_where_none(layers: list[nn.Module]) -> None:
+    """A zero gradient for each trained parameter of `layers` that has none (an expert no rank ran in this step),
+    as FSDP2 and ZeRO give it one: AdamW then steps such an expert alike under every backend (by its moments, and
+    its weight decay), where it would pass over one without a gradient under one process and DDP alone. The
+    parameters are looked up each time: placing the model may have made them anew (a rank that built a skeleton)."""
+    for parameter in (p for layer in layers for p in layer.parameters() if p.requires_grad):
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+
+
 def give_every_expert_a_gradient(layers: list[nn.Module]) -> None:
     """Make every expert parameter of `layers` take part in every forward, with weight 0: a pre-forward hook adds
     0 x one element of each to the layer's input. Every rank then gets a gradient (zeros for an expert it did not
