@@ -200,3 +200,18 @@ def test_mfu_of_a_hugging_face_moe_counts_the_experts_each_token_runs():
     assert experts > dense and all(p.dim() == 3 for n, p in mixtral.named_parameters() if ".experts." in n)
     expected = 6 * (dense + experts * 2 / 8) + 12 * config.num_hidden_layers * config.hidden_size * 64
     assert flops_per_token(mixtral, 64) == expected
+
+
+def test_a_hugging_face_encoder_decoder_as_model_type_hf_is_one_line_naming_model_type_python(tmp_path):
+    """Bug: a SwitchTransformers folder passed every check, then each rank died of a 50-line traceback from
+    AutoModelForCausalLM ("Unrecognized configuration class"); model.type python trains it (tests/processes)."""
+    from transformers import SwitchTransformersConfig
+
+    from distsetup.training.model.build import describe
+
+    SwitchTransformersConfig(vocab_size=64, d_model=16, num_layers=1, num_decoder_layers=1).save_pretrained(tmp_path)
+    section = type("Model", (), {"type": "hf", "hf_path": str(tmp_path), "vocab_size": 64, "layer_classes": []})
+    with pytest.raises(DistsetupError) as refused:
+        describe(section)
+    assert "holds a SwitchTransformersConfig, which transformers builds no causal LM of" in str(refused.value)
+    assert "model.type python" in (refused.value.hint or "")

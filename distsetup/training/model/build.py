@@ -182,7 +182,7 @@ def _hf_model(m, with_weights: bool) -> nn.Module:
     """A transformers causal LM from folder model.hf_path: its weights where it has some (and `with_weights`), else
     fresh ones from its config.json; nothing is downloaded."""
     require_transformers()
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM
 
     path = Path(m.hf_path)
     if not (path / "config.json").exists():
@@ -190,12 +190,19 @@ def _hf_model(m, with_weights: bool) -> nn.Module:
             f"model.hf_path {path} has no config.json.",
             "save one with e.g. LlamaConfig(...).save_pretrained(path); nothing is downloaded.",
         )
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:  # an encoder-decoder such as T5 or SwitchTransformers
+        raise DistsetupError(
+            f"model.hf_path {path} holds a {type(config).__name__}, which transformers builds no causal LM of "
+            "(AutoModelForCausalLM), the only kind model.type hf trains.",
+            "train it as model.type python: a builder that returns the model, and its own .loss (docs/own-code.md).",
+        )
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
     fp32 = {_dtype_keyword(): torch.float32}
     if with_weights and has_weights:
         hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **fp32)
     else:
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True), **fp32)
+        hf = AutoModelForCausalLM.from_config(config, **fp32)
     if hf.config.vocab_size < m.vocab_size:
         raise DistsetupError(
             f"the hf model's vocab_size {hf.config.vocab_size} is below model.vocab_size {m.vocab_size}.",
