@@ -11,7 +11,7 @@ import click
 
 from distsetup.cli.options import IntegerRange, option, positive, stack, switch
 from distsetup.errors import DistsetupError
-from distsetup.formats.accelerate import launch_mixed_precision, own_program_notes
+from distsetup.formats.accelerate import own_program_notes
 from distsetup.formats.default_paths import BACKEND_FILES, RUN_CONFIG
 from distsetup.formats.fsdp import accelerate_launch_args
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
@@ -266,9 +266,8 @@ def _spec(o: dict, backend: str, files: dict[str, str], slurm: bool) -> LaunchSp
 
 def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None, notes: list[str]) -> LaunchSpec:
     """The spec once its backend files pass what `distsetup validate` checks (for the world it launches), the
-    DeepSpeed file settled against the run config the trainer will read; an FSDP file's settings and a DeepSpeed
-    file's precision passed to accelerate launch, and what accelerate refuses in a user's program added to
-    `notes`."""
+    DeepSpeed file settled against the run config the trainer will read; an FSDP file's settings passed to
+    accelerate launch, and what accelerate refuses in a user's program added to `notes`."""
     # Exactly what `distsetup validate` checks. "auto" only where the script may be the HF Trainer, which fills
     # it in: distsetup's trainer hands the file to DeepSpeed as is, and every rank would fail.
     if ds_path := spec.deepspeed_config:
@@ -276,10 +275,8 @@ def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None, 
         if run_config is not None and spec.runs_default_trainer:  # the pair the trainer will settle, settled now
             for problem in settle(run_config, ds, None, spec.world_size, f"DeepSpeed file {ds_path}").problems:
                 raise problem.as_error()
-        if spec.launch_method == "accelerate":
-            spec = replace(spec, accelerate_mixed_precision=launch_mixed_precision(ds))
-            if not spec.runs_default_trainer:
-                notes += own_program_notes(ds, ds_path)
+        if spec.launch_method == "accelerate" and not spec.runs_default_trainer:
+            notes += own_program_notes(ds, ds_path)
     if spec.fsdp_config:
         fsdp = read_valid(spec.fsdp_config, "fsdp")
         if spec.launch_method == "accelerate":

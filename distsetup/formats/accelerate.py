@@ -5,7 +5,7 @@ keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, check
 import os
 from pathlib import Path
 
-from distsetup.formats.deepspeed import OFFLOAD_DEVICES, PRECISION_SECTIONS, STAGE_NUMBERS, DeepSpeedSpec, precision_of
+from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, DeepSpeedSpec
 from distsetup.formats.deepspeed_rules import AccelerateWords, violations, worded
 from distsetup.formats.fsdp_rules import fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
@@ -102,8 +102,6 @@ IGNORED_BESIDE_FILE = (
     "zero3_save_16bit_model",
 )
 WHOLE_NUMBERS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-# How `accelerate launch` spells a DeepSpeed file's training precision
-LAUNCH_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 def is_accelerate_config(data: dict) -> bool:
@@ -286,16 +284,6 @@ def default_config() -> Path:
         Path(os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))).expanduser()
         / "accelerate/default_config.yaml"
     )
-
-
-def launch_mixed_precision(deepspeed_config: dict) -> str | None:
-    """`accelerate launch --mixed_precision` as a DeepSpeed file has it. Without the flag accelerate takes the
-    precision from its default config, where there is one, and then refuses the DeepSpeed file ("the following
-    accelerate config variables will be ignored"). None where the file leaves the precision to the HF Trainer
-    ("auto")."""
-    if any(str(deepspeed_config.get(key, {}).get("enabled")) == "auto" for key in PRECISION_SECTIONS):
-        return None
-    return LAUNCH_MIXED_PRECISION[precision_of(deepspeed_config)]
 
 
 def own_program_notes(deepspeed_config: dict, path: str) -> list[str]:

@@ -71,7 +71,6 @@ class LaunchSpec:
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
     accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
-    accelerate_mixed_precision: str | None = None  # the DeepSpeed file's precision, as accelerate launch spells it
 
     @property
     def world_size(self) -> int | None:
@@ -167,14 +166,6 @@ def _check_launcher(spec: LaunchSpec) -> None:
             "backend deepspeed needs a DeepSpeed config file.",
             "add --deepspeed_config FILE (write one with `distsetup deepspeed`).",
         )
-    if spec.backend == "fsdp" and spec.launch_method == "accelerate" and not spec.fsdp_config:
-        if not spec.runs_default_trainer:  # distsetup's trainer shards each block without a file
-            raise DistsetupError(
-                "--use_fsdp without --fsdp_config leaves your program's FSDP to accelerate launch's defaults: FSDP1, "
-                "the whole model one unit.",
-                "write the file with `distsetup fsdp --transformer_layer_cls_to_wrap YourBlock -o fsdp.json` and add "
-                "--fsdp_config fsdp.json.",
-            )
     if spec.rdzv_backend == "c10d" and spec.launch_method != "torchrun":
         raise DistsetupError(
             f"--rdzv_backend c10d works with torchrun, not {spec.launch_method}.",
@@ -239,6 +230,13 @@ def is_host(text: str) -> bool:
 def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
     """Things that are allowed but probably not meant; `run_command` starts the script (bash X, sbatch X)."""
     warnings = []
+    if spec.backend == "fsdp" and spec.launch_method == "accelerate" and not spec.fsdp_config:
+        if not spec.runs_default_trainer:  # distsetup's trainer shards each block without a file
+            warnings.append(
+                "--use_fsdp without --fsdp_config: your program's FSDP takes the settings of accelerate's default "
+                "config (`accelerate config`), else accelerate launch's own (FSDP1, the whole model one unit); "
+                "`distsetup fsdp --transformer_layer_cls_to_wrap YourBlock -o fsdp.json` writes a file to add."
+            )
     if spec.launch_method == "deepspeed" and spec.num_nodes > 1 and not spec.ssh and not spec.hosts:
         warnings.append(
             "the hostfile names the nodes node0, node1, ...; with --no_ssh they are labels only "
@@ -343,7 +341,6 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
         "accelerate_fsdp_args": "\n".join(spec.accelerate_fsdp_args),
-        "accelerate_mixed_precision": spec.accelerate_mixed_precision,
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
         if spec.launch_method == "deepspeed" and not single

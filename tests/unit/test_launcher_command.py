@@ -197,7 +197,9 @@ def test_accelerate_carries_the_deepspeed_file_and_its_precision_and_a_users_pro
     """Bugs: a program of the user's got `--deepspeed FILE`, which a plain Accelerate program's parser refuses
     (accelerate launch carries the file, and the HF Trainer reads it from there too); and accelerate launch, told no
     precision, took its default config's, then refused the file ("the following accelerate config variables will be
-    ignored"). A file that names an optimizer gets a note: accelerator.prepare refuses the program's own."""
+    ignored"). It is told `no` whatever the file says, then or later ("auto" too): under DeepSpeed the file decides
+    (AcceleratorState.mixed_precision), and accelerate refuses a flag that names another 16-bit type than the
+    file's. A file that names an optimizer gets a note: accelerator.prepare refuses the program's own."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text("")
     (tmp_path / "ds.json").write_text(
@@ -208,14 +210,14 @@ def test_accelerate_carries_the_deepspeed_file_and_its_precision_and_a_users_pro
         "--num_gpus_per_node", 2,
     )  # fmt: skip
     assert mine[mine.index("--deepspeed_config_file") + 1] == "ds.json"
-    assert mine[mine.index("--mixed_precision") + 1] == "bf16" and mine[-1] == "mine.py"
+    assert mine[mine.index("--mixed_precision") + 1] == "no" and mine[-1] == "mine.py"
     assert "ds.json names a DeepSpeed optimizer: accelerator.prepare refuses one your program makes itself" in said
     (tmp_path / "ds.json").write_text(json.dumps({**DS_CONFIG, "bf16": {"enabled": "auto"}}))  # the HF Trainer's
     auto, said = accelerate_argv(
         run_cli, tmp_path, "--script", "mine.py", "--use_deepspeed", "--deepspeed_config", "ds.json",
         "--num_gpus_per_node", 2,
     )  # fmt: skip
-    assert "--mixed_precision" not in auto and auto[-1] == "mine.py" and "optimizer" not in said
+    assert auto[auto.index("--mixed_precision") + 1] == "no" and auto[-1] == "mine.py" and "optimizer" not in said
     (tmp_path / "ds.json").write_text(json.dumps(DS_CONFIG))
     trainer, _ = accelerate_argv(
         run_cli, tmp_path, "--use_deepspeed", "--deepspeed_config", "ds.json", "--num_gpus_per_node", 2
@@ -238,18 +240,18 @@ def test_accelerate_is_told_multi_gpu_for_a_world_of_more_than_one_process_only(
     assert ("--multi_gpu" in argv) is multi_gpu and argv[argv.index("--num_processes") + 1] == str(processes)
 
 
-def test_accelerate_fsdp_for_a_users_program_needs_the_file(run_cli, tmp_path, monkeypatch):
-    """accelerate launch --use_fsdp alone applies FSDP1 to the whole model as one unit: refused, with the command
-    that writes the file; distsetup's trainer shards each block without one."""
+def test_accelerate_fsdp_for_a_users_program_without_the_file_is_warned_of(run_cli, tmp_path, monkeypatch):
+    """accelerate launch --use_fsdp alone takes accelerate's default config's FSDP settings, else its own (FSDP1, the
+    whole model one unit): a warning with the command that writes a file; distsetup's trainer shards each block
+    without one."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text("")
-    refused = run_cli("launcher", "--launch_method", "accelerate", "--script", "mine.py", "--use_fsdp", "-o", "run.sh")
-    assert refused.exit_code == 1 and not (tmp_path / "run.sh").exists()
-    assert (
-        "--use_fsdp without --fsdp_config" in refused.output
-        and "distsetup fsdp --transformer_layer_cls_to_wrap" in refused.output
-    )
-    assert run_cli("launcher", "--launch_method", "accelerate", "--use_fsdp", "-o", "run.sh").exit_code == 0
+    warned = run_cli("launcher", "--launch_method", "accelerate", "--script", "mine.py", "--use_fsdp", "-o", "run.sh")
+    assert warned.exit_code == 0 and (tmp_path / "run.sh").exists()
+    assert "Warning: --use_fsdp without --fsdp_config" in warned.stderr
+    assert "distsetup fsdp --transformer_layer_cls_to_wrap" in warned.stderr
+    trainer = run_cli("launcher", "--launch_method", "accelerate", "--use_fsdp", "-o", "run.sh")
+    assert trainer.exit_code == 0 and "--use_fsdp without" not in trainer.stderr
 
 
 @pytest.mark.parametrize("command", ["launcher", "slurm"])

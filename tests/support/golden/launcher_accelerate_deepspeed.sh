@@ -70,5 +70,7 @@ sees_a_gpu() {
 if [[ -z "${ACCELERATE_USE_CPU:-}" ]] && ! sees_a_gpu; then
   export ACCELERATE_USE_CPU=true
 fi
-LAUNCH+=(--use_deepspeed --deepspeed_config_file "$DEEPSPEED_CONFIG")
+# --mixed_precision no: the file says the precision (the HF Trainer its own flags); told none, accelerate takes
+# the one of its default config (which accelerate config writes), where there is one, and then refuses the file
+LAUNCH+=(--use_deepspeed --deepspeed_config_file "$DEEPSPEED_CONFIG" --mixed_precision no)
 exec "${LAUNCH[@]}" -m "$MODULE" "$@"
