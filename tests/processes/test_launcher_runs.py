@@ -271,18 +271,9 @@ def test_a_users_accelerate_program_gets_the_deepspeed_file_from_accelerate_besi
     (tmp_path / "own_train.py").write_text(ACCELERATE_PROGRAM)
     monkeypatch.chdir(tmp_path)
     made = run_cli(
-        "deepspeed",
-        "--zero_stage",
-        2,
-        "--micro_batch_size",
-        8,
-        "--world_size",
-        2,
-        "--optimizer",
-        "none",
-        "-o",
-        "ds.json",
-    )
+        "deepspeed", "--zero_stage", 2, "--micro_batch_size", 8, "--world_size", 2, "--optimizer", "none",
+        "-o", "ds.json",
+    )  # fmt: skip
     assert made.exit_code == 0, made.output
     generated = run_cli(
         "launcher", "--script", "own_train.py", "--launch_method", "accelerate", "--use_deepspeed",
