@@ -215,3 +215,32 @@ def test_a_hugging_face_encoder_decoder_as_model_type_hf_is_one_line_naming_mode
         describe(section)
     assert "holds a SwitchTransformersConfig, which transformers builds no causal LM of" in str(refused.value)
     assert "model.type python" in (refused.value.hint or "")
+
+
+def test_an_expert_no_token_reached_is_stepped_by_adamw_under_one_process_as_under_fsdp2_and_zero():
+    """Its gradient is zero, as FSDP2 and ZeRO give it: AdamW's moments carry it on. Under one process its grad was
+    None, which AdamW passes over, so one process trained other MoE weights than the sharded backends (DDP: in
+    tests/processes/test_moe_runs.py)."""
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends import make_backend
+    from distsetup.training.launch_env import World
+    from distsetup.training.model.build import ModelParts
+
+    class Routed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList([torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)])
+
+        def forward(self, x, expert: int):
+            return self.experts[expert](x)
+
+    cfg = load_run_config(None, ["distributed.backend=single", "training.warmup_steps=0", "training.lr=0.1"])
+    backend = make_backend("single", cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+    model = Routed()
+    backend.wrap(ModelParts(module=model, blocks=[], conditional=[model.experts]), steps=10)
+    weights = []
+    for expert in (1, 0):  # expert 1 runs at the first step only
+        backend.model(torch.ones(2, 3), expert).sum().backward()
+        backend.step()
+        weights.append(model.experts[1].bias.detach().clone())  # a bias: no weight decay, only the moments move it
+    assert not torch.equal(weights[1], weights[0])
