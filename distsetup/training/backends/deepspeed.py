@@ -9,9 +9,6 @@ torch backends do.
 """
 
 import contextlib
-import io
-import os
-import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,6 +26,7 @@ from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_str
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import zero3_construction, zero_memory
 from distsetup.training.backends.base import IMPLEMENTATION, Backend, T
+from distsetup.training.backends.deepspeed_comm import join_deepspeed_comm
 from distsetup.training.backends.deferred_compile import compile_deferred
 from distsetup.training.backends.precision import PRECISION_DTYPES, device_supports
 from distsetup.training.backends.zero3_master_weights import share_master_weights
@@ -48,9 +46,6 @@ from distsetup.training.world import decided_by_rank0, ranks
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
 FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
-# DeepSpeed 0.19 gathers and reduce-scatters with the names torch 2.13 deprecates: a FutureWarning on every rank that
-# names calls the user never made
-DEEPSPEED_CALLS_DEPRECATED = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 
 
 class DeepSpeedBackend(Backend):
@@ -99,27 +94,8 @@ class DeepSpeedBackend(Backend):
     def construct(
         self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None
     ) -> nn.Module:
-        self._join_deepspeed_comm()
+        join_deepspeed_comm(self.world, self.device)
         return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
-
-    def _join_deepspeed_comm(self) -> None:
-        """DeepSpeed's communication onto the run's process group (else its config reads a world of 1), and only then,
-        on CPU processes, LOCAL_SIZE, the deepspeed launcher's name for the processes on this node, where no launcher
-        set it.
-
-        DeepSpeed's CPU accelerator takes LOCAL_SIZE as its device count; without it (torchrun sets none) it asks
-        `numactl` in a subprocess at every ZeRO-3 gradient reduction and counts NUMA nodes instead, and each
-        subprocess resets Python's record of the warnings shown, so a warning meant once per process came once per
-        step. Set before this join, it would turn on DeepSpeed's shared-memory all-reduce, whose /dev/shm buffers
-        (69 MB a rank) are never unlinked. DeepSpeed's words that no user can act on are said once, or not at all."""
-        import deepspeed
-
-        warnings.filterwarnings("ignore", DEEPSPEED_CALLS_DEPRECATED, FutureWarning)
-        # on every rank: "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", a plain print
-        with contextlib.nullcontext() if self.world.is_main else contextlib.redirect_stdout(io.StringIO()):
-            deepspeed.init_distributed()
-        if self.device.type == "cpu":
-            os.environ.setdefault("LOCAL_SIZE", str(self.world.local_size))
 
     def fit_to_the_model(self, parameters: int) -> None:
         """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its
@@ -185,7 +161,7 @@ class DeepSpeedBackend(Backend):
     def wrap(self, parts: ModelParts, steps: int) -> None:
         import deepspeed
 
-        self._join_deepspeed_comm()
+        join_deepspeed_comm(self.world, self.device)
         model = parts.module
         self._prepare_blocks(model, parts.blocks)
         self._handle_conditional(parts.conditional)
