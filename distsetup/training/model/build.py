@@ -200,7 +200,7 @@ def _hf_model(m, with_weights: bool) -> nn.Module:
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
     fp32 = {_dtype_keyword(): torch.float32}
     if with_weights and has_weights:
-        hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **fp32)
+        hf = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, **fp32)
     else:
         hf = AutoModelForCausalLM.from_config(config, **fp32)
     if hf.config.vocab_size < m.vocab_size:
