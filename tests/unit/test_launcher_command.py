@@ -191,7 +191,7 @@ def accelerate_argv(run_cli, tmp_path, *args) -> tuple[list[str], str]:
     return run.stdout.splitlines(), written.stderr
 
 
-def test_accelerate_carries_the_deepspeed_file_and_its_precision_and_a_users_program_gets_no_flag(
+def test_accelerate_carries_the_deepspeed_file_told_no_precision_of_its_own_and_a_users_program_gets_no_flag(
     run_cli, tmp_path, monkeypatch
 ):
     """Bugs: a program of the user's got `--deepspeed FILE`, which a plain Accelerate program's parser refuses
