@@ -97,10 +97,10 @@ def test_the_dry_run_installs_the_kit_and_passes_every_stage(tmp_path):
     assert throughput["runs"]["reference loop"]["vs_reference"] == 1
     assert "peak 0.5 TFLOP/s fp32" in (out / "RESULTS.md").read_text()
     assert not Path(kit_target).exists()  # the check cleans up after itself
-    # DeepSpeed's CPU ops for the kit's DeepSpeed were built apart: this environment's are not to be built again
+    # the kit's DeepSpeed trained ZeRO-3 without compiling an op (its shared-memory all-reduce, which no step uses, is
+    # left out), and had it compiled one, this environment's would not be built again: none here names the kit
     ops = Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    built_here = [ninja.read_text() for ninja in ops.glob("*/build.ninja")]
-    assert list((ops / "dry-run").glob("*/build.ninja")) and not any(kit_target in ninja for ninja in built_here)
+    assert not any(kit_target in ninja.read_text() for ninja in ops.glob("**/build.ninja"))
 
 
 def collected_gpu_tests() -> list[str]:

@@ -77,7 +77,10 @@ def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, back
     log = assert_trained(root, result, backend)
     assert "no GPUs found: starting 2 CPU process(es) per node" in log
     if method == "deepspeed":  # the port the script found, which the launcher passes on
-        assert re.findall(r"--master_port=(\d+)", log) and "--master_port=29500" not in log, log[-3000:]
+        ports = re.findall(r"--master_port=(\d+)", log)
+        assert ports and "--master_port=29500" not in log, log[-3000:]
+        # the launcher sets LOCAL_SIZE, which would map DeepSpeed's shared-memory all-reduce: no step uses it
+        assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{ports[0]}_*"))
     if "--preflight" in backend_args:
         assert "preflight OK: 2 ranks" in log
 

@@ -7,6 +7,7 @@ import torch
 from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
 from repo import free_port
 
+from distsetup.training.backends.deepspeed_comm import leave_out_shared_memory_all_reduce
 from distsetup.training.checkpoint import loss_scale
 
 WINDOW = 4
@@ -21,6 +22,7 @@ def one_process_group():
     import deepspeed.comm.comm as deepspeed_comm
 
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    leave_out_shared_memory_all_reduce()  # as the trainer does: not compiled here either
     deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     yield
     torch.distributed.destroy_process_group()

@@ -1,7 +1,5 @@
 """DeepSpeed's communication joined onto the run's process group, once per process, and said quietly."""
 
-import contextlib
-import io
 import os
 import warnings
 
@@ -22,13 +20,25 @@ def join_deepspeed_comm(world: World, device: torch.device) -> None:
     DeepSpeed's CPU accelerator takes LOCAL_SIZE as its device count; without it (torchrun sets none) it asks
     `numactl` in a subprocess at every ZeRO-3 gradient reduction and counts NUMA nodes instead, and each
     subprocess resets Python's record of the warnings shown, so a warning meant once per process came once per
-    step. Set before this join, it would turn on DeepSpeed's shared-memory all-reduce, whose /dev/shm buffers
-    (69 MB a rank) are never unlinked. DeepSpeed's words that no user can act on are said once, or not at all."""
+    step. DeepSpeed's words that no user can act on are not said."""
     import deepspeed
 
     warnings.filterwarnings("ignore", DEEPSPEED_CALLS_DEPRECATED, FutureWarning)
-    # on every rank: "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", a plain print
-    with contextlib.nullcontext() if world.is_main else contextlib.redirect_stdout(io.StringIO()):
-        deepspeed.init_distributed()
+    leave_out_shared_memory_all_reduce()
+    deepspeed.init_distributed()
     if device.type == "cpu":
         os.environ.setdefault("LOCAL_SIZE", str(world.local_size))
+
+
+def leave_out_shared_memory_all_reduce() -> None:
+    """DeepSpeed's communication on a CPU without its shared-memory all-reduce, which serves its inference tensor
+    parallelism alone (`inference_all_reduce`) and no training step.
+
+    Left in, the join compiles it on a machine's first run (half a minute to a minute), prints "built successfully"
+    on every rank, and, where LOCAL_SIZE is set before the join (the deepspeed launcher sets it), maps a 69 MB
+    /dev/shm buffer per rank that nothing unlinks when the run ends: more than a container's whole /dev/shm (64 MB
+    unless raised). DeepSpeed builds no op it reads as incompatible, and keeps that record in one dict for edits."""
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
