@@ -66,9 +66,11 @@ class Trainer:
         backend.check_device_support()
         backend.set_up_device()
         self.global_batch = global_batch_of(backend.micro_batch, backend.accumulation, world.size)
-        # the user's modules come from the run config's folder (`distsetup checkpoint convert` looks there too)
+        # the user's modules come from the run config's folder, else the working folder
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
+        if cfg.model.builder:  # where model.builder was found, for `distsetup checkpoint convert`
+            self.user_code = user_code.found_in(cfg.model.builder) or self.user_code
         check_model_fits(cfg.model, self.model_description, backend, world, self.device)
         self.loss_function = user_code.load(self.t.loss, "training.loss") if self.t.loss else None
         # the user's datasets are built now, before any process group (token data: once it exists, by rank 0)
@@ -276,6 +278,7 @@ class Trainer:
         # the head check runs a forward on rank 0: on its whole model, or where it has none (a skeleton) on a copy
         probe = pretrained.runnable_copy(whole) if self.pretrained and self.world.is_main else whole
         objective, note = objective_for(module, self.cfg, data, self.loss_function, probe=probe)
+        objective.weights_cast = backend.weights_cast_without_autocast  # said where a forward mixes dtypes
         del probe
         if note:
             self.say(f"note: {note}")

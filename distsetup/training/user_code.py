@@ -57,6 +57,21 @@ def make_importable(base_dir: Path | None) -> Path:
     return folder
 
 
+def found_in(reference: str) -> Path | None:
+    """The folder on the import path that the module of `reference` ("module:function", imported already) was found
+    in, which another process puts on its path to import it again (`distsetup checkpoint convert`, run from another
+    folder); None where it has no file (a namespace package spread over several)."""
+    parts = python_refs.split(reference)
+    top = sys.modules.get(parts[0].split(".")[0]) if parts else None
+    if top is None:
+        return None
+    if hasattr(top, "__path__"):  # a package: the folder that holds it
+        folders = list(top.__path__)
+        return Path(folders[0]).parent if len(folders) == 1 else None
+    file = getattr(top, "__file__", None)
+    return Path(file).parent if file else None
+
+
 def load(reference: str, where: str) -> Callable:
     """The function `reference` ("module:function") names, at run-config key `where`."""
     parts = python_refs.split(reference)

@@ -7,11 +7,12 @@ the model's output (a view) may get wrong gradients."""
 import functools
 import json
 import shutil
+import subprocess
 
 import pytest
 import torch
 from repo import REPO
-from train_runs import SHARED, ds_file, final_weights, losses, train
+from train_runs import SHARED, command, ds_file, environment, final_weights, losses, train
 
 EXAMPLE = REPO / "examples" / "pairwise_scorer"
 STEPS, GLOBAL = 8, 16
@@ -155,6 +156,29 @@ def test_checkpoint_convert_builds_your_model_from_the_folder_it_trained_from(ru
     assert (converted / "model").is_dir() and (converted / "optim").is_dir()
     for key, value in final_weights(tmp_path / "converted").items():
         torch.testing.assert_close(value, final_weights(ddp)[key], rtol=0, atol=0)
+
+
+def test_checkpoint_convert_finds_your_model_in_the_folder_the_training_ran_in(run_cli, tmp_path):
+    """The layout `distsetup init` writes (config/config.yaml), the model's module in the project's folder, which the
+    training runs in and imports from after the run config's folder: convert, run from another folder, imports it
+    from there too. The module's name is this test's own: no earlier import of it in this process can stand in."""
+    project = tmp_path / "project"
+    (project / "config").mkdir(parents=True)
+    shutil.copy(EXAMPLE / "scorer.py", project / "scorer_in_project.py")
+    shutil.copy(EXAMPLE / "config.yaml", project / "config" / "config.yaml")
+    functions = ("model.builder=scorer_in_project:build_model", "data.builder=scorer_in_project:build_dataset")
+    run = subprocess.run(
+        command(
+            project / "config" / "config.yaml", 1, *SMALL, *functions, "training.loss=scorer_in_project:pairwise_loss",
+            "training.max_steps=2", "training.checkpoint_interval=2", "data.num_workers=0",
+            "distributed.backend=single", f"training.output_dir={project / 'out'}",
+        ),
+        cwd=project, env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = run_cli("checkpoint", "convert", project / "out", "--to", "fsdp", "-o", tmp_path / "converted")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "converted" / "checkpoints" / "step_0000002" / "optim").is_dir()
 
 
 def test_your_own_model_takes_float_inputs_under_a_bf16_deepspeed_engine(tmp_path):

@@ -145,7 +145,11 @@ def linear_model():
             (torch.zeros(2, 4),),
             "raised IndexError: tuple index out of range (at tests/unit/test_own_model_bad_input.py:",
         ),
-        (lambda model, batch: {"ce": model(batch[0]).mean()}, (torch.zeros(2, 4),), "returned a dict as the loss"),
+        (
+            lambda model, batch: {"total": model(batch[0]).mean(), "ce": model(batch[0]).mean()},
+            (torch.zeros(2, 4),),
+            "returned a dict without 'loss' (its keys: total, ce)",
+        ),
         (
             lambda model, batch: {"loss": model(batch[0]).mean(), "kl": model(batch[0])[:, 0]},
             (torch.zeros(2, 4),),
@@ -204,6 +208,33 @@ def test_a_loss_returning_named_terms_logs_each_beside_the_loss():
 
     ordered = PythonObjective(lambda model, batch: OrderedDict(ce_and_kl(model, batch)), "m", "model.builder m:f", {})
     assert set(ordered.micro_loss(model, batch).parts) == {"ce", "kl"}  # a dict of its own, as a dict
+
+
+class RotaryLike(torch.nn.Module):
+    """A forward that computes in fp32 from a buffer (a rotary inv_freq's habit): under autocast its product is cast,
+    but not beside weights that FSDP2's mixed-precision policy (or DeepSpeed's engine) made bf16 without autocast."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("inv_freq", torch.ones(4), persistent=False)
+
+    def forward(self, x):
+        return self.linear(x * self.inv_freq).mean()
+
+
+@pytest.mark.parametrize("loss", [None, lambda model, batch: model(batch[0])], ids=["the model's own", "training.loss"])
+def test_a_forward_mixing_dtypes_beside_16_bit_weights_is_told_to_cast(loss):
+    batch = (torch.zeros(2, 4, dtype=torch.bfloat16),)  # FSDP2 casts the root's inputs too
+    cast = "FSDP2's mixed-precision policy casts the weights to bf16"
+    for weights_cast, told in ((cast, f"{cast} in the forward, with no torch.autocast: cast what it"), (None, "HINT")):
+        objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f", {})
+        objective.weights_cast = weights_cast
+        model = RotaryLike()
+        model.linear.bfloat16()  # its weights, as FSDP2 gathers them; its buffer stays fp32
+        with pytest.raises(DistsetupError) as raised:
+            objective.micro_loss(model, batch)
+        assert told in str(raised.value) and (".to(x.dtype)" in str(raised.value)) == (weights_cast is not None)
 
 
 def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():

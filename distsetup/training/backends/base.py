@@ -79,6 +79,12 @@ class Backend(abc.ABC):
         self.unrouted_as_zero: list[nn.Module] = []  # layers whose experts none ran get a zero gradient (moe.py)
 
     @property
+    def weights_cast_without_autocast(self) -> str | None:
+        """How the model's weights are 16-bit in its forward where no torch.autocast casts each operation's inputs
+        (said when a forward mixing dtypes fails), or None: single and DDP train in 16 bits under autocast."""
+        return None
+
+    @property
     def gathers_weights(self) -> bool:
         """Whether each step gathers the layers' weights from their shards and frees them again."""
         return BY_KEY[self.memory_strategy].gathers_weights

@@ -235,6 +235,12 @@ class DeepSpeedBackend(Backend):
     def _autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the engine casts as its file says
 
+    @property
+    def weights_cast_without_autocast(self) -> str | None:
+        if self.precision == "fp32":
+            return None
+        return f"DeepSpeed's engine holds the weights in {self.precision}"
+
     def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
         try:
             micro = self._forward(loss_of)

@@ -205,6 +205,12 @@ class FSDPBackend(Backend):
     def _autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # the mixed-precision policy casts
 
+    @property
+    def weights_cast_without_autocast(self) -> str | None:
+        if self.precision == "fp32":
+            return None
+        return f"FSDP2's mixed-precision policy casts the weights to {self.precision}"
+
     def _mixed_precision(self) -> MixedPrecisionPolicy:
         if self.precision == "fp32":
             return MixedPrecisionPolicy()

@@ -69,6 +69,7 @@ class TokenObjective:
     ):
         """`head`: the model's output head computing the loss in slices (loss_head), or None: from the logits."""
         self.vocab_size, self.masked, self.source, self.head, self._checked = vocab_size, masked, source, head, False
+        self.weights_cast: str | None = None  # Backend.weights_cast_without_autocast
         self.forward_kwargs = forward_kwargs(model, model_type)
         config: Any = getattr(model, "config", None)
         self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
@@ -126,8 +127,9 @@ class TokenObjective:
             raise DistsetupError(
                 f"{self.source}'s model rejected the first batch of token data, input ids of shape {list(x.shape)}, "
                 f"called as model(input_ids): {what}.",
-                "make its forward take the input ids first (forward(input_ids) -> logits), or give data.type python "
-                "and training.loss.",
+                mixed_dtypes_fix(e, self.weights_cast)
+                or "make its forward take the input ids first (forward(input_ids) -> logits), or compute the loss in "
+                "training.loss.",
                 alike_on_every_rank=True,
             ) from e
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
@@ -150,7 +152,7 @@ class TokenObjective:
             raise DistsetupError(
                 f"{self.source}'s model returned {shape} for input ids of shape {list(x.shape)}; with token data its "
                 f"forward(input_ids) returns the logits {expected}.",
-                "return the logits (or an object or dict with `logits`), or give data.type python and training.loss.",
+                "return the logits (or an object or dict with `logits`), or compute the loss in training.loss.",
                 alike_on_every_rank=True,
             )
         if logits.shape[-1] < self.vocab_size:
@@ -182,6 +184,7 @@ class PythonObjective:
         self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
         self.forward_kwargs, self.counted_labels = forward_kwargs, counted_labels
         self.resumed_from: Path | None = None  # the checkpoint this run's first step trains from, where it resumed
+        self.weights_cast: str | None = None  # Backend.weights_cast_without_autocast
 
     def micro_loss(self, model: nn.Module, batch, weight: float | torch.Tensor = 1.0) -> MicroLoss:
         loss, parts = self._loss(model, batch)
@@ -245,7 +248,15 @@ class PythonObjective:
         if self.loss is not None:
             returned = self.loss(model, batch)
             if isinstance(returned, dict) and not hasattr(returned, "to_tuple"):  # its own terms (not a ModelOutput)
-                return returned.get("loss", returned), {name: part for name, part in returned.items() if name != "loss"}
+                if "loss" not in returned:
+                    keys = ", ".join(map(str, returned))
+                    raise DistsetupError(
+                        f"{self.loss_source} returned a dict without 'loss' (its keys: {keys}).",
+                        "put the micro-batch's mean loss, the one backward takes, under 'loss'; the other entries are "
+                        "logged beside it.",
+                        alike_on_every_rank=True,
+                    )
+                return returned["loss"], {name: part for name, part in returned.items() if name != "loss"}
             return _loss_and_aux(returned)
         if isinstance(batch, dict):
             outputs = model(**batch, **self.forward_kwargs)
@@ -258,7 +269,7 @@ class PythonObjective:
         if self.loss is not None:
             return (
                 f"{self.loss_source} raised {what} on the first batch, {described_batch(batch)}.",
-                f"fix {self.loss_source}.",
+                mixed_dtypes_fix(error, self.weights_cast) or f"fix {self.loss_source}.",
             )
         call = (
             "model(**batch)"
@@ -270,7 +281,8 @@ class PythonObjective:
         return (
             f"{self.model_source}'s model rejected the first batch, {described_batch(batch)}, called as {call}: "
             f"{what}.",
-            "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
+            mixed_dtypes_fix(error, self.weights_cast)
+            or "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
             "the forward shows here too: run it on one batch by hand for the traceback).",
         )
 
@@ -357,6 +369,19 @@ def rejected_input(error: Exception) -> bool:
     compiling = type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
     hooked = moe.leaf_hook_refused(error)  # the DeepSpeed backend names the layer
     return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling or hooked)
+
+
+def mixed_dtypes_fix(error: Exception, weights_cast: str | None) -> str | None:
+    """The fix where a forward failed for a tensor in fp32 meeting the 16-bit weights that `weights_cast` says how the
+    backend made, without torch.autocast (which single and DDP runs have, as Accelerate gives FSDP2 too, and which
+    would cast it); None where that is not the error."""
+    message = str(error)
+    if weights_cast is None or not ("BFloat16" in message or "Half" in message) or "type" not in message:
+        return None
+    return (
+        f"{weights_cast} in the forward, with no torch.autocast: cast what it computes in fp32 (a buffer such as a "
+        "rotary inv_freq, a tensor it creates) to its input's dtype, e.g. .to(x.dtype)."
+    )
 
 
 def is_scalar_loss(value) -> bool:
