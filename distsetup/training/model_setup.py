@@ -64,9 +64,7 @@ def whole_model(
             return skeleton, source
         source.close()  # it misses a parameter: rank 0 builds the model whole, as its library fills the rest
     on_meta = description.builds_on_meta and not world.is_main
-    whole = models.architecture_on_meta(m) if on_meta else models.build(m)
-    if world.size > 1 and not description.builds_on_meta:
-        say("note: the model cannot be built on the meta device: every rank builds it whole")
+    whole = models.architecture_on_meta(m) if on_meta else models.build(m)  # whole: said in the description's note
     if init_from:
         load_weights(whole, init_from)  # on the meta device: the keys checked, nothing read
     return whole, None

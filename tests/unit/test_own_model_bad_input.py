@@ -46,6 +46,11 @@ def build(depth=2):
 def build_number():
     return 3
 
+def build_reading_a_weight(depth=2):
+    net = Net(depth)
+    assert net.blocks[0].linear.weight.abs().sum().item() > 0  # a value, which the meta device has not
+    return net
+
 def build_broken(depth=2):
     raise ValueError("depth must be even")
 
@@ -103,6 +108,15 @@ def test_a_model_builder_that_cannot_build_is_one_line_before_any_process_group(
     assert message.format(m=user_module, tmp=tmp_path) in str(raised.value)
     if layer_classes:  # also found after the process group (an FSDP file's classes): said by one rank per node
         assert raised.value.alike_on_every_rank
+
+
+def test_a_builder_that_cannot_build_on_the_meta_device_is_built_whole_said_in_one_note(user_module):
+    described = models.describe(ModelConfig(type="python", builder=f"{user_module}:build_reading_a_weight"))
+    assert not described.builds_on_meta and described.parameters == 40
+    assert [note for note in described.notes if "meta device" in note] == [
+        "model: model.builder cannot build on the meta device (Tensor.item() cannot be called on meta tensors): "
+        "checked on the CPU, and in a run of several processes every rank builds it whole"
+    ]
 
 
 def test_the_blocks_default_to_the_largest_list_of_one_class_and_are_said(user_module):

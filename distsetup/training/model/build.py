@@ -102,7 +102,10 @@ def architecture(m) -> tuple[nn.Module, list[str]]:
     except DistsetupError:
         raise
     except Exception as e:
-        note = f"model: checked on the CPU (model.builder cannot build on the meta device: {first_line(e)})"
+        note = (
+            f"model: model.builder cannot build on the meta device ({first_line(e)}): checked on the CPU, and in a "
+            "run of several processes every rank builds it whole"
+        )
         return build(m), [note]
 
 
