@@ -134,6 +134,8 @@ def test_sigterm_to_a_deepspeed_launcher_script_checkpoints_and_leaves_no_proces
         while session_processes(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert session_processes(proc.pid) == [], log.read_text()[-3000:]
+        # stopped before it trained, or checkpointed: never the 0 of a finished run (a supervisor reads it so)
+        assert proc.returncode not in (0, None), log.read_text()[-3000:]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
