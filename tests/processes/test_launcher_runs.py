@@ -234,6 +234,7 @@ for x, y in data:
     optimizer.zero_grad()
     batches += 1
 seen = {"processes": accelerator.num_processes, "type": str(accelerator.distributed_type), "batches": batches}
+seen["world"] = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 seen.update(wrapped=type(model).__name__, weights=accelerator.unwrap_model(model).weight.tolist(), argv=sys.argv[2:])
 with open(f"{sys.argv[1]}/process{os.environ['RANK']}.json", "w") as f:  # the world's rank, whoever formed it
     json.dump(seen, f)
@@ -261,7 +262,7 @@ def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, t
     assert "Accelerate applies FSDP to GPU processes only" in result.stderr
     seen = [json.loads((tmp_path / f"process{index}.json").read_text()) for index in (0, 1)]
     for process in seen:
-        assert process["processes"] == 2 and process["type"] == "DistributedType.MULTI_CPU", process
+        assert process["processes"] == process["world"] == 2 and process["type"] == "DistributedType.MULTI_CPU", process
         assert process["wrapped"] == "DistributedDataParallel" and process["batches"] == 4, process
     assert seen[0]["weights"] == seen[1]["weights"]
 
@@ -269,10 +270,12 @@ def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, t
 def test_a_users_accelerate_program_gets_the_deepspeed_file_from_accelerate_beside_a_default_config(
     run_cli, tmp_path, monkeypatch
 ):
-    """Bugs: the program was handed `--deepspeed FILE`, which its parser refuses; and accelerate launch took the
+    """Bugs: the program was handed `--deepspeed FILE`, which its parser refuses; accelerate launch took the
     precision of its default config (which every `accelerate config` writes), then refused the DeepSpeed file in
-    every rank. Here the program forms a DeepSpeed world of its own on the CPU (ACCELERATE_USE_CPU=false, as the
-    script's warning says), with the file's ZeRO stage, its weights alike on both ranks."""
+    every rank; and on two nodes accelerate started the deepspeed launcher with pdsh and no hostfile, so each node
+    trained alone and node 0 exited 0. Here two nodes of one process each (on loopback) form one DeepSpeed world on
+    the CPU (ACCELERATE_USE_CPU=false, as the script's warning says), with the file's ZeRO stage (whose batch holds
+    only in a world of 2), its weights alike on both ranks."""
     (tmp_path / "own_train.py").write_text(ACCELERATE_PROGRAM)
     monkeypatch.chdir(tmp_path)
     made = run_cli(
@@ -282,19 +285,32 @@ def test_a_users_accelerate_program_gets_the_deepspeed_file_from_accelerate_besi
     assert made.exit_code == 0, made.output
     generated = run_cli(
         "launcher", "--script", "own_train.py", "--launch_method", "accelerate", "--use_deepspeed",
-        "--deepspeed_config", "ds.json", "--num_gpus_per_node", 2, "--master_port", free_port(), "-o", "run.sh",
+        "--deepspeed_config", "ds.json", "--num_nodes", 2, "--num_gpus_per_node", 1, "--master_addr", "127.0.0.1",
+        "--master_port", free_port(), "-o", "run.sh",
     )  # fmt: skip
     assert generated.exit_code == 0, generated.output
     default = tmp_path / "hf" / "accelerate" / "default_config.yaml"  # as `accelerate config` writes it
     default.parent.mkdir(parents=True)
     default.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: 'no'\n")
     env = {**run_env(), "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "false", "HF_HOME": str(tmp_path / "hf")}
-    result = subprocess.run(
-        ["bash", "run.sh", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    nodes = [
+        subprocess.Popen(
+            ["bash", "run.sh", str(tmp_path)],
+            cwd=tmp_path,
+            env={**env, "NODE_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-4000:]
     seen = [json.loads((tmp_path / f"process{index}.json").read_text()) for index in (0, 1)]
     for process in seen:
-        assert process["type"] == "DistributedType.DEEPSPEED" and process["wrapped"] == "DeepSpeedEngine", process
+        # one world over both nodes (Accelerate's own count, on CPUs without use_cpu, stays 1: no data sharding)
+        assert process["world"] == 2 and process["type"] == "DistributedType.DEEPSPEED", process
+        assert process["wrapped"] == "DeepSpeedEngine", process
         assert process["argv"] == [], process  # nothing but its own arguments
     assert seen[0]["weights"] == seen[1]["weights"]

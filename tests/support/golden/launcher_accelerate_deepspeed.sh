@@ -73,4 +73,7 @@ fi
 # --mixed_precision no: the file says the precision (the HF Trainer its own flags); told none, accelerate takes
 # the one of its default config (which accelerate config writes), where there is one, and then refuses the file
 LAUNCH+=(--use_deepspeed --deepspeed_config_file "$DEEPSPEED_CONFIG" --mixed_precision no)
+if ((NNODES > 1)); then  # else accelerate runs the deepspeed launcher with pdsh and no hostfile: each node alone
+  LAUNCH+=(--deepspeed_multinode_launcher standard)
+fi
 exec "${LAUNCH[@]}" -m "$MODULE" "$@"
