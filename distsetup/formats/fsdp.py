@@ -219,9 +219,13 @@ ACCELERATE_FLAGS = {key for key in KEYS.values() if key.startswith("fsdp_")} - {
 
 def accelerate_launch_args(config: dict) -> list[str]:
     """The FSDP file as `accelerate launch` flags: its launcher takes FSDP settings from flags (or its own config
-    YAML), never from a JSON file, and the precision from --mixed_precision."""
-    args = ["--use_fsdp", "--mixed_precision", str(config.get("mixed_precision", "no"))]
-    for key, value in config.items():
+    YAML), never from a JSON file, and the precision from --mixed_precision. A file written for the HF Trainer is
+    read as it reads it (keys without fsdp_, the classes to wrap as a list, its cpu_offload)."""
+    read, _ = as_accelerate_reads(config)
+    if TRAINER_CPU_OFFLOAD in read:
+        read.setdefault("fsdp_offload_params", read[TRAINER_CPU_OFFLOAD])
+    args = ["--use_fsdp", "--mixed_precision", str(read.get("mixed_precision", "no"))]
+    for key, value in read.items():
         if key in ACCELERATE_FLAGS:
             args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return args

@@ -111,6 +111,36 @@ def test_accelerate_reads_the_fsdp_file_the_launcher_passes_as_meant(run_cli, tm
         assert plugin.transformer_cls_names_to_wrap == list(meant.transformer_layer_cls_to_wrap)
 
 
+def test_accelerate_reads_an_fsdp_file_written_for_the_hf_trainer_as_the_hf_trainer_reads_it(run_cli, tmp_path):
+    """A TrainingArguments fsdp_config (keys without fsdp_, the classes as a list, cpu_offload) handed to the
+    launcher for accelerate: its flags were the file's raw keys (dropped) and str() of the list (a class named
+    "['LlamaDecoderLayer'", which wrapping then could not find)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    hf_trainer_file = {
+        "version": 2,
+        "reshard_after_forward": False,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "LlamaRMSNorm"],
+        "cpu_offload": True,
+        "activation_checkpointing": True,
+    }
+    (tmp_path / "fsdp.json").write_text(json.dumps(hf_trainer_file))
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_fsdp", "--fsdp_config", tmp_path / "fsdp.json"),
+        *("--script", tmp_path / "user.py", "--num_gpus_per_node", "2", "-o", tmp_path / "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    plugin = built_in(accelerate_environment(argv[1:]), FullyShardedDataParallelPlugin)
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is False and plugin.activation_checkpointing
+    assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer", "LlamaRMSNorm"]
+
+
 def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_cli, tmp_path):
     """A user who pastes the file into an Accelerate config YAML (`fsdp_config:`) gets the same meaning; the
     precision goes at the YAML's top level, where Accelerate reads it."""
