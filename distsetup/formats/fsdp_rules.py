@@ -6,6 +6,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import (
     KEYS,
     MIXED_PRECISION,
+    RESHARDS_AFTER_FORWARD,
     TRAINER_CPU_OFFLOAD,
     TRANSFORMER,
     FsdpSpec,
@@ -165,15 +166,16 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
         for v in violations(FsdpSpec.from_dict(readable), given, layer_classes_known=inline)
         if KEYS[v.option] not in wrong
     ]
-    problems += _reader_problems(readable) + [
+    problems += _reader_problems(readable, inline) + [
         Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
     ]
     notes = spellings + [v.message.format_map(words) for v in broken if v.said]
     return problems, notes
 
 
-def _reader_problems(config: dict) -> list[Problem]:
-    """Keys that Accelerate and the HF Trainer would read differently."""
+def _reader_problems(config: dict, inline: bool = False) -> list[Problem]:
+    """Keys that Accelerate, the HF Trainer and distsetup's trainer would read differently (`inline`: a run
+    config's, which distsetup's trainer alone reads)."""
     problems = []
     offloads = {config[key] for key in ("fsdp_offload_params", TRAINER_CPU_OFFLOAD) if key in config}
     if len(offloads) > 1:
@@ -195,6 +197,16 @@ def _reader_problems(config: dict) -> list[Problem]:
             )
         )
     strategy = config.get("fsdp_sharding_strategy")
+    if version == 2 and reshard is None and not RESHARDS_AFTER_FORWARD.get(str(strategy), True) and not inline:
+        problems.append(
+            Problem(
+                "fsdp_sharding_strategy",
+                f"is {strategy!r} without fsdp_reshard_after_forward: distsetup's trainer reads {strategy} from it, "
+                "but FSDP2 under Accelerate and the HF Trainer reads fsdp_reshard_after_forward alone, true unless "
+                "given (FULL_SHARD).",
+                'write "fsdp_reshard_after_forward": false beside it.',
+            )
+        )
     if version == 1 and reshard is not None and strategy is not None and reshard != strategy:  # None: required
         problems.append(
             Problem(

@@ -12,7 +12,7 @@ import pytest
 from shell_checks import run_script
 
 from distsetup.formats.fsdp import FsdpSpec
-from distsetup.formats.fsdp_rules import fsdp_problems
+from distsetup.formats.fsdp_rules import fsdp_findings, fsdp_problems
 
 accelerate_launch = pytest.importorskip("accelerate.commands.launch")
 transformers = pytest.importorskip("transformers")
@@ -243,6 +243,12 @@ def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_re
     assert [p.path for p in fsdp_problems({**fsdp1, "fsdp_reshard_after_forward": "FULL_SHARD"})] == [
         "fsdp_reshard_after_forward"
     ]
+    # FSDP2 under Accelerate and the HF Trainer reshards unless told not to: a strategy alone that says otherwise
+    # trains FULL_SHARD there, SHARD_GRAD_OP in distsetup's trainer
+    strategy_alone = {**base, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}
+    assert [p.path for p in fsdp_problems(strategy_alone)] == ["fsdp_sharding_strategy"]
+    assert fsdp_problems({**strategy_alone, "fsdp_reshard_after_forward": False}) == []
+    assert fsdp_findings(strategy_alone, inline=True)[0] == []  # a run config's: distsetup's trainer alone reads it
 
 
 def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
