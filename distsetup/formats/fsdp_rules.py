@@ -13,7 +13,6 @@ from distsetup.formats.fsdp import (
     as_accelerate_reads,
 )
 from distsetup.formats.problems import Problem, Violation, schema_problems
-from distsetup.formats.runconfig import BUILTIN_BLOCK
 
 # FSDP1-only knobs: FSDP2 (fully_shard) has no such argument.
 FSDP1_ONLY = {
@@ -64,20 +63,15 @@ def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = Fals
                 Violation("state_dict_type", "LOCAL_STATE_DICT does not exist in FSDP2.", "use SHARDED_STATE_DICT.")
             )
     policy = spec.auto_wrap_policy if "auto_wrap_policy" in given else None
-    for option, needed_by, example in (
-        (
-            "transformer_layer_cls_to_wrap",
-            "TRANSFORMER_BASED_WRAP",
-            f"LlamaDecoderLayer ({BUILTIN_BLOCK} for the built-in model)",
-        ),
-        ("min_num_params", "SIZE_BASED_WRAP", "100000000 (wrap modules of at least that many parameters)"),
-    ):
-        if policy == needed_by and option not in given and not (layer_classes_known and needed_by == TRANSFORMER):
-            found.append(
-                Violation(
-                    option, f"{{auto_wrap_policy}} {needed_by} needs {{{option}}}.", f"add {{{option}}} {example}."
-                )
+    if policy == "SIZE_BASED_WRAP" and "min_num_params" not in given:  # without classes, see model_blocks_note
+        found.append(
+            Violation(
+                "min_num_params",
+                "{auto_wrap_policy} SIZE_BASED_WRAP needs {min_num_params}.",
+                "add {min_num_params} 100000000 (wrap modules of at least that many parameters).",
             )
+        )
+    for option, needed_by in (("transformer_layer_cls_to_wrap", TRANSFORMER), ("min_num_params", "SIZE_BASED_WRAP")):
         if policy is not None and policy != needed_by and option in given:
             found.append(
                 Violation(
@@ -119,12 +113,27 @@ def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = Fals
     return found
 
 
+def model_blocks_note(spec: FsdpSpec, given: set[str]) -> str | None:
+    """Where TRANSFORMER_BASED_WRAP names no classes: whose blocks each reader wraps (Accelerate's plugin, which the
+    HF Trainer uses too, falls back to the model's _no_split_modules), in {words}."""
+    if "auto_wrap_policy" not in given or spec.auto_wrap_policy != TRANSFORMER or spec.transformer_layer_cls_to_wrap:
+        return None
+    return (
+        "{auto_wrap_policy} TRANSFORMER_BASED_WRAP without {transformer_layer_cls_to_wrap} wraps the model's own "
+        "blocks: a Hugging Face model's _no_split_modules (Accelerate, the HF Trainer and distsetup's trainer), your "
+        "own model's model.layer_classes or its largest list of one class (distsetup's trainer only: Accelerate then "
+        "wraps none but the whole model); name them with {transformer_layer_cls_to_wrap} (e.g. LlamaDecoderLayer)."
+    )
+
+
 def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
     """Refuse the first rule the flags break, naming the flag and the fix; return warnings."""
     for violation in violations(spec, spec.given()):
         words = FlagWords()
         raise DistsetupError(violation.message.format_map(words), violation.fix.format_map(words))
     warnings = []
+    if note := model_blocks_note(spec, spec.given()):
+        warnings.append(note.format_map(FlagWords()))
     if spec.fsdp_version == 2 and spec.sharding_strategy in ("NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
         warnings.append(
             f"{spec.sharding_strategy} with FSDP2: distsetup's trainer builds the device mesh it needs, but "
@@ -170,6 +179,8 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
         Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
     ]
     notes = spellings + [v.message.format_map(words) for v in broken if v.said]
+    if not inline and (note := model_blocks_note(FsdpSpec.from_dict(readable), given)):
+        notes.append(note.format_map(words))
     return problems, notes
 
 

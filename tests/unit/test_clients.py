@@ -251,6 +251,29 @@ def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_re
     assert fsdp_findings(strategy_alone, inline=True)[0] == []  # a run config's: distsetup's trainer alone reads it
 
 
+def test_transformer_based_wrap_without_classes_wraps_the_models_own_blocks_as_accelerate_does(run_cli, tmp_path):
+    """As `accelerate config` writes it where the user takes the model's _no_split_modules: Accelerate's plugin wraps
+    those; validate and `distsetup fsdp` say so in a note, and refuse nothing."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    no_classes = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_reshard_after_forward": True,
+    }
+    problems, notes = fsdp_findings(no_classes)
+    assert problems == [] and any("wraps the model's own blocks" in note for note in notes), notes
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    tiny = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, vocab_size=32)
+    plugin.set_auto_wrap_policy(LlamaForCausalLM(tiny))
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+    written = run_cli("fsdp", "--auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "-o", tmp_path / "fsdp.json")
+    assert written.exit_code == 0 and "wraps the model's own blocks" in written.output, written.output
+    assert "fsdp_transformer_layer_cls_to_wrap" not in json.loads((tmp_path / "fsdp.json").read_text())
+
+
 def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
     flags = FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"]
     write_fsdp_file(run_cli, tmp_path, flags)
