@@ -19,7 +19,7 @@ from distsetup.formats.deepspeed import (
     section_of,
 )
 from distsetup.formats.deepspeed_refusals import refused_at_start
-from distsetup.formats.problems import Problem, Violation, join_path, schema_problems
+from distsetup.formats.problems import Problem, Violation, closest, join_path, schema_problems
 
 
 def violations(spec: DeepSpeedSpec) -> list[Violation]:
@@ -210,6 +210,53 @@ def auto_paths(data, path=()) -> list[tuple]:
     return [path] if data == AUTO and path not in DEEPSPEEDS_OWN_AUTO else []
 
 
+# Every "auto" the HF Trainer fills (transformers' HfTrainerDeepSpeedConfig: from TrainingArguments and the model's
+# hidden size); Accelerate, which it runs through, refuses any other ("... not found in kwargs").
+FILLED_BY_THE_HF_TRAINER = {
+    "train_micro_batch_size_per_gpu",
+    "train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "optimizer.params.lr",
+    "optimizer.params.betas",
+    "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr",
+    "scheduler.params.warmup_max_lr",
+    "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps",
+    "fp16.enabled",
+    "bf16.enabled",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+}
+
+
+def unfilled_auto(config: dict) -> list[Problem]:
+    """The "auto" values no reader fills, not even the HF Trainer (a key it fills, misspelt, among them)."""
+    problems = []
+    for path in auto_paths(config):
+        where = join_path(path)
+        if where in FILLED_BY_THE_HF_TRAINER:
+            continue
+        section, _, key = where.rpartition(".")
+        close = closest(
+            key,
+            [filled.rpartition(".")[2] for filled in FILLED_BY_THE_HF_TRAINER if filled.rpartition(".")[0] == section],
+        )
+        problems.append(
+            Problem(
+                where,
+                '"auto" here is filled by no reader: the HF Trainer fills only the batch, accumulation, clipping, '
+                "precision, optimizer and scheduler values and three bucket sizes, and Accelerate, which it runs "
+                'through, stops on any other ("not found in kwargs").',
+                f"did you mean '{close}'?" if close else "write a value.",
+            )
+        )
+    return problems
+
+
 def without_auto(data):
     """A copy with "auto" values removed: the HF Trainer fills them, so the schema need not see them."""
     if isinstance(data, dict):
@@ -263,6 +310,8 @@ def deepspeed_problems(
                 "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps).",
             )
         )
+    if hf:
+        problems += unfilled_auto(config)
     if hf and "zero_optimization" not in config:
         problems.append(
             Problem(

@@ -133,3 +133,31 @@ def test_resolve_gives_what_the_hf_trainer_fills_in(run_cli, tmp_path, stage):
     assert shown.exit_code == 0, shown.output
     assert "resolve: train_batch_size = 8 (world size x per_device_train_batch_size" in shown.stdout
     assert "resolve: scheduler.params.warmup_num_steps = 7 (warmup_steps" in shown.stdout
+
+
+def test_validate_hf_refuses_every_auto_the_hf_trainer_leaves_and_no_other(run_cli, tmp_path):
+    """ "auto" at each key validate takes as the HF Trainer's, and at two it does not fill (one a misspelt key):
+    transformers' own HfTrainerDeepSpeedConfig leaves exactly those two, which Accelerate then stops on."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from distsetup.formats.deepspeed_rules import FILLED_BY_THE_HF_TRAINER, auto_paths
+    from distsetup.formats.problems import join_path
+
+    ds: dict = {"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupDecayLR"}}
+    for path in [*FILLED_BY_THE_HF_TRAINER, "gradient_clippin", "zero_optimization.overlap_comm"]:
+        *sections, key = path.split(".")
+        node = ds
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = "auto"
+    ds["zero_optimization"]["stage"] = 3
+    args = training_arguments(tmp_path, **BASE_ARGS)
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(ds)))
+    hf.trainer_config_process(args)
+    hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), 100)
+    left = {join_path(path) for path in auto_paths(hf.config)}
+    assert left == {"gradient_clippin", "zero_optimization.overlap_comm"}
+    result = run_cli("validate", write(tmp_path / "ds.json", ds), "--hf", "--json")
+    refused = {p["path"] for p in json.loads(result.stdout) if '"auto" here is filled by no reader' in p["message"]}
+    assert refused == left
+    assert "did you mean 'gradient_clipping'?" in {p["fix"] for p in json.loads(result.stdout)}
