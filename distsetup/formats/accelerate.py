@@ -7,7 +7,7 @@ from pathlib import Path
 
 from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, DeepSpeedSpec
 from distsetup.formats.deepspeed_rules import AccelerateWords, violations, worded
-from distsetup.formats.fsdp_rules import fsdp_problems
+from distsetup.formats.fsdp_rules import accelerate_yaml_fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
 
 # ClusterConfig's fields; Accelerate refuses any other top-level key ("had unknown keys"), save the two old
@@ -235,7 +235,7 @@ def _block_problems(data: dict, kind) -> list[Problem]:
     fsdp = data.get("fsdp_config")
     if kind == "FSDP" and isinstance(fsdp, dict):
         # without fsdp_version Accelerate runs FSDP1
-        found = fsdp_problems({"fsdp_version": 1, **fsdp})
+        found = accelerate_yaml_fsdp_problems({"fsdp_version": 1, **fsdp})
         problems += [Problem(f"fsdp_config.{p.path}".rstrip("."), p.message, p.fix) for p in found]
     deepspeed = data.get("deepspeed_config")
     if kind == "DEEPSPEED" and isinstance(deepspeed, dict):

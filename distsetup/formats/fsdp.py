@@ -148,7 +148,10 @@ def as_accelerate_reads(config: dict) -> tuple[dict, list[str]]:
         if full == "fsdp_transformer_layer_cls_to_wrap" and isinstance(value, list):
             spelled = ",".join(map(str, value)) if all(isinstance(name, str) for name in value) else value
         if spelled != value:
-            notes.append(f"{full}: {value!r} is read as {spelled!r}, as Accelerate and the HF Trainer read it.")
+            readers = (
+                "Accelerate reads it" if full == "fsdp_auto_wrap_policy" else "Accelerate and the HF Trainer read it"
+            )
+            notes.append(f"{full}: {value!r} is read as {spelled!r}, as {readers}.")
         read[full] = spelled
     if unprefixed:
         notes.insert(0, f"{', '.join(unprefixed)}: read as fsdp_* keys, as the HF Trainer reads its fsdp_config.")

@@ -9,6 +9,8 @@ from distsetup.formats.fsdp import (
     RESHARDS_AFTER_FORWARD,
     TRAINER_CPU_OFFLOAD,
     TRANSFORMER,
+    UNPREFIXED,
+    WRAP_POLICIES,
     FsdpSpec,
     as_accelerate_reads,
 )
@@ -158,12 +160,18 @@ def fsdp_problems(config: dict) -> list[Problem]:
     return fsdp_findings(config)[0]
 
 
-def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], list[str]]:
+def accelerate_yaml_fsdp_problems(config: dict) -> list[Problem]:
+    """fsdp_problems of an Accelerate config YAML's fsdp_config, which `accelerate launch` alone reads."""
+    return fsdp_findings(config, accelerate_yaml=True)[0]
+
+
+def fsdp_findings(config: dict, inline: bool = False, accelerate_yaml: bool = False) -> tuple[list[Problem], list[str]]:
     """The problems of FSDP settings in the file's keys (schema, readers, rules), and the notes: what the rules say
     about settings no reader uses. `inline`: written in a run config, where FSDP2 goes without saying and the
-    blocks to wrap are model.layer_classes."""
+    blocks to wrap are model.layer_classes; `accelerate_yaml`: an Accelerate config's fsdp_config."""
     # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
     implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
+    spelling_problems = [] if inline else _spelling_problems(config, accelerate_yaml)
     config, spellings = (config, []) if inline else as_accelerate_reads(config)
     problems = schema_problems({**implied, **config} if inline else config, "fsdp")
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
@@ -175,13 +183,44 @@ def fsdp_findings(config: dict, inline: bool = False) -> tuple[list[Problem], li
         for v in violations(FsdpSpec.from_dict(readable), given, layer_classes_known=inline)
         if KEYS[v.option] not in wrong
     ]
-    problems += _reader_problems(readable, inline) + [
-        Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said
-    ]
+    problems += (
+        spelling_problems
+        + _reader_problems(readable, inline)
+        + [Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said]
+    )
     notes = spellings + [v.message.format_map(words) for v in broken if v.said]
     if not inline and (note := model_blocks_note(FsdpSpec.from_dict(readable), given)):
         notes.append(note.format_map(words))
     return problems, notes
+
+
+def _spelling_problems(config: dict, accelerate_yaml: bool) -> list[Problem]:
+    """Spellings Accelerate's plugin reads, that a reader of the file stops on or misreads: the HF Trainer takes a
+    wrapping policy by its upper-case name only (a file's reader), `accelerate launch` a config YAML's classes to
+    wrap as one string (a list becomes "['A', 'B']")."""
+    problems = []
+    for key, value in config.items():
+        full = UNPREFIXED.get(key, key)
+        if not accelerate_yaml and full == "fsdp_auto_wrap_policy" and isinstance(value, str):
+            if value != value.upper() and value.upper() in WRAP_POLICIES:
+                problems.append(
+                    Problem(
+                        key,
+                        f"{value!r}: the HF Trainer takes only the upper-case name (Accelerate and distsetup's "
+                        "trainer read any case).",
+                        f'write "{value.upper()}".',
+                    )
+                )
+        if accelerate_yaml and full == "fsdp_transformer_layer_cls_to_wrap" and isinstance(value, list):
+            problems.append(
+                Problem(
+                    key,
+                    "is a list: `accelerate launch` passes it on as one string, \"['A', 'B']\", whose names no "
+                    "class has.",
+                    f"write {','.join(map(str, value))!r}, the names between commas.",
+                )
+            )
+    return problems
 
 
 def _reader_problems(config: dict, inline: bool = False) -> list[Problem]:

@@ -274,6 +274,39 @@ def test_transformer_based_wrap_without_classes_wraps_the_models_own_blocks_as_a
     assert "fsdp_transformer_layer_cls_to_wrap" not in json.loads((tmp_path / "fsdp.json").read_text())
 
 
+def test_validate_refuses_spellings_accelerate_reads_but_another_reader_stops_on(run_cli, tmp_path):
+    """A lower-case wrapping policy in a file: the HF Trainer's TrainingArguments stops on it. A list of classes in
+    an Accelerate config YAML: `accelerate launch` hands the plugin "['A', 'B']"."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import TrainingArguments
+
+    lower = {"version": 2, "auto_wrap_policy": "transformer_based_wrap", "transformer_layer_cls_to_wrap": ["A"]}
+    with pytest.raises(ValueError, match="auto_wrap_policy` must be one of"):
+        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp="full_shard", fsdp_config=lower)
+    (tmp_path / "fsdp.json").write_text(json.dumps(lower))
+    refused = run_cli("validate", tmp_path / "fsdp.json")
+    assert refused.exit_code == 1 and 'Fix: write "TRANSFORMER_BASED_WRAP"' in refused.output, refused.output
+
+    yaml_config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "fsdp_config": {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "LlamaRMSNorm"],
+        },
+        "num_machines": 1,
+        "num_processes": 2,
+        "machine_rank": 0,
+    }
+    (tmp_path / "accelerate.yaml").write_text(json.dumps(yaml_config))  # JSON is YAML
+    env = accelerate_environment(["--config_file", str(tmp_path / "accelerate.yaml"), "user.py"])
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    assert plugin.transformer_cls_names_to_wrap == ["['LlamaDecoderLayer'", " 'LlamaRMSNorm']"]
+    refused = run_cli("validate", tmp_path / "accelerate.yaml")
+    assert refused.exit_code == 1 and "write 'LlamaDecoderLayer,LlamaRMSNorm'" in refused.output, refused.output
+
+
 def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
     flags = FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"]
     write_fsdp_file(run_cli, tmp_path, flags)

@@ -174,9 +174,10 @@ def _file_values(spec: FsdpSpec, option: str) -> dict:
 
 
 def test_the_spellings_accelerate_and_the_hf_trainer_read_mean_the_same(run_cli, tmp_path):
-    """An FSDP file as the HF Trainer's fsdp_config spells it (keys without fsdp_, lower-case names, the classes to
-    wrap as a list) and with Accelerate's numbered sharding strategy: no problem, a note for the spellings, and the
-    spec distsetup's own spelling gives (the trainer reads it so too)."""
+    """An FSDP file as the HF Trainer's fsdp_config spells it (keys without fsdp_, lower-case names but the wrapping
+    policy's, which it takes upper-case only, the classes to wrap as a list) and with Accelerate's numbered sharding
+    strategy: no problem, a note for the spellings, and the spec distsetup's own spelling gives (the trainer reads
+    it so too)."""
     canonical = {
         "fsdp_version": 1,
         "fsdp_sharding_strategy": "SHARD_GRAD_OP",
@@ -188,7 +189,7 @@ def test_the_spellings_accelerate_and_the_hf_trainer_read_mean_the_same(run_cli,
     other = {
         "fsdp_version": 1,
         "fsdp_sharding_strategy": 2,
-        "auto_wrap_policy": "transformer_based_wrap",
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_layer_cls_to_wrap": ["A", "B"],
         "backward_prefetch": "backward_pre",
         "state_dict_type": "sharded_state_dict",
