@@ -71,6 +71,7 @@ class LaunchSpec:
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
     accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
+    fsdp1_strategy: str | None = None  # an FSDP1 file's, for the HF Trainer's Accelerate (FSDP_SHARDING_STRATEGY)
 
     @property
     def world_size(self) -> int | None:
@@ -341,6 +342,7 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
         "accelerate_fsdp_args": "\n".join(spec.accelerate_fsdp_args),
+        "fsdp1_strategy": spec.fsdp1_strategy,
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))
         if spec.launch_method == "deepspeed" and not single

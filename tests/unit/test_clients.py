@@ -307,6 +307,31 @@ def test_validate_refuses_spellings_accelerate_reads_but_another_reader_stops_on
     assert refused.exit_code == 1 and "write 'LlamaDecoderLayer,LlamaRMSNorm'" in refused.output, refused.output
 
 
+def test_the_hf_trainers_fsdp1_trains_the_files_sharding_strategy_under_torchrun(run_cli, tmp_path, monkeypatch):
+    """transformers hands an FSDP1 file's strategy to Accelerate as reshard_after_forward, which Accelerate's own
+    FSDP_SHARDING_STRATEGY outranks (FULL_SHARD where unset): the script for a user's program sets it."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import ShardingStrategy
+    from transformers import TrainingArguments
+
+    monkeypatch.chdir(tmp_path)
+    config, meant = write_fsdp_file(run_cli, tmp_path, FSDP_FLAGS["fsdp1-shard-grad-op"])
+    (tmp_path / "user.py").write_text("print('a user program')\n")
+    result = run_cli(
+        "launcher", "--script", "user.py", "--use_fsdp", "--fsdp_config", "fsdp.json", "--num_gpus_per_node", "2",
+        "-o", "run.sh",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    shown = run_script(tmp_path / "run.sh", tmp_path, "torchrun", show_env=["FSDP_SHARDING_STRATEGY"], cwd=tmp_path)
+    env = dict(line.split("=", 1) for line in shown.stdout.splitlines() if line.startswith("FSDP_"))
+    assert env == {"FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}
+    hf_args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, fsdp=True, fsdp_config=config)
+    for given, strategy in (({}, ShardingStrategy.FULL_SHARD), (env, ShardingStrategy[meant.sharding_strategy])):
+        with mock.patch.dict(os.environ, given, clear=True):  # a device-free plugin: no sync_module_states
+            plugin = FullyShardedDataParallelPlugin(**{**hf_args.fsdp_plugin_args, "sync_module_states": False})
+        assert plugin.sharding_strategy == strategy
+
+
 def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_path):
     flags = FSDP_FLAGS["fsdp2-shard-grad-op-offload-bf16"]
     write_fsdp_file(run_cli, tmp_path, flags)
