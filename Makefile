@@ -32,10 +32,11 @@ $(VENV)/.installed: $(VENV)/.deepspeed setup.cfg pyproject.toml
 
 venv: $(VENV)/.installed
 
-# DeepSpeed's CPU ops (CPU Adam, fused Adam, shared-memory collectives), compiled at set-up rather than by
-# whichever test first needs them; a no-op once built.
+# DeepSpeed's CPU ops (CPU Adam, fused Adam, and the shared-memory all-reduce, which distsetup's trainer leaves out
+# but the tests' HF Trainer and Accelerate programs build), compiled at set-up rather than by whichever test first
+# needs them; a no-op once built.
 ops: $(VENV)/.deepspeed
-	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A, FusedAdamBuilder as F; [b().load(verbose=False) for b in (A, F)]"
+	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A, FusedAdamBuilder as F, ShareMemCommBuilder as S; [b().load(verbose=False) for b in (A, F, S)]"
 
 constraints: venv
 	$(PY) -m pip install -q pip-tools

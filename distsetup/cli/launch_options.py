@@ -278,7 +278,9 @@ def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None, 
         if spec.launch_method == "accelerate" and not spec.runs_default_trainer:
             notes += own_program_notes(ds, ds_path)
     if spec.fsdp_config:
-        fsdp = read_valid(spec.fsdp_config, "fsdp")
+        # a program of the user's may be the HF Trainer, which reads the file itself but under accelerate
+        hf_trainer = not spec.runs_default_trainer and spec.launch_method != "accelerate"
+        fsdp = read_valid(spec.fsdp_config, "fsdp", hf=hf_trainer)
         if spec.launch_method == "accelerate":
             spec = replace(spec, accelerate_fsdp_args=tuple(accelerate_launch_args(fsdp)))
         elif not spec.runs_default_trainer and (settings := FsdpSpec.from_dict(fsdp)).fsdp_version == 1:

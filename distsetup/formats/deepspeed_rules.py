@@ -210,8 +210,10 @@ def auto_paths(data, path=()) -> list[tuple]:
     return [path] if data == AUTO and path not in DEEPSPEEDS_OWN_AUTO else []
 
 
-# Every "auto" the HF Trainer fills (transformers' HfTrainerDeepSpeedConfig: from TrainingArguments and the model's
-# hidden size); Accelerate, which it runs through, refuses any other ("... not found in kwargs").
+# Every "auto" the HF Trainer fills: transformers' HfTrainerDeepSpeedConfig from TrainingArguments and the model's
+# hidden size, then Accelerate's DeepSpeedPlugin, which it runs through, from its own settings (the stage from its
+# default, the rest from accelerate launch's flags or config); the plugin refuses any other ("... not found in
+# kwargs").
 FILLED_BY_THE_HF_TRAINER = {
     "train_micro_batch_size_per_gpu",
     "train_batch_size",
@@ -230,6 +232,12 @@ FILLED_BY_THE_HF_TRAINER = {
     "zero_optimization.reduce_bucket_size",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_param.device",
+    "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
 
 
@@ -249,8 +257,9 @@ def unfilled_auto(config: dict) -> list[Problem]:
             Problem(
                 where,
                 '"auto" here is filled by no reader: the HF Trainer fills only the batch, accumulation, clipping, '
-                "precision, optimizer and scheduler values and three bucket sizes, and Accelerate, which it runs "
-                'through, stops on any other ("not found in kwargs").',
+                "precision, optimizer and scheduler values and three bucket sizes, Accelerate, which it runs "
+                "through, the stage (and under accelerate launch the offload and 16-bit save settings), and it "
+                'stops on any other ("not found in kwargs").',
                 f"did you mean '{close}'?" if close else "write a value.",
             )
         )

@@ -148,10 +148,13 @@ def as_accelerate_reads(config: dict) -> tuple[dict, list[str]]:
         if full == "fsdp_transformer_layer_cls_to_wrap" and isinstance(value, list):
             spelled = ",".join(map(str, value)) if all(isinstance(name, str) for name in value) else value
         if spelled != value:
-            readers = (
-                "Accelerate reads it" if full == "fsdp_auto_wrap_policy" else "Accelerate and the HF Trainer read it"
-            )
-            notes.append(f"{full}: {value!r} is read as {spelled!r}, as {readers}.")
+            if full == "fsdp_auto_wrap_policy":
+                readers = (
+                    "by Accelerate and distsetup's trainer; the HF Trainer stops on it (it takes the upper-case name)"
+                )
+            else:
+                readers = "as Accelerate and the HF Trainer read it"
+            notes.append(f"{full}: {value!r} is read as {spelled!r}, {readers}.")
         read[full] = spelled
     if unprefixed:
         notes.insert(0, f"{', '.join(unprefixed)}: read as fsdp_* keys, as the HF Trainer reads its fsdp_config.")
@@ -227,6 +230,14 @@ def accelerate_launch_args(config: dict) -> list[str]:
     read, _ = as_accelerate_reads(config)
     if TRAINER_CPU_OFFLOAD in read:
         read.setdefault("fsdp_offload_params", read[TRAINER_CPU_OFFLOAD])
+    # the strategy, as distsetup's trainer reads it, in the key each FSDP version of Accelerate reads: FSDP1's
+    # fsdp_sharding_strategy (an HF Trainer file says it in reshard_after_forward, which accelerate launch's default
+    # strategy would outrank), FSDP2's fsdp_reshard_after_forward (true unless given)
+    settings = FsdpSpec.from_dict(read)
+    if settings.fsdp_version == 1:
+        read.setdefault("fsdp_sharding_strategy", settings.sharding_strategy)
+    else:
+        read.setdefault("fsdp_reshard_after_forward", settings.reshards_after_forward)
     args = ["--use_fsdp", "--mixed_precision", str(read.get("mixed_precision", "no"))]
     for key, value in read.items():
         if key in ACCELERATE_FLAGS:

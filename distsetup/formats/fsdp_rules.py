@@ -6,7 +6,6 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import (
     KEYS,
     MIXED_PRECISION,
-    RESHARDS_AFTER_FORWARD,
     TRAINER_CPU_OFFLOAD,
     TRANSFORMER,
     UNPREFIXED,
@@ -40,10 +39,9 @@ class KeyWords(dict):
         return MIXED_PRECISION.get(name, name) if name.isupper() else KEYS[name]
 
 
-def violations(spec: FsdpSpec, given: set[str], layer_classes_known: bool = False) -> list[Violation]:
+def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
     """Options that mean nothing together or that a client refuses. `given`: the options the user set (a rule
-    about a default applies only where it was chosen); `layer_classes_known`: the run config names the blocks to
-    wrap (model.layer_classes, else the model's own), as it does for the settings written inline."""
+    about a default applies only where it was chosen)."""
     found = []
     if spec.fsdp_version == 2:
         # a file that states version 2 means FSDP2 and is refused; one that states none is read as FSDP2 and told
@@ -165,27 +163,26 @@ def accelerate_yaml_fsdp_problems(config: dict) -> list[Problem]:
     return fsdp_findings(config, accelerate_yaml=True)[0]
 
 
-def fsdp_findings(config: dict, inline: bool = False, accelerate_yaml: bool = False) -> tuple[list[Problem], list[str]]:
+def fsdp_findings(
+    config: dict, inline: bool = False, accelerate_yaml: bool = False, hf_trainer: bool = False
+) -> tuple[list[Problem], list[str]]:
     """The problems of FSDP settings in the file's keys (schema, readers, rules), and the notes: what the rules say
     about settings no reader uses. `inline`: written in a run config, where FSDP2 goes without saying and the
-    blocks to wrap are model.layer_classes; `accelerate_yaml`: an Accelerate config's fsdp_config."""
+    blocks to wrap are model.layer_classes; `accelerate_yaml`: an Accelerate config's fsdp_config; `hf_trainer`: a
+    file for the HF Trainer's fsdp_config."""
     # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
     implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
-    spelling_problems = [] if inline else _spelling_problems(config, accelerate_yaml)
+    spelling_problems = [] if inline else _spelling_problems(config, accelerate_yaml, hf_trainer)
     config, spellings = (config, []) if inline else as_accelerate_reads(config)
     problems = schema_problems({**implied, **config} if inline else config, "fsdp")
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
     readable = {key: value for key, value in config.items() if key not in wrong}
     words = KeyWords()
     given = {name for name, key in KEYS.items() if key in readable}
-    broken = [
-        v
-        for v in violations(FsdpSpec.from_dict(readable), given, layer_classes_known=inline)
-        if KEYS[v.option] not in wrong
-    ]
+    broken = [v for v in violations(FsdpSpec.from_dict(readable), given) if KEYS[v.option] not in wrong]
     problems += (
         spelling_problems
-        + _reader_problems(readable, inline)
+        + _reader_problems(readable, hf_trainer)
         + [Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said]
     )
     notes = spellings + [v.message.format_map(words) for v in broken if v.said]
@@ -194,20 +191,19 @@ def fsdp_findings(config: dict, inline: bool = False, accelerate_yaml: bool = Fa
     return problems, notes
 
 
-def _spelling_problems(config: dict, accelerate_yaml: bool) -> list[Problem]:
+def _spelling_problems(config: dict, accelerate_yaml: bool, hf_trainer: bool) -> list[Problem]:
     """Spellings Accelerate's plugin reads, that a reader of the file stops on or misreads: the HF Trainer takes a
-    wrapping policy by its upper-case name only (a file's reader), `accelerate launch` a config YAML's classes to
-    wrap as one string (a list becomes "['A', 'B']")."""
+    wrapping policy by its upper-case name only, `accelerate launch` a config YAML's classes to wrap as one string
+    (a list becomes "['A', 'B']")."""
     problems = []
     for key, value in config.items():
         full = UNPREFIXED.get(key, key)
-        if not accelerate_yaml and full == "fsdp_auto_wrap_policy" and isinstance(value, str):
+        if hf_trainer and full == "fsdp_auto_wrap_policy" and isinstance(value, str):
             if value != value.upper() and value.upper() in WRAP_POLICIES:
                 problems.append(
                     Problem(
                         key,
-                        f"{value!r}: the HF Trainer takes only the upper-case name (Accelerate and distsetup's "
-                        "trainer read any case).",
+                        f"{value!r}: the HF Trainer takes only the upper-case name.",
                         f'write "{value.upper()}".',
                     )
                 )
@@ -223,9 +219,9 @@ def _spelling_problems(config: dict, accelerate_yaml: bool) -> list[Problem]:
     return problems
 
 
-def _reader_problems(config: dict, inline: bool = False) -> list[Problem]:
-    """Keys that Accelerate, the HF Trainer and distsetup's trainer would read differently (`inline`: a run
-    config's, which distsetup's trainer alone reads)."""
+def _reader_problems(config: dict, hf_trainer: bool = False) -> list[Problem]:
+    """Keys that Accelerate, the HF Trainer and distsetup's trainer would read differently (`hf_trainer`: a file for
+    the HF Trainer)."""
     problems = []
     offloads = {config[key] for key in ("fsdp_offload_params", TRAINER_CPU_OFFLOAD) if key in config}
     if len(offloads) > 1:
@@ -247,13 +243,14 @@ def _reader_problems(config: dict, inline: bool = False) -> list[Problem]:
             )
         )
     strategy = config.get("fsdp_sharding_strategy")
-    if version == 2 and reshard is None and not RESHARDS_AFTER_FORWARD.get(str(strategy), True) and not inline:
+    # for the HF Trainer (else reader_notes says who reads which; the launcher passes accelerate both); NO_SHARD and
+    # the hybrid ones have a note of their own: no reshard setting makes Accelerate's FSDP2 do them
+    if version == 2 and reshard is None and strategy == "SHARD_GRAD_OP" and hf_trainer:
         problems.append(
             Problem(
                 "fsdp_sharding_strategy",
-                f"is {strategy!r} without fsdp_reshard_after_forward: distsetup's trainer reads {strategy} from it, "
-                "but FSDP2 under Accelerate and the HF Trainer reads fsdp_reshard_after_forward alone, true unless "
-                "given (FULL_SHARD).",
+                f"is {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP2 reads "
+                "fsdp_reshard_after_forward alone, true unless given (FULL_SHARD).",
                 'write "fsdp_reshard_after_forward": false beside it.',
             )
         )

@@ -16,7 +16,8 @@ from distsetup.formats.problems import Problem, wrong_type
 
 def is_training_arguments(data: dict) -> bool:
     """TrainingArguments as `to_dict()`/`to_json_string()` save them, or as a user writes them for the parser."""
-    return "per_device_train_batch_size" in data or ("output_dir" in data and "deepspeed" in data)
+    named = {"deepspeed", "fsdp", "fsdp_config"}  # the settings of a file they name
+    return "per_device_train_batch_size" in data or ("output_dir" in data and bool(named & set(data)))
 
 
 @dataclass(frozen=True)

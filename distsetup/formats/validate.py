@@ -79,15 +79,29 @@ def validate_file(
         # what the Trainer computes from a value of the wrong type is unknown: compare once the types are right
         trainer = None if wrong else TrainerValues.from_dict(data)
         named = _named_deepspeed_problems(data.get("deepspeed"), path.parent, "deepspeed", world_size, trainer)
-        problems += wrong + named
+        problems += wrong + named + _named_fsdp_problems(data.get("fsdp_config"), path.parent)
     elif kind == "deepspeed":
         # a file for distsetup's trainer may leave the batch to the run config; one for the HF Trainer may not
         problems += deepspeed_problems(data, world_size, hf, batch_elsewhere=not hf)
         return Validated(kind, problems, data, [] if hf else deepspeed_notes(data))
     else:
-        found, said = fsdp_findings(data)
+        found, said = fsdp_findings(data, hf_trainer=hf)
         return Validated(kind, problems + found, data, said + reader_notes(data))
     return Validated(kind, problems, data)
+
+
+def _named_fsdp_problems(named, base_dir: Path) -> list[Problem]:
+    """Problems in the FSDP settings TrainingArguments name (a file, or a mapping written in place), as the HF
+    Trainer reads them, prefixed with the key."""
+    if isinstance(named, dict):
+        return _prefixed("fsdp_config (written in place)", fsdp_findings(named, hf_trainer=True)[0])
+    if not isinstance(named, str) or not named.strip():
+        return []
+    try:
+        found = validate_file(resolve_config_path(named, base_dir), "fsdp", hf=True).problems
+    except DistsetupError as e:
+        return [Problem("fsdp_config", e.message, "give an existing FSDP JSON file.")]
+    return _prefixed("fsdp_config", found)
 
 
 def _named_deepspeed_problems(

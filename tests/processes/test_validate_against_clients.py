@@ -135,9 +135,11 @@ def test_resolve_gives_what_the_hf_trainer_fills_in(run_cli, tmp_path, stage):
     assert "resolve: scheduler.params.warmup_num_steps = 7 (warmup_steps" in shown.stdout
 
 
-def test_validate_hf_refuses_every_auto_the_hf_trainer_leaves_and_no_other(run_cli, tmp_path):
-    """ "auto" at each key validate takes as the HF Trainer's, and at two it does not fill (one a misspelt key):
-    transformers' own HfTrainerDeepSpeedConfig leaves exactly those two, which Accelerate then stops on."""
+def test_validate_hf_refuses_every_auto_the_hf_trainer_leaves_and_no_other(run_cli, tmp_path, monkeypatch):
+    """ "auto" at each key validate takes as filled, and at two no reader fills (one a misspelt key): transformers'
+    HfTrainerDeepSpeedConfig, then Accelerate's DeepSpeedPlugin under accelerate launch (whose settings fill the
+    stage, offload and 16-bit save), leave exactly those two, and the plugin stops on them."""
+    from accelerate.utils import DeepSpeedPlugin
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     from distsetup.formats.deepspeed_rules import FILLED_BY_THE_HF_TRAINER, auto_paths
@@ -150,13 +152,27 @@ def test_validate_hf_refuses_every_auto_the_hf_trainer_leaves_and_no_other(run_c
         for section in sections:
             node = node.setdefault(section, {})
         node[key] = "auto"
-    ds["zero_optimization"]["stage"] = 3
+    ds["zero_optimization"]["stage"] = (
+        3  # "auto" is filled by the plugin, after transformers has sized ZeRO-3's buckets
+    )
     args = training_arguments(tmp_path, **BASE_ARGS)
     hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(ds)))
     hf.trainer_config_process(args)
     hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=64)), 100)
-    left = {join_path(path) for path in auto_paths(hf.config)}
+    launch_settings = {  # what accelerate launch sets from its flags or config for the plugin
+        "OFFLOAD_OPTIMIZER_DEVICE": "cpu",
+        "OFFLOAD_PARAM_DEVICE": "cpu",
+        "OFFLOAD_OPTIMIZER_NVME_PATH": "none",
+        "OFFLOAD_PARAM_NVME_PATH": "none",
+        "ZERO3_SAVE_16BIT_MODEL": "true",
+    }
+    for setting, value in launch_settings.items():
+        monkeypatch.setenv(f"ACCELERATE_DEEPSPEED_{setting}", value)
+    plugin = DeepSpeedPlugin(hf_ds_config=hf.config)
+    left = {join_path(path) for path in auto_paths(plugin.deepspeed_config)}
     assert left == {"gradient_clippin", "zero_optimization.overlap_comm"}
+    with pytest.raises(ValueError, match="not found in kwargs"):
+        plugin.deepspeed_config_process(must_match=False)
     result = run_cli("validate", write(tmp_path / "ds.json", ds), "--hf", "--json")
     refused = {p["path"] for p in json.loads(result.stdout) if '"auto" here is filled by no reader' in p["message"]}
     assert refused == left

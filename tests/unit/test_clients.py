@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 from shell_checks import run_script
 
-from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.fsdp import FsdpSpec, accelerate_launch_args
 from distsetup.formats.fsdp_rules import fsdp_findings, fsdp_problems
 
 accelerate_launch = pytest.importorskip("accelerate.commands.launch")
@@ -116,7 +116,7 @@ def test_accelerate_reads_an_fsdp_file_written_for_the_hf_trainer_as_the_hf_trai
     launcher for accelerate: its flags were the file's raw keys (dropped) and str() of the list (a class named
     "['LlamaDecoderLayer'", which wrapping then could not find)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from torch.distributed.fsdp import CPUOffloadPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, ShardingStrategy
 
     hf_trainer_file = {
         "version": 2,
@@ -139,6 +139,21 @@ def test_accelerate_reads_an_fsdp_file_written_for_the_hf_trainer_as_the_hf_trai
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is False and plugin.activation_checkpointing
     assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer", "LlamaRMSNorm"]
+    # FSDP1 as the HF Trainer spells it: the strategy in reshard_after_forward, which accelerate launch's default
+    # strategy (FULL_SHARD) would outrank
+    fsdp1 = {"version": 1, "reshard_after_forward": "SHARD_GRAD_OP", "auto_wrap_policy": "NO_WRAP"}
+    (tmp_path / "fsdp.json").write_text(json.dumps(fsdp1))
+    result = run_cli(
+        "launcher",
+        *("--launch_method", "accelerate", "--use_fsdp", "--fsdp_config", tmp_path / "fsdp.json"),
+        *("--script", tmp_path / "user.py", "--num_gpus_per_node", "2", "-o", tmp_path / "run.sh"),
+    )
+    assert result.exit_code == 0, result.output
+    argv = run_script(tmp_path / "run.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    device_free = {"FSDP_SYNC_MODULE_STATES": "false", "FSDP_CPU_RAM_EFFICIENT_LOADING": "false"}
+    env = {**accelerate_environment(argv[1:]), **device_free}
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    assert plugin.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
 
 
 def test_accelerate_reads_the_fsdp_file_inside_its_own_config_yaml_as_meant(run_cli, tmp_path):
@@ -246,9 +261,10 @@ def test_validate_knows_the_trainers_key_names_and_refuses_what_readers_would_re
     # FSDP2 under Accelerate and the HF Trainer reshards unless told not to: a strategy alone that says otherwise
     # trains FULL_SHARD there, SHARD_GRAD_OP in distsetup's trainer
     strategy_alone = {**base, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}
-    assert [p.path for p in fsdp_problems(strategy_alone)] == ["fsdp_sharding_strategy"]
-    assert fsdp_problems({**strategy_alone, "fsdp_reshard_after_forward": False}) == []
-    assert fsdp_findings(strategy_alone, inline=True)[0] == []  # a run config's: distsetup's trainer alone reads it
+    assert [p.path for p in fsdp_findings(strategy_alone, hf_trainer=True)[0]] == ["fsdp_sharding_strategy"]
+    assert fsdp_findings({**strategy_alone, "fsdp_reshard_after_forward": False}, hf_trainer=True)[0] == []
+    assert fsdp_problems(strategy_alone) == []  # for distsetup's trainer, or accelerate launch (the launcher's flags)
+    assert accelerate_launch_args(strategy_alone)[-2:] == ["--fsdp_reshard_after_forward", "false"]
 
 
 def test_transformer_based_wrap_without_classes_wraps_the_models_own_blocks_as_accelerate_does(run_cli, tmp_path):
@@ -282,10 +298,17 @@ def test_validate_refuses_spellings_accelerate_reads_but_another_reader_stops_on
 
     lower = {"version": 2, "auto_wrap_policy": "transformer_based_wrap", "transformer_layer_cls_to_wrap": ["A"]}
     with pytest.raises(ValueError, match="auto_wrap_policy` must be one of"):
-        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp="full_shard", fsdp_config=lower)
+        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp="full_shard", fsdp_config=dict(lower))
     (tmp_path / "fsdp.json").write_text(json.dumps(lower))
-    refused = run_cli("validate", tmp_path / "fsdp.json")
+    refused = run_cli("validate", tmp_path / "fsdp.json", "--hf")
     assert refused.exit_code == 1 and 'Fix: write "TRANSFORMER_BASED_WRAP"' in refused.output, refused.output
+    noted = run_cli("validate", tmp_path / "fsdp.json")  # Accelerate's and distsetup's trainer's: said in a note
+    assert noted.exit_code == 0 and "the HF Trainer stops on it" in noted.output, noted.output
+    for named in ("fsdp.json", lower):  # TrainingArguments naming the file, or with its settings in place
+        arguments = {"output_dir": "out", "fsdp": True, "fsdp_config": named}
+        (tmp_path / "training_args.json").write_text(json.dumps(arguments))
+        refused = run_cli("validate", tmp_path / "training_args.json")
+        assert refused.exit_code == 1 and 'Fix: write "TRANSFORMER_BASED_WRAP"' in refused.output, refused.output
 
     yaml_config = {
         "compute_environment": "LOCAL_MACHINE",

@@ -162,7 +162,8 @@ def linear_model():
         (
             lambda model, batch: {"total": model(batch[0]).mean(), "ce": model(batch[0]).mean()},
             (torch.zeros(2, 4),),
-            "returned a dict without 'loss' (its keys: total, ce)",
+            "training.loss m:loss returned a dict without 'loss' (its keys: total, ce). HINT: put the micro-batch's "
+            "mean loss, the one backward takes, under 'loss'; the other entries are logged beside it.",
         ),
         (
             lambda model, batch: {"loss": model(batch[0]).mean(), "kl": model(batch[0])[:, 0]},
@@ -185,7 +186,7 @@ def test_a_loss_that_cannot_train_is_one_line_at_the_first_step(loss, batch, mes
     objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f", {})
     with pytest.raises(DistsetupError) as raised:
         objective.micro_loss(linear_model(), batch)
-    assert message in str(raised.value)
+    assert message in str(raised.value) and str(raised.value).count("HINT") == 1, str(raised.value)
 
 
 def test_a_loss_returning_named_terms_logs_each_beside_the_loss():

@@ -45,7 +45,11 @@ Examples:
 )
 @click.argument("file", type=checked(click.Path(dir_okay=False, path_type=Path)))
 @world_options
-@option("hf", is_flag=True, help='The file is for the HF Trainer: "auto" values are allowed.')
+@option(
+    "hf",
+    is_flag=True,
+    help='The file is for the HF Trainer: "auto" allowed where it fills it in; an FSDP spelling it refuses refused.',
+)
 @option("kind", type=click.Choice(KINDS + JOB_KINDS), help="Override the detected kind of file.")
 @option(
     "crd",

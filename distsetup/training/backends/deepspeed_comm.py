@@ -24,7 +24,8 @@ def join_deepspeed_comm(world: World, device: torch.device) -> None:
     import deepspeed
 
     warnings.filterwarnings("ignore", DEEPSPEED_CALLS_DEPRECATED, FutureWarning)
-    leave_out_shared_memory_all_reduce()
+    if device.type == "cpu":  # the accelerators' DeepSpeed has no such op (and its record probes every op they have)
+        leave_out_shared_memory_all_reduce()
     deepspeed.init_distributed()
     if device.type == "cpu":
         os.environ.setdefault("LOCAL_SIZE", str(world.local_size))

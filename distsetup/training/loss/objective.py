@@ -13,6 +13,7 @@
 The first call checks what the user's code returned, in one line naming the setting to fix.
 """
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,19 +365,21 @@ def objective_for(
 
 def rejected_input(error: Exception) -> bool:
     """Whether an error of the first step is the user's code refusing its input, said in one line (not a lost peer,
-    a device out of memory, torch.compile failing or a ZeRO-3 leaf's hook refusing an in-place change, which go on as
-    they are)."""
+    a device out of memory, torch.compile failing, a ZeRO-3 leaf's hook refusing an in-place change or a line said
+    already, which go on as they are)."""
     compiling = type(error).__module__.startswith(("torch._dynamo", "torch._inductor"))
     hooked = moe.leaf_hook_refused(error)  # the DeepSpeed backend names the layer
-    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling or hooked)
+    said = isinstance(error, DistsetupError)
+    return not (is_lost_contact(error) or isinstance(error, torch.OutOfMemoryError) or compiling or hooked or said)
 
 
 def mixed_dtypes_fix(error: Exception, weights_cast: str | None) -> str | None:
     """The fix where a forward failed for a tensor in fp32 meeting the 16-bit weights that `weights_cast` says how the
     backend made, without torch.autocast (which single and DDP runs have, as Accelerate gives FSDP2 too, and which
     would cast it); None where that is not the error."""
-    message = str(error)
-    if weights_cast is None or not ("BFloat16" in message or "Half" in message) or "type" not in message:
+    message = str(error)  # e.g. "mat1 and mat2 must have the same dtype, but got Float and BFloat16"
+    sixteen_bit = "BFloat16" in message or "Half" in message
+    if weights_cast is None or not sixteen_bit or not re.search(r"\bfloat\b", message, re.IGNORECASE):
         return None
     return (
         f"{weights_cast} in the forward, with no torch.autocast: cast what it computes in fp32 (a buffer such as a "

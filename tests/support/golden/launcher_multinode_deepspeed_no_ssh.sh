@@ -74,16 +74,18 @@ hand_sigterm_to_launch_py() {
     launch_py="$(cat "/proc/$RUNNER_PID/task/$RUNNER_PID/children" 2>/dev/null || pgrep -P "$RUNNER_PID" || true)"
     [[ -n "$launch_py" ]] || sleep 0.1
   done
-  # launch.py sets its handler just after it has started its ranks: a SIGTERM before would end it alone, and the
-  # runner, seeing no positive exit status, would exit 0 as if the run had finished
-  launch_py="${launch_py%% *}"  # the file ends with a space
-  local ranks=() started=0
-  while [[ -n "$launch_py" && -d "/proc/$launch_py" ]] && ((started < NPROC_PER_NODE)) && ((tries++ < 700)); do
-    read -r -a ranks 2>/dev/null <"/proc/$launch_py/task/$launch_py/children" || true  # one line, no newline
-    started=${#ranks[@]}
-    ((started >= NPROC_PER_NODE)) || sleep 0.1
+  read -r launch_py _ <<<"$launch_py"  # the first process id (the file ends with a space, pgrep with a newline)
+  # launch.py sets its SIGTERM handler just after it has started its ranks: a SIGTERM before would end it alone,
+  # and the runner, seeing no positive exit status, would exit 0 as if the run had finished
+  local name value mask
+  while [[ -n "$launch_py" ]] && ((tries++ < 200)); do  # up to 10 s more
+    mask=""
+    while read -r name value; do
+      [[ "$name" != "SigCgt:" ]] || mask="$value"
+    done <"/proc/$launch_py/status" 2>/dev/null || break  # it ended
+    (((16#${mask:-0} & 1 << 14) == 0)) || break  # it catches SIGTERM (signal 15)
+    sleep 0.1
   done
-  sleep 0.5
   [[ -z "$launch_py" ]] || kill -TERM "$launch_py" 2>/dev/null || true
 }
 trap hand_sigterm_to_launch_py TERM
