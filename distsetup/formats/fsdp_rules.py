@@ -63,7 +63,8 @@ def violations(spec: FsdpSpec, given: set[str]) -> list[Violation]:
                 Violation("state_dict_type", "LOCAL_STATE_DICT does not exist in FSDP2.", "use SHARDED_STATE_DICT.")
             )
     policy = spec.auto_wrap_policy if "auto_wrap_policy" in given else None
-    if policy == "SIZE_BASED_WRAP" and "min_num_params" not in given:  # without classes, see model_blocks_note
+    # (TRANSFORMER_BASED_WRAP without classes wraps the model's own blocks: model_blocks_note says so)
+    if policy == "SIZE_BASED_WRAP" and "min_num_params" not in given:
         found.append(
             Violation(
                 "min_num_params",
