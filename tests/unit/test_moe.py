@@ -92,7 +92,7 @@ def test_the_leaf_of_a_transformers_switch_transformer_is_its_experts_container(
     import moe_per_rank
     from transformers.models.switch_transformers import modeling_switch_transformers as hf
 
-    from distsetup.training.loss.objective import rejected_input
+    from distsetup.training.loss.first_step_errors import rejected_input
 
     model = moe_per_rank.build_hf_switch().train()
     sparse = [m for m in model.modules() if isinstance(m, hf.SwitchTransformersSparseMLP)]
