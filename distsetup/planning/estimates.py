@@ -16,8 +16,9 @@ Model states per GPU (what each strategy holds between steps, plus the fp32 grad
   FSDP2 full / hybrid     4P/N          4P/N            -            8P/N        + 3eL gathered
   FSDP2 shard-grad-op     4P/N + eP     4P/N            -            8P/N        (unsharded after forward)
 
-L = the largest module's own parameters (ZeRO-3 gathers module by module); FSDP gathers whole blocks
-(B) and keeps its root unit (R: embeddings, head) gathered: 3eL there stands for eR + 3eB.
+L = the most ZeRO-3 gathers at once: a block (B: the trainer makes each a leaf module, gathered whole), or the
+largest module outside them (the embedding); FSDP gathers whole blocks and keeps its root unit (R: embeddings, head)
+gathered: 3eL there stands for eR + 3eB.
 For hybrid shard N is the GPUs of one node. ZeRO 1-2 keep an fp32 master copy of their partition even for
 fp32 models, so their optimizer column is 12P/N at every precision; ZeRO-3 training in fp32 (its optimizer not
 offloaded) steps the partition itself, 8P/N (the trainer's zero3_master_weights). The ZeRO paper's K=12 with mixed
@@ -276,7 +277,7 @@ def model_states(strategy: Strategy, model: ModelShape, hw: Hardware, precision:
         master = 0 if stage == 3 and e == 4 and not strategy.offload_optimizer else 4 * P / n  # the partition's own
         out["fp32_grads"], out["optimizer"] = 4 * P / n, master + 8 * P / n
         if stage == 3:
-            out["gathered"] = 2 * e * model.largest_module  # DeepSpeed's estimator: 4L at 16 bit
+            out["gathered"] = 2 * e * model.zero3_unit  # DeepSpeed's estimator: 4L at 16 bit, L its largest unit
         on_cpu = 0.0
         if strategy.offload_optimizer:
             on_cpu += out["fp32_grads"] + out["optimizer"]  # 16-bit grads are copied into the CPU fp32 ones

@@ -22,7 +22,7 @@ class ModelShape:
     num_heads: int | None = None
     vocab_size: int | None = None
     block_params: int | None = None  # one transformer block; default 12h^2 + 13h
-    largest_module_params: int | None = None  # largest module's own parameters (ZeRO-3 gathers per module)
+    largest_module_params: int | None = None  # largest module's own parameters
     layer_cls: str = BUILTIN_BLOCK
 
     @property
@@ -45,6 +45,12 @@ class ModelShape:
         if self.hidden_size:
             return max(mlp_in_params(self.hidden_size), (self.vocab_size or 0) * self.hidden_size)
         return self.block
+
+    @property
+    def zero3_unit(self) -> int:
+        """The most parameters ZeRO-3 gathers at once: a block, which the trainer makes a leaf gathered whole, or
+        where the model has no blocks known (no layers), its largest module."""
+        return max(self.largest_module, self.block) if self.num_layers else self.largest_module
 
 
 def block_params(h: int) -> int:

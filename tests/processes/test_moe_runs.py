@@ -80,7 +80,7 @@ HOW = {
     "ddp": "DDP looks for unused parameters",
     "fsdp": "FSDP2 reduce-scatters zeros for the experts a rank did not run",
     "zero2": "every expert gets a zero gradient on every rank",
-    "zero3": "ZeRO-3 gathers each whole (a leaf module)",
+    "zero3": "ZeRO-3 gathers each whole (a leaf module, or within its block)",
 }
 
 

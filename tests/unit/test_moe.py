@@ -244,3 +244,73 @@ def test_an_expert_no_token_reached_is_stepped_by_adamw_under_one_process_as_und
         backend.step()
         weights.append(model.experts[1].bias.detach().clone())  # a bias: no weight decay, only the moments move it
     assert not torch.equal(weights[1], weights[0])
+
+
+def zero3_backend(tmp_path, zero: dict):
+    """A DeepSpeed backend of rank 0 of 2 at ZeRO-3, the file's zero_optimization block given `zero` besides."""
+    from train_runs import ds_file
+
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends.deepspeed import DeepSpeedBackend
+    from distsetup.training.launch_env import World
+
+    ds = ds_file(3)
+    ds["zero_optimization"].update(zero)
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    cfg = load_run_config(
+        None, ["distributed.backend=deepspeed", f"distributed.deepspeed_config={tmp_path / 'ds.json'}"]
+    )
+    return DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+
+
+def test_zero3_gathers_each_block_whole_with_its_experts_unless_the_file_chooses(switch, tmp_path):
+    """Each block, as activation checkpointing left it, is a ZeRO-3 leaf (one all-gather a block, as FSDP2); an MoE
+    layer inside is gathered with its block, not a leaf of its own (DeepSpeed would hook it twice). A file that sets
+    stage3_module_granularity_threshold leaves the choice to DeepSpeed: then the MoE layers alone are leaves."""
+    from deepspeed.utils import z3_leaf_module
+
+    from distsetup.training.model.blocks import apply_activation_checkpointing, in_place_of
+
+    for zero in ({}, {"stage3_module_granularity_threshold": 0}):
+        model = switch.build_model(layers=3)
+        blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+        layers = moe.conditional_layers(model, {"Block"}, [])
+        assert len(blocks) == 3 and len(layers) == 3
+        apply_activation_checkpointing(model, blocks)
+        backend = zero3_backend(tmp_path, zero)
+        backend._gather_blocks_whole(model, blocks)  # what wrap does before deepspeed.initialize hooks each leaf
+        backend._handle_conditional(layers)
+        leaves = [m for m in model.modules() if z3_leaf_module(m)]
+        if zero:
+            assert backend.whole_blocks == () and leaves == layers == list(backend.leaves)
+        else:
+            wrappers = in_place_of(model, blocks)
+            assert {type(w).__name__ for w in wrappers} == {"CheckpointWrapper"}
+            assert leaves == wrappers == list(backend.leaves) == list(backend.whole_blocks)
+            assert any("ZeRO-3 gathers each block whole" in note for note in backend.notes)
+
+
+class ChangesItsInputInPlace(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x += self.mlp(x)
+        return x
+
+
+def test_a_block_changing_its_input_in_place_is_told_how_to_gather_layer_by_layer(tmp_path):
+    from distsetup.training.loss.objective import MicroLoss
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), ChangesItsInputInPlace())
+    backend = zero3_backend(tmp_path, {})
+    backend._gather_blocks_whole(model, [model[1]])
+    for leaf in backend.leaves:  # as DeepSpeed hooks each leaf (stage3.py's reduce_leaf_module_grads)
+        leaf.register_full_backward_hook(lambda *_: None)
+    backend.model = model
+    with pytest.raises(DistsetupError) as caught:
+        backend.backward(lambda m: MicroLoss(m(torch.randn(2, 4)).sum(), {}), last_micro=True)
+    message = str(caught.value)
+    assert message.startswith("DeepSpeed ZeRO-3 cannot hook its leaf layer ChangesItsInputInPlace (x1): ")
+    assert "stage3_module_granularity_threshold to 0" in message and "\n" not in message

@@ -60,7 +60,7 @@ def test_zero2_matches_deepspeed_estimator(params, gpus_per_node, nodes):
     [("zero3", False, False), ("zero3_offload_optimizer", True, False), ("zero3_offload_all", True, True)],
 )
 def test_zero3_matches_deepspeed_estimator(params, gpus_per_node, nodes, key, offload_opt, offload_param):
-    """DeepSpeed's ZeRO-3 figure: 4L (gathered 16-bit params + grads of the largest layer) + 2P/G (16-bit
+    """DeepSpeed's ZeRO-3 figure: 4L (gathered 16-bit params + grads of the largest unit, here a block) + 2P/G (16-bit
     params) + 16P/G (fp32 grads, fp32 params, Adam m and v); it leaves out the 16-bit gradient partition,
     so that term of ours is left out here. CPU per node: 16P or 18P / nodes with zero.Init."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as ds_zero3
@@ -69,7 +69,7 @@ def test_zero3_matches_deepspeed_estimator(params, gpus_per_node, nodes, key, of
     model = ModelShape(params, hidden_size=hidden, num_layers=32, vocab_size=32000)
     ds_cpu, ds_gpu, _ = ds_zero3(
         params,
-        model.largest_module,
+        model.zero3_unit,
         gpus_per_node,
         nodes,
         cpu_offload=offload_opt,
@@ -465,7 +465,7 @@ def test_params_alone_assumes_a_published_shape_and_says_so(run_cli):
     plan = json.loads(result.stdout)
     zero3 = next(e for e in plan["estimates"] if e["strategy"] == "zero3")
     assert zero3["activations"] > 10e9  # s=4096, b=2, h=4096, 32 layers in bf16
-    assert zero3["gathered"] < 0.1 * 2 * 7e9  # gathered per module, not the whole model
+    assert zero3["gathered"] < 0.1 * 2 * 7e9  # gathered a block at a time, not the whole model
 
 
 def test_fsdp_recommendation_wraps_the_users_layer_class(run_cli):

@@ -83,14 +83,21 @@ def leaf_hook_refused(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "of BackwardHookFunction is a view and is being modified inplace" in text
 
 
-def leaf_hook_problem(leaves: list[nn.Module]) -> tuple[str, str]:
-    """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers."""
+def leaf_hook_problem(leaves: list[nn.Module], whole_blocks: bool) -> tuple[str, str]:
+    """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers; `whole_blocks`: the
+    model's blocks are among them (the trainer's choice, which the DeepSpeed file can undo)."""
     classes = ", ".join(sorted({type(layer).__name__ for layer in leaves}))
+    instead = (
+        "set zero_optimization.stage3_module_granularity_threshold to 0 in the DeepSpeed file (ZeRO-3 then gathers "
+        "layer by layer)"
+        if whole_blocks
+        else f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of "
+        f"{classes}"
+    )
     return (
         f"DeepSpeed ZeRO-3 cannot hook its leaf layer {described_layers(leaves)}: code inside or around it changes the "
         "layer's input or output in place (BackwardHookFunction: a view modified inplace), whatever the data.",
-        f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of {classes}, "
-        "or change that tensor out of place (x = x * ...).",
+        f"{instead}, or change that tensor out of place (x = x * ...).",
     )
 
 
