@@ -55,8 +55,9 @@ def main() -> None:
                 "layers": lambda vocab=vocab: run(work, "layers", LAYER_BY_LAYER, vocab, a.steps),
             }
             results = rounds(measures, a.repeats)
-            ratios = [steady(layers) / steady(blocks) for layers, blocks in zip(*results.values(), strict=True)]
-            blocks, layers = (statistics.median(steady(r) for r in results[name]) for name in results)
+            pairs = zip(results["layers"], results["blocks"], strict=True)
+            ratios = [steady(layers) / steady(blocks) for layers, blocks in pairs]
+            blocks, layers = (statistics.median(steady(r) for r in results[name]) for name in ("blocks", "layers"))
             losses = f"{results['blocks'][0]['loss']:.7g} / {results['layers'][0]['loss']:.7g}"
             spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
             rows.append([vocab, blocks, layers, spread, losses])

@@ -314,3 +314,36 @@ def test_a_block_changing_its_input_in_place_is_told_how_to_gather_layer_by_laye
     message = str(caught.value)
     assert message.startswith("DeepSpeed ZeRO-3 cannot hook its leaf layer ChangesItsInputInPlace (x1): ")
     assert "stage3_module_granularity_threshold to 0" in message and "\n" not in message
+
+
+def test_zero3_gathers_layer_by_layer_where_a_block_may_not_run_once_on_an_input_needing_its_gradient(tmp_path):
+    """DeepSpeed reduces a leaf's gradients in a full backward hook: too early for a block whose inputs need no
+    gradient, twice for a block run twice a step. So blocks are gathered whole only for the trainer's own models and
+    loss, with parameters of their own, and a block fed an input needing no gradient is refused in one line."""
+    from distsetup.training.backends.zero3_blocks import gathered_whole
+
+    def blocks_and_model(shared: bool = False):
+        blocks = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+        if shared:
+            blocks[1].weight = blocks[0].weight
+        return blocks, torch.nn.Sequential(torch.nn.Linear(4, 4), *blocks)
+
+    backend = zero3_backend(tmp_path, {})
+    cfg, ds = backend.cfg, backend.ds_config
+    blocks, model = blocks_and_model()
+    assert gathered_whole(cfg, ds, model, blocks) == blocks
+    assert gathered_whole(cfg, ds, *reversed(blocks_and_model(shared=True))) == []
+    offloaded = {**ds, "zero_optimization": {**ds["zero_optimization"], "offload_param": {"device": "nvme"}}}
+    assert gathered_whole(cfg, offloaded, *reversed(blocks_and_model())) == []
+    for section, key, value in (("model", "type", "python"), ("training", "loss", "losses:pairwise")):
+        setattr(getattr(cfg, section), key, value)
+        assert gathered_whole(cfg, ds, *reversed(blocks_and_model())) == []
+        setattr(getattr(cfg, section), key, getattr(type(getattr(cfg, section))(), key))
+
+    model(torch.randn(2, 4, requires_grad=True))  # the first layer's output needs its gradient: the blocks run
+    with pytest.raises(DistsetupError) as caught:
+        blocks[0](torch.randn(2, 4))
+    message = str(caught.value)
+    assert "block Linear takes no positional input that needs a gradient" in message and "\n" not in message
+    with torch.no_grad():  # evaluation: no backward, no hook
+        blocks[0](torch.randn(2, 4))

@@ -24,7 +24,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
-from distsetup.training.backends import zero3_construction, zero_memory
+from distsetup.training.backends import zero3_blocks, zero3_construction, zero_memory
 from distsetup.training.backends.base import IMPLEMENTATION, Backend, T
 from distsetup.training.backends.deepspeed_comm import join_deepspeed_comm
 from distsetup.training.backends.deferred_compile import compile_deferred
@@ -39,7 +39,7 @@ from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import moe, pretrained
-from distsetup.training.model.blocks import in_place_of, outermost
+from distsetup.training.model.blocks import outermost
 from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
 from distsetup.training.world import decided_by_rank0, ranks
@@ -47,8 +47,6 @@ from distsetup.training.world import decided_by_rank0, ranks
 # What DeepSpeed 0.19's universal load takes from the folder, where the run's own DeepSpeed file should decide: the
 # loss scaler whole, settings included (into a bf16 run too), and in ZeRO 1-2 the gradient clipping
 FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
-# The keys of a file's zero_optimization block by which DeepSpeed chooses ZeRO-3's leaf modules (gathered whole)
-FILE_CHOOSES_LEAVES = ("stage3_module_granularity_threshold", "leaf_module")
 
 
 class DeepSpeedBackend(Backend):
@@ -214,17 +212,13 @@ class DeepSpeedBackend(Backend):
             )
 
     def _gather_blocks_whole(self, model: nn.Module, blocks: list[nn.Module]) -> None:
-        """ZeRO-3 gathers each block whole, in one all-gather, and reduces its gradients together, as FSDP2 does its
-        units: DeepSpeed's hooks then run once a block, not once a layer (benchmarks/peers.py's small Llama steps
-        4-6% quicker on CPU). Each block as it stands after activation checkpointing, so that its recomputation in
-        backward finds it gathered. Where the file chooses leaves (stage3_module_granularity_threshold, leaf_module),
-        DeepSpeed takes the file's instead."""
-        zero = self.ds_config.get("zero_optimization")
-        if self.zero_stage != 3 or not blocks or set(FILE_CHOOSES_LEAVES) & set(zero or {}):
+        """ZeRO-3 block by block where this run may (zero3_blocks.py): each block a leaf, as it stands after
+        activation checkpointing, so that its recomputation in backward finds it gathered."""
+        if self.zero_stage != 3 or not (units := zero3_blocks.gathered_whole(self.cfg, self.ds_config, model, blocks)):
             return
         from deepspeed.utils import set_z3_leaf_module
 
-        self.whole_blocks = tuple(in_place_of(model, outermost(blocks)))
+        self.whole_blocks = tuple(units)
         for block in self.whole_blocks:
             set_z3_leaf_module(block, True)
         self.leaves = self.whole_blocks
@@ -274,7 +268,8 @@ class DeepSpeedBackend(Backend):
             micro = self._forward(loss_of)
         except RuntimeError as e:  # a model changing its leaves' input in place: say which leaf, not a traceback
             if self.leaves and moe.leaf_hook_refused(e):
-                raise DistsetupError(*moe.leaf_hook_problem(list(self.leaves), bool(self.whole_blocks))) from e
+                way_out = zero3_blocks.LAYER_BY_LAYER_HINT if self.whole_blocks else None
+                raise DistsetupError(*moe.leaf_hook_problem(list(self.leaves), way_out)) from e
             raise
         self.engine.backward(micro.loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:

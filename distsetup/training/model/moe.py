@@ -11,7 +11,8 @@ That layer is the innermost module that holds the experts and picks which of the
 forward of its own (transformers' SwitchTransformersExperts, an nn.ModuleDict), else the module around a plain
 nn.ModuleList or nn.ModuleDict. Never a layer further out: DeepSpeed's leaf hooks the leaf's input and output, and the
 code around the experts may change its input in place (the Switch router's jitter noise, `hidden_states *= ...`),
-which the hook refuses ("Output 0 of BackwardHookFunction is a view and is being modified inplace").
+which the hook refuses ("Output 0 of BackwardHookFunction is a view and is being modified inplace"). (Where ZeRO-3
+gathers each block whole, backends/zero3_blocks.py, a layer inside a block is gathered with it and is no leaf itself.)
 """
 
 import torch
@@ -83,16 +84,13 @@ def leaf_hook_refused(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "of BackwardHookFunction is a view and is being modified inplace" in text
 
 
-def leaf_hook_problem(leaves: list[nn.Module], whole_blocks: bool) -> tuple[str, str]:
-    """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers; `whole_blocks`: the
-    model's blocks are among them (the trainer's choice, which the DeepSpeed file can undo)."""
+def leaf_hook_problem(leaves: list[nn.Module], way_out: str | None = None) -> tuple[str, str]:
+    """The one-line error (and its hint) for leaf_hook_refused, naming the ZeRO-3 leaf layers (a block, not its
+    activation-checkpointing wrapper); `way_out`: the hint's first way, where not naming another leaf class."""
+    leaves = [getattr(layer, "_checkpoint_wrapped_module", layer) for layer in leaves]
     classes = ", ".join(sorted({type(layer).__name__ for layer in leaves}))
-    instead = (
-        "set zero_optimization.stage3_module_granularity_threshold to 0 in the DeepSpeed file (ZeRO-3 then gathers "
-        "layer by layer)"
-        if whole_blocks
-        else f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of "
-        f"{classes}"
+    instead = way_out or (
+        f"name in model.zero3_leaf_classes the innermost module whose forward calls the experts instead of {classes}"
     )
     return (
         f"DeepSpeed ZeRO-3 cannot hook its leaf layer {described_layers(leaves)}: code inside or around it changes the "
