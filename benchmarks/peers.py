@@ -199,7 +199,7 @@ def steady(run: dict) -> float:
 
 def median_and_range(ratios: list[float]) -> str:
     """The rounds' median ratio, their lowest and highest in brackets: how far one table's figure can be trusted."""
-    return f"{statistics.median(ratios):.3g} ({min(ratios):.3g}-{max(ratios):.3g})"
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def main() -> None:
