@@ -50,9 +50,12 @@ CPU_NODES = {  # and the setup a SkyPilot node runs first: here, what checks tha
 KUBERNETES_CPU_PODS = ("--gpu_resource", "none", "--image", "distsetup-test:1")
 
 
-def write_job(run_cli, root, target: str, nodes: int, monkeypatch) -> list[dict]:
+def write_job(run_cli, root, target: str, nodes: int, monkeypatch, port: int | None = None) -> list[dict]:
+    """The job's manifest; `port`: the master port written into a SkyPilot task (whose nodes here share this
+    machine's network, where SkyPilot's default, 29500, may be another test's)."""
     monkeypatch.chdir(root)
     output = "sky/task.yaml" if target == "skypilot" else f"k8s/{target}.yaml"
+    written_port = ("--master_port", port) if target == "skypilot" and port is not None else ()
     result = run_cli(
         "job",
         "--target",
@@ -64,6 +67,7 @@ def write_job(run_cli, root, target: str, nodes: int, monkeypatch) -> list[dict]
         "--num_gpus_per_node",
         2,
         *CPU_NODES.get(target, KUBERNETES_CPU_PODS),
+        *written_port,
         "--name",
         "t1",
         "--grace_seconds",
@@ -81,8 +85,9 @@ def write_job(run_cli, root, target: str, nodes: int, monkeypatch) -> list[dict]
 @pytest.mark.parametrize("target", ["jobset", "pytorchjob", "skypilot"])
 def test_each_pod_of_two_nodes_joins_one_world_that_trains_and_checkpoints(run_cli, tmp_path, monkeypatch, target):
     root = project(tmp_path, max_steps=3, checkpoint_interval=3)
-    documents = write_job(run_cli, root, target, 2, monkeypatch)
-    pods = PodRunner(documents, tmp_path / "pods", free_port(), PATH, workdir=root)
+    port = free_port()
+    documents = write_job(run_cli, root, target, 2, monkeypatch, port)
+    pods = PodRunner(documents, tmp_path / "pods", port, PATH, workdir=root)
     pods.start()
     assert pods.wait(timeout=240) == [0, 0], pods.log()
     summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())

@@ -31,8 +31,8 @@ LAYER_BY_LAYER_HINT = (
 
 
 def gathered_whole(cfg: RunConfig, ds_config: dict, model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-    """The modules standing where the model's outermost blocks are, to be made leaves; [] where this run keeps
-    DeepSpeed's hooks layer by layer (the module's docstring)."""
+    """The modules standing where the model's outermost blocks are, to be made leaves, each given a check of its
+    input at every forward; [] where this run keeps DeepSpeed's hooks layer by layer (the module's docstring)."""
     zero = ds_config.get("zero_optimization") or {}
     if (
         not blocks
