@@ -1,7 +1,7 @@
 """ZeRO-3 block by block: each of the model's blocks a leaf module, which DeepSpeed gathers whole in one all-gather
 and whose gradients it reduces together when the block's backward ends, as FSDP2 does its units, instead of hooking
-each layer inside it (benchmarks/zero3_leaves.py: a step of peers.py's small Llama 4-6% quicker on a CPU, the same
-losses).
+each layer inside it (benchmarks/zero3_leaves.py: a step of peers.py's small Llama about 3.5% quicker on a CPU, the
+same losses).
 
 DeepSpeed reduces a leaf's gradients in a full backward hook (register_full_backward_hook, stage3.py's
 reduce_leaf_module_grads), which is right only for a block that runs once a step on a positional input that needs
