@@ -138,7 +138,7 @@ def test_a_zero3_leaf_whose_input_is_changed_in_place_is_named_not_the_data(swit
     backend = DeepSpeedBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
     model = moe_per_rank.build_hf_switch().train()
     layers = moe.conditional_layers(model, {"SwitchTransformersBlock"}, cfg.model.zero3_leaf_classes)
-    backend._handle_conditional(layers)  # what wrap does before deepspeed.initialize, which then hooks each leaf:
+    backend._choose_leaves(model, [], layers)  # what wrap does before deepspeed.initialize, which then hooks each leaf:
     for layer in layers:
         layer.register_full_backward_hook(lambda *_: None)
     backend.model = model  # the engine calls it as it is
@@ -278,7 +278,7 @@ def test_zero3_gathers_each_block_whole_with_its_experts_unless_the_file_chooses
         assert len(blocks) == 3 and len(layers) == 3
         apply_activation_checkpointing(model, blocks)
         backend = zero3_backend(tmp_path, zero)
-        backend._gather_blocks_whole(model, blocks)  # what wrap does before deepspeed.initialize hooks each leaf
+        backend._choose_leaves(model, blocks, layers)  # what wrap does before deepspeed.initialize hooks each leaf
         backend._handle_conditional(layers)
         leaves = [m for m in model.modules() if z3_leaf_module(m)]
         if zero:
@@ -305,7 +305,7 @@ def test_a_block_changing_its_input_in_place_is_told_how_to_gather_layer_by_laye
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), ChangesItsInputInPlace())
     backend = zero3_backend(tmp_path, {})
-    backend._gather_blocks_whole(model, [model[1]])
+    backend._choose_leaves(model, [model[1]], [])
     for leaf in backend.leaves:  # as DeepSpeed hooks each leaf (stage3.py's reduce_leaf_module_grads)
         leaf.register_full_backward_hook(lambda *_: None)
     backend.model = model

@@ -52,7 +52,7 @@ FILE_SETTINGS = ("loss_scaler", "dynamic_loss_scale", "clip_grad")
 class DeepSpeedBackend(Backend):
     name = "deepspeed"
     zero_stage: int  # from the file (0 where it has no zero_optimization block)
-    leaves: tuple[torch.nn.Module, ...] = ()  # the ZeRO-3 leaf layers (_gather_blocks_whole, _handle_conditional)
+    leaves: tuple[torch.nn.Module, ...] = ()  # ZeRO-3's leaf modules, each gathered whole (_choose_leaves)
     whole_blocks: tuple[torch.nn.Module, ...] = ()  # those of them that are the model's blocks
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
@@ -166,7 +166,7 @@ class DeepSpeedBackend(Backend):
         join_deepspeed_comm(self.world, self.device)
         model = parts.module
         self._prepare_blocks(model, parts.blocks)
-        self._gather_blocks_whole(model, parts.blocks)
+        self._choose_leaves(model, parts.blocks, parts.conditional)
         self._handle_conditional(parts.conditional)
         if self.zero_stage < 3:  # ZeRO-3's model was built in its partitions (construct)
             model = self._whole_on_device(model)
@@ -211,38 +211,28 @@ class DeepSpeedBackend(Backend):
                 f"{zero0_wrapper.FORMS[flat]}: converted by parameter name"
             )
 
-    def _gather_blocks_whole(self, model: nn.Module, blocks: list[nn.Module]) -> None:
-        """ZeRO-3 block by block where this run may (zero3_blocks.py): each block a leaf, as it stands after
-        activation checkpointing, so that its recomputation in backward finds it gathered."""
-        if self.zero_stage != 3 or not (units := zero3_blocks.gathered_whole(self.cfg, self.ds_config, model, blocks)):
+    def _choose_leaves(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> None:
+        """ZeRO-3's leaf modules (zero3_blocks.py): each block where this run may, and each layer running other
+        experts per rank that no such block holds."""
+        if self.zero_stage != 3:
             return
-        from deepspeed.utils import set_z3_leaf_module
-
-        self.whole_blocks = tuple(units)
-        for block in self.whole_blocks:
-            set_z3_leaf_module(block, True)
-        self.leaves = self.whole_blocks
-        self.notes.append(
-            f"ZeRO-3 gathers each block whole, as FSDP2 does ({moe.described_layers(outermost(blocks))}; "
-            "zero_optimization.stage3_module_granularity_threshold in the DeepSpeed file chooses otherwise)"
-        )
+        self.whole_blocks = tuple(zero3_blocks.gathered_whole(self.cfg, self.ds_config, model, blocks))
+        self.leaves = zero3_blocks.made_leaves(self.whole_blocks, conditional)
+        if self.whole_blocks:
+            self.notes.append(
+                f"ZeRO-3 gathers each block whole, as FSDP2 does ({moe.described_layers(outermost(blocks))}; "
+                "zero_optimization.stage3_module_granularity_threshold in the DeepSpeed file chooses otherwise)"
+            )
 
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
         """ZeRO-3 gathers each module's parameters in its forward: ranks running different experts would wait for
-        each other's gathers, so each such layer is a leaf, gathered whole (or within its block, _gather_blocks_whole).
+        each other's gathers, so each such layer is gathered whole, a leaf or within its block (_choose_leaves).
         ZeRO 1-2 reduce gradients in the order they become ready, which differs between ranks that ran different
         experts (silently mixing them): every expert takes part with weight 0. ZeRO-0 reduces every parameter's
         gradient, zeros for the unused."""
         if not layers:
             return
         if self.zero_stage == 3:
-            from deepspeed.utils import set_z3_leaf_module
-
-            in_blocks = {id(module) for block in self.whole_blocks for module in block.modules()}
-            for layer in layers:
-                if id(layer) not in in_blocks:
-                    set_z3_leaf_module(layer, True)
-                    self.leaves += (layer,)
             how = "ZeRO-3 gathers each whole (a leaf module, or within its block)"
         elif self.zero_stage in (1, 2):
             moe.give_every_expert_a_gradient(layers)

@@ -49,6 +49,19 @@ def gathered_whole(cfg: RunConfig, ds_config: dict, model: nn.Module, blocks: li
     return units
 
 
+def made_leaves(whole_blocks: tuple[nn.Module, ...], conditional: list[nn.Module]) -> tuple[nn.Module, ...]:
+    """Marks ZeRO-3's leaf modules for DeepSpeed and returns them: the blocks gathered whole, and each layer that may
+    run other experts per rank (gathered whole, or ranks would wait on each other's gathers) that none of the blocks
+    holds (one inside a block is gathered with it: DeepSpeed would never read its mark)."""
+    from deepspeed.utils import set_z3_leaf_module
+
+    in_blocks = {id(module) for block in whole_blocks for module in block.modules()}
+    leaves = (*whole_blocks, *(layer for layer in conditional if id(layer) not in in_blocks))
+    for leaf in leaves:
+        set_z3_leaf_module(leaf, True)
+    return leaves
+
+
 def _parameters_of_their_own(model: nn.Module, blocks: list[nn.Module]) -> bool:
     """Whether each of the blocks' parameters is reached once in the model (no block or weight of theirs shared), so
     that its block's backward is the only one giving it a gradient. (The tied embedding and head are no block's.)"""
