@@ -5,7 +5,7 @@ keys, the world it describes, and the FSDP and DeepSpeed blocks inside it, check
 import os
 from pathlib import Path
 
-from distsetup.formats.deepspeed import OFFLOAD_DEVICES, STAGE_NUMBERS, DeepSpeedSpec
+from distsetup.formats.deepspeed import OFFLOAD_DEVICES, DeepSpeedSpec, accelerate_zero_stage
 from distsetup.formats.deepspeed_rules import AccelerateWords, violations, worded
 from distsetup.formats.fsdp_rules import accelerate_yaml_fsdp_problems
 from distsetup.formats.problems import Problem, suggest, wrong_type
@@ -264,7 +264,7 @@ def deepspeed_block_problems(block: dict, mixed_precision) -> list[Problem]:
         ]
         return problems
     stage = block.get("zero_stage")
-    if stage is not None and (isinstance(stage, bool) or stage not in STAGE_NUMBERS):
+    if stage is not None and accelerate_zero_stage(stage) is None:
         problems.append(Problem("deepspeed_config.zero_stage", f"{stage!r} is not a ZeRO stage.", "0, 1, 2 or 3."))
     for key in ("offload_optimizer_device", "offload_param_device"):
         device = block.get(key)

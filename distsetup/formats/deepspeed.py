@@ -160,7 +160,7 @@ class DeepSpeedSpec:
     @classmethod
     def from_accelerate(cls, block: dict, mixed_precision) -> "DeepSpeedSpec":
         """What the rules read of an Accelerate config's deepspeed_config block and its top-level mixed_precision."""
-        stage = block.get("zero_stage")
+        stage = accelerate_zero_stage(block.get("zero_stage"))
         devices = {
             option: device if device in OFFLOAD_DEVICES and device != "none" else None
             for option in ("offload_optimizer", "offload_param")
@@ -168,7 +168,7 @@ class DeepSpeedSpec:
         }
         paths = [block.get(f"{option}_nvme_path") for option, device in devices.items() if device == "nvme"]
         return cls(
-            zero_stage=stage if stage in STAGE_NUMBERS and not isinstance(stage, bool) else 2,  # Accelerate's default
+            zero_stage=2 if stage is None else stage,  # Accelerate's default
             offload_optimizer=devices["offload_optimizer"],
             offload_param=devices["offload_param"],
             nvme_path=None if not paths or not all(paths) else paths[0],
@@ -201,6 +201,17 @@ def precision_of(config: dict) -> str:
     """The training precision a DeepSpeed file asks for: bf16, fp16 or fp32."""
     enabled = enabled_precisions(config)
     return "bf16" if "bf16" in enabled else "fp16" if "fp16" in enabled else "fp32"
+
+
+def accelerate_zero_stage(value) -> int | None:
+    """The ZeRO stage `accelerate launch` takes from an Accelerate config's deepspeed_config.zero_stage: it passes
+    the value on as a string, which its DeepSpeedPlugin reads with int() (so "3" is stage 3, as 3 is); None where
+    that fails or gives no stage."""
+    try:
+        stage = int(str(value))
+    except ValueError:
+        return None
+    return stage if stage in STAGE_NUMBERS else None
 
 
 def zero_stage_of(config: dict) -> int:

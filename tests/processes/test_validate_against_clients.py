@@ -37,6 +37,22 @@ def test_the_keys_accelerate_refuses_beside_a_deepspeed_file(tmp_path, monkeypat
         DeepSpeedPlugin(hf_ds_config=str(ds))
 
 
+@pytest.mark.parametrize("stage", [3, "3", "1", True, "3.0", "three", 4])
+def test_the_zero_stage_validate_reads_is_the_one_accelerate_takes(monkeypatch, stage):
+    """`accelerate launch` passes an Accelerate config's deepspeed_config.zero_stage on as a string (utils/launch.py),
+    which DeepSpeedPlugin reads with int(): a stage there is one here, and what fails there is refused here."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from distsetup.formats.deepspeed import accelerate_zero_stage
+
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", str(stage))
+    try:
+        taken = DeepSpeedPlugin().zero_stage
+    except (ValueError, KeyError):
+        taken = None
+    assert accelerate_zero_stage(stage) == (taken if taken in (0, 1, 2, 3) else None)
+
+
 def test_accelerate_config_default_passes(run_cli, tmp_path):
     from accelerate.commands.config.default import write_basic_config  # what `accelerate config default` runs
 

@@ -197,6 +197,20 @@ def test_odd_accelerate_values_are_problems_not_tracebacks(run_cli, tmp_path, ch
     assert problem_paths(run_cli, write(tmp_path / "odd.yaml", config), "--num_gpus_per_node", 8) == paths
 
 
+def test_a_zero_stage_written_as_text_is_the_stage_accelerate_reads(run_cli, tmp_path):
+    """`accelerate launch` reads zero_stage "3" as 3 (tests/processes/test_validate_against_clients.py): validated as
+    that stage, so a stage-3 option beside "1" is still a problem."""
+    config = {**MULTI_NODE, "distributed_type": "DEEPSPEED"}
+    as_text = write(
+        tmp_path / "a.yaml", {**config, "deepspeed_config": {"zero_stage": "3", "offload_param_device": "cpu"}}
+    )
+    assert problem_paths(run_cli, as_text, "--num_gpus_per_node", 8) == []
+    stage_1 = write(
+        tmp_path / "b.yaml", {**config, "deepspeed_config": {"zero_stage": "1", "offload_param_device": "cpu"}}
+    )
+    assert problem_paths(run_cli, stage_1, "--num_gpus_per_node", 8) == ["deepspeed_config.offload_param_device"]
+
+
 def test_num_processes_against_the_world_size(run_cli, tmp_path):
     file = write(tmp_path / "a.yaml", MULTI_NODE)
     assert problem_paths(run_cli, file, "--world_size", 16) == []
