@@ -223,6 +223,13 @@ ACCELERATE_FLAGS = {key for key in KEYS.values() if key.startswith("fsdp_")} - {
 }
 
 
+def accelerate_hybrid_shard(config: dict) -> bool:
+    """Whether the FSDP file asks FSDP2 for hybrid sharding, which Accelerate's FSDP2 does on its own 2-D mesh only
+    (`accelerate launch --use_parallelism_config`, its sizes the launch script's nodes and processes per node)."""
+    settings = FsdpSpec.from_dict(as_accelerate_reads(config)[0])
+    return settings.fsdp_version == 2 and settings.sharding_strategy.startswith("HYBRID")
+
+
 def accelerate_launch_args(config: dict) -> list[str]:
     """The FSDP file as `accelerate launch` flags: its launcher takes FSDP settings from flags (or its own config
     YAML), never from a JSON file, and the precision from --mixed_precision. A file written for the HF Trainer is

@@ -142,7 +142,8 @@ def check_fsdp_spec(spec: FsdpSpec) -> list[str]:
             + (
                 " (false = SHARD_GRAD_OP); use DDP there for no sharding."
                 if spec.sharding_strategy == "NO_SHARD"
-                else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding."
+                else " and needs its own 2-D mesh (parallelism_config) for hybrid sharding, which `distsetup launcher "
+                "--launch_method accelerate` passes (the nodes replicate, each node's processes shard)."
             )
         )
     if spec.mixed_precision != "no":

@@ -71,6 +71,7 @@ class LaunchSpec:
     env: EnvSpec = field(default_factory=EnvSpec)
     preflight: bool = False
     accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
+    accelerate_hybrid_shard: bool = False  # an FSDP2 file's HYBRID_*: Accelerate's 2-D mesh, nodes x processes
     fsdp1_strategy: str | None = None  # an FSDP1 file's, for the HF Trainer's Accelerate (FSDP_SHARDING_STRATEGY)
 
     @property
@@ -342,6 +343,7 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "rdzv_id": spec.rdzv_id,
         "deepspeed_config": spec.deepspeed_config,
         "accelerate_fsdp_args": "\n".join(spec.accelerate_fsdp_args),
+        "accelerate_hybrid_shard": spec.accelerate_hybrid_shard,
         "fsdp1_strategy": spec.fsdp1_strategy,
         # the deepspeed launcher's hostfile over several nodes (slots at run time); no other launch lists nodes
         "hosts": list(spec.hosts or (f"node{i}" for i in range(spec.num_nodes)))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from launch_inputs import DS_CONFIG, WEIRD
 from repo import REPO, free_port
+from shell_checks import run_script
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -236,6 +237,8 @@ for x, y in data:
 seen = {"processes": accelerator.num_processes, "type": str(accelerator.distributed_type), "batches": batches}
 seen["world"] = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 seen.update(wrapped=type(model).__name__, weights=accelerator.unwrap_model(model).weight.tolist(), argv=sys.argv[2:])
+if (mesh := accelerator.parallelism_config) is not None:
+    seen["replicas"], seen["shards"] = mesh.dp_replicate_size, mesh.dp_shard_size
 with open(f"{sys.argv[1]}/process{os.environ['RANK']}.json", "w") as f:  # the world's rank, whoever formed it
     json.dump(seen, f)
 """
@@ -244,11 +247,13 @@ with open(f"{sys.argv[1]}/process{os.environ['RANK']}.json", "w") as f:  # the w
 def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, tmp_path, monkeypatch):
     """Without a GPU, Accelerate forms a world of CPU processes only when told to (ACCELERATE_USE_CPU): the script
     tells it, so the program's Accelerator trains 2 CPU processes as one DDP world (each takes half the batches and
-    the weights agree), not as two worlds of one. Accelerate applies FSDP to GPU processes only: the script says so."""
+    the weights agree), not as two worlds of one. Accelerate applies FSDP to GPU processes only: the script says so.
+    So the 2-D mesh a HYBRID_SHARD file gets on GPUs is not given here either: Accelerator() refuses one for CPU
+    processes (the next test: what it is on GPUs)."""
     (tmp_path / "own_train.py").write_text(ACCELERATE_PROGRAM)
     monkeypatch.chdir(tmp_path)  # the script's folder, where it starts the program
     script = tmp_path / "run.sh"
-    assert run_cli("fsdp", "-o", "fsdp.json").exit_code == 0
+    assert run_cli("fsdp", "--sharding_strategy", "HYBRID_SHARD", "-o", "fsdp.json").exit_code == 0
     generated = run_cli(
         "launcher", "--script", "own_train.py", "--launch_method", "accelerate", "--use_fsdp", "--fsdp_config",
         "fsdp.json", "--num_gpus_per_node", 2, "--master_port", free_port(), "-o", script,
@@ -264,7 +269,41 @@ def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, t
     for process in seen:
         assert process["processes"] == process["world"] == 2 and process["type"] == "DistributedType.MULTI_CPU", process
         assert process["wrapped"] == "DistributedDataParallel" and process["batches"] == 4, process
+        assert "replicas" not in process, process
     assert seen[0]["weights"] == seen[1]["weights"]
+
+
+def test_accelerate_launch_takes_an_fsdp2_files_hybrid_sharding_as_its_mesh_of_nodes_and_processes(
+    run_cli, tmp_path, monkeypatch
+):
+    """What the script of a HYBRID_SHARD file hands accelerate launch on GPUs (node 1 of 3, 2 processes each), read
+    by accelerate's own parser, checks and environment, then by the ParallelismConfig an Accelerator makes from it:
+    the nodes replicate, each node's processes shard, the world whole (Accelerator() checks that)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default accelerate config of this machine's
+    (tmp_path / "mine.py").write_text("")
+    assert run_cli("fsdp", "--sharding_strategy", "HYBRID_SHARD", "-o", "fsdp.json").exit_code == 0
+    written = run_cli(
+        "launcher", "--launch_method", "accelerate", "--script", "mine.py", "--use_fsdp", "--fsdp_config", "fsdp.json",
+        "--num_nodes", 3, "--num_gpus_per_node", 2, "--master_addr", "10.0.0.1", "--node_rank", 1, "-o", "run.sh",
+    )  # fmt: skip
+    assert written.exit_code == 0, written.output
+    run = run_script(tmp_path / "run.sh", tmp_path, "accelerate", env={"ACCELERATE_USE_CPU": "false"}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    argv = run.stdout.splitlines()
+    args = launch_command_parser().parse_args(argv[argv.index("launch") + 1 :])
+    args, _, _ = _validate_launch_command(args)
+    for name, value in prepare_multi_gpu_env(args).items():
+        if name.startswith(("PARALLELISM_CONFIG_", "ACCELERATE_USE_")):
+            monkeypatch.setenv(name, value)
+    assert os.environ["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"  # what makes Accelerator() build one
+    mesh = ParallelismConfig()
+    assert (mesh.dp_replicate_size, mesh.dp_shard_size, mesh.total_size) == (3, 2, args.num_processes) == (3, 2, 6)
+    assert mesh.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
 
 
 def test_a_users_accelerate_program_gets_the_deepspeed_file_from_accelerate_beside_a_default_config(

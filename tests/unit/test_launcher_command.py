@@ -240,6 +240,31 @@ def test_accelerate_is_told_multi_gpu_for_a_world_of_more_than_one_process_only(
     assert ("--multi_gpu" in argv) is multi_gpu and argv[argv.index("--num_processes") + 1] == str(processes)
 
 
+@pytest.mark.parametrize("strategy", ["HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "FULL_SHARD"])
+def test_accelerate_gets_fsdp2_hybrid_sharding_as_its_2d_mesh_of_the_scripts_nodes(
+    run_cli, tmp_path, monkeypatch, strategy
+):
+    """Bug: Accelerate's FSDP2 shards over one flat mesh unless given its parallelism config, so an FSDP2 file's
+    hybrid sharding sharded across every node. The script gives the nodes as replicas, a node's processes as
+    shards (test_launcher_runs.py: accelerate launch takes them as its ParallelismConfig), on GPUs: Accelerate
+    refuses a parallelism config for CPU processes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    assert run_cli("fsdp", "--sharding_strategy", strategy, "-o", "fsdp.json").exit_code == 0
+    argv, _ = accelerate_argv(
+        run_cli, tmp_path, "--script", "mine.py", "--use_fsdp", "--fsdp_config", "fsdp.json", "--num_nodes", 3,
+        "--num_gpus_per_node", 2, "--master_addr", "10.0.0.1", "--node_rank", 1,
+    )  # fmt: skip
+    mesh = {flag: argv[argv.index(flag) + 1] for flag in argv if flag.startswith("--parallelism_config_")}
+    if strategy == "FULL_SHARD":
+        assert "--use_parallelism_config" not in argv and mesh == {}
+    else:
+        assert "--use_parallelism_config" in argv and argv[argv.index("--fsdp_version") + 1] == "2"
+        assert mesh == {"--parallelism_config_dp_replicate_size": "3", "--parallelism_config_dp_shard_size": "2"}
+        on_cpu = run_script(tmp_path / "run.sh", tmp_path, "accelerate", env={"ACCELERATE_USE_CPU": "True"})
+        assert on_cpu.returncode == 0 and "--use_fsdp" in on_cpu.stdout and "parallelism" not in on_cpu.stdout
+
+
 def test_accelerate_fsdp_for_a_users_program_without_the_file_is_warned_of(run_cli, tmp_path, monkeypatch):
     """accelerate launch --use_fsdp alone takes accelerate's default config's FSDP settings, else its own (FSDP1, the
     whole model one unit): a warning with the command that writes a file; distsetup's trainer shards each block

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 from golden_files import GOLDEN_DIR, check_golden
-from launch_inputs import WEIRD
+from launch_inputs import ACCELERATE_HYBRID_FSDP, WEIRD
 from shell_checks import shellcheck
 
 from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script
@@ -90,6 +90,7 @@ def grid():
             config=f"{WEIRD}/config.yaml",
             deepspeed_config=f"{WEIRD}/ds.json" if backend == "deepspeed" else None,
             fsdp_config=f"{WEIRD}/fsdp.json" if backend == "fsdp" else None,
+            **(ACCELERATE_HYBRID_FSDP if (method, backend) == ("accelerate", "fsdp") else {}),
             num_nodes=nodes,
             nproc_per_node=None if preflight and method == "torchrun" else 2,
             node_rank=rank,

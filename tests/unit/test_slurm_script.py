@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 from golden_files import GOLDEN_DIR, check_golden
-from launch_inputs import WEIRD
+from launch_inputs import ACCELERATE_HYBRID_FSDP, WEIRD
 from shell_checks import shellcheck, srun_program
 from slurm_scripts import build, spec
 
@@ -158,6 +158,7 @@ def grid():
                 "script": f"{WEIRD}/train.py",
                 "deepspeed_config": f"{WEIRD}/ds.json" if backend == "deepspeed" else None,
                 "fsdp_config": f"{WEIRD}/f.json" if backend == "fsdp" else None,
+                **(ACCELERATE_HYBRID_FSDP if (method, backend) == ("accelerate", "fsdp") else {}),
                 "preflight": preflight,
                 "master_port": port,
                 "env": EnvSpec(2, "INFO", None, True, 30, 1, (("W", WEIRD),)),
