@@ -139,15 +139,19 @@ BUILTIN_SIZES = {
 }
 
 
+# A mixture of experts' expert count, by the name each family's config gives it (Mixtral and Qwen3-MoE; Qwen2-MoE and
+# OLMoE; DeepSeek)
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
 def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
-    """A Llama/GPT-style decoder's parameters from its config.json, without torch or transformers."""
+    """A Llama/GPT-style decoder's parameters from its config.json, without torch or transformers, a mixture of
+    experts' experts included."""
     c = read_json(path)
     try:
-        h, n, v = (int(c[key]) for key in ("hidden_size", "num_hidden_layers", "vocab_size"))
+        h, v = int(c["hidden_size"]), int(c["vocab_size"])
+        blocks = decoder_blocks(c)
         heads = int(c.get("num_attention_heads", max(1, h // 128)))
-        kv = int(c.get("num_key_value_heads", heads))
-        inter = int(c.get("intermediate_size", 4 * h))
-        block = 2 * h * h + 2 * h * (h // heads) * kv + 3 * h * inter + 2 * h
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
         raise DistsetupError(
             f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
@@ -158,14 +162,42 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "Model"
     arch = first.replace("ForCausalLM", "DecoderLayer")
     return ModelShape(
-        params=n * block + embeddings + h,
+        params=sum(blocks) + embeddings + h,
         hidden_size=h,
-        num_layers=n,
+        num_layers=len(blocks),
         num_heads=heads,
         vocab_size=v,
-        block_params=block,
+        block_params=max(blocks, default=0),  # the largest: what FSDP and ZeRO-3 gather at once
         layer_cls=layer_cls or arch,
     )
+
+
+def decoder_blocks(c: dict) -> list[int]:
+    """Each decoder layer's parameters, from a config.json's keys: its attention, its MLP or (in a mixture of
+    experts' sparse layers) its experts, their router and any shared expert, and its two norms."""
+    h, n = int(c["hidden_size"]), int(c["num_hidden_layers"])
+    heads = int(c.get("num_attention_heads", max(1, h // 128)))
+    kv = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or h // heads)
+    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q and o, k and v
+    if c.get("attention_bias") or c.get("qkv_bias"):  # Llama's attention_bias: q, k, v and o; Qwen2's: q, k, v
+        attention += heads * head_dim + 2 * kv * head_dim + (h if c.get("attention_bias") else 0)
+    dense = 3 * h * int(c.get("intermediate_size", 4 * h))  # gate, up, down
+    experts = next((int(c[key]) for key in EXPERT_COUNTS if c.get(key)), 0)
+    expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size", 4 * h))
+    shared = 3 * h * int(c.get("shared_expert_intermediate_size") or 0)
+    shared += h if shared else 0  # Qwen2-MoE's gate on its shared expert
+    shared += int(c.get("n_shared_experts") or 0) * expert  # DeepSeek's
+    sparse_layers = {
+        i
+        for i in range(n)
+        if experts
+        and (i + 1) % int(c.get("decoder_sparse_step") or 1) == 0
+        and i not in (c.get("mlp_only_layers") or ())
+        and i >= int(c.get("first_k_dense_replace") or 0)
+    }
+    mixture = experts * expert + h * experts + shared  # the router: hidden x experts
+    return [attention + (mixture if i in sparse_layers else dense) + 2 * h for i in range(n)]
 
 
 def hf_context_length(path: Path) -> int | None:

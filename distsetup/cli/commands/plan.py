@@ -262,7 +262,8 @@ def count_on_meta(cfg) -> ModelShape:
         hidden = n_layer = heads = vocab = None
     unique = {id(p): p.numel() for p in model.parameters()}
     blocks = [mod for mod in model.modules() if type(mod).__name__ in classes]
-    block = sum({id(p): p.numel() for p in blocks[0].parameters()}.values()) if blocks else None
+    # the largest block: what FSDP and ZeRO-3 gather at once (a mixture of experts' dense layers are smaller)
+    block = max((sum({id(p): p.numel() for p in b.parameters()}.values()) for b in blocks), default=None)
     largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules())
     return ModelShape(
         params=sum(unique.values()),
