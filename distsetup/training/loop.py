@@ -44,14 +44,16 @@ class Loop:
         """The loop's figures for summary.json at step `step`: its evaluations, its pace since set-up (items: tokens
         or samples), its MFU, and where its time went."""
         unit = self.objective.unit
-        steps_per_s = (step - self.first_step) / max(self.timer.train_seconds, 1e-9)
-        per_s = steps_per_s * items_per_step
+        steps_per_s = per_s = None  # no pace where no step ran (a run resumed from its last step)
+        if step > self.first_step:
+            steps_per_s = (step - self.first_step) / max(self.timer.train_seconds, 1e-9)
+            per_s = steps_per_s * items_per_step
         return {
             "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
             "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
             "evals": self.evals,
             f"{unit}_per_s": per_s,
-            "mfu": mfu(per_s, self.flops, world_size, self.peak) if self.flops else None,
+            "mfu": mfu(per_s, self.flops, world_size, self.peak) if self.flops and per_s is not None else None,
             "peak_tflops": self.peak,
             f"flops_per_{unit.removesuffix('s')}": self.flops,
             "steps_per_s": steps_per_s,

@@ -85,6 +85,7 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption(announce=world.is_main)
         self.step, self.loss = 0, float("nan")
+        self.evaluated_at: int | None = None  # the step of the latest evaluation every rank knows of
         self.checkpoints = RunCheckpoints(backend, world, self.ckpt_root, self.t.keep_checkpoints, backend.precision)
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.setup_peak = 0  # this rank's peak resident bytes in set-up
@@ -133,6 +134,10 @@ class Trainer:
                     self.checkpoints.confirm_or_withdraw(self.step, self.loss)
                 if terms is not None and (log_now or stop):
                     self._log(loop, terms, lr, loss_scale)
+                if stop and self.step == self.max_steps:  # the run is done: what the stop asks to save comes first
+                    self.say(f"note: asked to stop at the last step, {self.step}: the run finishes")
+                    self._checkpoint(loop, background=False, confirmed=True)
+                    break
                 if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
                     self._evaluate(loop)
                 if stop or checkpoint_now:
@@ -145,6 +150,8 @@ class Trainer:
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
+        if loop.data.val is not None and self.step == self.max_steps and self.evaluated_at != self.step:
+            self._evaluate(loop)  # the last step's, after its checkpoint: stopped there, or resumed from there
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
         return 0
@@ -302,6 +309,7 @@ class Trainer:
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
         marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.say)
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
+        self.evaluated_at = marker.step if marker.val_loss is not None else None
         self.checkpoints.resumed_from(resume, marker)
 
     # -- what the loop asks -----------------------------------------------------------------------------------
@@ -346,6 +354,7 @@ class Trainer:
         with loop.timer.evaluating():
             result = evaluate(self.backend, loop.objective, loop.data, self.world, self.cfg.data.num_workers)
         loop.evals.append({"step": self.step, **result})
+        self.evaluated_at = self.step
         loop.metrics.write(self.step, "eval", **result)
         if self.world.is_main:
             perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
@@ -399,8 +408,6 @@ class Trainer:
         # valid JSON: null for a loss there is none of (no step ran, none in the checkpoint) or that diverged
         summary_file.write_text(as_json(summary, indent=2))
         loop.metrics.summarize(summary)
-        unit = loop.objective.unit
-        self.say(
-            f"done: {self.step} steps, final loss {self.loss:.4f}, {summary[f'{unit}_per_s']:.0f} {unit}/s; "
-            f"summary in {summary_file}"
-        )
+        unit, per_s = loop.objective.unit, summary[f"{loop.objective.unit}_per_s"]
+        pace = "" if per_s is None else f", {per_s:.0f} {unit}/s"
+        self.say(f"done: {self.step} steps, final loss {self.loss:.4f}{pace}; summary in {summary_file}")

@@ -160,6 +160,75 @@ def test_a_run_that_finds_no_checkpoint_sets_the_previous_runs_metrics_aside(tmp
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+# A run of its own model and data whose loss sends SIGTERM to its own process at call STOP_AT_CALL: SLURM's warning
+# arriving during a chosen step.
+STOPS_ITSELF = """\
+import os
+import signal
+
+import torch
+
+calls = 0
+
+
+def build_model():
+    return torch.nn.Linear(4, 1)
+
+
+def build_data(split):
+    inputs = torch.randn(32, 4, generator=torch.Generator().manual_seed(len(split)))
+    return torch.utils.data.TensorDataset(inputs, inputs.sum(-1, keepdim=True))
+
+
+def loss(model, batch):
+    global calls
+    calls += 1
+    if calls == int(os.environ.get("STOP_AT_CALL", "0")):
+        os.kill(os.getpid(), signal.SIGTERM)
+    inputs, targets = batch
+    return torch.nn.functional.mse_loss(model(inputs), targets)
+"""
+
+
+def test_a_run_stopped_at_its_last_step_finishes_and_one_resumed_there_evaluates_it(tmp_path):
+    """Bug: stopped during its last step, a run checkpointed and exited 75 (so SLURM requeued a finished job) without
+    its last evaluation; the requeued run then trained nothing and wrote a summary of 0 samples/s with the evaluation
+    before. Now the stop's checkpoint comes first, then the evaluation and summary of a finished run; a run resumed
+    from a last step whose evaluation never ran (killed during it) runs it, and leaves out the pace it has none of."""
+    (tmp_path / "stops_itself.py").write_text(STOPS_ITSELF)
+    out = tmp_path / "out"
+    config = tmp_path / "run.yaml"
+    training = {"micro_batch_size": 8, "max_steps": 3, "eval_interval": 2, "log_interval": 1, "output_dir": str(out)}
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"type": "python", "builder": "stops_itself:build_model"},
+                "data": {"type": "python", "builder": "stops_itself:build_data"},
+                "training": {**training, "loss": "stops_itself:loss"},
+            }
+        )
+    )
+    stopped = train(config, 1, env={"STOP_AT_CALL": "3"})  # the third step's forward; evaluation calls it too
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "asked to stop at the last step, 3: the run finishes" in stopped.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert [e["step"] for e in summary["evals"]] == [2, 3] and summary["samples_per_s"] > 0
+    marker = json.loads((out / "checkpoints" / "step_0000003" / "COMPLETE").read_text())
+    assert "confirmed" not in marker and "val_loss" not in marker  # trusted; written before the evaluation
+
+    # killed during that evaluation: no summary, no evaluation line at step 3
+    (out / "summary.json").unlink()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    evaluated = [line for line in lines if json.loads(line).get("val_loss") is not None]
+    (out / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if line != evaluated[-1]))
+    resumed = train(config, 1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((out / "summary.json").read_text())
+    assert [e["step"] for e in again["evals"]] == [2, 3] and again["val_loss"] == summary["val_loss"]
+    assert again["samples_per_s"] is None and again["steps_per_s"] is None and again["steps"] == 3
+    assert "done: 3 steps, final loss" in resumed.stdout and "samples/s" not in resumed.stdout
+
+
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):
     """Nothing is left to train: the run's summary.json stays (it was rewritten with 0 tokens/s and no pace)."""
     out = tmp_path / "out"
