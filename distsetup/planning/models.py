@@ -21,7 +21,8 @@ class ModelShape:
     num_layers: int | None = None
     num_heads: int | None = None
     vocab_size: int | None = None
-    block_params: int | None = None  # one transformer block; default 12h^2 + 13h
+    block_params: int | None = None  # the largest transformer block; default 12h^2 + 13h
+    blocks_params: int | None = None  # all blocks together, where they differ (a mixture of experts' dense layers)
     largest_module_params: int | None = None  # largest module's own parameters
     layer_cls: str = BUILTIN_BLOCK
 
@@ -36,7 +37,10 @@ class ModelShape:
     @property
     def root(self) -> int:
         """Parameters outside the blocks (embeddings, final norm, head): FSDP's root unit."""
-        return max(self.params - self.block * (self.num_layers or 0), 0) if self.num_layers else 0
+        if not self.num_layers:
+            return 0
+        blocks = self.blocks_params if self.blocks_params is not None else self.block * self.num_layers
+        return max(self.params - blocks, 0)
 
     @property
     def largest_module(self) -> int:
@@ -168,6 +172,7 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
         num_heads=heads,
         vocab_size=v,
         block_params=max(blocks, default=0),  # the largest: what FSDP and ZeRO-3 gather at once
+        blocks_params=sum(blocks),
         layer_cls=layer_cls or arch,
     )
 
@@ -184,20 +189,28 @@ def decoder_blocks(c: dict) -> list[int]:
         attention += heads * head_dim + 2 * kv * head_dim + (h if c.get("attention_bias") else 0)
     dense = 3 * h * int(c.get("intermediate_size", 4 * h))  # gate, up, down
     experts = next((int(c[key]) for key in EXPERT_COUNTS if c.get(key)), 0)
+    if not experts:
+        return [attention + dense + 2 * h] * n
     expert = 3 * h * int(c.get("moe_intermediate_size") or c.get("intermediate_size", 4 * h))
     shared = 3 * h * int(c.get("shared_expert_intermediate_size") or 0)
     shared += h if shared else 0  # Qwen2-MoE's gate on its shared expert
     shared += int(c.get("n_shared_experts") or 0) * expert  # DeepSeek's
-    sparse_layers = {
-        i
-        for i in range(n)
-        if experts
-        and (i + 1) % int(c.get("decoder_sparse_step") or 1) == 0
-        and i not in (c.get("mlp_only_layers") or ())
-        and i >= int(c.get("first_k_dense_replace") or 0)
-    }
     mixture = experts * expert + h * experts + shared  # the router: hidden x experts
-    return [attention + (mixture if i in sparse_layers else dense) + 2 * h for i in range(n)]
+    return [attention + (mixture if _sparse(c, i) else dense) + 2 * h for i in range(n)]
+
+
+def _sparse(c: dict, i: int) -> bool:
+    """Whether a mixture of experts' layer `i` holds experts, by the keys each family spaces them with: Qwen's every
+    decoder_sparse_step-th layer but its mlp_only_layers, Llama 4's every interleave_moe_layer_step-th, DeepSeek's
+    every moe_layer_freq-th from first_k_dense_replace on."""
+    every = int(c.get("decoder_sparse_step") or c.get("interleave_moe_layer_step") or 1)
+    after_dense = i - int(c.get("first_k_dense_replace") or 0)
+    return (
+        (i + 1) % every == 0
+        and i not in (c.get("mlp_only_layers") or ())
+        and after_dense >= 0
+        and i % int(c.get("moe_layer_freq") or 1) == 0
+    )
 
 
 def hf_context_length(path: Path) -> int | None:

@@ -247,7 +247,7 @@ def test_accelerate_gets_fsdp2_hybrid_sharding_as_its_2d_mesh_of_the_scripts_nod
     """Bug: Accelerate's FSDP2 shards over one flat mesh unless given its parallelism config, so an FSDP2 file's
     hybrid sharding sharded across every node. The script gives the nodes as replicas, a node's processes as
     shards (test_launcher_runs.py: accelerate launch takes them as its ParallelismConfig), on GPUs: Accelerate
-    refuses a parallelism config for CPU processes."""
+    refuses a parallelism config for CPU processes, and one with a single process a node (no shard dimension)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text("")
     assert run_cli("fsdp", "--sharding_strategy", strategy, "-o", "fsdp.json").exit_code == 0
@@ -263,6 +263,11 @@ def test_accelerate_gets_fsdp2_hybrid_sharding_as_its_2d_mesh_of_the_scripts_nod
         assert mesh == {"--parallelism_config_dp_replicate_size": "3", "--parallelism_config_dp_shard_size": "2"}
         on_cpu = run_script(tmp_path / "run.sh", tmp_path, "accelerate", env={"ACCELERATE_USE_CPU": "True"})
         assert on_cpu.returncode == 0 and "--use_fsdp" in on_cpu.stdout and "parallelism" not in on_cpu.stdout
+        one_a_node, _ = accelerate_argv(  # nothing to shard within a node: Accelerate refuses the mesh (2 x 1)
+            run_cli, tmp_path, "--script", "mine.py", "--use_fsdp", "--fsdp_config", "fsdp.json", "--num_nodes", 2,
+            "--num_gpus_per_node", 1, "--master_addr", "10.0.0.1", "--node_rank", 1,
+        )  # fmt: skip
+        assert "--use_fsdp" in one_a_node and "--use_parallelism_config" not in one_a_node
 
 
 def test_accelerate_fsdp_for_a_users_program_without_the_file_is_warned_of(run_cli, tmp_path, monkeypatch):

@@ -409,11 +409,28 @@ def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path, run_c
     assert analytic.params == pytest.approx(exact.params, rel=2e-3) and analytic.block == pytest.approx(
         exact.block, rel=2e-3
     )
+    assert analytic.root == pytest.approx(exact.root, rel=2e-3) and exact.root > 1000 * 64  # the embeddings, head
     if name in ("LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"):
-        assert (analytic.params, analytic.block) == (exact.params, exact.block)
+        assert (analytic.params, analytic.block, analytic.root) == (exact.params, exact.block, exact.root)
     assert exact.layer_cls == analytic.layer_cls == name.replace("ForCausalLM", "DecoderLayer")
     planned = run_cli("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--json")
     assert json.loads(planned.stdout)["workload"]["seq_len"] == 96  # the run's samples, not 2048
+
+
+def test_which_layers_of_a_mixture_of_experts_hold_experts_by_each_familys_keys():
+    from distsetup.planning.models import decoder_blocks
+
+    def sparse_layers(**keys) -> list[int]:
+        config = {**SMALL_DECODER, "num_hidden_layers": 6, "intermediate_size": 96, **keys}
+        dense = decoder_blocks(config)[0]
+        return [i for i, block in enumerate(decoder_blocks({**config, "num_experts": 4})) if block != dense]
+
+    assert sparse_layers() == [0, 1, 2, 3, 4, 5]
+    assert sparse_layers(decoder_sparse_step=2, mlp_only_layers=[3]) == [1, 5]  # Qwen2-MoE
+    assert sparse_layers(interleave_moe_layer_step=3) == [2, 5]  # Llama 4
+    assert sparse_layers(first_k_dense_replace=1, moe_layer_freq=2) == [2, 4]  # DeepSeek-V2
+    dense = {**SMALL_DECODER, "intermediate_size": 96, "moe_intermediate_size": [1]}  # no experts: not read
+    assert decoder_blocks(dense) == decoder_blocks({**SMALL_DECODER, "intermediate_size": 96})
 
 
 # -- `distsetup deepspeed --scale_lr`: the lr scaled from a base batch to the global one ----------------------

@@ -263,7 +263,7 @@ def count_on_meta(cfg) -> ModelShape:
     unique = {id(p): p.numel() for p in model.parameters()}
     blocks = [mod for mod in model.modules() if type(mod).__name__ in classes]
     # the largest block: what FSDP and ZeRO-3 gather at once (a mixture of experts' dense layers are smaller)
-    block = max((sum({id(p): p.numel() for p in b.parameters()}.values()) for b in blocks), default=None)
+    sizes = [sum({id(p): p.numel() for p in b.parameters()}.values()) for b in blocks]
     largest = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in model.modules())
     return ModelShape(
         params=sum(unique.values()),
@@ -271,7 +271,8 @@ def count_on_meta(cfg) -> ModelShape:
         num_layers=n_layer if m.type != "python" else len(blocks) or None,
         num_heads=heads,
         vocab_size=vocab,
-        block_params=block,
+        block_params=max(sizes, default=None),
+        blocks_params=sum(sizes) if sizes else None,
         largest_module_params=largest,
         layer_cls=classes[0],
     )
