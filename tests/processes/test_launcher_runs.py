@@ -273,18 +273,26 @@ def test_a_users_accelerate_program_trains_cpu_processes_as_one_world(run_cli, t
     assert seen[0]["weights"] == seen[1]["weights"]
 
 
-def test_accelerate_launch_takes_an_fsdp2_files_hybrid_sharding_as_its_mesh_of_nodes_and_processes(
+def test_accelerate_launch_takes_hybrid_sharding_as_its_mesh_and_the_gpus_the_environment_shows(
     run_cli, tmp_path, monkeypatch
 ):
     """What the script of a HYBRID_SHARD file hands accelerate launch on GPUs (node 1 of 3, 2 processes each), read
-    by accelerate's own parser, checks and environment, then by the ParallelismConfig an Accelerator makes from it:
-    the nodes replicate, each node's processes shard, the world whole (Accelerator() checks that)."""
+    by accelerate's own parser, checks and environment, beside a default config (as `accelerate config` writes it)
+    naming other GPUs, then by the ParallelismConfig an Accelerator makes from it: the nodes replicate, each node's
+    processes shard, the world whole (Accelerator() checks that). Bug: the processes got the default config's
+    gpu_ids as CUDA_VISIBLE_DEVICES, whatever --gpus or the scheduler had chosen."""
+    import accelerate.commands.config.config_args
+    import accelerate.commands.launch
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no default accelerate config of this machine's
+    default = tmp_path / "default_config.yaml"  # where accelerate found it when imported ($HF_HOME/accelerate)
+    default.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\ngpu_ids: 0,1\n")
+    for module in (accelerate.commands.launch, accelerate.commands.config.config_args):
+        monkeypatch.setattr(module, "default_config_file", str(default))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the node's GPUs, as --gpus or a scheduler chose them
     (tmp_path / "mine.py").write_text("")
     assert run_cli("fsdp", "--sharding_strategy", "HYBRID_SHARD", "-o", "fsdp.json").exit_code == 0
     written = run_cli(
@@ -297,7 +305,9 @@ def test_accelerate_launch_takes_an_fsdp2_files_hybrid_sharding_as_its_mesh_of_n
     argv = run.stdout.splitlines()
     args = launch_command_parser().parse_args(argv[argv.index("launch") + 1 :])
     args, _, _ = _validate_launch_command(args)
-    for name, value in prepare_multi_gpu_env(args).items():
+    environment = prepare_multi_gpu_env(args)
+    assert environment["CUDA_VISIBLE_DEVICES"] == "2,3"
+    for name, value in environment.items():
         if name.startswith(("PARALLELISM_CONFIG_", "ACCELERATE_USE_")):
             monkeypatch.setenv(name, value)
     assert os.environ["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"  # what makes Accelerator() build one

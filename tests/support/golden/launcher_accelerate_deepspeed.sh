@@ -56,6 +56,8 @@ MASTER_PORT=0  # accelerate launch takes a free port: the launchers' default, 29
 echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, on a free port (accelerate chooses it)" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(accelerate launch --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
+# The GPUs this environment shows (--gpus, a scheduler), where accelerate would set the gpu_ids of its default config
+LAUNCH+=(--gpu_ids all)
 # Without a GPU an Accelerator forms a world of CPU processes (gloo) only when told to: otherwise each process
 # trains alone, a world of one. A GPU is one nvidia-smi lists, else one torch sees (ROCm, Intel XPU).
 sees_a_gpu() {
