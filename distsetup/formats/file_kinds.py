@@ -33,13 +33,14 @@ WHERE_IT_GOES = {
 
 
 def content_kind(data: dict) -> str | None:
-    """The kind of config `data` is by its keys; None where they do not say."""
+    """The kind of config `data` is by its keys; None where they do not say. A run config's sections say it first:
+    one with a key of Accelerate's or TrainingArguments' beside them is a run config with an unknown key."""
+    if any(isinstance(key, str) and key in SECTIONS for key in data):
+        return "run_config"
     if is_accelerate_config(data):
         return "accelerate"
     if is_training_arguments(data):
         return "training_args"
-    if data and set(data) <= set(SECTIONS):
-        return "run_config"
     if any(isinstance(k, str) and (k.startswith("fsdp_") or k in HF_TRAINER_FSDP_KEYS) for k in data):
         return "fsdp"
     if any(k in data for k in DEEPSPEED_MARKS):

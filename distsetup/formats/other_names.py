@@ -124,6 +124,19 @@ ELSEWHERE = {
         "is zero_optimization.stage of the DeepSpeed file (`distsetup deepspeed --zero_stage N`) that "
         "distributed.deepspeed_config names",
     ),
+    # an Accelerate config's: the world is the launch script's (distsetup launcher and slurm), not the run config's
+    "distributed_type": (ACCELERATE, "is distributed.backend here (ddp, fsdp, deepspeed or single)"),
+    "dynamo_backend": (ACCELERATE, "is training.compile here (true: torch.compile with inductor)"),
+    "num_processes": (ACCELERATE, "is the launch script's: --num_gpus_per_node (x --num_nodes) of distsetup launcher"),
+    "num_machines": (ACCELERATE, "is the launch script's: --num_nodes of distsetup launcher or slurm"),
+    "machine_rank": (ACCELERATE, "is the launch script's: --node_rank of distsetup launcher (or NODE_RANK)"),
+    "main_process_ip": (ACCELERATE, "is the launch script's: --master_addr of distsetup launcher (or MASTER_ADDR)"),
+    "main_process_port": (ACCELERATE, "is the launch script's: --master_port of distsetup launcher or slurm"),
+    "gpu_ids": (ACCELERATE, "is the launch script's: --gpus of distsetup launcher"),
+    "compute_environment": (
+        ACCELERATE,
+        "is an Accelerate config's (accelerate launch's --config_file), not a run config's",
+    ),
     "train_micro_batch_size_per_gpu": (DEEPSPEED, "is training.micro_batch_size here"),
     "gradient_clipping": (DEEPSPEED, "is training.grad_clip here"),
     "max_seq_length": (GUIDES, "is model.block_size here"),

@@ -92,6 +92,8 @@ def test_the_same_setting_in_both_spellings_and_the_same_value_is_read_once():
         ("training", "mixed_precision", "mixed_precision is training.precision here"),
         ("distributed", "zero_stage", "zero_stage is zero_optimization.stage of the DeepSpeed file"),
         ("distributed", "learning_rate", "learning_rate is training.lr here"),  # a known name in another section
+        ("distributed", "dynamo_backend", "dynamo_backend is training.compile here"),  # was "did you mean 'backend'?"
+        ("distributed", "num_processes", "num_processes is the launch script's: --num_gpus_per_node"),
     ],
 )
 def test_unknown_keys_that_other_tools_know_get_their_place_here(section, key, words):
@@ -118,6 +120,32 @@ def test_typos_are_matched_against_other_tools_names_too_and_say_what_that_name_
     assert problem.fix == fix
     if key == "lerning_rate":
         assert str(problem) == "training.lerning_rate: unknown key 'lerning_rate'. Fix: " + fix
+
+
+def test_accelerates_names_are_its_own_config_keys():
+    """Its config's keys (formats.accelerate.KEYS, which test_validate_against_clients.py holds to Accelerate's own
+    ClusterConfig), its deepspeed_config block's and its launch flags."""
+    from distsetup.formats.accelerate import DEEPSPEED_KEYS, KEYS
+    from distsetup.formats.other_names import ACCELERATE
+
+    ours = {key for key, (origin, _) in ELSEWHERE.items() if origin == ACCELERATE}
+    launch_flags = {"dynamo_backend"}  # accelerate launch's --dynamo_backend (dynamo_config's key in its config)
+    assert len(ours) >= 10 and ours <= KEYS | DEEPSPEED_KEYS | launch_flags
+
+
+@pytest.mark.parametrize("stray", ["per_device_train_batch_size: 8", "compute_environment: LOCAL_MACHINE"])
+def test_a_run_config_with_a_stray_key_of_another_tools_is_a_run_config_with_an_unknown_key(run_cli, tmp_path, stray):
+    """Bug: one top-level key of TrainingArguments' or Accelerate's made a whole run config that file's kind: validate
+    passed it as TrainingArguments (or listed its sections as unknown Accelerate keys), the launcher called it no run
+    config. Its sections say it is one."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model:\n  type: gpt\ntraining:\n  max_steps: 5\n{stray}\n")
+    key = stray.split(":")[0]
+    validated = run_cli("validate", config)
+    assert validated.exit_code == 1 and f"{key}: unknown key '{key}'. Fix: {key} is " in validated.stdout
+    assert "run config, 1 problem(s)" in validated.output
+    launched = run_cli("launcher", "--config", config, "--num_gpus_per_node", 1, "-o", tmp_path / "run.sh")
+    assert launched.exit_code == 1 and f"unknown key '{key}'" in launched.stderr and "this is " not in launched.stderr
 
 
 def test_a_key_close_to_no_name_gets_the_list_of_valid_keys():
