@@ -63,6 +63,9 @@ def no_length(split):
 
 def tensors(split, size=8):
     return [torch.full((4,), float(i)) for i in range(size)] if split == "train" else None
+
+def columns(split):
+    return {"obs": torch.zeros(32, 4), "actions": torch.zeros(32), "rewards": torch.zeros(32)}
 """
 
 
@@ -136,6 +139,10 @@ def test_torch_classes_are_never_the_default_blocks():
 def test_user_data_must_be_a_map_style_dataset(user_module):
     with pytest.raises(DistsetupError, match="returned NoLength for split 'train', not a map-style dataset"):
         python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"), seed=0)
+    with pytest.raises(DistsetupError) as columns:  # its length was its keys': "3 samples, fewer than a batch"
+        python_datasets(DataConfig(type="python", builder=f"{user_module}:columns"), seed=0)
+    assert "returned a dict for split 'train', a mapping: no dataset of samples" in str(columns.value)
+    assert "TensorDataset" in str(columns.value)
     with pytest.raises(DistsetupError, match=r"cannot be called with \('train', rows=3\)"):
         python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"rows": 3}), seed=0)
     data = python_datasets(DataConfig(type="python", builder=f"{user_module}:tensors", args={"size": 5}), seed=0)

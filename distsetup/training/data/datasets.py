@@ -1,7 +1,7 @@
 """Training and validation data, and the order ranks read it in: a synthetic task, the user's files as
 memory-mapped token files (token_files.py), or the user's own map-style datasets (data.type python)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,13 @@ def python_datasets(d, seed: int) -> Datasets:
                 f"{user_code.raised_in_user_code(e)}.",
                 f"fix {d.builder} or data.args.",
             ) from None
+        if isinstance(dataset, Mapping):  # columns, or a DatasetDict: its length is its keys'
+            raise DistsetupError(
+                f"data.builder {d.builder} returned a {type(dataset).__name__} for split {split!r}, a mapping: no "
+                f"dataset of samples (its length is its {len(dataset)} keys').",
+                "return one sample per index: a list of dicts, torch.utils.data.TensorDataset(*columns), or a "
+                "DatasetDict's split (dataset[split]).",
+            )
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
         if (dataset is None and split == "val") or (map_style and not isinstance(dataset, IterableDataset)):
             splits[split] = dataset
