@@ -69,6 +69,7 @@ class Trainer:
         # the user's modules come from the run config's folder, else the working folder
         self.user_code = user_code.make_importable(config_folder) if names_user_code(cfg) else None
         self.model_description = models.describe(cfg.model)
+        backend.check_model(self.model_description)
         if cfg.model.builder:  # where model.builder was found, for `distsetup checkpoint convert`
             self.user_code = user_code.found_in(cfg.model.builder) or self.user_code
         check_model_fits(cfg.model, self.model_description, backend, world, self.device)

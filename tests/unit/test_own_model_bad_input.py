@@ -136,6 +136,30 @@ def test_torch_classes_are_never_the_default_blocks():
     assert classes == [] and "has no nn.ModuleList or nn.Sequential of one block class" in notes[0]
 
 
+def test_fsdp_settings_wrapping_a_class_the_model_lacks_are_refused_before_the_process_group(user_module):
+    """Bug: `distsetup fsdp` writes the built-in GPT's Block unless told the model's class, and every rank stopped
+    on it after the process group (torchrun's traceback after). Now the trainer's checks before it say it once."""
+    from distsetup.training.backends.fsdp import FSDPBackend
+    from distsetup.training.launch_env import World
+
+    world = World(rank=0, local_rank=0, size=2, local_size=2)
+    for wrapped, refused in (("DecoderLayer", True), ("Block", False)):
+        settings = f"distributed.fsdp={{fsdp_transformer_layer_cls_to_wrap: {wrapped}}}"
+        overrides = ["distributed.backend=fsdp", "model.type=python", f"model.builder={user_module}:build", settings]
+        cfg = load_run_config(None, overrides)
+        backend = FSDPBackend(cfg, world, torch.device("cpu"))
+        if not refused:
+            backend.check_model(models.describe(cfg.model))
+            continue
+        with pytest.raises(DistsetupError) as caught:
+            backend.check_model(models.describe(cfg.model))
+        assert str(caught.value).startswith(
+            "distributed.fsdp: fsdp_transformer_layer_cls_to_wrap names DecoderLayer, no class of the model's (its "
+            "blocks: Block). HINT: name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap "
+            "Block` writes such a file)"
+        )
+
+
 def test_user_data_must_be_a_map_style_dataset(user_module):
     with pytest.raises(DistsetupError, match="returned NoLength for split 'train', not a map-style dataset"):
         python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"), seed=0)

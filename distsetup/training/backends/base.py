@@ -29,7 +29,7 @@ from distsetup.training.data.loader import Placement
 from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import from_rank0, moe
-from distsetup.training.model.build import ModelParts
+from distsetup.training.model.build import Description, ModelParts
 from distsetup.training.model.pretrained import Pretrained
 from distsetup.training.optim import adamw, lambda_scheduler, names_by_group
 from distsetup.training.world import ranks
@@ -273,6 +273,10 @@ class Backend(abc.ABC):
     def current_loss_scale(self) -> float | None:
         """The fp16 loss scale the next backward multiplies the loss by; None out of fp16."""
         return self.scaler.get_scale() if self.scaler else None
+
+    def check_model(self, description: Description) -> None:
+        """Refuse, before any process group, what the backend's settings ask of a model it does not have."""
+        return None  # most backends' settings name nothing of the model
 
     def check_device_support(self) -> None:
         """Refuse, before any process group, a precision this device cannot train in."""

@@ -164,6 +164,25 @@ class FSDPBackend(Backend):
         self.scaler = None
         self._build_optimizer(model, steps)
 
+    def check_model(self, description: models.Description) -> None:
+        """The classes the FSDP settings wrap, each one of the model's (one that is not stopped every rank after the
+        process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's."""
+        wrapped = (
+            self.fsdp.transformer_layer_cls_to_wrap if self.fsdp.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" else ()
+        )
+        present = description.module_classes
+        if present is None or not (missing := sorted(set(wrapped or ()) - present)):
+            return
+        blocks = ",".join(description.layer_classes) or "YourBlock"
+        d = self.cfg.distributed
+        settings = "distributed.fsdp" if d.fsdp else f"FSDP file {d.fsdp_config}"
+        raise DistsetupError(
+            f"{settings}: fsdp_transformer_layer_cls_to_wrap names {', '.join(missing)}, no class of the "
+            f"model's (its blocks: {', '.join(description.layer_classes) or 'none found'}).",
+            f"name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap {blocks}` writes such a "
+            "file), or leave the key out: the model's blocks are then the units.",
+        )
+
     def _units(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
         """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one
         inside a layer that runs differently per rank (an expert), which one rank would gather and another not."""

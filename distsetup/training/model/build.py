@@ -36,6 +36,7 @@ class Description:
     conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
     notes: list[str] = field(default_factory=list)  # what rank 0 says about it
     builds_on_meta: bool = True  # whether its builder builds it on the meta device (one that reads a weight cannot)
+    module_classes: frozenset[str] | None = None  # its modules' classes; None: the built-in GPT, counted, not built
 
 
 @dataclass
@@ -121,7 +122,8 @@ def describe(m) -> Description:
     notes += found
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
     unique = {id(p): p.numel() for p in model.parameters()}
-    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta)
+    present = frozenset(type(module).__name__ for module in model.modules())
+    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present)
 
 
 def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
