@@ -129,7 +129,13 @@ def hf_config_path(model: str) -> Path:
     if not folder.is_dir():
         raise DistsetupError(
             f"--model {model} is neither a built-in size nor a folder.",
-            f"give one of {', '.join(BUILTIN_SIZES)} or a local Hugging Face model folder.",
+            f"give one of {', '.join(BUILTIN_SIZES)} or a local Hugging Face model folder"
+            + (
+                f"; for your own model ({model}), init a built-in size, then set model.type: python and model.builder "
+                "in the run config (docs/own-code.md)."
+                if ":" in model
+                else "."
+            ),
         )
     if not (folder / "config.json").is_file():
         raise DistsetupError(

@@ -101,6 +101,10 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
     [
         (["--model", "folder"], "--model folder has no config.json."),
         (["--model", "nowhere"], "--model nowhere is neither a built-in size nor a folder."),
+        (
+            ["--model", "ad_model:build"],
+            "for your own model (ad_model:build), init a built-in size, then set model.type",
+        ),
         (["--num_gpus_per_node", "0"], "--num_gpus_per_node: 0 is not in the range 1<=x<=1024."),
         (["--num_nodes", "0"], "--num_nodes: 0 is not in the range"),
         (
