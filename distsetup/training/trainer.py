@@ -40,6 +40,7 @@ from distsetup.training.run_record import METRICS, SUMMARY
 from distsetup.training.world import (
     StepAgreement,
     barrier,
+    decided_by_rank0,
     destroy_process_group,
     init_process_group,
     is_lost_contact,
@@ -193,8 +194,7 @@ class Trainer:
             if isinstance(objective, PythonObjective):  # its first-step check names the checkpoint
                 objective.resumed_from = resume
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        wandb = wandb_settings(self.cfg, resume is not None, self.max_steps)
-        metrics = MetricsLog(self.out_dir, self.world.is_main, self.report_to, wandb, start_step=self.step)
+        metrics = self._metrics_log(resumed=resume is not None)
         if metrics.repeated_lines:  # a crashed run's, past its last checkpoint
             self.say(f"note: {METRICS} goes on from step {self.step}: removed {metrics.repeated_lines} later line(s)")
         progress = Progress(self.max_steps, self.step, shown=self.world.is_main)
@@ -213,6 +213,14 @@ class Trainer:
         self.setup_peak = memory.host_peak_bytes()
         memory.reset_host_peak()  # the training's peak from here on, not the set-up's
         return loop
+
+    def _metrics_log(self, resumed: bool) -> MetricsLog:
+        """Rank 0's metrics files and reporters, opened while the other ranks wait for its answer: where W&B refuses
+        to start (no login), every rank says W&B's line once instead of losing contact with rank 0."""
+        wandb = wandb_settings(self.cfg, resumed, self.max_steps)
+        opened: list[MetricsLog] = []
+        decided_by_rank0(lambda: opened.append(MetricsLog(self.out_dir, True, self.report_to, wandb, self.step)))
+        return opened[0] if opened else MetricsLog(self.out_dir, False, self.report_to, wandb, self.step)
 
     def _resume_decision(self) -> Path | None:
         resume = resuming.resume_decision(self.ckpt_root, self.no_resume, self.backend, self.model_section, self.say)

@@ -49,13 +49,22 @@ def three_samples(split):
 """
 
 
-@pytest.mark.parametrize("problem", ["empty data file", "first batch rejected", "fewer samples than a batch"])
+@pytest.mark.parametrize(
+    "problem", ["empty data file", "first batch rejected", "fewer samples than a batch", "W&B without a login"]
+)
 def test_a_problem_every_rank_finds_after_the_process_group_is_said_once_too(tmp_path, problem):
     """The data is read, the model built and its first batch run once the process group exists: every rank finds
-    such a problem alike, one says it."""
+    such a problem alike, one says it. W&B starts on rank 0 alone, while the others wait for its answer (they lost
+    contact with it, in a second error)."""
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "misfit.py").write_text(MISFIT)
-    if problem == "empty data file":
+    env = environment()
+    if problem == "W&B without a login":
+        config = write_config(tmp_path, "ddp", "ddp", None, {"max_steps": 2, "report_to": ["wandb"]})
+        env = {k: v for k, v in env.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED")}
+        env.update(HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))  # no ~/.netrc: no login
+        expected = "error: training.report_to wandb:"
+    elif problem == "empty data file":
         config = write_config(
             tmp_path, "ddp", "ddp", None, {"max_steps": 2}, data={"type": "files", "paths": ["empty.txt"]}
         )
@@ -73,9 +82,7 @@ def test_a_problem_every_rank_finds_after_the_process_group_is_said_once_too(tmp
             if problem == "first batch rejected"
             else "error: the dataset has 3 samples, fewer than one global batch of"
         )
-    result = subprocess.run(
-        command(config, 2), capture_output=True, text=True, timeout=300, env=environment(), cwd=tmp_path
-    )
+    result = subprocess.run(command(config, 2), capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     said = [line for line in output.splitlines() if line.startswith("error:")]
