@@ -40,7 +40,7 @@ def main():
     batches = iter(loader)
     step_ends = [time.perf_counter()]
     for _ in range(a.steps):
-        loss = pairwise_loss(model, next(batches))
+        loss = pairwise_loss(model, next(batches))["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -365,9 +365,11 @@ class Trainer:
         loop.evals.append({"step": self.step, **result})
         self.evaluated_at = self.step
         loop.metrics.write(self.step, "eval", **result)
-        if self.world.is_main:
-            perplexity = f", perplexity {result['val_perplexity']:.2f}" if "val_perplexity" in result else ""
-            loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{perplexity}")
+        if self.world.is_main:  # the loss, then perplexity (tokens) or the user's terms: "..., accuracy 0.8125"
+            others = "".join(
+                f", {name.removeprefix('val_')} {value:.4g}" for name, value in result.items() if name != "val_loss"
+            )
+            loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{others}")
 
     def _checkpoint(self, loop: Loop, background: bool, confirmed: bool) -> None:
         marker = Marker(

@@ -86,9 +86,14 @@ def build_dataset(split: str, pairs: int = 4096, image_size: int = 32, annotator
     return ImagePairs(max(pairs // 8, 1), image_size, annotator_error, seed=2)
 
 
-def pairwise_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def pairwise_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Bradley-Terry: P(first better) = sigmoid(score(first) - score(second)); the mean negative log-likelihood of the
-    crowd's judgements. Both images of every pair go through the model in one forward."""
+    crowd's judgements, and beside it (logged, and evaluated on the validation split as val_accuracy) how often the
+    scores order a pair as the crowd did. Both images of every pair go through the model in one forward."""
     scores = model(torch.cat([batch["first"], batch["second"]]))
     first, second = scores.chunk(2)
-    return F.binary_cross_entropy_with_logits(first - second, batch["first_better"])
+    agreed = ((first > second).float() == batch["first_better"]).float()
+    return {
+        "loss": F.binary_cross_entropy_with_logits(first - second, batch["first_better"]),
+        "accuracy": agreed.mean(),
+    }

@@ -88,6 +88,9 @@ def test_the_scorer_trains_on_two_ranks_as_on_one_process(name):
     reference_eval = [row for row in metrics(single) if "val_loss" in row]
     assert len(evals) == 1 and "val_perplexity" not in evals[0]  # the mean loss over the whole validation split
     assert evals[0]["val_loss"] == pytest.approx(reference_eval[0]["val_loss"], rel=1e-4)
+    # the loss's other term too, over the whole split: 32 pairs, so a multiple of 1/32, alike however split
+    assert evals[0]["val_accuracy"] == reference_eval[0]["val_accuracy"] and (32 * evals[0]["val_accuracy"]) % 1 == 0
+    assert "accuracy" in metrics(out)[0]  # logged beside the training loss as well
     trained = [row for row in metrics(out) if "loss" in row]
     assert all(row["samples_per_s"] > 0 and "tokens_per_s" not in row for row in trained)
     summary = json.loads((out / "summary.json").read_text())
@@ -107,7 +110,7 @@ def test_mfu_of_your_own_model_counts_its_flops_with_pytorchs_counter(monkeypatc
     dataset = build_dataset("train", pairs=256, image_size=8)
     batch = torch.utils.data.default_collate([dataset[i] for i in range(GLOBAL)])
     with FlopCounterMode(display=False) as counter:
-        pairwise_loss(build_model(channels=8, depth=2), batch).backward()
+        pairwise_loss(build_model(channels=8, depth=2), batch)["loss"].backward()
     summary = json.loads((single / "summary.json").read_text())
     assert summary["flops_per_sample"] == counter.get_total_flops() / GLOBAL > 0
     logged = [row for row in metrics(single) if "loss" in row]

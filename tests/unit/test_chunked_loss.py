@@ -116,7 +116,8 @@ def assert_same_training_and_evaluation(model, plain: TokenObjective, sliced: To
         micro.loss.backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         with torch.no_grad():
-            summed, counted = objective.eval_sums(model, batch, samples=batch[0].shape[0])
+            terms, counted = objective.eval_sums(model, batch, samples=batch[0].shape[0])
+            summed = terms["loss"]
         results.append((micro, grads, summed, counted))
     (micro_a, grads_a, sum_a, n_a), (micro_b, grads_b, sum_b, n_b) = results
     torch.testing.assert_close(micro_b.loss, micro_a.loss, rtol=1e-6, atol=0)

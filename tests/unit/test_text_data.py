@@ -437,7 +437,7 @@ def test_an_hf_models_own_loss_weighs_each_micro_batch_by_its_counted_labels(tmp
     weights = objective.step_weights(batches, world_size=1, device=torch.device("cpu"))
     step = sum(objective.micro_loss(model, b, w).loss for b, w in zip(batches, weights, strict=True)) / len(batches)
     sums = [objective.eval_sums(model, b, samples=2) for b in batches]
-    validation = sum(loss for loss, _ in sums) / sum(counted for _, counted in sums)
+    validation = sum(terms["loss"] for terms, _ in sums) / sum(counted for _, counted in sums)
     assert step.item() == pytest.approx(every_label.item(), abs=1e-5)
     assert validation.item() == pytest.approx(every_label.item(), abs=1e-5)
     by_samples = PythonObjective(None, None, "model.type python", {})  # a model whose loss is not the labels' mean
@@ -470,7 +470,7 @@ def test_a_micro_batch_whose_labels_are_all_ignored_weighs_nothing_rather_than_n
     step = sum(objective.micro_loss(model, b, w).loss for b, w in zip(batches, weights, strict=True)) / len(batches)
     step.backward()
     sums = [objective.eval_sums(model, b, samples=1) for b in batches]
-    validation = sum(loss for loss, _ in sums) / sum(counted for _, counted in sums)
+    validation = sum(terms["loss"] for terms, _ in sums) / sum(counted for _, counted in sums)
     assert step.item() == pytest.approx(every_label.item(), abs=1e-5)
     assert validation.item() == pytest.approx(every_label.item(), abs=1e-5)
     assert all(p.grad is None or p.grad.isfinite().all() for p in model.parameters())

@@ -1,6 +1,6 @@
-"""The validation loss: every rank evaluates its share of the validation set, and one all-reduce sums the losses and
-the counted items (targets of token data, samples of the user's) of all ranks, so the mean is over every item of the
-set however it was split."""
+"""The validation loss (and the terms the user's loss logs beside it): every rank evaluates its share of the
+validation set, and one all-reduce sums the losses and the counted items (targets of token data, samples of the
+user's) of all ranks, so the mean is over every item of the set however it was split."""
 
 import functools
 import math
@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distsetup.errors import DistsetupError
 from distsetup.training.data.loader import Placement, validation_batches
 from distsetup.training.launch_env import World
 
@@ -27,20 +28,30 @@ class Evaluating(Protocol):
 
 
 def evaluate(backend: Evaluating, objective, data, world: World, num_workers: int) -> dict[str, float]:
-    """{"val_loss"} of `data.val` (and "val_perplexity" for tokens); every rank calls it at the same step."""
+    """{"val_loss"} of `data.val`, "val_perplexity" for tokens, "val_<name>" for each other term the user's loss
+    logs; every rank calls it at the same step."""
     placement = backend.placement
-    totals = torch.zeros(2, dtype=torch.float64, device=placement.device)
+    names: list[str] = []  # "loss", then the user's terms, as its first batch returns them
+    totals = torch.zeros(0, dtype=torch.float64, device=placement.device)
     batches = validation_batches(
         data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement
     )
     for batch, samples in batches:
-        loss, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))
+        sums, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))
+        if not names:
+            names, totals = list(sums), torch.zeros(len(sums) + 1, dtype=torch.float64, device=placement.device)
+        elif list(sums) != names:
+            raise DistsetupError(
+                f"training.loss returned the terms {', '.join(names)} for one validation batch and "
+                f"{', '.join(sums)} for another.",
+                "return the same terms for every batch.",
+            )
         if samples:  # a rank out of samples ran its first one again, for the others' gathers
-            totals += torch.stack([loss.double(), counted.double()])
+            totals += torch.stack([*(sums[name].double() for name in names), counted.double()])
     if dist.is_initialized():
         dist.all_reduce(totals)
-    loss_sum, counted = totals.tolist()
-    mean = loss_sum / counted
-    if objective.unit != "tokens":
-        return {"val_loss": mean}
-    return {"val_loss": mean, "val_perplexity": math.exp(min(mean, 700.0))}
+    *term_sums, counted = totals.tolist()
+    means = {f"val_{name}": term / counted for name, term in zip(names, term_sums, strict=True)}
+    if objective.unit == "tokens":
+        means["val_perplexity"] = math.exp(min(means["val_loss"], 700.0))
+    return means

@@ -83,10 +83,11 @@ class TokenObjective:
         parts = {"ce_loss": ce.detach(), "aux_loss": aux.detach()}  # loss = ce_loss + coefficient x aux_loss
         return MicroLoss(ce + self.aux_weight * aux, parts)
 
-    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The summed cross-entropy of a validation micro-batch over its counted targets, and their number."""
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The summed cross-entropy of a validation micro-batch over its counted targets ({"loss"}), and their
+        number."""
         x, y = batch
-        return self._cross_entropy(model, x, y, "sum")[0], (y != IGNORE).sum()
+        return {"loss": self._cross_entropy(model, x, y, "sum")[0]}, (y != IGNORE).sum()
 
     def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
@@ -189,14 +190,18 @@ class PythonObjective:
         loss, parts = self._loss(model, batch)
         return MicroLoss(weighted(loss, weight), {name: part.detach() for name, part in parts.items()})
 
-    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A validation micro-batch's mean loss x what it averages (its counted labels, or its samples), and their
-        number: summed over ranks and batches, the mean over the whole validation set."""
-        loss, _ = self._loss(model, batch)
+    def eval_sums(self, model: nn.Module, batch, samples: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A validation micro-batch's mean loss, and each term logged beside it (training.loss's other entries, an
+        aux_loss), x what they average (its counted labels, or its samples), and their number: summed over ranks
+        and batches, the means over the whole validation set. {"loss": ..., "accuracy": ...}."""
+        loss, parts = self._loss(model, batch)
+        terms = {"loss": loss, **parts}
         if self.counted_labels is not None:
             counted = self._label_count(batch).to(loss.device)
-            return weighted(loss.detach(), counted), counted
-        return loss.detach() * samples, torch.tensor(samples, device=loss.device)
+            return {name: weighted(term.detach(), counted) for name, term in terms.items()}, counted
+        return {name: term.detach() * samples for name, term in terms.items()}, torch.tensor(
+            samples, device=loss.device
+        )
 
     def unchecked_loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The micro-batch's loss without the first call's checks (which read values: a FLOP count runs on meta)."""
