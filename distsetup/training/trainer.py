@@ -152,8 +152,8 @@ class Trainer:
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
-        if loop.data.val is not None and self.step == self.max_steps and self.evaluated_at != self.step:
-            self._evaluate(loop)  # the last step's, after its checkpoint: stopped there, or resumed from there
+        if self._last_evaluation_due(loop):
+            self._evaluate(loop)
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
         return 0
@@ -327,6 +327,14 @@ class Trainer:
 
     def _checkpoints_at(self, step: int) -> bool:
         return step % self.t.checkpoint_interval == 0 or step == self.max_steps
+
+    def _last_evaluation_due(self, loop: Loop) -> bool:
+        """The last step's evaluation, where none ran after its checkpoint: a run stopped at its last step
+        checkpoints first, and one resumed there (killed during that evaluation) runs it; not a finished run started
+        again (its summary written: rank 0's answer, as every rank must agree)."""
+        if loop.data.val is None or self.step != self.max_steps or self.evaluated_at == self.step:
+            return False
+        return loop.first_step < self.step or not decided_by_rank0(lambda: (self.out_dir / SUMMARY).is_file())
 
     def _evaluates_at(self, step: int) -> bool:
         return step == self.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)

@@ -227,6 +227,9 @@ def test_a_run_stopped_at_its_last_step_finishes_and_one_resumed_there_evaluates
     assert [e["step"] for e in again["evals"]] == [2, 3] and again["val_loss"] == summary["val_loss"]
     assert again["samples_per_s"] is None and again["steps_per_s"] is None and again["steps"] == 3
     assert "done: 3 steps, final loss" in resumed.stdout and "samples/s" not in resumed.stdout
+    evaluations = (out / "metrics.jsonl").read_text().count("val_loss")
+    assert train(config, 1).returncode == 0  # the finished run started again: no evaluation again
+    assert (out / "metrics.jsonl").read_text().count("val_loss") == evaluations == 2
 
 
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):

@@ -66,6 +66,9 @@ def tensors(split, size=8):
 
 def columns(split):
     return {"obs": torch.zeros(32, 4), "actions": torch.zeros(32), "rewards": torch.zeros(32)}
+
+def by_index(split):
+    return {i: torch.zeros(4) for i in range(3)} if split == "train" else None
 """
 
 
@@ -143,7 +146,7 @@ def test_fsdp_settings_wrapping_a_class_the_model_lacks_are_refused_before_the_p
     from distsetup.training.launch_env import World
 
     world = World(rank=0, local_rank=0, size=2, local_size=2)
-    for wrapped, refused in (("DecoderLayer", True), ("Block", False)):
+    for wrapped, refused in (("DecoderLayer", True), ("Net", True), ("Block", False)):  # Net: the whole model
         settings = f"distributed.fsdp={{fsdp_transformer_layer_cls_to_wrap: {wrapped}}}"
         overrides = ["distributed.backend=fsdp", "model.type=python", f"model.builder={user_module}:build", settings]
         cfg = load_run_config(None, overrides)
@@ -154,10 +157,37 @@ def test_fsdp_settings_wrapping_a_class_the_model_lacks_are_refused_before_the_p
         with pytest.raises(DistsetupError) as caught:
             backend.check_model(models.describe(cfg.model))
         assert str(caught.value).startswith(
-            "distributed.fsdp: fsdp_transformer_layer_cls_to_wrap names DecoderLayer, no class of the model's (its "
+            f"distributed.fsdp: fsdp_transformer_layer_cls_to_wrap names {wrapped}, no class of the model's (its "
             "blocks: Block). HINT: name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap "
             "Block` writes such a file)"
         )
+
+
+def test_the_validation_means_of_the_losss_terms_take_one_element_tensors_of_any_shape():
+    """The first step takes a term of one number in any shape ([1] too); evaluation stacked them as they came, and a
+    [1] beside 0-d stopped the run at its first evaluation."""
+    from types import SimpleNamespace
+
+    from distsetup.training.data.evaluation import evaluate
+    from distsetup.training.data.loader import Placement
+    from distsetup.training.launch_env import World
+
+    def loss(model, batch):
+        inputs, targets = batch
+        error = (model(inputs) - targets).abs()
+        return {"loss": error.mean().reshape(1), "close": (error < 0.5).float().mean().reshape(1, 1)}
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    inputs = torch.randn(10, 2)
+    dataset = torch.utils.data.TensorDataset(inputs, torch.zeros(10, 1))
+    backend = SimpleNamespace(placement=Placement(torch.device("cpu")), micro_batch=4, evaluate=lambda f: f(model))
+    data = SimpleNamespace(val=dataset, collate=torch.utils.data.default_collate)
+    objective = PythonObjective(loss, "training.loss m:loss", "model.builder m:build", {})
+    result = evaluate(backend, objective, data, World(rank=0, local_rank=0, size=1, local_size=1), num_workers=0)
+    with torch.no_grad():
+        error = model(inputs).abs()
+    assert result == pytest.approx({"val_loss": error.mean().item(), "val_close": (error < 0.5).float().mean().item()})
 
 
 def test_user_data_must_be_a_map_style_dataset(user_module):
@@ -165,6 +195,8 @@ def test_user_data_must_be_a_map_style_dataset(user_module):
         python_datasets(DataConfig(type="python", builder=f"{user_module}:no_length"), seed=0)
     with pytest.raises(DistsetupError) as columns:  # its length was its keys': "3 samples, fewer than a batch"
         python_datasets(DataConfig(type="python", builder=f"{user_module}:columns"), seed=0)
+    by_index = python_datasets(DataConfig(type="python", builder=f"{user_module}:by_index"), seed=0)
+    assert len(by_index.train) == 3  # a dict of samples keyed 0..n-1 is one
     assert "returned a dict for split 'train', a mapping: no dataset of samples" in str(columns.value)
     assert "TensorDataset" in str(columns.value)
     with pytest.raises(DistsetupError, match=r"cannot be called with \('train', rows=3\)"):

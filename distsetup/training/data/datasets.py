@@ -152,7 +152,7 @@ def python_datasets(d, seed: int) -> Datasets:
                 f"{user_code.raised_in_user_code(e)}.",
                 f"fix {d.builder} or data.args.",
             ) from None
-        if isinstance(dataset, Mapping):  # columns, or a DatasetDict: its length is its keys'
+        if isinstance(dataset, Mapping) and not all(isinstance(key, int) for key in dataset):  # columns, splits
             raise DistsetupError(
                 f"data.builder {d.builder} returned a {type(dataset).__name__} for split {split!r}, a mapping: no "
                 f"dataset of samples (its length is its {len(dataset)} keys').",

@@ -47,7 +47,8 @@ def evaluate(backend: Evaluating, objective, data, world: World, num_workers: in
                 "return the same terms for every batch.",
             )
         if samples:  # a rank out of samples ran its first one again, for the others' gathers
-            totals += torch.stack([*(sums[name].double() for name in names), counted.double()])
+            # each term a tensor of one number, as the first step checked: [1] as well as 0-d
+            totals += torch.stack([*(sums[name].double().reshape(()) for name in names), counted.double().reshape(())])
     if dist.is_initialized():
         dist.all_reduce(totals)
     *term_sums, counted = totals.tolist()

@@ -36,7 +36,7 @@ class Description:
     conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
     notes: list[str] = field(default_factory=list)  # what rank 0 says about it
     builds_on_meta: bool = True  # whether its builder builds it on the meta device (one that reads a weight cannot)
-    module_classes: frozenset[str] | None = None  # its modules' classes; None: the built-in GPT, counted, not built
+    module_classes: frozenset[str] | None = None  # its modules' classes but its own; None: the built-in GPT, counted
 
 
 @dataclass
@@ -122,7 +122,7 @@ def describe(m) -> Description:
     notes += found
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
     unique = {id(p): p.numel() for p in model.parameters()}
-    present = frozenset(type(module).__name__ for module in model.modules())
+    present = frozenset(type(module).__name__ for module in model.modules() if module is not model)
     return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present)
 
 
