@@ -157,7 +157,7 @@ def test_fsdp_settings_wrapping_a_class_the_model_lacks_are_refused_before_the_p
         with pytest.raises(DistsetupError) as caught:
             backend.check_model(models.describe(cfg.model))
         assert str(caught.value).startswith(
-            f"distributed.fsdp: fsdp_transformer_layer_cls_to_wrap names {wrapped}, no class of the model's (its "
+            f"distributed.fsdp: fsdp_transformer_layer_cls_to_wrap: no module of class {wrapped} in the model (its "
             "blocks: Block). HINT: name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap "
             "Block` writes such a file)"
         )

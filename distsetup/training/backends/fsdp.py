@@ -177,8 +177,8 @@ class FSDPBackend(Backend):
         d = self.cfg.distributed
         settings = "distributed.fsdp" if d.fsdp else f"FSDP file {d.fsdp_config}"
         raise DistsetupError(
-            f"{settings}: fsdp_transformer_layer_cls_to_wrap names {', '.join(missing)}, no class of the "
-            f"model's (its blocks: {', '.join(description.layer_classes) or 'none found'}).",
+            f"{settings}: fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in the model "
+            f"(its blocks: {', '.join(description.layer_classes) or 'none found'}).",
             f"name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap {blocks}` writes such a "
             "file), or leave the key out: the model's blocks are then the units.",
         )
