@@ -13,7 +13,7 @@ from distsetup.cli.options import IntegerRange, option, positive, stack, switch
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import own_program_notes
 from distsetup.formats.default_paths import BACKEND_FILES, RUN_CONFIG
-from distsetup.formats.fsdp import FsdpSpec, accelerate_hybrid_shard, accelerate_launch_args
+from distsetup.formats.fsdp import FsdpSpec, accelerate_launch_args
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
 from distsetup.formats.settle import settle
@@ -281,12 +281,11 @@ def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None, 
         # a program of the user's may be the HF Trainer, which reads the file itself but under accelerate
         hf_trainer = not spec.runs_default_trainer and spec.launch_method != "accelerate"
         fsdp = read_valid(spec.fsdp_config, "fsdp", hf=hf_trainer)
+        settings = FsdpSpec.from_dict(fsdp)
         if spec.launch_method == "accelerate":
-            hybrid = accelerate_hybrid_shard(fsdp)
-            spec = replace(
-                spec, accelerate_fsdp_args=tuple(accelerate_launch_args(fsdp)), accelerate_hybrid_shard=hybrid
-            )
-        elif not spec.runs_default_trainer and (settings := FsdpSpec.from_dict(fsdp)).fsdp_version == 1:
+            args = tuple(accelerate_launch_args(fsdp))
+            spec = replace(spec, accelerate_fsdp_args=args, accelerate_hybrid_shard=settings.hybrid_fsdp2)
+        elif not spec.runs_default_trainer and settings.fsdp_version == 1:
             spec = replace(spec, fsdp1_strategy=settings.sharding_strategy)
     return spec
 

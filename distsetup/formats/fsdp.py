@@ -89,6 +89,17 @@ class FsdpSpec:
             return self.reshard_after_forward
         return RESHARDS_AFTER_FORWARD.get(self.sharding_strategy, True)
 
+    @property
+    def hybrid_fsdp2(self) -> bool:
+        """FSDP2 sharding within a node and replicating across nodes, which Accelerate's FSDP2 does on its own 2-D
+        mesh only (`accelerate launch --use_parallelism_config`)."""
+        return self.fsdp_version == 2 and self.sharding_strategy.startswith("HYBRID")
+
+    @property
+    def wrapped_classes(self) -> tuple[str, ...]:
+        """The classes each sharded as one unit, where the policy wraps by class (else none)."""
+        return self.transformer_layer_cls_to_wrap if self.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" else ()
+
     def given(self) -> set[str]:
         """The options set to something (for the flags: every option given or defaulted to a value)."""
         return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, ())}
@@ -221,13 +232,6 @@ ACCELERATE_FLAGS = {key for key in KEYS.values() if key.startswith("fsdp_")} - {
     "fsdp_reduce_dtype",
     "fsdp_buffer_dtype",
 }
-
-
-def accelerate_hybrid_shard(config: dict) -> bool:
-    """Whether the FSDP file asks FSDP2 for hybrid sharding, which Accelerate's FSDP2 does on its own 2-D mesh only
-    (`accelerate launch --use_parallelism_config`, its sizes the launch script's nodes and processes per node)."""
-    settings = FsdpSpec.from_dict(as_accelerate_reads(config)[0])
-    return settings.fsdp_version == 2 and settings.sharding_strategy.startswith("HYBRID")
 
 
 def accelerate_launch_args(config: dict) -> list[str]:

@@ -167,11 +167,8 @@ class FSDPBackend(Backend):
     def check_model(self, description: models.Description) -> None:
         """The classes the FSDP settings wrap, each one of the model's (one that is not stopped every rank after the
         process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's."""
-        wrapped = (
-            self.fsdp.transformer_layer_cls_to_wrap if self.fsdp.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" else ()
-        )
         present = description.module_classes
-        if present is None or not (missing := sorted(set(wrapped or ()) - present)):
+        if present is None or not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
             return
         blocks = ",".join(description.layer_classes) or "YourBlock"
         d = self.cfg.distributed
@@ -191,7 +188,7 @@ class FSDPBackend(Backend):
             return []
         if policy == "SIZE_BASED_WRAP":
             units = _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
-        elif names := self.fsdp.transformer_layer_cls_to_wrap:
+        elif names := self.fsdp.wrapped_classes:
             units = layer_modules(model, list(names), "the FSDP file's fsdp_transformer_layer_cls_to_wrap")
         else:
             units = blocks
