@@ -23,6 +23,17 @@ def as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def interrupt_at_the_prompt(child: pexpect.spawn, tries: int = 5) -> None:
+    """Ctrl-C at the prompt the child has just printed, until it exits. Python's input() prints the prompt, then
+    reads: a SIGINT between the two only sets a flag, and the read waits for a line (a CPython race: 4 hangs in 200
+    tries of a bare input() on a busy machine). A person presses Ctrl-C again; so does this, at most `tries` times."""
+    for _ in range(tries):
+        child.sendintr()
+        if child.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=10) == 0:
+            return
+    raise AssertionError(f"{tries} Ctrl-Cs did not stop the child: {child.before!r}")
+
+
 def spawn_init(folder: Path, *args: str) -> pexpect.spawn:
     return pexpect.spawn(
         sys.executable,

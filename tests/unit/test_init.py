@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import click
-import pexpect
 import pytest
-from init_terminal import environment, files_in, spawn_init
+from init_terminal import environment, files_in, interrupt_at_the_prompt, spawn_init
 from repo import heavy_imports
 
 from distsetup.cli.commands.init import Questions, _data, _model, _reasked, ask_everything
@@ -37,8 +36,7 @@ def test_ctrl_c_during_the_questions_writes_nothing(tmp_path):
     init.expect_exact("Model: a built-in size")
     init.sendline("")
     init.expect_exact("Training data")
-    init.sendintr()
-    init.expect(pexpect.EOF)
+    interrupt_at_the_prompt(init)
     init.close()
     assert init.exitstatus == 1 and "init stopped at a question: nothing was written." in init.before
     assert files_in(tmp_path) == [] and list(tmp_path.iterdir()) == []
