@@ -155,7 +155,7 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     try:
         h, v = int(c["hidden_size"]), int(c["vocab_size"])
         blocks = decoder_blocks(c)
-        heads = int(c.get("num_attention_heads", max(1, h // 128)))
+        heads = _attention_heads(c)
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
         raise DistsetupError(
             f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
@@ -181,7 +181,7 @@ def decoder_blocks(c: dict) -> list[int]:
     """Each decoder layer's parameters, from a config.json's keys: its attention, its MLP or (in a mixture of
     experts' sparse layers) its experts, their router and any shared expert, and its two norms."""
     h, n = int(c["hidden_size"]), int(c["num_hidden_layers"])
-    heads = int(c.get("num_attention_heads", max(1, h // 128)))
+    heads = _attention_heads(c)
     kv = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or h // heads)
     attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q and o, k and v
@@ -197,6 +197,11 @@ def decoder_blocks(c: dict) -> list[int]:
     shared += int(c.get("n_shared_experts") or 0) * expert  # DeepSeek's
     mixture = experts * expert + h * experts + shared  # the router: hidden x experts
     return [attention + (mixture if _sparse(c, i) else dense) + 2 * h for i in range(n)]
+
+
+def _attention_heads(c: dict) -> int:
+    """A config.json's attention heads; where it does not say, one per 128 of its hidden size (Llama's head size)."""
+    return int(c.get("num_attention_heads", max(1, int(c["hidden_size"]) // 128)))
 
 
 def _sparse(c: dict, i: int) -> bool:

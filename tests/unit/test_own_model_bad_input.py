@@ -163,6 +163,24 @@ def test_fsdp_settings_wrapping_a_class_the_model_lacks_are_refused_before_the_p
         )
 
 
+@pytest.mark.parametrize("model", ["gpt", "python"])
+def test_a_typo_of_a_class_the_fsdp_settings_wrap_gets_the_model_s_class_before_the_process_group(model, user_module):
+    """The check before the process group said no "did you mean" (the wrap-time error did), and skipped the built-in
+    GPT, whose typo then stopped every rank after it."""
+    from distsetup.training.backends.fsdp import FSDPBackend
+    from distsetup.training.launch_env import World
+
+    own = [] if model == "gpt" else ["model.type=python", f"model.builder={user_module}:build"]
+    settings = "distributed.fsdp={fsdp_transformer_layer_cls_to_wrap: 'block'}"
+    cfg = load_run_config(None, ["distributed.backend=fsdp", *own, settings])
+    backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=2, local_size=2), torch.device("cpu"))
+    with pytest.raises(DistsetupError) as caught:
+        backend.check_model(models.describe(cfg.model))
+    assert "no module of class block in the model (its blocks: Block). HINT: did you mean Block? name the" in str(
+        caught.value
+    )
+
+
 def test_the_validation_means_of_the_losss_terms_take_one_element_tensors_of_any_shape():
     """The first step takes a term of one number in any shape ([1] too); evaluation stacked them as they came, and a
     [1] beside 0-d stopped the run at its first evaluation."""

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
+from distsetup.formats.problems import closest
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
@@ -168,15 +169,17 @@ class FSDPBackend(Backend):
         """The classes the FSDP settings wrap, each one of the model's (one that is not stopped every rank after the
         process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's."""
         present = description.module_classes
-        if present is None or not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
+        if not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
             return
         blocks = ",".join(description.layer_classes) or "YourBlock"
         d = self.cfg.distributed
         settings = "distributed.fsdp" if d.fsdp else f"FSDP file {d.fsdp_config}"
+        near = [close for name in missing if (close := closest(name, present)) is not None]  # typos: LlamaDecoderLayr
         raise DistsetupError(
             f"{settings}: fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in the model "
             f"(its blocks: {', '.join(description.layer_classes) or 'none found'}).",
-            f"name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap {blocks}` writes such a "
+            (f"did you mean {', '.join(near)}? " if near else "")
+            + f"name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap {blocks}` writes such a "
             "file), or leave the key out: the model's blocks are then the units.",
         )
 

@@ -36,7 +36,7 @@ class Description:
     conditional: str  # its layers that run differently per rank (moe.py), described; "" for none
     notes: list[str] = field(default_factory=list)  # what rank 0 says about it
     builds_on_meta: bool = True  # whether its builder builds it on the meta device (one that reads a weight cannot)
-    module_classes: frozenset[str] | None = None  # its modules' classes but its own; None: the built-in GPT, counted
+    module_classes: frozenset[str] = frozenset()  # its modules' classes but its own
 
 
 @dataclass
@@ -115,7 +115,8 @@ def describe(m) -> Description:
     cannot build there): the builder and its args, the block classes (model.layer_classes, or the model's own),
     model.zero3_leaf_classes."""
     if m.type == "gpt" and not m.layer_classes:  # its size is arithmetic: 2000 layers need no building to count
-        return Description([BUILTIN_BLOCK], gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd), "", [])
+        parameters = gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd)
+        return Description([BUILTIN_BLOCK], parameters, "", [], module_classes=_gpt_module_classes())
     model, notes = architecture(m)
     on_meta = all(p.is_meta for p in model.parameters())
     classes, found = layer_classes(model, m)
@@ -124,6 +125,13 @@ def describe(m) -> Description:
     unique = {id(p): p.numel() for p in model.parameters()}
     present = frozenset(type(module).__name__ for module in model.modules() if module is not model)
     return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present)
+
+
+def _gpt_module_classes() -> frozenset[str]:
+    """The built-in GPT's modules' classes but its own: a one-layer copy's, on the meta device."""
+    with torch.device("meta"):
+        one_layer = GPT(vocab_size=2, block_size=2, n_layer=1, n_head=1, n_embd=2, dropout=0.0)
+    return frozenset(type(module).__name__ for module in one_layer.modules() if module is not one_layer)
 
 
 def parts(model: nn.Module, m, classes: list[str]) -> ModelParts:
