@@ -137,8 +137,8 @@ POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx")
 
 
 def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
-    """A Hugging Face model's folder has its config.json, and model.block_size fits in the positions it says (a
-    longer sample runs off learned position embeddings: an IndexError on every rank)."""
+    """A Hugging Face model's folder has its config.json, describes a causal LM, and model.block_size fits in the
+    positions it says (a longer sample runs off learned position embeddings: an IndexError on every rank)."""
     model = config.model
     if model.type != "hf" or not model.hf_path or base_dir is None:
         return []
@@ -155,6 +155,16 @@ def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Proble
         hf_config = read_json(described)
     except DistsetupError as e:
         return [Problem("model.hf_path", e.message, "fix or rewrite its config.json.")]
+    if hf_config.get("is_encoder_decoder") is True:  # T5, BART, SwitchTransformers: the trainer's error, said early
+        return [
+            Problem(
+                "model.hf_path",
+                f"{model.hf_path} holds an encoder-decoder ({hf_config.get('model_type', 'its config.json says')}); "
+                "model.type hf trains causal LMs (AutoModelForCausalLM).",
+                "train it as model.type python: a builder that returns the model, and its own .loss "
+                "(docs/own-code.md).",
+            )
+        ]
     if (found := hf_positions(hf_config)) and model.block_size > found[1]:
         key, positions = found
         return [

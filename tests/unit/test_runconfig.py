@@ -122,6 +122,20 @@ def test_a_hugging_face_folder_needs_its_config_and_room_for_the_block(tmp_path,
         load_run_config(write_yaml(tmp_path, hf.format(path="elsewhere", block=128)))
 
 
+def test_an_encoder_decoder_folder_is_refused_as_the_trainer_refuses_it(tmp_path):
+    """validate said "no problems" of a T5 or SwitchTransformers folder, which the trainer then refused on every rank
+    (transformers builds no causal LM of it); config.json says it without transformers."""
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    with pytest.raises(DistsetupError) as refused:
+        load_run_config(write_yaml(tmp_path, "model:\n  type: hf\n  hf_path: t5\n"))
+    assert refused.value.message.endswith(
+        "config.yaml: model.hf_path: t5 holds an encoder-decoder (t5); model.type hf trains causal LMs "
+        "(AutoModelForCausalLM). Fix: train it as model.type python: a builder that returns the model, and its own "
+        ".loss (docs/own-code.md)."
+    )
+
+
 def test_missing_file_and_bad_override():
     with pytest.raises(DistsetupError, match="cannot read run config"):
         load_run_config("no/such/config.yaml")
