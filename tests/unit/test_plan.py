@@ -341,6 +341,8 @@ def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
     assert json.loads(result.stdout)["model"]["params"] == sum(p.numel() for p in model.parameters())
     assert json.loads(result.stdout)["model"]["layer_cls"] == "ConvBlock"
     assert "activations are not counted for model.type python" in result.stderr
+    table = run_cli("plan", "--config", example / "config.yaml", "--num_gpus", "8", "--gpu_memory", "80GB")
+    assert table.stdout.startswith("Model: ") and "; fp32. GB per GPU" in table.stdout.splitlines()[0]  # no sequence
 
 
 def test_plan_never_imports_torch():

@@ -316,10 +316,11 @@ def hardware_from_options(o: dict) -> Hardware:
 
 def render_table(result: Plan, command: str | None) -> str:
     hw, work, model = result.hardware, result.workload, result.model
+    sequence = f", sequence {work.seq_len}" if model.hidden_size else ""  # a python model's activations: uncounted
     lines = [
         f"Model: {in_words(model.params)} parameters; {hw.num_nodes} node(s) x {hw.gpus_per_node} GPU(s) of "
-        f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}, "
-        f"sequence {work.seq_len}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"
+        f"{gb(hw.gpu_memory)} GB ({gb(hw.gpu_memory * (1 - hw.headroom))} GB usable); {work.precision}"
+        f"{sequence}. GB per GPU at micro-batch {result.estimates[0].micro_batch}:"
     ]
     rows = [COLUMNS]
     for e in result.estimates:
