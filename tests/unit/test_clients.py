@@ -206,6 +206,33 @@ def test_accelerate_reads_the_deepspeed_file_the_launcher_passes_as_meant(run_cl
     assert plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu"
 
 
+@pytest.mark.parametrize("backend", ["ddp", "fsdp", "deepspeed"])
+def test_accelerate_launch_of_the_trainer_defaults_nothing_it_would_warn_of(
+    run_cli, tmp_path, monkeypatch, caplog, backend
+):
+    """Without an accelerate config file, every launch of distsetup's trainer warned "The following values were
+    not passed to `accelerate launch` and had defaults used instead" (its precision and torch.compile, which the
+    trainer takes from the run config): the script says them."""
+    import accelerate.commands.config.config_args
+
+    monkeypatch.chdir(tmp_path)
+    for module in (accelerate_launch, accelerate.commands.config.config_args):  # no `accelerate config` file
+        monkeypatch.setattr(module, "default_config_file", str(tmp_path / "none.yaml"))
+    files = {"ddp": [], "fsdp": ["--use_fsdp"], "deepspeed": ["--use_deepspeed", "--deepspeed_config", "ds.json"]}
+    assert run_cli("deepspeed", "--zero_stage", "2", "-o", "ds.json").exit_code == 0
+    written = run_cli(
+        "launcher", "--launch_method", "accelerate", *files[backend], "--num_gpus_per_node", 2, "-o", "r.sh"
+    )
+    assert written.exit_code == 0, written.output
+    argv = run_script(tmp_path / "r.sh", tmp_path, "accelerate", cwd=tmp_path).stdout.splitlines()
+    with caplog.at_level("WARNING", logger=accelerate_launch.__name__):
+        args, defaults, _ = accelerate_launch._validate_launch_command(
+            accelerate_launch.launch_command_parser().parse_args(argv[1:])
+        )
+    assert defaults is None and (args.mixed_precision, args.dynamo_backend) == ("no", "no")
+    assert [r.getMessage() for r in caplog.records if "had defaults used instead" in r.getMessage()] == []
+
+
 @pytest.mark.parametrize("flags", FSDP_FLAGS.values(), ids=FSDP_FLAGS)
 def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, monkeypatch, flags):
     """The Trainer reads cpu_offload (not offload_params) and, for FSDP1, the sharding strategy from

@@ -58,6 +58,9 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(accelerate launch --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))" --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT")
 # The GPUs this environment shows (--gpus, a scheduler), where accelerate would set the gpu_ids of its default config
 LAUNCH+=(--gpu_ids all)
+# The trainer takes its precision and torch.compile from the run config, never from accelerate: said here, which
+# quiets the warning accelerate gives for every value it had to default
+LAUNCH+=(--dynamo_backend no)
 # Without a GPU an Accelerator forms a world of CPU processes (gloo) only when told to: otherwise each process
 # trains alone, a world of one. A GPU is one nvidia-smi lists, else one torch sees (ROCm, Intel XPU).
 sees_a_gpu() {
