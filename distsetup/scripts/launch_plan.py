@@ -272,7 +272,16 @@ def train_args(spec: LaunchSpec) -> list[str]:
     return args
 
 
-def environment_lines(env: EnvSpec) -> list[dict]:
+# What each launcher gives its processes where OMP_NUM_THREADS is unset (torch.distributed.run, accelerate's
+# utils/launch.py, deepspeed's launcher/launch.py)
+OMP_WHEN_UNSET = {
+    "torchrun": "torchrun sets 1 when unset",
+    "accelerate": "accelerate sets 1 when unset; for CPU processes, the cores over the processes",
+    "deepspeed": "the deepspeed launcher leaves it unset: each process then takes every core",
+}
+
+
+def environment_lines(env: EnvSpec, launch_method: str) -> list[dict]:
     """The environment block: each variable with its explanation; unset ones are shown commented out."""
 
     def var(name, value, example, why):
@@ -280,7 +289,7 @@ def environment_lines(env: EnvSpec) -> list[dict]:
 
     ib = None if env.nccl_ib_disable is None else int(env.nccl_ib_disable)
     lines = [
-        var("OMP_NUM_THREADS", env.omp_num_threads, "1", "CPU threads per process (torchrun sets 1 when unset)"),
+        var("OMP_NUM_THREADS", env.omp_num_threads, "1", f"CPU threads per process ({OMP_WHEN_UNSET[launch_method]})"),
         var("NCCL_DEBUG", env.nccl_debug, "INFO", "NCCL logging: WARN, INFO (connection set-up), TRACE"),
         var("NCCL_SOCKET_IFNAME", env.nccl_socket_ifname, "eth0", "network interface NCCL uses between nodes"),
         var("NCCL_IB_DISABLE", ib, "1", "1 = no InfiniBand (use TCP sockets)"),
@@ -352,7 +361,7 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "hosts_given": bool(spec.hosts),
         "ssh": spec.ssh,
         "gpus": None if spec.gpus is None else ",".join(map(str, spec.gpus)),
-        "env_lines": environment_lines(spec.env),
+        "env_lines": environment_lines(spec.env, spec.launch_method),
         "preflight": spec.preflight,
         "module_flag": "--module" if spec.launch_method == "deepspeed" else "-m",
         # the deepspeed launcher adds --local_rank=N, which the preflight module does not take

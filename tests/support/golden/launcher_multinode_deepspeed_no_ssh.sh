@@ -23,7 +23,7 @@ HOSTS=(node0 node1)  # hostfile names: labels only with --no_ssh
 
 # --- environment ---
 cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
-# export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
+# export OMP_NUM_THREADS=1  # CPU threads per process (the deepspeed launcher leaves it unset: each process then takes every core)
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
 # export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)

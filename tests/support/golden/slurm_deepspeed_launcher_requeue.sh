@@ -91,7 +91,7 @@ eval "$(conda shell.bash hook)"
 set +u  # conda's activate scripts read unset variables
 conda activate train
 set -u
-# export OMP_NUM_THREADS=1  # CPU threads per process (torchrun sets 1 when unset)
+# export OMP_NUM_THREADS=1  # CPU threads per process (the deepspeed launcher leaves it unset: each process then takes every core)
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
 # export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
