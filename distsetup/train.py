@@ -90,8 +90,9 @@ def load_config(args):
             missing_file_fix("deepspeed_config"),  # as the launcher says it of --deepspeed_config
         )
     overrides = list(args.overrides)
-    if args.deepspeed:
-        overrides += ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
+    if args.deepspeed:  # the launch scripts' flag: a key=value of the user's after it still wins, as they say
+        overrides = ["distributed.backend=deepspeed", f"distributed.deepspeed_config={json.dumps(args.deepspeed)}"]
+        overrides += args.overrides
     return load_run_config(args.config, overrides).resolved(base_dir)
 
 

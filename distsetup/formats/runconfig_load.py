@@ -35,12 +35,14 @@ def load_run_config(
     """Read config.yaml (or the defaults when path is None), apply overrides, and check it all but the keys
     `not_needed` (what the command does not read)."""
     raw = read_run_config(Path(path)) if path else {}
+    file_sections = set(raw)
     raw = apply_overrides(raw, list(overrides))
     checked = check_run_config(raw, Path(path).parent if path else None)
     problems = [problem for problem in checked.problems if problem.path not in not_needed]
     if problems:
+        where = _where(problems[0], path, overrides, file_sections)
         raise DistsetupError(
-            f"run config problem{_where(problems[0], path, overrides)}: {problems[0]}"
+            f"run config problem{where}: {problems[0]}"
             + (f" (and {len(problems) - 1} more; run `distsetup validate`)" if len(problems) > 1 else "")
         )
     return run_config_from(raw, checked)
@@ -56,14 +58,19 @@ def read_run_config(path: Path) -> dict:
     return raw
 
 
-def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str]) -> str:
+def _where(problem: Problem, path: str | Path | None, overrides: Sequence[str], file_sections: set) -> str:
     """Where the user wrote what `problem` is about: the command line's override of its key, of a key inside it or
-    around it, or of another key its rule involves; else the file."""
+    around it, of a section the file has not (`trainig.lr=...`), or of another key its rule involves; else the
+    file (its top-level keys: `file_sections`)."""
     keys = (problem.path, *problem.involves)
     for item in reversed(overrides):  # the last override of a key is the one that counts
         dotted = item.partition("=")[0]
         # below a section, an override of a key inside the one at fault is that problem's too (model.args.x)
-        if any(_nested(key, dotted) or ("." in key and _nested(dotted, key)) for key in keys if key):
+        if any(
+            _nested(key, dotted) or (("." in key or key not in file_sections) and _nested(dotted, key))
+            for key in keys
+            if key
+        ):
             return f" in the override {item}"
     return f" in {path}" if path else ""
 

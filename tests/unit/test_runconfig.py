@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from hostile_input import problems_of
@@ -165,6 +166,8 @@ def test_a_problem_names_the_override_that_set_its_key_not_the_file(tmp_path):
         load_run_config(both, ["distributed.timeout_minutes=5"])  # a section's problem: not any override under it
     with pytest.raises(DistsetupError, match=r"in the override model\.n_head=7: model\.n_embd:"):
         load_run_config(write_yaml(tmp_path, "model:\n  n_embd: 64\n"), ["model.n_head=7"])
+    with pytest.raises(DistsetupError, match=r"in the override trainig\.lr=1e-3: trainig: unknown key"):
+        load_run_config(write_yaml(tmp_path, "training:\n  lr: 0.1\n"), ["trainig.lr=1e-3"])  # a section's typo
 
 
 def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
@@ -177,6 +180,20 @@ def test_train_names_a_missing_deepspeed_file_by_its_flag(tmp_path):
     assert load_config(parse_args(["--config", str(config), "--deepspeed", "ds.json"])).distributed.backend == (
         "deepspeed"
     )
+
+
+def test_the_users_overrides_win_over_deepspeed_flag_of_the_launch_script(tmp_path):
+    """The scripts pass `--deepspeed FILE` and then the user's key=value arguments, which their header says override
+    any key: the flag's keys came after them and won (another file, or another backend, trained the script's)."""
+    from distsetup.train import load_config, parse_args
+
+    config = write_yaml(tmp_path, "training:\n  max_steps: 3\n")
+    for name in ("ds.json", "other.json"):
+        (tmp_path / name).write_text("{}")
+    script = ["--config", str(config), "--deepspeed", "ds.json"]
+    other = load_config(parse_args([*script, "distributed.deepspeed_config=other.json"])).distributed
+    assert (other.backend, Path(other.deepspeed_config).name) == ("deepspeed", "other.json")
+    assert load_config(parse_args([*script, "distributed.backend=fsdp"])).distributed.backend == "fsdp"
 
 
 def test_an_override_of_the_runs_length_replaces_the_files_other(tmp_path):
