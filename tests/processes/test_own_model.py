@@ -118,6 +118,65 @@ def test_mfu_of_your_own_model_counts_its_flops_with_pytorchs_counter(monkeypatc
         assert row["mfu"] == pytest.approx(row["samples_per_s"] * summary["flops_per_sample"] / 0.5e12)
 
 
+# The scorer with BatchNorm in its blocks, and a loss of probabilities against the batch's fp32 judgements (as the
+# walker's Crowd-BT scorer), noting in evaluation each rank's running statistics after the forward (their sums, and
+# the batches they counted) in $BATCHNORM_PROBE/rank<N>.txt
+BATCHNORM_SCORER = """
+import os
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import scorer
+
+def build(**args):
+    model = scorer.build_model(**args)
+    for block in model.blocks:
+        block.norm = nn.BatchNorm2d(block.conv.out_channels)
+    return model
+
+def loss(model, batch):
+    first, second = model(torch.cat([batch["first"], batch["second"]])).chunk(2)
+    terms = F.binary_cross_entropy(torch.sigmoid(first - second), batch["first_better"])
+    if not model.training:
+        stats = [b for name, b in model.named_buffers() if name.endswith(("running_mean", "num_batches_tracked"))]
+        with open(os.path.join(os.environ["BATCHNORM_PROBE"], f"rank{os.environ['RANK']}.txt"), "a") as noted:
+            noted.write(" ".join(f"{float(b.sum()):.9g}" for b in stats) + "\\n")
+    return terms
+"""
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "zero3"])
+def test_every_rank_evaluates_with_rank_0s_batchnorm_statistics_and_recomputing_counts_each_step_once(
+    tmp_path, backend
+):
+    """Bugs: under FSDP2 and DeepSpeed each rank kept its own running statistics (DDP broadcasts rank 0's before each
+    forward), so evaluation averaged the ranks' own while checkpoints and exports held rank 0's; activation
+    checkpointing's recompute updated them a second time each step; DeepSpeed's engine said it was training in
+    evaluation (model.training); and FSDP2 in bf16 stopped at the first step, in BatchNorm (16-bit weights beside its
+    fp32 statistics) and in the loss (its 16-bit outputs beside the batch's fp32 targets)."""
+    shutil.copy(EXAMPLE / "scorer.py", tmp_path / "scorer.py")
+    (tmp_path / "batchnorm_scorer.py").write_text(BATCHNORM_SCORER)
+    shutil.copy(EXAMPLE / "config.yaml", tmp_path / "config.yaml")
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    recompute, precision = ("full", "bf16") if backend == "fsdp" else ("selective", "fp32")
+    result = train(
+        tmp_path / "config.yaml",
+        2,
+        *overrides(tmp_path, 2, backend),
+        "model.builder=batchnorm_scorer:build",
+        "training.loss=batchnorm_scorer:loss",
+        f"training.activation_checkpointing={recompute}",
+        f"training.precision={precision}",
+        env={"BATCHNORM_PROBE": str(probes)},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0, rank1 = ((probes / f"rank{rank}.txt").read_text().splitlines() for rank in (0, 1))
+    assert rank0 == rank1 and len(rank0) >= 2  # every validation batch of one evaluation, alike on both ranks
+    counted = [float(value) for value in rank0[0].split()[1::2]]  # each BatchNorm's num_batches_tracked
+    assert counted == [STEPS] * 2  # one update a step, none by the recompute in backward
+
+
 @pytest.mark.parametrize("ranks, backend", [(1, "fsdp"), (2, "zero3")])
 def test_a_ddp_checkpoint_of_the_scorer_resumes_under_another_backend_and_world_size(tmp_path, ranks, backend):
     ddp, _ = scorer_run("ddp")

@@ -76,7 +76,7 @@ def test_the_built_in_models_block_is_the_class_its_constant_names():
 def test_ddp_broadcasts_buffers_only_where_training_may_change_them():
     """Rank 0's buffers are broadcast before each forward only where they can drift apart: running statistics, or
     the user's own module; the built-in GPT's causal mask is a constant every rank builds alike."""
-    from distsetup.training.backends.ddp import buffers_may_change
+    from distsetup.training.backends.rank0_buffers import buffers_may_change
     from distsetup.training.model.gpt import GPT
 
     gpt = GPT(64, 16, 2, 2, 16, 0.0)

@@ -59,6 +59,38 @@ def test_a_block_inside_another_is_recomputed_once_in_backward():
     assert len(attention_forwards) == 2
 
 
+class NormedBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.linear(x)))
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recomputed_blocks_update_batchnorms_running_statistics_once_a_step(mode):
+    """Backward's recompute ran each BatchNorm again in training mode: its running statistics moved twice a step
+    (num_batches_tracked 6 after 3 steps), so the model evaluated and exported differed from the one trained without
+    checkpointing, which computes the same gradients."""
+
+    def trained(checkpointed: bool) -> dict:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(NormedBlock(), NormedBlock())
+        if checkpointed:
+            apply_activation_checkpointing(model, list(model), mode)
+        for step in range(3):
+            model(torch.randn(8, 4, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+        with torch.no_grad():  # evaluation's forward leaves them as they are
+            model.eval()(torch.randn(8, 4))
+        return {name.replace("_checkpoint_wrapped_module.", ""): b for name, b in model.named_buffers()}
+
+    plain, recomputed = trained(False), trained(True)
+    assert plain.keys() == recomputed.keys() and plain["0.norm.num_batches_tracked"] == 3
+    for name, value in plain.items():
+        torch.testing.assert_close(recomputed[name], value, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("written, read", [(True, "full"), (False, "none"), ("selective", "selective")])
 def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     cfg = load_run_config(None, [f"training.activation_checkpointing={str(written).lower()}"])

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch.nn as nn
 
 from distsetup.training.backends.base import Backend
+from distsetup.training.backends.rank0_buffers import buffers_may_change
 from distsetup.training.model import moe
 from distsetup.training.model.build import ModelParts
 
@@ -51,15 +52,6 @@ class DDPBackend(Backend):
     def _sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
         ddp = cast("DistributedDataParallel", self.model)
         return contextlib.nullcontext() if last_micro else ddp.no_sync()
-
-
-def buffers_may_change(model: nn.Module, model_type: str) -> bool:
-    """Whether training may change the model's buffers, which DDP then keeps equal on every rank by broadcasting
-    rank 0's before each forward (a collective per micro-batch: about 8% of a tiny Llama's step on 2 CPU processes).
-    BatchNorm's running statistics change, and so may anything in the user's own module; the built-in GPT's and a
-    Hugging Face causal LM's buffers (causal masks, rotary frequencies) are constants every rank builds alike."""
-    running_stats = any(getattr(module, "track_running_stats", False) for module in model.modules())
-    return model_type == "python" or running_stats
 
 
 def buffer_sync(ddp_class: type, before_each_forward: bool) -> dict:

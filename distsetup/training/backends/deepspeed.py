@@ -24,7 +24,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, keeps_deepspeed_sizes, zero_strategy
 from distsetup.planning.models import ModelShape
-from distsetup.training.backends import zero3_blocks, zero3_construction, zero_memory
+from distsetup.training.backends import rank0_buffers, zero3_blocks, zero3_construction, zero_memory
 from distsetup.training.backends.base import IMPLEMENTATION, Backend, T
 from distsetup.training.backends.deepspeed_comm import join_deepspeed_comm
 from distsetup.training.backends.deferred_compile import compile_deferred
@@ -194,6 +194,7 @@ class DeepSpeedBackend(Backend):
                 config=self.ds_config,
             )
         self.model = self.engine
+        rank0_buffers.broadcast_before_each_forward(self.engine.module, self.cfg.model.type, self.world.size)
         if self.zero_stage == 3:
             share_master_weights(self.engine.optimizer)
         if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
@@ -267,7 +268,12 @@ class DeepSpeedBackend(Backend):
         return micro.detached()
 
     def evaluate(self, compute: Callable[[nn.Module], T]) -> T:
-        result = super().evaluate(compute)
+        # the engine's eval() sets its module's flag only: a training.loss reading model.training gets the engine
+        self.engine.training = False
+        try:
+            result = super().evaluate(compute)
+        finally:
+            self.engine.training = True
         if self.zero_stage == 3:
             # a forward keeps its last layers gathered for a backward, which evaluation never runs: released here,
             # by the optimizer's call (the engine's also collects Python's garbage and empties the device's cache)

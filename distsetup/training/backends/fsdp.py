@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -28,7 +29,7 @@ from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_states
 from distsetup.planning.models import ModelShape
-from distsetup.training.backends import fsdp_on_cpu
+from distsetup.training.backends import fsdp_on_cpu, rank0_buffers
 from distsetup.training.backends.base import Backend
 from distsetup.training.backends.fsdp_root_output import root_output_not_a_view
 from distsetup.training.backends.precision import PRECISION_DTYPES
@@ -134,6 +135,10 @@ class FSDPBackend(Backend):
             "mp_policy": self._mixed_precision(),
             "offload_policy": self._offload(),
         }
+        norms = self._norms_in_fp32(model, units, parts.conditional)
+        for norm in norms:  # inside the units: sharded first
+            in_fp32 = {**kwargs, "mp_policy": self._norm_mixed_precision()}
+            fully_shard(norm, reshard_after_forward=self.fsdp.reshards_after_forward, **in_fp32)
         last = last_in_module_order(model, units)
         kept = {id(module) for module in last.modules()} if last is not None else set()  # and the units inside it
         for unit in innermost_first(model, units):  # a unit inside another (nested block classes) is sharded first
@@ -142,9 +147,9 @@ class FSDPBackend(Backend):
             fully_shard(unit, reshard_after_forward=self.fsdp.reshards_after_forward and id(unit) not in kept, **kwargs)
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
-        fully_shard(model, reshard_after_forward=False, **kwargs)
+        fully_shard(model, reshard_after_forward=False, **{**kwargs, "mp_policy": self._root_mixed_precision()})
         if self.device.type == "cpu":
-            fsdp_on_cpu.hold_one_layer_at_a_time([*units, model], self.hands_back_freed_heap)
+            fsdp_on_cpu.hold_one_layer_at_a_time([*norms, *units, model], self.hands_back_freed_heap)
         # FSDP2 keeps offloaded shards on the CPU: the state dict then goes there too (one device for all), and the
         # buffers, which FSDP2 never offloads, onto this rank's device after it
         offloaded = self.fsdp.cpu_offload and self.device.type == "cuda"
@@ -156,6 +161,7 @@ class FSDPBackend(Backend):
         del whole, built_buffers
         # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
         model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
+        rank0_buffers.broadcast_before_each_forward(model, self.cfg.model.type, self.world.size)  # as DDP does
         self.model = model
         self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
@@ -235,6 +241,32 @@ class FSDPBackend(Backend):
             return MixedPrecisionPolicy()
         reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
         return MixedPrecisionPolicy(param_dtype=PRECISION_DTYPES[self.precision], reduce_dtype=reduce)
+
+    def _norms_in_fp32(self, model: nn.Module, units: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
+        """The BatchNorm layers, each a unit of its own computing in fp32, where the weights are 16-bit: their running
+        statistics are buffers, which FSDP2 never casts, and a 16-bit weight beside them stops their forward (autocast
+        runs batch_norm in fp32; FSDP1's MixedPrecision kept them in fp32 by default). None inside a layer that runs
+        differently per rank (an expert): a unit there would be gathered by one rank and not another."""
+        if self.precision == "fp32":
+            return []
+        left_out = {id(m) for layer in conditional for m in layer.modules()} | {id(unit) for unit in units}
+        return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in left_out]
+
+    def _norm_mixed_precision(self) -> MixedPrecisionPolicy:
+        """A BatchNorm unit's: its input cast to fp32, its weights and gradients kept so, its output cast back."""
+        reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")
+        return MixedPrecisionPolicy(
+            param_dtype=torch.float32, reduce_dtype=reduce, output_dtype=PRECISION_DTYPES[self.precision]
+        )
+
+    def _root_mixed_precision(self) -> MixedPrecisionPolicy:
+        """The root's policy: as the units', and where training.loss (the user's) takes the model's outputs from 16-bit
+        weights, those outputs in fp32, as Accelerate hands them on (convert_outputs_to_fp32) and as the fp32 targets
+        of the batch meet them under autocast (single, DDP): a loss mixing the two would stop at the first step."""
+        policy = self._mixed_precision()
+        if self.precision == "fp32" or not self.cfg.training.loss:
+            return policy
+        return dataclasses.replace(policy, output_dtype=torch.float32)
 
     def needs_cpu_collectives(self) -> bool:
         """Offloaded to the CPU, the gradients that clipping reduces live there (as CPU DTensors)."""

@@ -2,6 +2,7 @@
 any sharding (activation checkpointing, then torch.compile)."""
 
 import functools
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -63,6 +64,57 @@ def apply_activation_checkpointing(model: nn.Module, blocks: list[nn.Module], mo
         )
     ids = {id(b) for b in outermost(blocks)}
     apply(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in ids)
+    for unit in in_place_of(model, outermost(blocks)):
+        _statistics_updated_once(unit)
+
+
+def _statistics_updated_once(wrapper: nn.Module) -> None:
+    """Running statistics (BatchNorm's) inside a checkpointed block updated by its forward only: backward's recompute
+    runs the block again in training mode, which would update them a second time each step. The recompute calls the
+    block inside `wrapper`, not `wrapper` itself, so a forward of its own is one between the wrapper's hooks."""
+    norms = [m for m in wrapper.modules() if getattr(m, "track_running_stats", False) and m.running_mean is not None]
+    if not norms:
+        return
+    spares = [_Spares(norm) for norm in norms]
+    in_forward = [False]
+
+    def forward_starts(module: nn.Module, args: tuple) -> None:
+        in_forward[0] = True
+        for spare in spares:  # made here, outside the checkpointed region: its recompute may run no op of its own
+            spare.made_like_the_buffers()
+
+    wrapper.register_forward_pre_hook(forward_starts)
+    wrapper.register_forward_hook(lambda module, args, output: in_forward.__setitem__(0, False), always_call=True)
+    for spare in spares:
+        spare.norm.register_forward_pre_hook(lambda module, args, spare=spare: spare.swap_in(not in_forward[0]))
+        spare.norm.register_forward_hook(lambda module, args, output, spare=spare: spare.swap_back(), always_call=True)
+
+
+class _Spares:
+    """Buffers `norm` updates in the recompute in place of its own, which stay as the forward left them. A swap of
+    objects and no tensor op: selective checkpointing's recompute must run the ops of the forward, in its order."""
+
+    def __init__(self, norm: nn.Module):
+        self.norm = norm
+        self.spare: dict[str, torch.Tensor] = {}
+        self.own: dict[str, torch.Tensor] = {}
+
+    def made_like_the_buffers(self) -> None:
+        for name, buffer in self.norm.named_buffers(recurse=False):
+            spare = self.spare.get(name)
+            if spare is None or (spare.shape, spare.dtype, spare.device) != (buffer.shape, buffer.dtype, buffer.device):
+                self.spare[name] = torch.empty_like(buffer)
+
+    def swap_in(self, recomputing: bool) -> None:
+        if recomputing and self.norm.training and self.spare:
+            for name, spare in self.spare.items():
+                self.own[name] = cast(torch.Tensor, self.norm._buffers[name])
+                self.norm._buffers[name] = spare
+
+    def swap_back(self) -> None:
+        for name, own in self.own.items():
+            self.norm._buffers[name] = own
+        self.own.clear()
 
 
 def outermost(blocks: list[nn.Module]) -> list[nn.Module]:
