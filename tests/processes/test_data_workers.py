@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -71,11 +72,23 @@ def read_through_stop_signals(dataset) -> tuple[set[int], set[int]]:
     return workers, parents
 
 
+def say_a_warning() -> None:
+    warnings.warn("a warning Python says once from here", UserWarning, stacklevel=1)
+
+
 def test_workers_start_where_they_cannot_deadlock_and_serve_through_the_stop_signals(capsys):
-    workers, parents = read_through_stop_signals(WhoServes())
+    """And a warning said once is not said again at the next loaders' start (each evaluation's): the loaders left
+    Python's warning filters as they were (FSDP2's warning of a view came back after every evaluation)."""
+    with warnings.catch_warnings(record=True) as said:
+        workers, parents = read_through_stop_signals(WhoServes())
+        say_a_warning()
+        for _ in range(2):
+            assert len(list(validation_batches(WhoServes(), 2, 0, 1, default_collate, 2, CPU))) == 4
+            say_a_warning()
     assert len(workers) == 2 and os.getpid() not in workers and len(parents) == 1
     assert (os.getpid() not in parents) == FROM_A_FORK_SERVER
     assert "note:" not in capsys.readouterr().out
+    assert [str(w.message) for w in said].count("a warning Python says once from here") == 1
 
 
 @pytest.mark.parametrize(

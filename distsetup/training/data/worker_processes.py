@@ -46,15 +46,29 @@ def started(loader: Callable[[str], DataLoader], device: torch.device, rank: int
     workers started from the fork server where forking can deadlock, else forked; `rank` 0 says why where the
     server's workers cannot be given the dataset."""
     if _forking_can_deadlock(device):
+        _without_torchs_pickling_advice()
         try:
-            with warnings.catch_warnings():  # torch's words for a pickling error, which suggest fork for everything
-                warnings.filterwarnings("ignore", "Got pickle error when attempting to start a worker")
-                return _kept(iter(loader(_fork_server())))
+            return _kept(iter(loader(_fork_server())))
         except Exception as e:  # whatever stops the server's workers (pickling, too many file descriptors)
             if rank == 0:
                 _note_forked_from_the_rank(f"{type(e).__name__}: {first_line(e)}")
     with _stop_signals_blocked():  # the forked workers keep them blocked
         return _kept(iter(loader("fork")))
+
+
+# torch's words for a pickling error, which suggest fork for everything (the workers are forked then, with a note)
+PICKLING_ADVICE = "Got pickle error when attempting to start a worker"
+
+
+def _without_torchs_pickling_advice() -> None:
+    """PICKLING_ADVICE left out, the warning filters changed only where they lack it: each change clears Python's
+    record of the warnings said once, and a change at each loader's start (an evaluation's) had each said again
+    (FSDP2's of a view)."""
+    if not any(
+        action == "ignore" and message is not None and message.pattern == PICKLING_ADVICE
+        for action, message, *_ in warnings.filters
+    ):
+        warnings.filterwarnings("ignore", PICKLING_ADVICE)
 
 
 def shut_down(batches: Iterator) -> None:
