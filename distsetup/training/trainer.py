@@ -200,7 +200,8 @@ class Trainer:
         progress = Progress(self.max_steps, self.step, shown=self.world.is_main)
         try:  # what the Loop closes, closed here until there is one
             timer, agreement = StepTimer(synchronizer(self.device)), StepAgreement(self.world.size, self.device)
-            loader = StepLoader(data.train, sampler, data.collate, self.cfg.data.num_workers, self.backend.placement)
+            workers, placement = self.cfg.data.num_workers, self.backend.placement
+            loader = StepLoader(data.train, sampler, data.collate, workers, placement, data.collating)
         except BaseException:
             progress.close()
             metrics.close(1)

@@ -19,7 +19,7 @@ from distsetup.formats.runconfig import RunConfig
 def raised_in_user_code(error: BaseException) -> str:
     """' (at buggy.py:3, in helper)': where `error` was raised in the user's own code (the innermost frame of its
     traceback outside installed packages, the standard library and distsetup), or '' where none of it is."""
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if _users(frame.filename)]
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if users_file(frame.filename)]
     if not frames:
         return ""
     path = Path(frames[-1].filename)
@@ -33,7 +33,7 @@ def what_raised(error: BaseException) -> str:
     return f"{type(error).__name__}: {first_line(error)}{raised_in_user_code(error)}"
 
 
-def _users(filename: str) -> bool:
+def users_file(filename: str) -> bool:
     paths = sysconfig.get_paths()
     libraries = [Path(paths[key]) for key in ("purelib", "platlib", "stdlib", "platstdlib")]
     libraries += [Path(folder) for folder in (*site.getsitepackages(), site.getusersitepackages())]

@@ -19,6 +19,7 @@ import torch
 from process_tree import process_tree, running
 from torch.utils.data import default_collate
 
+from distsetup.errors import DistsetupError
 from distsetup.training.data.datasets import ShardedSampler
 from distsetup.training.data.loader import Placement, StepLoader, validation_batches
 from distsetup.training.data.worker_processes import STOP_SIGNALS, _note_forked_from_the_rank
@@ -114,11 +115,44 @@ def test_a_dataset_the_fork_servers_workers_cannot_take_is_read_by_workers_forke
     assert (why in said) == FROM_A_FORK_SERVER and "pickle error" not in said  # the reason, not torch's warning
 
 
+class OneImageOfAnotherSize(WhoServes):
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.zeros(3, 6 if index == 5 else 4, 4)  # as a folder of real images has one
+
+
+class Unreadable(WhoServes):
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raise FileNotFoundError(f"images/{index}.png")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_that_make_no_batch_are_said_in_one_line(workers):
+    """Bug: a DataLoader's traceback (and a worker's inside it), 60 lines, where the model's and the loss's errors
+    of the first batch are one line."""
+    for dataset, said in (
+        (OneImageOfAnotherSize(), "the samples of a micro-batch do not make a batch by default_collate: "),
+        (Unreadable(), "data.builder's dataset raised FileNotFoundError: images/"),
+    ):
+        loader = StepLoader(dataset, ShardedSampler(8, 4, 1, 2, 1, 0), default_collate, workers, CPU, "default_collate")
+        try:
+            with pytest.raises(DistsetupError) as refused:
+                loader.next_step()
+        finally:
+            loader.close()
+        assert said in refused.value.problem and "\n" not in str(refused.value), str(refused.value)
+        batches = validation_batches(dataset, 4, 1, 2, default_collate, workers, CPU, "default_collate")
+        with pytest.raises(DistsetupError, match=said.replace("(", r"\(").replace(")", r"\)")):
+            list(batches)
+    expected = "stack expects each tensor to be equal size"
+    assert expected in str(refused.value) or "images/" in str(refused.value)
+
+
 RANK = """
 import os, sys, time
 sys.path[:0] = {paths!r}  # this module's folder, and tests/support
 import torch
 from torch.utils.data import default_collate
+from distsetup.errors import DistsetupError
 from distsetup.training.data.datasets import ShardedSampler
 from distsetup.training.data.loader import Placement, StepLoader
 from test_data_workers import WhoServes

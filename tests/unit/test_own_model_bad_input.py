@@ -200,7 +200,7 @@ def test_the_validation_means_of_the_losss_terms_take_one_element_tensors_of_any
     inputs = torch.randn(10, 2)
     dataset = torch.utils.data.TensorDataset(inputs, torch.zeros(10, 1))
     backend = SimpleNamespace(placement=Placement(torch.device("cpu")), micro_batch=4, evaluate=lambda f: f(model))
-    data = SimpleNamespace(val=dataset, collate=torch.utils.data.default_collate)
+    data = SimpleNamespace(val=dataset, collate=torch.utils.data.default_collate, collating="default_collate")
     objective = PythonObjective(loss, "training.loss m:loss", "model.builder m:build", {})
     result = evaluate(backend, objective, data, World(rank=0, local_rank=0, size=1, local_size=1), num_workers=0)
     with torch.no_grad():

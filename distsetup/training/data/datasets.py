@@ -95,6 +95,7 @@ class Datasets:
     val: Any | None
     notes: list[str]  # what rank 0 says about them (a cache built or rebuilt)
     collate: Callable = as_fetched  # samples -> a batch
+    collating: str | None = None  # the user's samples: what batches them (said where they do not make a batch)
 
     @property
     def tokens(self) -> bool:
@@ -168,7 +169,8 @@ def python_datasets(d, seed: int) -> Datasets:
             "dataset (one with __len__ and __getitem__: the sampler picks samples by index).",
             "return a torch.utils.data.Dataset with __len__ (or a list); None for 'val' means no validation.",
         )
-    return Datasets(splits["train"], splits["val"], [], collate)
+    collating = f"data.collate {d.collate}" if d.collate else "torch's default_collate (data.collate unset)"
+    return Datasets(splits["train"], splits["val"], [], collate, collating)
 
 
 def prepared_token_files(cfg: RunConfig) -> dict:

@@ -34,7 +34,7 @@ def evaluate(backend: Evaluating, objective, data, world: World, num_workers: in
     names: list[str] = []  # "loss", then the user's terms, as its first batch returns them
     totals = torch.zeros(0, dtype=torch.float64, device=placement.device)
     batches = validation_batches(
-        data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement
+        data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement, data.collating
     )
     for batch, samples in batches:
         sums, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from distsetup.training.data import worker_processes
+from distsetup.training.data.batch_errors import said_in_one_line
 from distsetup.training.data.datasets import ShardedSampler
 
 
@@ -35,17 +36,27 @@ class Placement:
 class StepLoader:
     """This rank's micro-batches for each optimizer step, placed as `placement` says."""
 
-    def __init__(self, dataset, sampler: ShardedSampler, collate: Callable, num_workers: int, placement: Placement):
+    def __init__(
+        self,
+        dataset,
+        sampler: ShardedSampler,
+        collate: Callable,
+        num_workers: int,
+        placement: Placement,
+        collating: str | None = None,
+    ):
+        """`collating`: for the user's samples, what batches them (Datasets.collating)."""
         self.sampler, self.placement = sampler, placement
         ahead = copy.deepcopy(sampler)  # what the loader has asked for; `sampler` is what the loop has taken
         seed = sampler.seed + sampler.rank  # the workers' seeds, as DistributedSampler users seed theirs
         batches = _MicroBatches(ahead)
         self._batches: Iterator = _started(dataset, batches, collate, num_workers, placement, seed, sampler.rank)
+        self._said = said_in_one_line(self._batches, collating) if collating else self._batches
 
     def next_step(self) -> list:
         """The micro-batches of the next optimizer step (the sampler advances by one step)."""
         self.sampler.next_step()
-        return [placed(next(self._batches), self.placement) for _ in range(self.sampler.accumulation)]
+        return [placed(next(self._said), self.placement) for _ in range(self.sampler.accumulation)]
 
     def close(self) -> None:
         """Stop the worker processes (worker_processes.shut_down)."""
@@ -66,17 +77,27 @@ class _MicroBatches:
 
 
 def validation_batches(
-    dataset, micro: int, rank: int, world_size: int, collate: Callable, num_workers: int, placement: Placement
+    dataset,
+    micro: int,
+    rank: int,
+    world_size: int,
+    collate: Callable,
+    num_workers: int,
+    placement: Placement,
+    collating: str | None = None,
 ):
     """(batch, samples it counts) for each of this rank's validation micro-batches: samples rank, rank + world, ...
     in batches of `micro`. Every rank takes as many batches as the rank with the most samples, so that FSDP and ZeRO-3
-    gather parameters with the others; a rank out of samples repeats its first one, uncounted."""
+    gather parameters with the others; a rank out of samples repeats its first one, uncounted. `collating`: as for
+    StepLoader."""
     mine = list(range(rank, len(dataset), world_size))
     most = math.ceil(len(dataset) / world_size)
     chunks = [mine[start : start + micro] for start in range(0, most, micro)]
     counts = [len(chunk) for chunk in chunks]
     micro_batches = [chunk or mine[:1] for chunk in chunks]
     batches = _started(dataset, micro_batches, collate, num_workers, placement, rank, rank)
+    if collating:
+        batches = said_in_one_line(batches, collating)
     for batch, counted in zip(batches, counts, strict=True):
         yield placed(batch, placement), counted
 

@@ -1,0 +1,56 @@
+"""A user's samples that do not become a batch (images of two sizes, a PIL image torch's default_collate cannot
+stack, a file the dataset cannot open), said in one line naming what to fix, as the first step's errors of the
+model and the loss are, where a DataLoader's traceback (and a worker's inside it) was printed."""
+
+import re
+import traceback
+from collections.abc import Iterator
+
+from distsetup.errors import DistsetupError, last_line
+from distsetup.training import user_code
+
+# A frame of the traceback a DataLoader worker's error carries as text: File "/path/x.py", line 3, in name
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
+def said_in_one_line(batches: Iterator, collating: str) -> Iterator:
+    """The batches of `batches`; an error fetching or collating one said in one line (`collating`: what batches the
+    samples, "data.collate mine:batch" or torch's default_collate)."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except DistsetupError:
+            raise
+        except Exception as e:
+            raise DistsetupError(*problem(e, collating)) from e
+        yield batch
+
+
+def problem(error: Exception, collating: str) -> tuple[str, str]:
+    """(what happened, the fix) for `error`, raised in this process or in a DataLoader worker (which re-raises it
+    here with the worker's traceback as its message)."""
+    text = str(error)
+    in_worker = "Original Traceback" in text
+    what = f"{last_line(error)}{_where_in_worker(text)}" if in_worker else user_code.what_raised(error)
+    if "collate" in (text if in_worker else _frames_text(error)):
+        return (
+            f"the samples of a micro-batch do not make a batch by {collating}: {what}.",
+            "make each sample's tensors the same shape and kind in every sample (an image as a tensor of one size), "
+            "or set data.collate to a function that batches them.",
+        )
+    return (
+        f"data.builder's dataset raised {what} as its samples were read.",
+        "fix the dataset's __getitem__ (or its data.args).",
+    )
+
+
+def _frames_text(error: BaseException) -> str:
+    return "".join(traceback.format_tb(error.__traceback__))
+
+
+def _where_in_worker(text: str) -> str:
+    """' (at dataset.py:12, in __getitem__)': the innermost frame of the user's own code in a worker's traceback."""
+    frames = [m for m in _FRAME.finditer(text) if user_code.users_file(m["file"])]
+    return f" (at {frames[-1]['file']}:{frames[-1]['line']}, in {frames[-1]['name']})" if frames else ""
