@@ -252,7 +252,7 @@ class Trainer:
 
     def _datasets(self) -> Datasets:
         try:
-            return build_datasets(self.cfg, eval_batch=self.backend.micro_batch * self.world.size)
+            return build_datasets(self.cfg, ranks=self.world.size)
         except DistsetupError as e:  # the same files and settings on every rank
             e.alike_on_every_rank = True
             raise

@@ -147,7 +147,7 @@ def test_the_hf_moe_example_reports_transformers_loss_on_two_ranks(tmp_path):
         [str(HF_MOE / "data" / "chat.jsonl")],
         [str(HF_MOE / "data" / "chat_val.jsonl")],
     )
-    data = build_datasets(cfg, eval_batch=16)  # the cache the run built
+    data = build_datasets(cfg, ranks=16)  # the cache the run built
     torch.manual_seed(cfg.training.seed)
     mixtral = models.build(cfg.model)
     first_batches = [

@@ -69,6 +69,9 @@ def columns(split):
 
 def by_index(split):
     return {i: torch.zeros(4) for i in range(3)} if split == "train" else None
+
+def with_validation(split, val=3):
+    return [torch.full((4,), float(i)) for i in range(64 if split == "train" else val)]
 """
 
 
@@ -436,3 +439,21 @@ def test_a_module_in_the_working_folder_is_found_by_validate_and_by_the_trainer_
         timeout=120,
     )
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_validation_set_shorter_than_an_evaluation_batch_is_evaluated_as_it_is(user_module):
+    """It was refused below micro-batch x world size, which evaluation never needed (a rank's share shorter than a
+    micro-batch is evaluated as it is, a rank out of samples repeats one uncounted): a sample a rank is enough."""
+    from distsetup.training.data.datasets import build_datasets
+
+    def config(val: int):
+        data = ["data.type=python", f"data.builder={user_module}:with_validation", f"data.args={{val: {val}}}"]
+        return load_run_config(None, [*data, "training.micro_batch_size=16"])
+
+    assert len(build_datasets(config(3), ranks=2).val) == 3
+    with pytest.raises(DistsetupError) as refused:
+        build_datasets(config(1), ranks=2)
+    assert str(refused.value) == (
+        'the validation set (data.builder("val")) has 1 sample, fewer than the 2 processes that evaluate it (a '
+        "share of one at least each). HINT: add validation samples, or train on fewer processes."
+    )

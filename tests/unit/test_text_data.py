@@ -128,7 +128,7 @@ def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tm
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)], val_fraction=0.2)
     mask = os.umask(0o022)
     try:
-        first = build_datasets(cfg, eval_batch=2)
+        first = build_datasets(cfg, ranks=2)
     finally:
         os.umask(mask)
     first_train, first_val_loss = np.array(first.train.tokens), np.array(first.val.loss)  # copies: it is damaged below
@@ -136,17 +136,17 @@ def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tm
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # not its staging folder's 0700: a shared cache
     assert first.notes[0].startswith(f"data: {len(first.train)} train blocks, {len(first.val)} val blocks")
     built = (folder / "train.bin").stat().st_mtime_ns
-    again = build_datasets(cfg, eval_batch=2)
+    again = build_datasets(cfg, ranks=2)
     assert (folder / "train.bin").stat().st_mtime_ns == built and not any("rebuilt" in n for n in again.notes)
     assert np.array_equal(first.train.tokens, again.train.tokens)
 
     with open(folder / "train.bin", "r+b") as f:  # a truncated token file is rebuilt, never trusted
         f.truncate(10)
-    rebuilt = build_datasets(cfg, eval_batch=2)
+    rebuilt = build_datasets(cfg, ranks=2)
     assert rebuilt.notes[0].startswith(f"rebuilt the token cache {folder}: train.bin is 10 bytes")
     assert np.array_equal(rebuilt.train.tokens, first_train) and np.array_equal(rebuilt.val.loss, first_val_loss)
     (folder / "cache.json").write_text("{garbage")
-    assert "rebuilt" in build_datasets(cfg, eval_batch=2).notes[0]
+    assert "rebuilt" in build_datasets(cfg, ranks=2).notes[0]
 
     retemplated = write_tokenizer(tmp_path / "retemplated")  # the same vocabulary, another chat template
     (retemplated / "chat_template.jinja").write_text(
@@ -154,16 +154,16 @@ def test_the_cache_is_built_once_keyed_by_its_inputs_and_rebuilt_when_damaged(tm
     )
     assert load_tokenizer(str(retemplated)).fingerprint == load_tokenizer(str(tokenizer_folder)).fingerprint
     cfg.model.tokenizer = str(retemplated)
-    build_datasets(cfg, eval_batch=2)  # tokenized again: the template decides the ids too
+    build_datasets(cfg, ranks=2)  # tokenized again: the template decides the ids too
     assert len(cache_folders(tmp_path)) == 2
     cfg.model.tokenizer = str(tokenizer_folder)
 
     cfg.model.block_size = 16  # another block size: another folder beside the first
-    build_datasets(cfg, eval_batch=2)
+    build_datasets(cfg, ranks=2)
     assert len(cache_folders(tmp_path)) == 3
     os.utime(path, ns=(built, built + 10**9))  # the file changed: tokenized again
     cfg.model.block_size = 32
-    build_datasets(cfg, eval_batch=2)
+    build_datasets(cfg, ranks=2)
     assert len(cache_folders(tmp_path)) == 4
 
 
@@ -172,7 +172,7 @@ def test_the_val_fraction_holds_out_whole_records_and_the_split_follows_the_seed
     cfg = run_config(
         tmp_path, tokenizer_folder, block_size=8, format="prompt_completion", paths=[str(path)], val_fraction=0.25
     )
-    data = build_datasets(cfg, eval_batch=2)
+    data = build_datasets(cfg, ranks=2)
     tokenizer = load_tokenizer(str(tokenizer_folder))
 
     def numbers(blocks):
@@ -182,24 +182,24 @@ def test_the_val_fraction_holds_out_whole_records_and_the_split_follows_the_seed
     train, val = numbers(data.train), numbers(data.val)
     assert not train & val and 60 < len(val) < 140  # 100 expected
     cfg.training.seed += 1
-    assert numbers(build_datasets(cfg, eval_batch=2).val) != val
+    assert numbers(build_datasets(cfg, ranks=2).val) != val
 
 
 def test_a_token_file_reads_as_the_text_it_came_from(tmp_path, tokenizer_folder):
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(30))
     cfg = run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)])
-    text = build_datasets(cfg, eval_batch=2)
+    text = build_datasets(cfg, ranks=2)
     (folder,) = cache_folders(tmp_path)
-    tokens = build_datasets(run_config(tmp_path, tokenizer_folder, paths=[str(folder / "train.bin")]), eval_batch=2)
+    tokens = build_datasets(run_config(tmp_path, tokenizer_folder, paths=[str(folder / "train.bin")]), ranks=2)
     assert np.array_equal(tokens.train.tokens, text.train.tokens) and tokens.train.masked
     assert tokens.notes == [f"data: {len(text.train)} train blocks of {cfg.model.block_size + 1} ids (pre-tokenized)"]
     x, y = tokens.train.batch(torch.tensor([0, 3]))
     assert torch.equal(x, text.train.batch(torch.tensor([0, 3]))[0]) and (y == IGNORE).any() and (y != IGNORE).any()
 
 
-def expect_error(match, cfg, eval_batch=2):
+def expect_error(match, cfg, ranks=2):
     with pytest.raises(DistsetupError, match=match) as raised:
-        build_datasets(cfg, eval_batch=eval_batch)
+        build_datasets(cfg, ranks=ranks)
     assert "\n" not in str(raised.value)
     return raised.value
 
@@ -255,8 +255,8 @@ def test_bad_text_inputs_are_refused_in_one_line(tmp_path, tokenizer_folder):
         run_config(tmp_path, paths=[str(good)], val_paths=[str(write_jsonl(tmp_path / "v0.jsonl", [{"text": "x"}]))]),
     )
     expect_error(
-        r"the validation set \(data.val_paths\) has 1 block, fewer than one evaluation batch of 4 .*"
-        r"HINT: add validation data to data.val_paths\.$",
+        r"the validation set \(data.val_paths\) has 1 block, fewer than the 4 processes that evaluate it .*"
+        r"HINT: add validation data to data.val_paths, or train on fewer processes\.$",
         run_config(
             tmp_path, paths=[str(good)], val_paths=[str(write_jsonl(tmp_path / "v.jsonl", [{"text": "x" * 40}]))]
         ),
@@ -329,7 +329,7 @@ def test_prompt_targets_get_no_gradient_and_completion_targets_do(tmp_path, toke
     from distsetup.training.model.gpt import GPT
 
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(20))
-    data = build_datasets(run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)]), eval_batch=2)
+    data = build_datasets(run_config(tmp_path, tokenizer_folder, format="chat", paths=[str(path)]), ranks=2)
     x, y = data.train.batch(torch.arange(4))
     model = GPT(320, 32, 1, 2, 32, 0.0)
     logits = model(x).detach().requires_grad_()
@@ -351,7 +351,7 @@ def test_a_text_file_goes_whole_into_one_split(tmp_path, monkeypatch):
         paths.append(tmp_path / f"doc{i}.txt")
         paths[-1].write_text("".join(f"f{i:02d}-line{j}\n" for j in range(8)))
     cfg = run_config(tmp_path, block_size=8, paths=[str(p) for p in paths], val_fraction=0.3)
-    data = build_datasets(cfg, eval_batch=2)
+    data = build_datasets(cfg, ranks=2)
     streams = {
         split: bytes(np.asarray(blocks.tokens).reshape(-1).tolist()).decode()
         for split, blocks in (("train", data.train), ("val", data.val))
@@ -389,7 +389,7 @@ def test_a_model_that_would_not_stop_where_the_data_end_gets_a_note(tmp_path, to
     eos = load_tokenizer(str(tokenizer_folder)).eos_token_id  # the template's end of turn too (<|eos|>)
 
     def stop_notes() -> list[str]:
-        return [note for note in build_datasets(cfg, eval_batch=2).notes if "eos_token_id" in note]
+        return [note for note in build_datasets(cfg, ranks=2).notes if "eos_token_id" in note]
 
     assert stop_notes() == []
     config = json.loads((llama / "config.json").read_text())

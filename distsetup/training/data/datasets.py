@@ -103,10 +103,10 @@ class Datasets:
         return isinstance(self.train, TokenBlocks)
 
 
-def build_datasets(cfg: RunConfig, eval_batch: int) -> Datasets:
+def build_datasets(cfg: RunConfig, ranks: int) -> Datasets:
     """The training and validation datasets of the run config `cfg`: the synthetic task in memory, token files
     memory-mapped (the user's, or the cache rank 0 tokenizes text into while the other ranks wait), or the user's.
-    `eval_batch`: the samples one evaluation step takes over all ranks (the fewest a validation set may hold)."""
+    `ranks`: the processes that evaluate the validation set, a share each (the fewest samples it may hold)."""
     m, d, t = cfg.model, cfg.data, cfg.training
     if d.type == "python":
         datasets = python_datasets(d, t.seed)
@@ -123,7 +123,7 @@ def build_datasets(cfg: RunConfig, eval_batch: int) -> Datasets:
         }
         blocks = {split: TokenBlocks(f.tokens, f.loss) for split, f in opened.items()}
         datasets = Datasets(blocks["train"], blocks.get("val"), files["notes"])
-    _check_sizes(datasets, cfg, eval_batch)
+    _check_sizes(datasets, cfg, ranks)
     return datasets
 
 
@@ -234,8 +234,9 @@ def blocks_line(blocks: dict[str, int], width: int, where: str) -> str:
     return f"data: {sizes} of {width} ids {where}"
 
 
-def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:
-    """A validation set fills at least one evaluation batch (the training set, one global batch: ShardedSampler)."""
+def _check_sizes(datasets: Datasets, cfg: RunConfig, ranks: int) -> None:
+    """A validation set gives each rank a sample at least (a share shorter than a micro-batch is evaluated as it is:
+    loader.validation_batches); the training set, one global batch (ShardedSampler)."""
     d, t = cfg.data, cfg.training
     if d.type == "python":
         source, items, fix = 'data.builder("val")', "samples", "add validation samples"
@@ -243,12 +244,12 @@ def _check_sizes(datasets: Datasets, cfg: RunConfig, eval_batch: int) -> None:
         source = "data.val_paths" if d.val_paths else f"data.val_fraction {d.val_fraction}"
         items = "blocks"
         fix = "add validation data to data.val_paths" if d.val_paths else "raise data.val_fraction, or add data"
-    if datasets.val is not None and len(datasets.val) < eval_batch:
+    if datasets.val is not None and len(datasets.val) < ranks:
         count = len(datasets.val)
         raise DistsetupError(
-            f"the validation set ({source}) has {count} {items if count != 1 else items[:-1]}, fewer than one "
-            f"evaluation batch of {eval_batch} (micro-batch x world size).",
-            f"{fix}.",
+            f"the validation set ({source}) has {count} {items if count != 1 else items[:-1]}, fewer than the "
+            f"{ranks} processes that evaluate it (a share of one at least each).",
+            f"{fix}, or train on fewer processes.",
         )
     if datasets.val is None and t.eval_interval and d.type == "python":
         raise DistsetupError(
