@@ -125,6 +125,8 @@ class Trainer:
         INTERRUPTED, for a Ctrl-C) once the ranks have agreed to stop and checkpointed."""
         t = self.t
         with self.preemption.ctrl_c_checkpoints():
+            if self._evaluation_left_out(loop):
+                self._evaluate(loop)
             while self.step < self.max_steps:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
@@ -336,6 +338,12 @@ class Trainer:
         if loop.data.val is None or self.step != self.max_steps or self.evaluated_at == self.step:
             return False
         return loop.first_step < self.step or not decided_by_rank0(lambda: (self.out_dir / SUMMARY).is_file())
+
+    def _evaluation_left_out(self, loop: Loop) -> bool:
+        """The evaluation of the step a run resumes at, where a stop there checkpointed without it (a stopped run
+        saves its work first); the last step's is _last_evaluation_due's."""
+        due = loop.data.val is not None and 0 < self.step < self.max_steps and self._evaluates_at(self.step)
+        return due and self.evaluated_at != self.step
 
     def _evaluates_at(self, step: int) -> bool:
         return step == self.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)

@@ -232,6 +232,29 @@ def test_a_run_stopped_at_its_last_step_finishes_and_one_resumed_there_evaluates
     assert (out / "metrics.jsonl").read_text().count("val_loss") == evaluations == 2
 
 
+def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path):
+    """Bug: stopped during a step it evaluates at (not the last), a run checkpointed without that evaluation, and the
+    run resumed from it went on to the next step: the evaluation was never run (metrics and `checkpoint ls` lacked
+    it)."""
+    (tmp_path / "stops_itself.py").write_text(STOPS_ITSELF)
+    out = tmp_path / "out"
+    config = tmp_path / "run.yaml"
+    training = {"micro_batch_size": 8, "max_steps": 3, "eval_interval": 2, "log_interval": 1, "output_dir": str(out)}
+    run = {
+        "model": {"type": "python", "builder": "stops_itself:build_model"},
+        "data": {"type": "python", "builder": "stops_itself:build_data"},
+        "training": {**training, "loss": "stops_itself:loss"},
+    }
+    config.write_text(json.dumps(run))
+    stopped = train(config, 1, env={"STOP_AT_CALL": "2"})  # the second step's forward
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert "val_loss" not in (out / "metrics.jsonl").read_text()
+    resumed = train(config, 1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [e["step"] for e in summary["evals"]] == [2, 3] and "step 2: validation loss" in resumed.stdout
+
+
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):
     """Nothing is left to train: the run's summary.json stays (it was rewritten with 0 tokens/s and no pace)."""
     out = tmp_path / "out"
