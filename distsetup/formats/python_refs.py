@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from distsetup.formats import module_source
 from distsetup.formats.problems import Problem
 
 REFERENCE = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<function>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
@@ -26,8 +27,10 @@ def search_path(base_dir: Path | None) -> list[str]:
     return [str(base_dir or Path.cwd()), str(Path.cwd()), *sys.path]
 
 
-def problems(reference: str, where: str, role: str, base_dir: Path | None) -> list[Problem]:
-    """What is wrong with `reference` (the function that does `role`, at run-config key `where`)."""
+def problems(reference: str, where: str, role: str, base_dir: Path | None, args: dict | None = None) -> list[Problem]:
+    """What is wrong with `reference` (the function that does `role`, at run-config key `where`, called with the
+    keyword arguments `args` where given): its form, its module, and as far as the module's source says without
+    running it (module_source.py), the function and its parameters."""
     parts = split(reference)
     if parts is None:
         return [
@@ -39,7 +42,8 @@ def problems(reference: str, where: str, role: str, base_dir: Path | None) -> li
             )
         ]
     top = parts[0].split(".")[0]
-    if importlib.machinery.PathFinder.find_spec(top, search_path(base_dir)) is None and top not in sys.modules:
+    spec = importlib.machinery.PathFinder.find_spec(top, search_path(base_dir))
+    if spec is None and top not in sys.modules:
         folders = dict.fromkeys([str(base_dir or Path.cwd()), str(Path.cwd())])  # one, where they are the same
         return [
             Problem(
@@ -49,4 +53,6 @@ def problems(reference: str, where: str, role: str, base_dir: Path | None) -> li
                 f"put {top}.py next to the run config, or add its folder to PYTHONPATH.",
             )
         ]
-    return []
+    if spec is None or parts[0] != top or "." in parts[1] or not (spec.origin or "").endswith(".py"):
+        return []  # a package's module, a method, compiled code: the run's import says
+    return module_source.problems(Path(str(spec.origin)), top, parts[1], where, args)

@@ -217,7 +217,8 @@ def _python_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
         where, value = f"{section_name}.{key}", getattr(section, key)
         # a reference the run never reads is a stray (below), whether its module exists or not
         if value is not None and (read_with is None or section.type == read_with):
-            problems += python_refs.problems(value, where, role, base_dir)
+            args = section.args if key == "builder" else None  # the builders take the section's args
+            problems += python_refs.problems(value, where, role, base_dir, args)
         if needed_by is None:
             continue
         if section.type == needed_by and value is None:

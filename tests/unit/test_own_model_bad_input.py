@@ -389,10 +389,12 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
     from distsetup.train import main
 
     config = tmp_path / "run.yaml"
-    (tmp_path / "needs_its_launcher.py").write_text('import os\nRANK = int(os.environ["LOCAL_RANK"])\n')
+    (tmp_path / "needs_its_launcher.py").write_text(
+        'import os\nRANK = int(os.environ["LOCAL_RANK"])\ndef build():\n    pass\n'
+    )
     for builder, args, said in (
         (f"{user_module}:build_modl", {}, f"model.builder: {user_module} has no build_modl."),
-        (f"{user_module}:build", {"width": 3}, "got an unexpected keyword argument 'width'"),
+        (f"{user_module}:build", {"width": 3}, f"model.args: {user_module}:build takes no argument 'width'"),
         (f"{user_module}:build", {"depth": 4}, None),
         ("needs_its_launcher:build", {}, None),  # its import needs what the launcher sets: left to the ranks
     ):
@@ -457,3 +459,56 @@ def test_a_validation_set_shorter_than_an_evaluation_batch_is_evaluated_as_it_is
         'the validation set (data.builder("val")) has 1 sample, fewer than the 2 processes that evaluate it (a '
         "share of one at least each). HINT: add validation samples, or train on fewer processes."
     )
+
+
+STATIC_CASES = """
+import functools
+
+def build_model(channels=64, depth=8):
+    pass
+
+def build_any(**args):
+    pass
+
+@functools.lru_cache
+def build_decorated(depth=2):
+    pass
+
+try:
+    from os import path as build_imported
+except ImportError:
+    def build_imported():
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    "builder, args, said",
+    [
+        ("build_modle", {}, "model.builder: scorer has no build_modle. Fix: did you mean scorer:build_model?"),
+        ("build_model", {"chanels": 16}, "model.args: scorer:build_model takes no argument 'chanels' (its parameters: "
+         "channels, depth). Fix: did you mean 'channels'? make model.args match its parameters."),
+        ("build_model", {"channels": 16}, None),
+        ("build_any", {"chanels": 16}, None),  # **args: it takes any
+        ("build_decorated", {"chanels": 16}, None),  # a decorator may change what it takes: the import says
+        ("build_imported", {}, None),  # names made by imports and inside try blocks are the module's too
+    ],
+)  # fmt: skip
+def test_validate_reads_the_functions_and_parameters_the_run_config_names_from_their_source(
+    run_cli, tmp_path, builder, args, said
+):
+    """Bug: validate said "no problems" of a builder's typo and of its arguments', which --check (importing the user's
+    code, and torch) and the run then refused: the module's source says both, without running it."""
+    (tmp_path / "scorer.py").write_text(STATIC_CASES)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": f"scorer:{builder}", "args": args}}))
+    result = run_cli("validate", config)
+    assert result.exit_code == (1 if said else 0), result.output
+    assert said is None or f"{config}: {said}" in result.output.splitlines(), result.output
+
+
+def test_validate_leaves_a_module_that_makes_its_names_as_it_runs_to_the_import(run_cli, tmp_path):
+    (tmp_path / "scorer.py").write_text("def __getattr__(name):\n    return lambda **args: None\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": "scorer:anything", "args": {"x": 1}}}))
+    assert run_cli("validate", config).exit_code == 0

@@ -45,8 +45,8 @@ def test_overrides_parse_values_as_yaml(tmp_path):
 def test_an_override_sets_one_key_inside_a_mapping_and_keeps_the_rest(tmp_path):
     """model.args.experts=64 (an MoE user varying the experts): the file's other builder arguments stay."""
     path = write_yaml(tmp_path, "model:\n  type: python\n  builder: m:build\n  args: {width: 64, experts: 8}\n")
-    (tmp_path / "m.py").write_text("def build(width, experts):\n    pass\n")
-    data = ["data.type=python", "data.builder=m:build"]
+    (tmp_path / "m.py").write_text("def build(width, experts):\n    pass\n\ndef build_data(split, val):\n    pass\n")
+    data = ["data.type=python", "data.builder=m:build_data"]
     config = load_run_config(path, ["model.args.experts=64", *data, "data.args.val.n=7"])
     assert config.model.args == {"width": 64, "experts": 64} and config.data.args == {"val": {"n": 7}}
     with pytest.raises(DistsetupError, match=r"^override 'model.args.width.x=1': model.args.width is not a mapping"):
