@@ -182,6 +182,14 @@ def _here(ours: str, section: str) -> str:
 OTHER_TOOLS_NAMES = frozenset({key for _, key in OTHER_NAMES} | set(ELSEWHERE))
 
 
+def spellings(section: str, key: str) -> set[str]:
+    """Every name the setting `section.key` is written under ("training.learning_rate": "training.lr" and the other
+    tools' names read as it), itself included."""
+    other = OTHER_NAMES.get((section, key))
+    ours = other.ours if other else f"{section}.{key}"
+    return {ours, f"{section}.{key}"} | {f"{s}.{k}" for (s, k), name in OTHER_NAMES.items() if name.ours == ours}
+
+
 def read_other_names(raw: dict) -> tuple[list[str], list[Problem], dict[str, str]]:
     """Rewrite other tools' names in `raw` into distsetup's keys (in place). Returns a note per name read, the
     problems (an ambiguous name; one setting written twice with different values), and each key read from another

@@ -13,7 +13,7 @@ import yaml
 from distsetup.errors import DistsetupError
 from distsetup.formats.file_kinds import wrong_kind_problem
 from distsetup.formats.fsdp_inline import inline_findings, read_inline
-from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names
+from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names, spellings
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 from distsetup.formats.runconfig import SECTIONS, DistributedConfig, ModelConfig, RunConfig
@@ -118,9 +118,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
+        if len(keys) == 1:
+            _replace_the_files_other_spellings(raw, dotted, overridden)
         if section == "training" and len(keys) == 1 and mapping[keys[0]] is not None:
             _replace_the_files_other_length(mapping, keys[0], overridden)
     return raw
+
+
+def _replace_the_files_other_spellings(raw: dict, dotted: str, overridden: set[str]) -> None:
+    """An override of a setting replaces what the file writes of it under another name (`training.learning_rate=1e-3`
+    over the file's `lr`), as over its own: the two would otherwise be one setting written twice."""
+    for spelling in spellings(*dotted.split(".")) - {dotted} - overridden:
+        section, key = spelling.split(".")
+        if isinstance(raw.get(section), dict):
+            raw[section].pop(key, None)
 
 
 def _replace_the_files_other_length(training: dict, key: str, overridden: set[str]) -> None:

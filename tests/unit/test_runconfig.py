@@ -219,6 +219,19 @@ def test_an_override_of_the_runs_length_replaces_the_files_other(tmp_path):
         load_run_config(config("b.yaml", "epochs: 2\n  max_steps: 9"))
 
 
+def test_an_override_under_another_name_replaces_the_files_setting(tmp_path):
+    """Bug: `training.learning_rate=1e-3` on the command line was refused beside the file's `lr` (one setting written
+    twice), where an override of `lr` replaces it: the command line wins, under any name the setting is read from."""
+    path = write_yaml(tmp_path, "training:\n  lr: 0.1\n  fp16: true\ndistributed:\n  gradient_accumulation_steps: 2\n")
+    run = load_run_config(path, ["training.learning_rate=1e-3", "training.bf16=true"]).training
+    assert (run.lr, run.precision) == (1e-3, "bf16")  # fp16 written in the file is the same setting: replaced
+    assert load_run_config(path, ["training.gradient_accumulation_steps=4"]).training.gradient_accumulation_steps == 4
+    hf = write_yaml(tmp_path, "training:\n  learning_rate: 0.1\n")
+    assert load_run_config(hf, ["training.lr=2e-3"]).training.lr == 2e-3
+    with pytest.raises(DistsetupError, match="set one setting \\(training.lr\\) to different values"):
+        load_run_config(None, ["training.lr=0.1", "training.learning_rate=0.2"])  # both on the command line
+
+
 def test_the_forms_users_write_for_own_keys_are_read_as_meant(tmp_path):
     """`yes` for chunked_loss (YAML's true), the HF Trainer's report_to as one string; "all" is refused (no list here
     means TensorBoard where installed, not every integration)."""
