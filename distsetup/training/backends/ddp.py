@@ -4,6 +4,7 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
 import torch.nn as nn
 
 from distsetup.training.backends.base import Backend
@@ -13,6 +14,27 @@ from distsetup.training.model.build import ModelParts
 
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
+
+
+class ModelValuesThrough(torch.nn.parallel.DistributedDataParallel):
+    """DDP that gives a training.loss the model's parameters and values it reads (model.annotator_logit, a Crowd-BT
+    scorer's), as FSDP2 (the model itself) and DeepSpeed's engine give them; the model's methods and modules are
+    not, since a call that is not DDP's forward would leave DDP's gradient bookkeeping behind (its error says so)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            value = getattr(self.module, name)
+        if callable(value) and not isinstance(value, torch.Tensor):  # an AttributeError still: hasattr() is False
+            raise AttributeError(
+                f"DDP's wrapper gives model.{name} ({type(value).__name__}) of the model it wraps to no caller: only "
+                f"the model's forward, model(...), keeps DDP's gradients in step (compute it there, or call "
+                f"model.module.{name} where no gradient flows)"
+            )
+        return value
 
 
 class DDPBackend(Backend):
@@ -31,7 +53,7 @@ class DDPBackend(Backend):
         self.unrouted_as_zero = layers
 
     def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        DDP = ModelValuesThrough
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         options: dict[str, Any] = buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type))
