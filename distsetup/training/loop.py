@@ -41,16 +41,19 @@ class Loop:
         return self.evals[-1]["val_loss"] if self.evals and self.evals[-1]["step"] == step else None
 
     def figures(self, step: int, world_size: int, items_per_step: int) -> dict:
-        """The loop's figures for summary.json at step `step`: its evaluations, its pace since set-up (items: tokens
-        or samples), its MFU, and where its time went."""
+        """The loop's figures for summary.json at step `step`: its evaluations (the last one's figures: the loss, the
+        perplexity or the user's terms, val_accuracy), its pace since set-up (items: tokens or samples), its MFU, and
+        where its time went."""
         unit = self.objective.unit
         steps_per_s = per_s = None  # no pace where no step ran (a run resumed from its last step)
         if step > self.first_step:
             steps_per_s = (step - self.first_step) / max(self.timer.train_seconds, 1e-9)
             per_s = steps_per_s * items_per_step
+        last = self.evals[-1] if self.evals else {}
         return {
-            "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
-            "val_perplexity": self.evals[-1].get("val_perplexity") if self.evals else None,
+            "val_loss": last.get("val_loss"),
+            "val_perplexity": last.get("val_perplexity"),
+            **{name: value for name, value in last.items() if name.startswith("val_")},  # the loss's own terms too
             "evals": self.evals,
             f"{unit}_per_s": per_s,
             "mfu": mfu(per_s, self.flops, world_size, self.peak) if self.flops and per_s is not None else None,

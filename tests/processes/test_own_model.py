@@ -95,6 +95,7 @@ def test_the_scorer_trains_on_two_ranks_as_on_one_process(name):
     assert all(row["samples_per_s"] > 0 and "tokens_per_s" not in row for row in trained)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["samples_per_s"] > 0 and summary["mfu"] is None  # a CPU without training.peak_tflops
+    assert summary["val_accuracy"] == evals[0]["val_accuracy"]  # the last evaluation's terms, as its loss
     without = json.loads((scorer_run("ddp")[0] / "summary.json").read_text())["peak_activation_bytes"]
     recomputed = "activation_checkpointing" in " ".join(RUNS[name][2])  # its blocks' activations are not kept
     assert recomputed == (summary["peak_activation_bytes"] < without / 2)
