@@ -19,8 +19,11 @@ METRICS_AND_SUMMARY = (METRICS, TENSORBOARD, SUMMARY)  # the record but its chec
 
 def set_aside(out_dir: Path, names: tuple[str, ...] = RECORD) -> Path | None:
     """The previous run's record in `out_dir` (its `names`) moved into out_dir/previous-TIME (None: there was
-    none)."""
+    none). An empty file, a start that failed before its first line, records nothing: removed, not kept aside."""
     present = [out_dir / name for name in names if (out_dir / name).exists()]
+    for empty in [path for path in present if path.is_file() and path.stat().st_size == 0]:
+        empty.unlink()
+        present.remove(empty)
     if not present:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -161,6 +161,8 @@ def test_a_fresh_start_sets_the_previous_runs_record_aside_whole(tmp_path):
     from distsetup.training import run_record
 
     assert run_record.set_aside(tmp_path) is None  # nothing to set aside: no folder made
+    (tmp_path / "metrics.jsonl").write_text("")  # a start that failed before its first line: a folder a try, before
+    assert run_record.set_aside(tmp_path) is None and list(tmp_path.iterdir()) == []
     (tmp_path / "checkpoints" / "step_0000002").mkdir(parents=True)
     (tmp_path / "metrics.jsonl").write_text('{"step": 2}\n')
     (tmp_path / "summary.json").write_text("{}")
