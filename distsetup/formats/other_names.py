@@ -182,6 +182,12 @@ def _here(ours: str, section: str) -> str:
 OTHER_TOOLS_NAMES = frozenset({key for _, key in OTHER_NAMES} | set(ELSEWHERE))
 
 
+def sets_something(section: str, key: str, value) -> bool:
+    """Whether `value` under `section.key` sets its setting (another tool's `fp16: false` sets nothing)."""
+    other = OTHER_NAMES.get((section, key))
+    return other is None or other.meaning(value) is not None
+
+
 def spellings(section: str, key: str) -> set[str]:
     """Every name the setting `section.key` is written under ("training.learning_rate": "training.lr" and the other
     tools' names read as it), itself included."""

@@ -13,7 +13,7 @@ import yaml
 from distsetup.errors import DistsetupError
 from distsetup.formats.file_kinds import wrong_kind_problem
 from distsetup.formats.fsdp_inline import inline_findings, read_inline
-from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names, spellings
+from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names, sets_something, spellings
 from distsetup.formats.problems import Problem, join_path, schema_problems
 from distsetup.formats.reading import parse_yaml, read_yaml
 from distsetup.formats.runconfig import SECTIONS, DistributedConfig, ModelConfig, RunConfig
@@ -118,7 +118,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 f"override '{item}': the value is not valid YAML.",
                 f"quote it: {dotted}='\"...\"' (a path or a string).",
             )
-        if len(keys) == 1:
+        if len(keys) == 1 and sets_something(section, keys[0], mapping[keys[0]]):
             _replace_the_files_other_spellings(raw, dotted, overridden)
         if section == "training" and len(keys) == 1 and mapping[keys[0]] is not None:
             _replace_the_files_other_length(mapping, keys[0], overridden)

@@ -135,6 +135,14 @@ def _model_problems(config: RunConfig) -> list[Problem]:
 # The keys of a Hugging Face config.json that say its longest sequence (GPT-2's learned positions: n_positions, n_ctx)
 POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx")
 
+# Text encoder-decoders of which transformers (5.23) builds no causal LM (AutoModelForCausalLM): the trainer refuses
+# them on every rank, and validate says it first from config.json. BART, mBART, Marian, Pegasus and the like have a
+# causal LM (their decoder), which the trainer builds: not here.
+NO_CAUSAL_LM = frozenset(
+    {"t5", "mt5", "umt5", "longt5", "switch_transformers", "t5gemma", "t5gemma2", "led", "m2m_100", "nllb-moe"}
+    | {"fsmt", "pegasus_x", "encoder-decoder", "udop", "pix2struct"}
+)
+
 
 def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     """A Hugging Face model's folder has its config.json, describes a causal LM, and model.block_size fits in the
@@ -155,7 +163,7 @@ def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Proble
         hf_config = read_json(described)
     except DistsetupError as e:
         return [Problem("model.hf_path", e.message, "fix or rewrite its config.json.")]
-    if hf_config.get("is_encoder_decoder") is True:  # T5, BART, SwitchTransformers: the trainer's error, said early
+    if hf_config.get("is_encoder_decoder") is True and hf_config.get("model_type") in NO_CAUSAL_LM:
         return [
             Problem(
                 "model.hf_path",

@@ -276,7 +276,7 @@ def train_args(spec: LaunchSpec) -> list[str]:
 # utils/launch.py, deepspeed's launcher/launch.py)
 OMP_WHEN_UNSET = {
     "torchrun": "torchrun sets 1 when unset",
-    "accelerate": "accelerate sets 1 when unset; for CPU processes, the cores over the processes",
+    "accelerate": "accelerate sets 1 when unset, or with its --cpu the cores over the processes",
     "deepspeed": "the deepspeed launcher leaves it unset: each process then takes every core",
 }
 

@@ -130,7 +130,11 @@ def test_samples_that_make_no_batch_are_said_in_one_line(workers):
     """Bug: a DataLoader's traceback (and a worker's inside it), 60 lines, where the model's and the loss's errors
     of the first batch are one line."""
     for dataset, said in (
-        (OneImageOfAnotherSize(), "the samples of a micro-batch do not make a batch by default_collate: "),
+        (
+            OneImageOfAnotherSize(),
+            "the samples of a micro-batch do not make a batch by default_collate: RuntimeError: stack expects each "
+            "tensor to be equal size",
+        ),
         (Unreadable(), "data.builder's dataset raised FileNotFoundError: images/"),
     ):
         loader = StepLoader(dataset, ShardedSampler(8, 4, 1, 2, 1, 0), default_collate, workers, CPU, "default_collate")
@@ -140,11 +144,10 @@ def test_samples_that_make_no_batch_are_said_in_one_line(workers):
         finally:
             loader.close()
         assert said in refused.value.problem and "\n" not in str(refused.value), str(refused.value)
-        batches = validation_batches(dataset, 4, 1, 2, default_collate, workers, CPU, "default_collate")
-        with pytest.raises(DistsetupError, match=said.replace("(", r"\(").replace(")", r"\)")):
-            list(batches)
-    expected = "stack expects each tensor to be equal size"
-    assert expected in str(refused.value) or "images/" in str(refused.value)
+        if workers == 0:  # evaluation's batches go the same way (its workers start as training's)
+            batches = validation_batches(dataset, 4, 1, 2, default_collate, workers, CPU, "default_collate")
+            with pytest.raises(DistsetupError, match=said.replace("(", r"\(").replace(")", r"\)")):
+                list(batches)
 
 
 RANK = """

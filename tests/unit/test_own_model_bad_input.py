@@ -507,8 +507,53 @@ def test_validate_reads_the_functions_and_parameters_the_run_config_names_from_t
     assert said is None or f"{config}: {said}" in result.output.splitlines(), result.output
 
 
-def test_validate_leaves_a_module_that_makes_its_names_as_it_runs_to_the_import(run_cli, tmp_path):
-    (tmp_path / "scorer.py").write_text("def __getattr__(name):\n    return lambda **args: None\n")
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def __getattr__(name):\n    return lambda **args: None\n",  # a module __getattr__
+        "import lazy_loader\n__getattr__, __dir__, __all__ = lazy_loader.attach(__name__)\n",  # the lazy idiom
+        "def setup():\n    global anything\n    def anything(x):\n        pass\n\nsetup()\n",  # bound by `global`
+        "import sys\nsys.modules[__name__] = object()\n",
+        "import os\nif os.environ.get('V2'):\n    def anything(x, y):\n        pass\n"
+        "else:\n    def anything(x):\n        pass\n",  # bound twice: which one runs is the run's to know
+    ],
+    ids=["getattr", "lazy", "global", "sys.modules", "conditional"],
+)
+def test_validate_leaves_what_only_running_the_module_can_tell_to_the_import(run_cli, tmp_path, source):
+    """The review's cases: each a module the run would import and call as the run config says."""
+    (tmp_path / "scorer.py").write_text(source)
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": "scorer:anything", "args": {"x": 1}}}))
-    assert run_cli("validate", config).exit_code == 0
+    config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": "scorer:anything", "args": {"y": 1}}}))
+    result = run_cli("validate", config)
+    assert result.exit_code == 0, result.output
+
+
+def test_batchnorm_in_16_bits_under_fsdp2_is_refused_with_selective_recompute_before_the_process_group():
+    """FSDP2 keeps each BatchNorm in fp32 as a unit of its own in bf16 and fp16 runs, and selective checkpointing
+    cannot recompute a unit's gathers inside a block: a traceback on every rank at the first backward, before."""
+    from distsetup.training.backends.fsdp import FSDPBackend
+    from distsetup.training.launch_env import World
+
+    world = World(rank=0, local_rank=0, size=2, local_size=2)
+    normed = models.Description(["Block"], 10, "", module_classes=frozenset({"Block", "BatchNorm2d", "Conv2d"}))
+    for precision, recompute, refused in (
+        ("bf16", "selective", True),
+        ("bf16", "full", False),
+        ("fp32", "selective", False),
+    ):
+        cfg = load_run_config(
+            None,
+            [
+                "distributed.backend=fsdp",
+                f"training.precision={precision}",
+                f"training.activation_checkpointing={recompute}",
+            ],
+        )
+        backend = FSDPBackend(cfg, world, torch.device("cpu"))
+        if not refused:
+            backend.check_model(normed)
+            continue
+        with pytest.raises(
+            DistsetupError, match="training.activation_checkpointing selective with BatchNorm2d in bf16"
+        ):
+            backend.check_model(normed)

@@ -125,7 +125,8 @@ def test_a_hugging_face_folder_needs_its_config_and_room_for_the_block(tmp_path,
 
 def test_an_encoder_decoder_folder_is_refused_as_the_trainer_refuses_it(tmp_path):
     """validate said "no problems" of a T5 or SwitchTransformers folder, which the trainer then refused on every rank
-    (transformers builds no causal LM of it); config.json says it without transformers."""
+    (transformers builds no causal LM of it); config.json says it without transformers. BART it builds (the review's
+    find: refusing every encoder-decoder refused it too)."""
     (tmp_path / "t5").mkdir()
     (tmp_path / "t5" / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
     with pytest.raises(DistsetupError) as refused:
@@ -135,6 +136,9 @@ def test_an_encoder_decoder_folder_is_refused_as_the_trainer_refuses_it(tmp_path
         "(AutoModelForCausalLM). Fix: train it as model.type python: a builder that returns the model, and its own "
         ".loss (docs/own-code.md)."
     )
+    (tmp_path / "bart").mkdir()  # an encoder-decoder of which transformers builds a causal LM (its decoder): trained
+    (tmp_path / "bart" / "config.json").write_text(json.dumps({"model_type": "bart", "is_encoder_decoder": True}))
+    assert load_run_config(write_yaml(tmp_path, "model:\n  type: hf\n  hf_path: bart\n")).model.hf_path == "bart"
 
 
 def test_missing_file_and_bad_override():
@@ -226,6 +230,8 @@ def test_an_override_under_another_name_replaces_the_files_setting(tmp_path):
     run = load_run_config(path, ["training.learning_rate=1e-3", "training.bf16=true"]).training
     assert (run.lr, run.precision) == (1e-3, "bf16")  # fp16 written in the file is the same setting: replaced
     assert load_run_config(path, ["training.gradient_accumulation_steps=4"]).training.gradient_accumulation_steps == 4
+    bf16 = write_yaml(tmp_path, "training:\n  precision: bf16\n")
+    assert load_run_config(bf16, ["training.fp16=false"]).training.precision == "bf16"  # false sets nothing: kept
     hf = write_yaml(tmp_path, "training:\n  learning_rate: 0.1\n")
     assert load_run_config(hf, ["training.lr=2e-3"]).training.lr == 2e-3
     with pytest.raises(DistsetupError, match="set one setting \\(training.lr\\) to different values"):

@@ -19,8 +19,8 @@ def test_missing_config(tmp_path):
 
 def test_invalid_config(tmp_path):
     config = write_run_config(tmp_path, "single")
-    result = train(config, 1, "training.learning_rate=0.1")
-    assert_clean_error(result, "learning_rate")
+    result = train(config, 1, "training.learning_rate=-0.1")  # the HF Trainer's name, read as training.lr
+    assert_clean_error(result, "training.lr: -0.1 is out of range")
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 

@@ -194,7 +194,7 @@ class DeepSpeedBackend(Backend):
                 config=self.ds_config,
             )
         self.model = self.engine
-        rank0_buffers.broadcast_before_each_forward(self.engine.module, self.cfg.model.type, self.world.size)
+        self.buffers_kept_equal = rank0_buffers.kept_equal(self.engine.module, self.cfg.model.type, self.world.size)
         if self.zero_stage == 3:
             share_master_weights(self.engine.optimizer)
         if self.own_checkpoint is not None and self.zero_stage == 0 and self.precision != "fp32":
@@ -262,6 +262,8 @@ class DeepSpeedBackend(Backend):
                 way_out = zero3_blocks.LAYER_BY_LAYER_HINT if self.whole_blocks else None
                 raise DistsetupError(*moe.leaf_hook_problem(list(self.leaves), way_out)) from e
             raise
+        if last_micro and self.buffers_kept_equal is not None:
+            self.buffers_kept_equal.step_synchronised()
         self.engine.backward(micro.loss)  # DeepSpeed divides by the accumulation steps itself
         if not last_micro:
             self.engine.step()  # only advances DeepSpeed's micro-step counter

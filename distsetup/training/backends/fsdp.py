@@ -161,7 +161,9 @@ class FSDPBackend(Backend):
         del whole, built_buffers
         # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
         model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
-        rank0_buffers.broadcast_before_each_forward(model, self.cfg.model.type, self.world.size)  # as DDP does
+        self.buffers_kept_equal = rank0_buffers.kept_equal(
+            model, self.cfg.model.type, self.world.size
+        )  # as DDP keeps them
         self.model = model
         self._handle_conditional(parts.conditional)
         if self.cfg.training.async_checkpoint and not self.full_state_dict:  # every rank creates them, here
@@ -173,8 +175,17 @@ class FSDPBackend(Backend):
 
     def check_model(self, description: models.Description) -> None:
         """The classes the FSDP settings wrap, each one of the model's (one that is not stopped every rank after the
-        process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's."""
+        process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's. And BatchNorm in
+        16 bits under selective recompute (_norms_in_fp32's units, whose own hooks it cannot recompute)."""
         present = description.module_classes
+        norms = sorted(name for name in present if "BatchNorm" in name)
+        if norms and self.precision != "fp32" and self.cfg.training.activation_checkpointing == "selective":
+            raise DistsetupError(
+                f"training.activation_checkpointing selective with {', '.join(norms)} in {self.precision}: FSDP2 "
+                "keeps each BatchNorm in fp32, a unit of its own, and selective checkpointing cannot recompute a "
+                "unit's gathers inside a block.",
+                "set training.activation_checkpointing: full, or training.precision: fp32.",
+            )
         if not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
             return
         blocks = ",".join(description.layer_classes) or "YourBlock"
@@ -288,6 +299,8 @@ class FSDPBackend(Backend):
     def backward(self, loss_of: Callable[[nn.Module], MicroLoss], last_micro: bool) -> MicroLoss:
         self._sharded.set_requires_gradient_sync(last_micro)
         micro = self._forward(loss_of)
+        if last_micro and self.buffers_kept_equal is not None:
+            self.buffers_kept_equal.step_synchronised()
         self._averaged(micro.loss).backward()
         return micro.detached()
 

@@ -72,7 +72,11 @@ def _statistics_updated_once(wrapper: nn.Module) -> None:
     """Running statistics (BatchNorm's) inside a checkpointed block updated by its forward only: backward's recompute
     runs the block again in training mode, which would update them a second time each step. The recompute calls the
     block inside `wrapper`, not `wrapper` itself, so a forward of its own is one between the wrapper's hooks."""
-    norms = [m for m in wrapper.modules() if getattr(m, "track_running_stats", False) and m.running_mean is not None]
+    norms = [
+        m
+        for m in wrapper.modules()
+        if getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None
+    ]
     if not norms:
         return
     spares = [_Spares(norm) for norm in norms]
@@ -112,6 +116,8 @@ class _Spares:
                 self.norm._buffers[name] = spare
 
     def swap_back(self) -> None:
+        if not self.own:  # the forward's (no mutation for torch.compile to trace)
+            return
         for name, own in self.own.items():
             self.norm._buffers[name] = own
         self.own.clear()

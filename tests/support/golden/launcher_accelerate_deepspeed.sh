@@ -21,7 +21,7 @@ DEEPSPEED_CONFIG=ds.json
 
 # --- environment ---
 cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
-# export OMP_NUM_THREADS=1  # CPU threads per process (accelerate sets 1 when unset; for CPU processes, the cores over the processes)
+# export OMP_NUM_THREADS=1  # CPU threads per process (accelerate sets 1 when unset, or with its --cpu the cores over the processes)
 # export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 # export NCCL_SOCKET_IFNAME=eth0  # network interface NCCL uses between nodes
 # export NCCL_IB_DISABLE=1  # 1 = no InfiniBand (use TCP sockets)
