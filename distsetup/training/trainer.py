@@ -30,6 +30,7 @@ from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenO
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained
+from distsetup.training.model.blocks import recompute_mismatch
 from distsetup.training.model.throughput import device_peak_tflops, mfu
 from distsetup.training.model_setup import check_model_fits, flops_per_item, largest_activation_bytes, whole_model
 from distsetup.training.preemption import Preemption
@@ -176,10 +177,17 @@ class Trainer:
     def forward_backward(self, loop: Loop, batches: list, weights: Sequence[float | torch.Tensor]) -> list[MicroLoss]:
         """Forward and backward each micro-batch; the backend synchronises gradients on the last one."""
         last = len(batches) - 1
-        return [
-            self.backend.backward(functools.partial(loop.objective.micro_loss, batch=batch, weight=weight), m == last)
-            for m, (batch, weight) in enumerate(zip(batches, weights, strict=True))
-        ]
+        try:
+            return [
+                self.backend.backward(
+                    functools.partial(loop.objective.micro_loss, batch=batch, weight=weight), m == last
+                )
+                for m, (batch, weight) in enumerate(zip(batches, weights, strict=True))
+            ]
+        except RuntimeError as e:
+            if (said := recompute_mismatch(e)) is not None:
+                raise said from e
+            raise
 
     # -- set-up, after the process group ----------------------------------------------------------------------
     def _set_up(self) -> Loop:

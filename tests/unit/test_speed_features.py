@@ -91,6 +91,39 @@ def test_recomputed_blocks_update_batchnorms_running_statistics_once_a_step(mode
         torch.testing.assert_close(recomputed[name], value, rtol=0, atol=0, msg=name)
 
 
+class RunsMoreTheSecondTime(torch.nn.Module):
+    """A block whose recompute runs an operation its forward did not (as a ZeRO-3 block gathered in one and not the
+    other)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.calls = torch.nn.Linear(4, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.linear(x if self.calls == 1 else x.clone())
+
+
+def test_a_recompute_that_differs_from_its_forward_is_one_line_naming_the_fix():
+    """Selective checkpointing refuses it with torch's words on every rank, a traceback after: now one line."""
+    from distsetup.training.model.blocks import recompute_mismatch
+
+    model = torch.nn.Sequential(RunsMoreTheSecondTime())
+    apply_activation_checkpointing(model, list(model), "selective")
+    with pytest.raises(RuntimeError) as refused:
+        model(torch.ones(2, 4, requires_grad=True)).sum().backward()
+    said = recompute_mismatch(refused.value)
+    assert said is not None and said.alike_on_every_rank and "\n" not in str(said)
+    assert str(said).startswith(
+        "training.activation_checkpointing selective: backward's recompute of a block ran other operations than its "
+        "forward (aten.clone.default;"
+    )
+    assert str(said).endswith(
+        "HINT: set training.activation_checkpointing: full, which recomputes whatever the block runs."
+    )
+    assert recompute_mismatch(RuntimeError("something else")) is None
+
+
 @pytest.mark.parametrize("written, read", [(True, "full"), (False, "none"), ("selective", "selective")])
 def test_activation_checkpointing_reads_its_old_boolean_spelling(written, read):
     cfg = load_run_config(None, [f"training.activation_checkpointing={str(written).lower()}"])

@@ -123,6 +123,21 @@ class _Spares:
         self.own.clear()
 
 
+def recompute_mismatch(error: BaseException) -> DistsetupError | None:
+    """The one line for selective checkpointing's refusal of a recompute that runs other operations than its block's
+    forward did (torch's "... encountered during backward but not found in storage"): under ZeRO-3 a model run twice
+    a step finds a block gathered in one and not in the other. None for any other error."""
+    if not (isinstance(error, RuntimeError) and "encountered during backward but not found in storage" in str(error)):
+        return None
+    return DistsetupError(
+        "training.activation_checkpointing selective: backward's recompute of a block ran other operations than its "
+        f"forward ({str(error).split(' encountered')[0]}; under ZeRO-3, a model run twice a step finds its blocks' "
+        "weights gathered in one and not in the other).",
+        "set training.activation_checkpointing: full, which recomputes whatever the block runs.",
+        alike_on_every_rank=True,
+    )
+
+
 def outermost(blocks: list[nn.Module]) -> list[nn.Module]:
     """The blocks inside no other block (model.layer_classes may name a layer and a part of it): checkpointing the
     outer one recomputes the inner one's activations already, and checkpointing both would run the inner forward a
