@@ -167,7 +167,7 @@ def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Proble
         return [
             Problem(
                 "model.hf_path",
-                f"{model.hf_path} holds an encoder-decoder ({hf_config.get('model_type', 'its config.json says')}); "
+                f"{model.hf_path} holds an encoder-decoder ({hf_config['model_type']}); "
                 "model.type hf trains causal LMs (AutoModelForCausalLM).",
                 "train it as model.type python: a builder that returns the model, and its own .loss "
                 "(docs/own-code.md).",

@@ -8,7 +8,7 @@ import site
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from distsetup.errors import DistsetupError, first_line
@@ -19,12 +19,19 @@ from distsetup.formats.runconfig import RunConfig
 def raised_in_user_code(error: BaseException) -> str:
     """' (at buggy.py:3, in helper)': where `error` was raised in the user's own code (the innermost frame of its
     traceback outside installed packages, the standard library and distsetup), or '' where none of it is."""
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if users_file(frame.filename)]
-    if not frames:
+    return innermost_users_frame((f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__))
+
+
+def innermost_users_frame(frames: Iterable[tuple[str, int | str | None, str]]) -> str:
+    """' (at buggy.py:3, in helper)': the innermost of `frames` (file, line, function; outermost first) in the
+    user's own code, or '' where none is."""
+    users = [frame for frame in frames if users_file(frame[0])]
+    if not users:
         return ""
-    path = Path(frames[-1].filename)
+    filename, line, name = users[-1]
+    path = Path(filename)
     shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-    return f" (at {shown}:{frames[-1].lineno}, in {frames[-1].name})"
+    return f" (at {shown}:{line}, in {name})"
 
 
 def what_raised(error: BaseException) -> str:

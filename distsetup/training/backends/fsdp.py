@@ -136,8 +136,8 @@ class FSDPBackend(Backend):
             "offload_policy": self._offload(),
         }
         norms = self._norms_in_fp32(model, units, parts.conditional)
+        in_fp32 = {**kwargs, "mp_policy": self._norm_mixed_precision()}
         for norm in norms:  # inside the units: sharded first
-            in_fp32 = {**kwargs, "mp_policy": self._norm_mixed_precision()}
             fully_shard(norm, reshard_after_forward=self.fsdp.reshards_after_forward, **in_fp32)
         last = last_in_module_order(model, units)
         kept = {id(module) for module in last.modules()} if last is not None else set()  # and the units inside it
@@ -264,11 +264,9 @@ class FSDPBackend(Backend):
         return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in left_out]
 
     def _norm_mixed_precision(self) -> MixedPrecisionPolicy:
-        """A BatchNorm unit's: its input cast to fp32, its weights and gradients kept so, its output cast back."""
-        reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")
-        return MixedPrecisionPolicy(
-            param_dtype=torch.float32, reduce_dtype=reduce, output_dtype=PRECISION_DTYPES[self.precision]
-        )
+        """A BatchNorm unit's: as the units', but its input cast to fp32, its weights kept so, its output cast back."""
+        output = PRECISION_DTYPES[self.precision]
+        return dataclasses.replace(self._mixed_precision(), param_dtype=torch.float32, output_dtype=output)
 
     def _root_mixed_precision(self) -> MixedPrecisionPolicy:
         """The root's policy: as the units', and where training.loss (the user's) takes the model's outputs from 16-bit

@@ -61,5 +61,4 @@ def _traceback_text(error: BaseException) -> str:
 
 def _where_in_worker(text: str) -> str:
     """' (at dataset.py:12, in __getitem__)': the innermost frame of the user's own code in a worker's traceback."""
-    frames = [m for m in _FRAME.finditer(text) if user_code.users_file(m["file"])]
-    return f" (at {frames[-1]['file']}:{frames[-1]['line']}, in {frames[-1]['name']})" if frames else ""
+    return user_code.innermost_users_frame((m["file"], m["line"], m["name"]) for m in _FRAME.finditer(text))
