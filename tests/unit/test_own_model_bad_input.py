@@ -54,6 +54,11 @@ def build_reading_a_weight(depth=2):
 def build_broken(depth=2):
     raise ValueError("depth must be even")
 
+def build_normed():  # running statistics in a BatchNorm and an InstanceNorm told to keep them; none in the rest
+    kept = [nn.BatchNorm1d(4), nn.InstanceNorm1d(4, track_running_stats=True)]
+    none = [nn.BatchNorm1d(4, track_running_stats=False), nn.InstanceNorm1d(4), nn.GroupNorm(2, 4)]
+    return nn.Sequential(Block(), *kept, *none)
+
 class NoLength(torch.utils.data.Dataset):
     def __getitem__(self, index):
         return torch.zeros(4)
@@ -528,14 +533,16 @@ def test_validate_leaves_what_only_running_the_module_can_tell_to_the_import(run
     assert result.exit_code == 0, result.output
 
 
-def test_batchnorm_in_16_bits_under_fsdp2_is_refused_with_selective_recompute_before_the_process_group():
-    """FSDP2 keeps each BatchNorm in fp32 as a unit of its own in bf16 and fp16 runs, and selective checkpointing
-    cannot recompute a unit's gathers inside a block: a traceback on every rank at the first backward, before."""
+def test_batchnorm_in_16_bits_under_fsdp2_is_refused_with_selective_recompute_before_the_process_group(user_module):
+    """FSDP2 keeps each layer with running statistics in fp32 as a unit of its own in bf16 and fp16 runs, and
+    selective checkpointing cannot recompute a unit's gathers inside a block: a traceback on every rank at the first
+    backward, before."""
     from distsetup.training.backends.fsdp import FSDPBackend
     from distsetup.training.launch_env import World
 
     world = World(rank=0, local_rank=0, size=2, local_size=2)
-    normed = models.Description(["Block"], 10, "", module_classes=frozenset({"Block", "BatchNorm2d", "Conv2d"}))
+    normed = models.describe(ModelConfig(type="python", builder=f"{user_module}:build_normed"))
+    assert normed.running_statistics_classes == {"BatchNorm1d", "InstanceNorm1d"}
     for precision, recompute, refused in (
         ("bf16", "selective", True),
         ("bf16", "full", False),
@@ -554,6 +561,6 @@ def test_batchnorm_in_16_bits_under_fsdp2_is_refused_with_selective_recompute_be
             backend.check_model(normed)
             continue
         with pytest.raises(
-            DistsetupError, match="training.activation_checkpointing selective with BatchNorm2d in bf16"
+            DistsetupError, match="training.activation_checkpointing selective with BatchNorm1d, InstanceNorm1d in bf16"
         ):
             backend.check_model(normed)

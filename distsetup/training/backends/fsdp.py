@@ -2,7 +2,6 @@
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -19,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
@@ -31,8 +30,8 @@ from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_s
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import fsdp_on_cpu, rank0_buffers
 from distsetup.training.backends.base import Backend
+from distsetup.training.backends.fsdp_precision import FsdpPrecision
 from distsetup.training.backends.fsdp_root_output import root_output_not_a_view
-from distsetup.training.backends.precision import PRECISION_DTYPES
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
@@ -82,6 +81,7 @@ class FSDPBackend(Backend):
         self.memory_strategy = PLANNED.get(self.strategy, "ddp")  # NO_SHARD: each rank holds it whole
         if self.precision not in TRAINER_PRECISIONS:
             raise DistsetupError(*TRAINER_FP16_PROBLEM)
+        self.mixed_precision = FsdpPrecision(self.precision, self.fsdp.reduce_dtype, bool(cfg.training.loss))
         self.full_state_dict = self.fsdp.state_dict_type == "FULL_STATE_DICT"
         self.mesh_shape = mesh_shape(self.strategy, world.size, world.local_size)
         self.hands_back_freed_heap = False  # on the CPU, where a rank has no room (fit_to_the_model)
@@ -132,11 +132,13 @@ class FSDPBackend(Backend):
         units = in_place_of(model, units)  # their activation-checkpointing wrappers, where there are some
         kwargs: dict[str, Any] = {
             "mesh": self._mesh(),
-            "mp_policy": self._mixed_precision(),
+            "mp_policy": self.mixed_precision.units(),
             "offload_policy": self._offload(),
         }
-        norms = self._norms_in_fp32(model, units, parts.conditional)
-        in_fp32 = {**kwargs, "mp_policy": self._norm_mixed_precision()}
+        # none inside a layer that runs differently per rank (an expert): one rank would gather it and another not
+        left_out = {id(m) for layer in parts.conditional for m in layer.modules()} | {id(unit) for unit in units}
+        norms = self.mixed_precision.norms_in_fp32(model, left_out)
+        in_fp32 = {**kwargs, "mp_policy": self.mixed_precision.norms()}
         for norm in norms:  # inside the units: sharded first
             fully_shard(norm, reshard_after_forward=self.fsdp.reshards_after_forward, **in_fp32)
         last = last_in_module_order(model, units)
@@ -147,7 +149,7 @@ class FSDPBackend(Backend):
             fully_shard(unit, reshard_after_forward=self.fsdp.reshards_after_forward and id(unit) not in kept, **kwargs)
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
-        fully_shard(model, reshard_after_forward=False, **{**kwargs, "mp_policy": self._root_mixed_precision()})
+        fully_shard(model, reshard_after_forward=False, **{**kwargs, "mp_policy": self.mixed_precision.root()})
         if self.device.type == "cpu":
             fsdp_on_cpu.hold_one_layer_at_a_time([*norms, *units, model], self.hands_back_freed_heap)
         # FSDP2 keeps offloaded shards on the CPU: the state dict then goes there too (one device for all), and the
@@ -175,17 +177,10 @@ class FSDPBackend(Backend):
 
     def check_model(self, description: models.Description) -> None:
         """The classes the FSDP settings wrap, each one of the model's (one that is not stopped every rank after the
-        process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's. And BatchNorm in
-        16 bits under selective recompute (_norms_in_fp32's units, whose own hooks it cannot recompute)."""
+        process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's. And the precision's
+        own check (fsdp_precision.py)."""
+        self.mixed_precision.check(description, self.cfg.training.activation_checkpointing)
         present = description.module_classes
-        norms = sorted(name for name in present if "BatchNorm" in name)
-        if norms and self.precision != "fp32" and self.cfg.training.activation_checkpointing == "selective":
-            raise DistsetupError(
-                f"training.activation_checkpointing selective with {', '.join(norms)} in {self.precision}: FSDP2 "
-                "keeps each BatchNorm in fp32, a unit of its own, and selective checkpointing cannot recompute a "
-                "unit's gathers inside a block.",
-                "set training.activation_checkpointing: full, or training.precision: fp32.",
-            )
         if not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
             return
         blocks = ",".join(description.layer_classes) or "YourBlock"
@@ -246,36 +241,6 @@ class FSDPBackend(Backend):
         if self.precision == "fp32":
             return None
         return f"FSDP2's mixed-precision policy casts the weights to {self.precision}"
-
-    def _mixed_precision(self) -> MixedPrecisionPolicy:
-        if self.precision == "fp32":
-            return MixedPrecisionPolicy()
-        reduce = getattr(torch, self.fsdp.reduce_dtype or "float32")  # the file names torch's dtypes
-        return MixedPrecisionPolicy(param_dtype=PRECISION_DTYPES[self.precision], reduce_dtype=reduce)
-
-    def _norms_in_fp32(self, model: nn.Module, units: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
-        """The BatchNorm layers, each a unit of its own computing in fp32, where the weights are 16-bit: their running
-        statistics are buffers, which FSDP2 never casts, and a 16-bit weight beside them stops their forward (autocast
-        runs batch_norm in fp32; FSDP1's MixedPrecision kept them in fp32 by default). None inside a layer that runs
-        differently per rank (an expert): a unit there would be gathered by one rank and not another."""
-        if self.precision == "fp32":
-            return []
-        left_out = {id(m) for layer in conditional for m in layer.modules()} | {id(unit) for unit in units}
-        return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and id(m) not in left_out]
-
-    def _norm_mixed_precision(self) -> MixedPrecisionPolicy:
-        """A BatchNorm unit's: as the units', but its input cast to fp32, its weights kept so, its output cast back."""
-        output = PRECISION_DTYPES[self.precision]
-        return dataclasses.replace(self._mixed_precision(), param_dtype=torch.float32, output_dtype=output)
-
-    def _root_mixed_precision(self) -> MixedPrecisionPolicy:
-        """The root's policy: as the units', and where training.loss (the user's) takes the model's outputs from 16-bit
-        weights, those outputs in fp32, as Accelerate hands them on (convert_outputs_to_fp32) and as the fp32 targets
-        of the batch meet them under autocast (single, DDP): a loss mixing the two would stop at the first step."""
-        policy = self._mixed_precision()
-        if self.precision == "fp32" or not self.cfg.training.loss:
-            return policy
-        return dataclasses.replace(policy, output_dtype=torch.float32)
 
     def needs_cpu_collectives(self) -> bool:
         """Offloaded to the CPU, the gradients that clipping reduces live there (as CPU DTensors)."""

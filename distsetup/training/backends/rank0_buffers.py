@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distsetup.training.model.running_statistics import keeps_running_statistics
+
 # the size of the flat buffers the broadcast goes through (DDP's default bucket)
 BROADCAST_BUCKET_BYTES = 25 * 1024 * 1024
 
@@ -17,8 +19,7 @@ def buffers_may_change(model: nn.Module, model_type: str) -> bool:
     the user's own module; the built-in GPT's and a Hugging Face causal LM's buffers (causal masks, rotary
     frequencies) are constants every rank builds alike. Broadcasting them costs a collective a step (about 8% of a
     tiny Llama's step on 2 CPU processes)."""
-    running_stats = any(getattr(module, "track_running_stats", False) for module in model.modules())
-    return model_type == "python" or running_stats
+    return model_type == "python" or any(keeps_running_statistics(module) for module in model.modules())
 
 
 class Rank0Buffers:

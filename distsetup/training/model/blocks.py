@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.problems import closest
+from distsetup.training.model.running_statistics import keeps_running_statistics
 
 
 def layer_modules(model: nn.Module, class_names: list[str], setting: str = "model.layer_classes") -> list[nn.Module]:
@@ -72,11 +73,7 @@ def _statistics_updated_once(wrapper: nn.Module) -> None:
     """Running statistics (BatchNorm's) inside a checkpointed block updated by its forward only: backward's recompute
     runs the block again in training mode, which would update them a second time each step. The recompute calls the
     block inside `wrapper`, not `wrapper` itself, so a forward of its own is one between the wrapper's hooks."""
-    norms = [
-        m
-        for m in wrapper.modules()
-        if getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None
-    ]
+    norms = [m for m in wrapper.modules() if keeps_running_statistics(m)]
     if not norms:
         return
     spares = [_Spares(norm) for norm in norms]

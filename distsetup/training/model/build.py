@@ -22,6 +22,7 @@ from distsetup.training.launch_env import World
 from distsetup.training.model import moe
 from distsetup.training.model.blocks import layer_modules
 from distsetup.training.model.gpt import GPT
+from distsetup.training.model.running_statistics import keeps_running_statistics
 
 if TYPE_CHECKING:
     from distsetup.training.model.pretrained import Pretrained
@@ -37,6 +38,7 @@ class Description:
     notes: list[str] = field(default_factory=list)  # what rank 0 says about it
     builds_on_meta: bool = True  # whether its builder builds it on the meta device (one that reads a weight cannot)
     module_classes: frozenset[str] = frozenset()  # its modules' classes but its own
+    running_statistics_classes: frozenset[str] = frozenset()  # those of its modules that keep some (BatchNorm's)
 
 
 @dataclass
@@ -124,7 +126,8 @@ def describe(m) -> Description:
     layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
     unique = {id(p): p.numel() for p in model.parameters()}
     present = frozenset(type(module).__name__ for module in model.modules() if module is not model)
-    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present)
+    statistics = frozenset(type(module).__name__ for module in model.modules() if keeps_running_statistics(module))
+    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present, statistics)
 
 
 def _gpt_module_classes() -> frozenset[str]:
