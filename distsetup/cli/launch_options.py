@@ -18,15 +18,9 @@ from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_
 from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
+from distsetup.scripts.environment import NCCL_DEBUG_LEVELS, EnvSpec
 from distsetup.scripts.launch_flags import FLAG_VARIABLES, parse_gpus
-from distsetup.scripts.launch_plan import (
-    DEFAULT_TRAINER,
-    LAUNCH_METHODS,
-    NCCL_DEBUG_LEVELS,
-    EnvSpec,
-    LaunchSpec,
-    check_launch,
-)
+from distsetup.scripts.launch_plan import DEFAULT_TRAINER, LAUNCH_METHODS, LaunchSpec, check_launch
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
 

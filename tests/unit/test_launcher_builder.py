@@ -7,8 +7,9 @@ from launch_inputs import WEIRD
 from shell_checks import fake_tools, run_script
 
 from distsetup.errors import DistsetupError
+from distsetup.scripts.environment import EnvSpec
 from distsetup.scripts.launch_flags import parse_gpus
-from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script
+from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script
 
 
 def build(**kwargs) -> str:

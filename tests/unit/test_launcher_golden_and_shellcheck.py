@@ -8,7 +8,8 @@ from golden_files import GOLDEN_DIR, check_golden
 from launch_inputs import ACCELERATE_HYBRID_FSDP, WEIRD
 from shell_checks import shellcheck
 
-from distsetup.scripts.launch_plan import EnvSpec, LaunchSpec, build_launcher_script
+from distsetup.scripts.environment import EnvSpec
+from distsetup.scripts.launch_plan import LaunchSpec, build_launcher_script
 
 # --- golden files --------------------------------------------------------------------------------
 

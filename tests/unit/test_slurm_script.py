@@ -10,7 +10,7 @@ from launch_inputs import ACCELERATE_HYBRID_FSDP, WEIRD
 from shell_checks import shellcheck, srun_program
 from slurm_scripts import build, spec
 
-from distsetup.scripts.launch_plan import EnvSpec
+from distsetup.scripts.environment import EnvSpec
 from distsetup.scripts.sbatch import build_slurm_script
 
 # --- the script ----------------------------------------------------------------------------------
