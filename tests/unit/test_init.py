@@ -175,11 +175,14 @@ def test_a_slurm_flag_for_a_local_scheduler_is_refused_before_any_question():
 def test_a_wrong_answer_is_asked_again_at_its_question(tmp_path):
     """What the terminal's prompt does with an answer: spaces around it and capitals are no part of it; a file the run
     config cannot read is said at its question (click.prompt asks again), not after the last."""
-    assert _reasked(click.Choice(PRECISIONS, case_sensitive=False), None)(" FP32 ") == "fp32"
-    assert _reasked(str, _model)(" tiny ") == "tiny"
+    assert _reasked(click.Choice(PRECISIONS, case_sensitive=False), None, "precision")(" FP32 ") == "fp32"
+    assert _reasked(str, _model, "model")(" tiny ") == "tiny"
     (tmp_path / "notes.csv").write_text("a,b\n")
-    with pytest.raises(click.BadParameter, match="notes.csv is not a .txt"):
-        _reasked(str, _data)(str(tmp_path / "notes.csv"))
+    with pytest.raises(click.BadParameter) as refused:  # the answer's, not a flag's: none was given
+        _reasked(str, _data, "data")(str(tmp_path / "notes.csv"))
+    assert refused.value.message.startswith(f"{tmp_path / 'notes.csv'} is not a .txt"), refused.value.message
+    with pytest.raises(click.BadParameter, match="^',' names no file"):
+        _reasked(str, _data, "data")(" , ")
 
 
 def test_defaults_come_from_the_gpus_and_the_slurm_allocation():

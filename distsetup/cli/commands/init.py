@@ -100,13 +100,14 @@ class Questions:
                 "add --yes (defaults for every answer not given as a flag), or run it in a terminal.",
             )
         return click.prompt(
-            text, default=default, value_proc=_reasked(kind, check), show_default=default not in ("", None)
+            text, default=default, value_proc=_reasked(kind, check, name), show_default=default not in ("", None)
         )
 
 
-def _reasked(kind, check: Callable | None) -> Callable:
+def _reasked(kind, check: Callable | None, name: str) -> Callable:
     """A prompt's conversion: a value that fails `kind` or `check` is said and asked again (spaces around it are no
-    part of the answer)."""
+    part of the answer). The check's message names the flag (`--data: ...`): at the question, the answer was typed."""
+    flag = f"--{name}"
     convert = click.types.convert_type(kind)
 
     def proc(text):
@@ -116,7 +117,8 @@ def _reasked(kind, check: Callable | None) -> Callable:
         try:
             return check(value)
         except DistsetupError as e:
-            raise click.BadParameter(e.message) from None
+            said = e.message.removeprefix(flag).lstrip(": ") if e.message.startswith(flag) else e.message
+            raise click.BadParameter(said) from None
 
     return proc
 
