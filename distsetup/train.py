@@ -63,7 +63,8 @@ def parse_args(argv=None):
         "--check",
         action="store_true",
         help="read the run config with these arguments as a run would, then exit: 0, or 1 with one line saying the "
-        "problem (the launch scripts run it once before they start any process)",
+        "problem (the launch scripts run it once before they start any process, with WORLD_SIZE the world they "
+        "launch where they know it)",
     )
     return p.parse_intermixed_args(argv)  # overrides may follow options, as launcher scripts pass them
 
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args)
         if args.check:
+            check_the_world(cfg, config_folder(args))
             if names_user_code(cfg):  # its imports take a while (torch): only where there is some
                 from distsetup.training import user_code
 
@@ -118,6 +120,18 @@ def main(argv=None) -> int:
         return trainer.run()
     except DistsetupError as e:  # this rank's own (a lost peer, a checkpoint): every rank says its own
         return say_once_per_node(e) if e.alike_on_every_rank else say(e)
+
+
+def check_the_world(cfg: RunConfig, base_dir: Path | None) -> None:
+    """--check: what the launch's world needs of the run config (backend single trains one process, a DeepSpeed
+    file's batch is that of one world), where WORLD_SIZE says the world (the launch scripts set it for the check
+    where they know it)."""
+    from distsetup.formats.validate import settle_run_config  # the check's alone: not on every rank's way
+
+    size = os.environ.get("WORLD_SIZE", "")
+    if size.isdigit() and int(size) > 0:
+        if problems := settle_run_config(cfg, base_dir, int(size)).problems:
+            raise problems[0].as_error()
 
 
 def say(error: DistsetupError) -> int:

@@ -199,7 +199,22 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
         notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
     spec = _spec(o, backend, files, slurm)
     check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
+    spec = _several_processes_with_ddp(spec, notes)
     return _with_backend_files_checked(spec, run_config, notes), notes
+
+
+def _several_processes_with_ddp(spec: LaunchSpec, notes: list[str]) -> LaunchSpec:
+    """Backend single trains one process: a launch of several (or of every GPU found) trains them with DDP, as
+    `distsetup init` chooses for several, and says so (the run config still says single, which the script
+    overrides)."""
+    if spec.backend != "single" or spec.world_size == 1:
+        return spec
+    processes = f"{spec.world_size} processes" if spec.world_size else "processes (one a GPU)"
+    notes.append(
+        f"distributed.backend single trains one process: the script trains its {processes} with ddp "
+        "(set distributed.backend: ddp in the run config to say so there)."
+    )
+    return replace(spec, backend="ddp")
 
 
 def _refuse_flags_that_conflict(o: dict) -> None:

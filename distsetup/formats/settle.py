@@ -67,6 +67,14 @@ def settle(
     ):
         settled.sources[name] = _run_config_source(cfg, key)
     settled.sources["train_batch"] = "micro x accumulation x world size"
+    if cfg.distributed.backend == "single" and world_size is not None and world_size > 1:
+        settled.problems.append(
+            Problem(
+                "distributed.backend",
+                f"single trains one process, without a process group, and the world has {world_size}.",
+                "set distributed.backend to ddp (or fsdp, deepspeed), or launch one process.",
+            )
+        )
     settled.sources["scheduler"] = "training.warmup_steps and training.min_lr_ratio"
     if deepspeed is not None:
         _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)

@@ -55,6 +55,26 @@ def test_the_check_runs_on_the_python_beside_the_launcher_with_the_launchs_argum
     assert argv.index("--nproc_per_node") > len(check)  # then the launch
 
 
+def test_the_check_has_the_world_the_script_launches(tmp_path):
+    """What a run config needs of the world is checked with the world the script launches, before torchrun: backend
+    single asked of 2 processes, a DeepSpeed file's batch made for another world (edited since the script)."""
+    (tmp_path / "c.yaml").write_text("training:\n  micro_batch_size: 4\n")
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 4}')  # 4 x 1 x 1: one process
+    spec = LaunchSpec(config="c.yaml", nproc_per_node=2, workdir=str(tmp_path))
+    text = build_launcher_script(spec, command_line="distsetup launcher")
+    deepspeed = ["distributed.backend=deepspeed", "distributed.deepspeed_config=ds.json"]
+    for args, named in (
+        (["distributed.backend=single"], "distributed.backend: single trains one process, without a process group, "),
+        (deepspeed, "training.micro_batch_size: DeepSpeed file ds.json's train_batch_size 4 "),
+    ):
+        result = run_script(text, tmp_path, "torchrun", args=args)
+        assert result.returncode == 1 and result.stdout == "", result.stdout  # torchrun never ran
+        (line,) = error_lines(result.stderr)
+        assert named in line, line
+    launched = run_script(text, tmp_path, "torchrun", args=["training.micro_batch_size=2", *deepspeed])
+    assert launched.returncode == 0 and "--nproc_per_node" in launched.stdout, launched.stderr  # 2 x 1 x 2
+
+
 def test_a_users_own_program_gets_no_check_and_the_trainers_old_path_does():
     """A user's script or module owns its arguments; src/train.py (the trainer's old path) takes --check."""
     for target in ({"script": "mine.py"}, {"module": "pkg.train"}):

@@ -166,3 +166,20 @@ def test_a_base_batch_size_without_scaling_is_said_to_be_unused(scale_lr, scaled
     settled = settle(cfg, None, None, 2)
     unused = [note for note in settled.notes if "base_batch_size 4 is unused" in note]
     assert (settled.lr != 0.001, len(unused)) == (scaled, 0 if scaled else 1)
+
+
+def test_backend_single_is_one_process_for_validate_and_several_train_with_ddp_from_the_launcher(
+    run_cli, tmp_path, monkeypatch
+):
+    """A run config of one process (init writes backend single for one): validate refuses it for a world of
+    several, as the trainer does; the launcher asked for several processes trains them with DDP, and says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("distributed:\n  backend: single\n")
+    refused = run_cli("validate", "c.yaml", "--world_size", 2)
+    assert refused.exit_code == 1 and "distributed.backend: single trains one process" in refused.output
+    assert run_cli("validate", "c.yaml", "--world_size", 1).exit_code == 0
+    for processes, backend in ((2, "ddp"), (1, "single")):
+        written = run_cli("launcher", "--config", "c.yaml", "--num_gpus_per_node", processes, "-o", "run.sh")
+        assert written.exit_code == 0, written.output
+        assert f"TRAIN_ARGS=(--config c.yaml distributed.backend={backend})" in (tmp_path / "run.sh").read_text()
+        assert ("trains its 2 processes with ddp" in written.stderr) == (processes == 2)

@@ -3,8 +3,8 @@
 import torch
 import torch.nn as nn
 
-from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import RunConfig
+from distsetup.formats.settle import settle
 from distsetup.training.backends.base import Backend
 from distsetup.training.launch_env import World
 
@@ -14,12 +14,10 @@ class SingleBackend(Backend):
     needs_process_group = False
 
     def __init__(self, cfg: RunConfig, world: World, device: torch.device) -> None:
-        if world.size > 1:
-            raise DistsetupError(
-                f"backend single runs one process, but WORLD_SIZE is {world.size}.",
-                "set distributed.backend to ddp, fsdp or deepspeed, or launch one process.",
-            )
-        super().__init__(cfg, world, device)
+        settled = settle(cfg, None, None, world.size)
+        if settled.problems:  # a world of several
+            raise settled.problems[0].as_error()
+        super().__init__(cfg, world, device, settled)
 
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
         """One process: every layer's gradients are its own; an expert that ran on no micro-batch of a step gets a
