@@ -204,10 +204,10 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
 
 
 def _several_processes_with_ddp(spec: LaunchSpec, notes: list[str]) -> LaunchSpec:
-    """Backend single trains one process: a launch of several (or of every GPU found) trains them with DDP, as
-    `distsetup init` chooses for several, and says so (the run config still says single, which the script
-    overrides)."""
-    if spec.backend != "single" or spec.world_size == 1:
+    """Backend single trains one process: distsetup's trainer launched on several (or on every GPU found) trains
+    them with DDP, as `distsetup init` chooses for several, and says so (the run config still says single, which the
+    script overrides). A program of the user's gets no backend from the script."""
+    if spec.backend != "single" or spec.world_size == 1 or not spec.runs_default_trainer:
         return spec
     processes = f"{spec.world_size} processes" if spec.world_size else "processes (one a GPU)"
     notes.append(

@@ -7,6 +7,7 @@ The rules: a value the backend file holds decides, and a note says so where the 
 file leaves out comes from the run config (the trainer writes it into the DeepSpeed config it hands DeepSpeed). The
 batch is stricter: where the run config writes a batch value (or an override sets it) and the DeepSpeed file holds
 another, the run stops before it starts, naming both -- a global batch 16 times smaller is never trained silently.
+Given the world size, it also holds the run config to it: backend single trains one process.
 """
 
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ def settle(
         settled.problems.append(
             Problem(
                 "distributed.backend",
-                f"single trains one process, without a process group, and the world has {world_size}.",
+                f"single trains one process, without a process group, and the world has {world_size} processes.",
                 "set distributed.backend to ddp (or fsdp, deepspeed), or launch one process.",
             )
         )

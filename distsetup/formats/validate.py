@@ -60,7 +60,7 @@ def validate_file(
         problems = checked.problems + _referenced_file_problems(data, path.parent, world_size, hf)
         notes = checked.notes
         if not problems:
-            settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size)
+            settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size, hf)
             problems, notes = settled.problems, notes + settled.notes
         return Validated(kind, problems, data, notes)
     if kind in ("deepspeed", "fsdp") and (other_kind := wrong_kind_problem(data, kind)):
@@ -158,18 +158,34 @@ def read_valid(path: str | Path, kind: str, world_size: int | None = None, hf: b
     return data
 
 
-def settle_run_config(cfg: RunConfig, base_dir: Path | None, world_size: int | None) -> Settled:
-    """settle() of a valid run config and the backend file it names (read from disk) or its inline FSDP settings."""
-    dist = cfg.resolved(base_dir).distributed
-    deepspeed = fsdp = None
+def settle_run_config(cfg: RunConfig, base_dir: Path | None, world_size: int | None, hf: bool = False) -> Settled:
+    """settle() of a valid run config and its backend's settings, read as the trainer reads them: the DeepSpeed file
+    (refused in one line where `distsetup validate` finds a problem), the inline FSDP settings or the FSDP file."""
+    cfg = cfg.resolved(base_dir)
+    dist = cfg.distributed
     if dist.backend == "deepspeed" and dist.deepspeed_config:
-        deepspeed = read_json(Path(dist.deepspeed_config))
-    elif dist.backend == "fsdp" and dist.fsdp:
-        fsdp = FsdpSpec.from_dict(dist.fsdp)
-    elif dist.backend == "fsdp" and dist.fsdp_config:
-        fsdp = FsdpSpec.from_dict(read_json(Path(dist.fsdp_config)))
-    name = f"DeepSpeed file {dist.deepspeed_config}" if deepspeed is not None else ""
-    return settle(cfg, deepspeed, fsdp, world_size, name)
+        deepspeed = read_valid(dist.deepspeed_config, "deepspeed", world_size, hf)
+        return settle(cfg, deepspeed, None, world_size, f"DeepSpeed file {dist.deepspeed_config}")
+    return settle(cfg, None, read_fsdp_settings(cfg) if dist.backend == "fsdp" else None, world_size)
+
+
+def read_fsdp_settings(cfg: RunConfig) -> FsdpSpec:
+    """The FSDP settings written inline under `distributed:` (checked with the run config), else the FSDP file."""
+    inline = cfg.distributed.fsdp
+    return FsdpSpec.from_dict(inline) if inline else read_fsdp_file(cfg.distributed.fsdp_config)
+
+
+def read_fsdp_file(path: str | None) -> FsdpSpec:
+    """The FSDP file as a spec (the defaults for what it leaves out); none at all: full shard of each block."""
+    if not path:
+        return FsdpSpec()
+    spec = FsdpSpec.from_dict(read_valid(path, "fsdp"))
+    if spec.fsdp_version != 2:
+        raise DistsetupError(
+            f"{path} is an FSDP1 file; distsetup's trainer runs FSDP2 (fully_shard).",
+            "regenerate it with `distsetup fsdp --fsdp_version 2`.",
+        )
+    return spec
 
 
 def _referenced_file_problems(raw: dict, base_dir: Path, world_size: int | None, hf: bool) -> list[Problem]:

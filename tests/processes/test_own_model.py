@@ -119,7 +119,8 @@ def test_mfu_of_your_own_model_counts_its_flops_with_pytorchs_counter(monkeypatc
         assert row["mfu"] == pytest.approx(row["samples_per_s"] * summary["flops_per_sample"] / 0.5e12)
 
 
-# The scorer with BatchNorm in its blocks, and a loss of probabilities against the batch's fp32 judgements (as the
+# The scorer with BatchNorm in its blocks (the last one's an InstanceNorm that keeps running statistics too, whose
+# output is a view), and a loss of probabilities against the batch's fp32 judgements (as the
 # walker's Crowd-BT scorer) from two forwards (a siamese pair), noting in evaluation each rank's running statistics
 # after them (their sums, and the batches they counted) in $BATCHNORM_PROBE/rank<N>.txt
 BATCHNORM_SCORER = """
@@ -133,6 +134,8 @@ def build(**args):
     model = scorer.build_model(**args)
     for block in model.blocks:
         block.norm = nn.BatchNorm2d(block.conv.out_channels)
+    last = model.blocks[-1]
+    last.norm = nn.InstanceNorm2d(last.conv.out_channels, affine=True, track_running_stats=True)
     return model
 
 def loss(model, batch):
@@ -154,7 +157,8 @@ def test_every_rank_evaluates_with_rank_0s_batchnorm_statistics_and_recomputing_
     step), so evaluation averaged the ranks' own while checkpoints and exports held rank 0's; activation
     checkpointing's recompute updated them a second time each step; DeepSpeed's engine said it was training in
     evaluation (model.training); and FSDP2 in bf16 stopped at the first step, in BatchNorm (16-bit weights beside its
-    fp32 statistics) and in the loss (its 16-bit outputs beside the batch's fp32 targets)."""
+    fp32 statistics) and in the loss (its 16-bit outputs beside the batch's fp32 targets). An InstanceNorm keeping
+    statistics is an fp32 unit of FSDP2's as well, whose view output FSDP2 warned of on every rank."""
     shutil.copy(EXAMPLE / "scorer.py", tmp_path / "scorer.py")
     (tmp_path / "batchnorm_scorer.py").write_text(BATCHNORM_SCORER)
     shutil.copy(EXAMPLE / "config.yaml", tmp_path / "config.yaml")
@@ -176,8 +180,9 @@ def test_every_rank_evaluates_with_rank_0s_batchnorm_statistics_and_recomputing_
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rank0, rank1 = ((probes / f"rank{rank}.txt").read_text().splitlines() for rank in (0, 1))
     assert rank0 == rank1 and len(rank0) >= 2  # every validation batch of one evaluation, alike on both ranks
-    counted = [float(value) for value in rank0[0].split()[1::2]]  # each BatchNorm's num_batches_tracked
-    assert counted == [2 * STEPS] * 2  # one update a forward, none by the recompute in backward
+    counted = [float(value) for value in rank0[0].split()[1::2]]  # each norm's num_batches_tracked
+    assert counted == [2 * STEPS, 0]  # one update a forward, none by the recompute (an InstanceNorm counts none)
+    assert "returned a view tensor" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("ranks, backend", [(1, "fsdp"), (2, "zero3")])

@@ -57,15 +57,20 @@ def test_the_check_runs_on_the_python_beside_the_launcher_with_the_launchs_argum
 
 def test_the_check_has_the_world_the_script_launches(tmp_path):
     """What a run config needs of the world is checked with the world the script launches, before torchrun: backend
-    single asked of 2 processes, a DeepSpeed file's batch made for another world (edited since the script)."""
+    single asked of 2 processes, a DeepSpeed file's batch made for another world (edited since the script); and the
+    backend's file as the ranks read it (a value its reader would refuse, once a traceback of the check)."""
     (tmp_path / "c.yaml").write_text("training:\n  micro_batch_size: 4\n")
     (tmp_path / "ds.json").write_text('{"train_batch_size": 4}')  # 4 x 1 x 1: one process
+    (tmp_path / "auto.json").write_text('{"train_batch_size": "auto"}')
+    (tmp_path / "fsdp.json").write_text('{"fsdp_version": 2, "mixed_precision": "bf17"}')
     spec = LaunchSpec(config="c.yaml", nproc_per_node=2, workdir=str(tmp_path))
     text = build_launcher_script(spec, command_line="distsetup launcher")
     deepspeed = ["distributed.backend=deepspeed", "distributed.deepspeed_config=ds.json"]
     for args, named in (
         (["distributed.backend=single"], "distributed.backend: single trains one process, without a process group, "),
         (deepspeed, "training.micro_batch_size: DeepSpeed file ds.json's train_batch_size 4 "),
+        (["distributed.backend=deepspeed", "distributed.deepspeed_config=auto.json"], 'train_batch_size: "auto"'),
+        (["distributed.backend=fsdp", "distributed.fsdp_config=fsdp.json"], "mixed_precision"),
     ):
         result = run_script(text, tmp_path, "torchrun", args=args)
         assert result.returncode == 1 and result.stdout == "", result.stdout  # torchrun never ran

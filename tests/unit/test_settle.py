@@ -16,8 +16,8 @@ from train_runs import environment
 from distsetup.formats.reading import parse_yaml
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.settle import settle
+from distsetup.formats.validate import read_fsdp_settings
 from distsetup.training.backends import make_backend
-from distsetup.training.backends.fsdp import read_fsdp_settings
 from distsetup.training.launch_env import World
 
 
@@ -183,3 +183,6 @@ def test_backend_single_is_one_process_for_validate_and_several_train_with_ddp_f
         assert written.exit_code == 0, written.output
         assert f"TRAIN_ARGS=(--config c.yaml distributed.backend={backend})" in (tmp_path / "run.sh").read_text()
         assert ("trains its 2 processes with ddp" in written.stderr) == (processes == 2)
+    (tmp_path / "mine.py").write_text("")  # a program of the user's gets no backend from the script: nothing said
+    own = run_cli("launcher", "--config", "c.yaml", "--script", "mine.py", "--num_gpus_per_node", 2, "-o", "own.sh")
+    assert own.exit_code == 0 and "with ddp" not in own.stderr, own.output

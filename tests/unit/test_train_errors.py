@@ -46,7 +46,7 @@ def test_single_backend_refuses_several_processes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_runs, "environment", lambda: {**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     result = train(config, 1)
-    assert_clean_error(result, "backend single", "WORLD_SIZE is 2")
+    assert_clean_error(result, "distributed.backend: single trains one process", "world has 2 processes")
 
 
 def test_empty_strings_are_not_files(tmp_path):

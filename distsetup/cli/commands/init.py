@@ -106,7 +106,8 @@ class Questions:
 
 def _reasked(kind, check: Callable | None, name: str) -> Callable:
     """A prompt's conversion: a value that fails `kind` or `check` is said and asked again (spaces around it are no
-    part of the answer). The check's message names the flag (`--data: ...`): at the question, the answer was typed."""
+    part of the answer). The check's message names the flag (`--data: ...`), which is left out here: at a question the
+    answer was typed, not the flag."""
     flag = f"--{name}"
     convert = click.types.convert_type(kind)
 

@@ -21,17 +21,17 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
 from distsetup.formats.problems import closest
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
-from distsetup.formats.validate import read_valid
+from distsetup.formats.validate import read_fsdp_settings
 from distsetup.planning.estimates import BY_KEY, device_state, has_room, model_states
 from distsetup.planning.models import ModelShape
 from distsetup.training.backends import fsdp_on_cpu, rank0_buffers
 from distsetup.training.backends.base import Backend
 from distsetup.training.backends.fsdp_precision import FsdpPrecision
-from distsetup.training.backends.fsdp_root_output import root_output_not_a_view
+from distsetup.training.backends.fsdp_root_output import output_not_a_view
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
@@ -39,26 +39,6 @@ from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules
 from distsetup.training.model.build import ModelParts
-
-
-def read_fsdp_settings(cfg: RunConfig) -> FsdpSpec:
-    """The FSDP settings written inline under `distributed:` (checked with the run config), else the FSDP file."""
-    inline = cfg.distributed.fsdp
-    return FsdpSpec.from_dict(inline) if inline else read_fsdp_file(cfg.distributed.fsdp_config)
-
-
-def read_fsdp_file(path: str | None) -> FsdpSpec:
-    """The FSDP file as a spec (the defaults for what it leaves out); none at all: full shard of each block."""
-    if not path:
-        return FsdpSpec()
-    spec = FsdpSpec.from_dict(read_valid(path, "fsdp"))
-    if spec.fsdp_version != 2:
-        raise DistsetupError(
-            f"{path} is an FSDP1 file; distsetup's trainer runs FSDP2 (fully_shard).",
-            "regenerate it with `distsetup fsdp --fsdp_version 2`.",
-        )
-    return spec
-
 
 # The planner's strategy holding what each sharding strategy holds (HYBRID_SHARD_ZERO2: at most what HYBRID_SHARD does)
 PLANNED = {
@@ -141,6 +121,7 @@ class FSDPBackend(Backend):
         in_fp32 = {**kwargs, "mp_policy": self.mixed_precision.norms()}
         for norm in norms:  # inside the units: sharded first
             fully_shard(norm, reshard_after_forward=self.fsdp.reshards_after_forward, **in_fp32)
+            norm.register_forward_hook(output_not_a_view, prepend=True, with_kwargs=True)  # see below
         last = last_in_module_order(model, units)
         kept = {id(module) for module in last.modules()} if last is not None else set()  # and the units inside it
         for unit in innermost_first(model, units):  # a unit inside another (nested block classes) is sharded first
@@ -161,8 +142,8 @@ class FSDPBackend(Backend):
         else:
             pretrained.fill_shards(model, source, built_buffers, self.device, self.world.is_main)
         del whole, built_buffers
-        # before FSDP2's own hook: it warns of a view among the root's outputs (see root_output_not_a_view)
-        model.register_forward_hook(root_output_not_a_view, prepend=True, with_kwargs=True)
+        # before FSDP2's own hook: it warns of a view among the root's outputs (see output_not_a_view)
+        model.register_forward_hook(output_not_a_view, prepend=True, with_kwargs=True)
         self.buffers_kept_equal = rank0_buffers.kept_equal(
             model, self.cfg.model.type, self.world.size
         )  # as DDP keeps them

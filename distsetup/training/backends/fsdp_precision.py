@@ -44,8 +44,9 @@ class FsdpPrecision:
 
     def norms_in_fp32(self, model: nn.Module, left_out: set[int]) -> list[nn.Module]:
         """The layers that keep running statistics, other than those with ids in `left_out`, where the weights are
-        16-bit: their statistics are buffers, which FSDP2 never casts, and a 16-bit weight beside them stops their
-        forward (autocast runs batch_norm in fp32; FSDP1's MixedPrecision kept BatchNorm in fp32 by default)."""
+        16-bit: their statistics are fp32 buffers, which FSDP2 never casts, and a BatchNorm's 16-bit weight beside
+        them stops its forward on the CPU (autocast runs batch_norm in fp32; FSDP1's MixedPrecision kept BatchNorm in
+        fp32 by default). Statistics are kept in fp32 and updated from fp32 inputs alike, whatever the layer."""
         if not self.sixteen_bit:
             return []
         return [m for m in model.modules() if keeps_running_statistics(m) and id(m) not in left_out]

@@ -1,6 +1,6 @@
-"""FSDP2's root unit handing on its outputs as tensors that are no views (root_output_not_a_view), so that FSDP2's
-pre-backward hook on them survives an in-place op and FSDP2 does not warn of each view (a user's model ending in
-`squeeze(-1)`)."""
+"""FSDP2 units handing on their outputs as tensors that are no views (output_not_a_view): the root (a user's model
+ending in `squeeze(-1)`) and the fp32 norm units (an InstanceNorm's output is a view), so that FSDP2's pre-backward
+hook on them survives an in-place op and FSDP2 does not warn of each view."""
 
 import dataclasses
 from typing import Any
@@ -23,16 +23,16 @@ class _NotAView(torch.autograd.Function):
         return grad
 
 
-def root_output_not_a_view(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-    """A forward hook on the root, run before FSDP2's: each view among the root's outputs (a user's model ending in
+def output_not_a_view(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """A forward hook on a unit, run before FSDP2's: each view among the unit's outputs (a user's model ending in
     `squeeze(-1)`, an LLM's logits from a 3-D Linear) handed on as a tensor that is no view, at no memory cost.
 
-    FSDP2 registers its pre-backward hook (which gathers the root's parameters and queues the end of backward) on each
-    output tensor, and warns of every view there: an in-place op on a view replaces the view's autograd node, and the
-    hook with it. On a tensor that is no view, an in-place op keeps the hook (torch's rule for non-views); the version
-    counter is the view's own, so a value that backward needs and the op overwrote is still an error, as without
-    FSDP2. Left as they are (FSDP2 still warns): views whose base another output or an input also reaches, since
-    autograd would then no longer see that they share values."""
+    FSDP2 registers its pre-backward hook (which gathers the unit's parameters, and at the root queues the end of
+    backward) on each output tensor, and warns of every view there: an in-place op on a view replaces the view's
+    autograd node, and the hook with it. On a tensor that is no view, an in-place op keeps the hook (torch's rule for
+    non-views); the version counter is the view's own, so a value that backward needs and the op overwrote is still
+    an error, as without FSDP2. Left as they are (FSDP2 still warns): views whose base another output or an input also
+    reaches, since autograd would then no longer see that they share values."""
     if not torch.is_grad_enabled():
         return None
     outputs = _tensors(output)

@@ -53,13 +53,13 @@ fi
 PYTHON="$(command -v torchrun || true)"
 PYTHON="${PYTHON%/*}/python3"
 [[ -x "$PYTHON" ]] || PYTHON=python3
-# With the world the launcher forms, where this script knows it (not where the launcher counts the GPUs itself):
-# backend single trains one process, a DeepSpeed file's batch is that of one world
-CHECKED_WORLD_SIZE=""
+# With WORLD_SIZE the world the launcher forms, where this script knows it (numbers, not auto): backend single
+# trains one process, and a DeepSpeed file's batch is that of one world
+CHECKED_WORLD=()
 if [[ "$NNODES" =~ ^[0-9]+$ && "$NPROC_PER_NODE" =~ ^[0-9]+$ ]]; then
-  CHECKED_WORLD_SIZE="$((NNODES * NPROC_PER_NODE))"
+  CHECKED_WORLD=("WORLD_SIZE=$((10#$NNODES * 10#$NPROC_PER_NODE))")
 fi
-WORLD_SIZE="$CHECKED_WORLD_SIZE" "$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
+env "${CHECKED_WORLD[@]}" "$PYTHON" -m "$MODULE" --check "${TRAIN_ARGS[@]}" "$@"
 echo "distsetup: node $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es) per node, master $MASTER_ADDR:$MASTER_PORT" >&2
 set -- "${TRAIN_ARGS[@]}" "$@"
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
