@@ -151,14 +151,16 @@ def loss(model, batch):
 
 @pytest.mark.parametrize("backend", ["fsdp", "zero3"])
 def test_every_rank_evaluates_with_rank_0s_batchnorm_statistics_and_recomputing_counts_each_step_once(
-    tmp_path, backend
+    run_cli, tmp_path, backend
 ):
     """Bugs: under FSDP2 and DeepSpeed each rank kept its own running statistics (DDP broadcasts rank 0's at each
     step), so evaluation averaged the ranks' own while checkpoints and exports held rank 0's; activation
     checkpointing's recompute updated them a second time each step; DeepSpeed's engine said it was training in
     evaluation (model.training); and FSDP2 in bf16 stopped at the first step, in BatchNorm (16-bit weights beside its
     fp32 statistics) and in the loss (its 16-bit outputs beside the batch's fp32 targets). An InstanceNorm keeping
-    statistics is an fp32 unit of FSDP2's as well, whose view output FSDP2 warned of on every rank."""
+    statistics is an fp32 unit of FSDP2's as well, whose view output FSDP2 warned of on every rank. And ZeRO's
+    checkpoints of a model with activation checkpointing lost the buffers inside its blocks in the export (and in a
+    resume under another backend or world size): DeepSpeed names them with the checkpoint wrapper's prefix."""
     shutil.copy(EXAMPLE / "scorer.py", tmp_path / "scorer.py")
     (tmp_path / "batchnorm_scorer.py").write_text(BATCHNORM_SCORER)
     shutil.copy(EXAMPLE / "config.yaml", tmp_path / "config.yaml")
@@ -183,6 +185,14 @@ def test_every_rank_evaluates_with_rank_0s_batchnorm_statistics_and_recomputing_
     counted = [float(value) for value in rank0[0].split()[1::2]]  # each norm's num_batches_tracked
     assert counted == [2 * STEPS, 0]  # one update a forward, none by the recompute (an InstanceNorm counts none)
     assert "returned a view tensor" not in result.stdout + result.stderr
+    exported = run_cli("checkpoint", "export", tmp_path / "out", "-o", tmp_path / "exported")
+    assert exported.exit_code == 0, exported.output
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "exported" / "model.safetensors")
+    statistics = {f"blocks.{b}.norm.{name}" for b in (0, 1) for name in ("running_mean", "running_var")}
+    assert statistics <= weights.keys()
+    assert float(weights["blocks.0.norm.num_batches_tracked"]) == 2 * STEPS  # the last step's, as the ranks had it
 
 
 @pytest.mark.parametrize("ranks, backend", [(1, "fsdp"), (2, "zero3")])

@@ -26,7 +26,7 @@ from distsetup.errors import DistsetupError, last_line
 from distsetup.formats.checkpoint_folder import Marker
 from distsetup.training.checkpoint import loss_scale
 from distsetup.training.checkpoint.streamed_io import Lazy, read, shape_and_dtype, storage_identity
-from distsetup.training.checkpoint.zero_files import MODEL_STATES, MOMENTS
+from distsetup.training.checkpoint.zero_files import MODEL_STATES, MOMENTS, buffers
 from distsetup.training.model.blocks import plain_name
 from distsetup.training.world import barrier, decided_by_rank0
 
@@ -105,10 +105,9 @@ def lazy_named_state(folder: Path, groups: list[list[str]] | None) -> dict:
             shape_of[name], torch.float32, functools.partial(_param, zero / name, key, shape_of[name]), (name, key)
         )
 
-    module = model_states.get("module") or {}
     model = {name: lazy(name, "fp32") for name in shape_of}
     model |= {alias: lazy(source, "fp32") for alias, source in (model_states.get("shared_params") or {}).items()}
-    model |= {name: module[name].clone() for name in model_states.get("buffer_names") or () if name in module}
+    model |= buffers(model_states)
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
     if groups is None:
         return state

@@ -62,10 +62,9 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
         return Lazy(shapes[name][1], torch.float32, functools.partial(read, name, kind), identity=(name, kind))
 
     tied = {plain_name(k): plain_name(v) for k, v in (model_states.get("shared_params") or {}).items()}
-    buffer_names = set(model_states.get("buffer_names") or ())
     model = {name: lazy(name, "fp32") for name in shapes}
     model |= {alias: lazy(source, "fp32") for alias, source in tied.items()}
-    model |= {plain_name(k): v.clone() for k, v in model_states["module"].items() if k in buffer_names}
+    model |= buffers(model_states)
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}
     if groups is not None:
         inner = first["optimizer_state_dict" if stage3 else "base_optimizer_state"]
@@ -79,6 +78,15 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
         }
         state["scaler"] = loss_scale.from_deepspeed(first.get("loss_scaler"))
     return state
+
+
+def buffers(model_states: dict) -> dict[str, torch.Tensor]:
+    """The model's buffers in DeepSpeed's model-states file, under their plain names. DeepSpeed names them as its
+    engine's module does (`blocks.0._checkpoint_wrapped_module.norm.running_mean` under activation checkpointing) and
+    keeps their values under the module's state-dict keys, from which the checkpoint wrapper leaves its own out."""
+    named = {plain_name(name) for name in model_states.get("buffer_names") or ()}
+    module = model_states.get("module") or {}
+    return {plain_name(key): value.clone() for key, value in module.items() if plain_name(key) in named}
 
 
 def _flat_keys(stage3: bool, group: int, kind: str) -> tuple:
