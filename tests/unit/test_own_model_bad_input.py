@@ -314,6 +314,39 @@ def test_a_loss_returning_named_terms_logs_each_beside_the_loss():
     assert set(ordered.micro_loss(model, batch).parts) == {"ce", "kl"}  # a dict of its own, as a dict
 
 
+def test_evaluation_checks_its_own_first_batch_and_takes_a_number_as_a_term():
+    """Evaluation may take paths training does not (a latent model's KL computed in training only, a forward's branch
+    for sampling): its first batch is checked as the first step's is, in one line, not a traceback hours in. A term
+    returned as a Python number (a KL of 0.0 in evaluation) is logged as one."""
+
+    def kl_in_training(model, batch):
+        ce = model(batch[0]).pow(2).mean()
+        kl = model(batch[0]).abs().mean() if model.training else 0.0
+        return {"loss": ce + kl, "ce": ce, "kl": kl}
+
+    objective = PythonObjective(kl_in_training, "training.loss m:kl_in_training", "model.builder m:f", {})
+    model, batch = linear_model(), (torch.randn(2, 4),)
+    objective.micro_loss(model, batch)
+    model.eval()
+    sums, samples = objective.eval_sums(model, batch, 2)
+    assert sums["kl"].item() == 0.0 and sums["ce"].item() == pytest.approx(sums["loss"].item()) and samples == 2
+
+    def samples_in_bf16_when_evaluating(model, batch):
+        inputs = batch[0] if model.training else batch[0].bfloat16()  # a branch without .to(x.dtype)
+        return model(inputs).mean()
+
+    sampling = PythonObjective(samples_in_bf16_when_evaluating, "training.loss m:s", "model.builder m:f", {})
+    sampling.weights_cast = "FSDP2's mixed-precision policy casts the weights to bf16"
+    model.train()
+    sampling.micro_loss(model, batch)
+    model.eval()
+    with pytest.raises(DistsetupError) as raised:
+        sampling.eval_sums(model, batch, 2)
+    said = str(raised.value)
+    assert "training.loss m:s raised RuntimeError" in said and "on the first validation batch" in said, said
+    assert said.count("HINT") == 1 and "\n" not in said
+
+
 class RotaryLike(torch.nn.Module):
     """A forward that computes in fp32 from a buffer (a rotary inv_freq's habit): under autocast its product is cast,
     but not beside weights that FSDP2's mixed-precision policy (or DeepSpeed's engine) made bf16 without autocast."""

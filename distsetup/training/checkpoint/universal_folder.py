@@ -105,7 +105,7 @@ def lazy_named_state(folder: Path, groups: list[list[str]] | None) -> dict:
             shape_of[name], torch.float32, functools.partial(_param, zero / name, key, shape_of[name]), (name, key)
         )
 
-    model = {name: lazy(name, "fp32") for name in shape_of}
+    model: dict[str, Lazy | torch.Tensor] = {name: lazy(name, "fp32") for name in shape_of}
     model |= {alias: lazy(source, "fp32") for alias, source in (model_states.get("shared_params") or {}).items()}
     model |= buffers(model_states)
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}

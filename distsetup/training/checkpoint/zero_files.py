@@ -62,7 +62,7 @@ def zero_state(path: Path, world: int, groups: list[list[str]] | None) -> dict:
         return Lazy(shapes[name][1], torch.float32, functools.partial(read, name, kind), identity=(name, kind))
 
     tied = {plain_name(k): plain_name(v) for k, v in (model_states.get("shared_params") or {}).items()}
-    model = {name: lazy(name, "fp32") for name in shapes}
+    model: dict[str, Lazy | torch.Tensor] = {name: lazy(name, "fp32") for name in shapes}
     model |= {alias: lazy(source, "fp32") for alias, source in tied.items()}
     model |= buffers(model_states)
     state = {"model": model, "optimizer": None, "scheduler": model_states["lr_scheduler"], "scaler": None}

@@ -67,7 +67,8 @@ class TokenObjective:
         head: LossHead | None = None,
     ):
         """`head`: the model's output head computing the loss in slices (loss_head), or None: from the logits."""
-        self.vocab_size, self.masked, self.source, self.head, self._checked = vocab_size, masked, source, head, False
+        self.vocab_size, self.masked, self.source, self.head = vocab_size, masked, source, head
+        self._checked_in: set[bool] = set()  # the modes (model.training) whose first call was checked
         self.weights_cast: str | None = None  # Backend.weights_cast_without_autocast
         self.forward_kwargs = forward_kwargs(model, model_type)
         config: Any = getattr(model, "config", None)
@@ -117,7 +118,7 @@ class TokenObjective:
         return loss_weights([y for _, y in batches], world_size, device).unbind()
 
     def _forward(self, model: nn.Module, x: torch.Tensor, check=True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        checking = check and not self._checked
+        checking = check and _training(model) not in self._checked_in
         try:
             outputs = model(x, **self.forward_kwargs)
         except Exception as e:
@@ -135,6 +136,7 @@ class TokenObjective:
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
         if checking:
             self._check(logits, aux, x)
+            self._checked_in.add(_training(model))
         return logits, aux
 
     def _check(self, logits, aux, x: torch.Tensor) -> None:
@@ -162,7 +164,6 @@ class TokenObjective:
                 "make its output layer model.vocab_size wide, or lower model.vocab_size.",
                 alike_on_every_rank=True,
             )
-        self._checked = True
 
 
 class PythonObjective:
@@ -181,7 +182,10 @@ class PythonObjective:
     ):
         """`counted_labels`: where the loss is the model's own mean over a batch's labels (labels_averaged), the
         labels it counts; None: a micro-batch's loss weighs as much as its samples."""
-        self.loss, self.loss_source, self.model_source, self._checked = loss, loss_source, model_source, False
+        self.loss, self.loss_source, self.model_source = loss, loss_source, model_source
+        # the modes (model.training) whose first call was checked: evaluation may take other paths (a term computed in
+        # training only, a forward's branch for sampling), found at its first batch rather than as a traceback
+        self._checked_in: set[bool] = set()
         self.forward_kwargs, self.counted_labels = forward_kwargs, counted_labels
         self.resumed_from: Path | None = None  # the checkpoint this run's first step trains from, where it resumed
         self.weights_cast: str | None = None  # Backend.weights_cast_without_autocast
@@ -228,16 +232,17 @@ class PythonObjective:
         return self.counted_labels(batch)
 
     def _loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if self._checked:
+        if _training(model) in self._checked_in:
             return self._compute(model, batch)
         try:
             loss, parts = self._compute(model, batch)
         except Exception as e:
             if not rejected_input(e):
                 raise
-            raise DistsetupError(*self._rejected(batch, e), alike_on_every_rank=True) from e
+            raise DistsetupError(*self._rejected(batch, e, _training(model)), alike_on_every_rank=True) from e
         if not self._counts_no_label(batch):  # its mean over no labels is nan, whatever the loss function
-            self._check(loss, parts)
+            self._check(loss, parts, _training(model))
+            self._checked_in.add(_training(model))
         return loss, parts
 
     def _counts_no_label(self, batch) -> bool:
@@ -260,7 +265,8 @@ class PythonObjective:
                         "logged beside it.",
                         alike_on_every_rank=True,
                     )
-                return returned["loss"], {name: part for name, part in returned.items() if name != "loss"}
+                loss = returned["loss"]
+                return loss, {name: _number_as_tensor(part, loss) for name, part in returned.items() if name != "loss"}
             return _loss_and_aux(returned)
         if isinstance(batch, dict):
             outputs = model(**batch, **self.forward_kwargs)
@@ -268,11 +274,12 @@ class PythonObjective:
             outputs = model(*batch) if isinstance(batch, list | tuple) else model(batch)
         return _loss_and_aux(outputs)
 
-    def _rejected(self, batch, error: Exception) -> tuple[str, str]:
+    def _rejected(self, batch, error: Exception, training: bool) -> tuple[str, str]:
         what = user_code.what_raised(error)
+        first = "the first batch" if training else "the first validation batch"
         if self.loss is not None:
             return (
-                f"{self.loss_source} raised {what} on the first batch, {described_batch(batch)}.",
+                f"{self.loss_source} raised {what} on {first}, {described_batch(batch)}.",
                 mixed_dtypes_fix(error, self.weights_cast) or f"fix {self.loss_source}.",
             )
         call = (
@@ -283,14 +290,13 @@ class PythonObjective:
             else "model(batch)"
         )
         return (
-            f"{self.model_source}'s model rejected the first batch, {described_batch(batch)}, called as {call}: "
-            f"{what}.",
+            f"{self.model_source}'s model rejected {first}, {described_batch(batch)}, called as {call}: {what}.",
             mixed_dtypes_fix(error, self.weights_cast)
             or "make data.builder's samples what its forward takes, or compute the loss in training.loss (a bug inside "
             "the forward shows here too: run it on one batch by hand for the traceback).",
         )
 
-    def _check(self, loss, parts: dict) -> None:
+    def _check(self, loss, parts: dict, training: bool) -> None:
         source = self.loss_source or f"{self.model_source}'s model"
         fix = (
             "return the micro-batch's mean loss (a tensor of one number, e.g. F.mse_loss(...)), or a dict with it as "
@@ -317,7 +323,7 @@ class PythonObjective:
                 f"name it otherwise (the log's own: {', '.join(sorted(LOGGED_BESIDE_THE_LOSS))}).",
                 alike_on_every_rank=True,
             )
-        if not torch.isfinite(loss).item():
+        if training and not torch.isfinite(loss).item():  # evaluation's: said beside the step's
             by_hand = "check the loss on one batch by hand (a log of 0, a division by 0, inputs of NaN)."
             if self.resumed_from is None:
                 raise DistsetupError(f"{source} returned a loss of {loss.item()} at the first step.", by_hand)
@@ -327,7 +333,6 @@ class PythonObjective:
                 f"where {source} is as it was, move that checkpoint aside to resume from the one before it; else "
                 f"{by_hand}",
             )
-        self._checked = True
 
 
 # What each log line has besides the loss's terms (Trainer._log), and an evaluation's (evaluation.evaluate), which
@@ -379,3 +384,16 @@ def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return torch.where(weight > 0, loss * weight.to(loss.dtype), 0.0)
     return loss if weight == 1.0 else loss * weight
+
+
+def _number_as_tensor(term: Any, loss: Any) -> Any:
+    """A term training.loss returned as a Python number (a KL of 0.0 where evaluation computes none) as a tensor
+    beside the loss, on its device; anything else as it is (the first call's check says what is wrong with it)."""
+    if isinstance(term, int | float) and not isinstance(term, bool) and isinstance(loss, torch.Tensor):
+        return torch.tensor(float(term), device=loss.device)
+    return term
+
+
+def _training(model: Any) -> bool:
+    """The mode a call runs in (a callable that is no module, as some tests pass: training)."""
+    return bool(getattr(model, "training", True))
