@@ -77,6 +77,8 @@ OTHER_NAMES: dict[tuple[str, str], OtherName] = {
     ("training", "save_total_limit"): OtherName("training.keep_checkpoints", HF),
     ("training", "torch_compile"): OtherName("training.compile", HF),
     ("distributed", "gradient_accumulation_steps"): OtherName("training.gradient_accumulation_steps", GUIDES),
+    ("training", "ddp_find_unused_parameters"): OtherName("distributed.find_unused_parameters", HF),
+    ("distributed", "ddp_find_unused_parameters"): OtherName("distributed.find_unused_parameters", HF),
 }
 
 # Names that mean one thing to one tool and another to the next: refused with both meanings.

@@ -205,6 +205,12 @@ class DistributedConfig:
         "(fsdp_sharding_strategy: full_shard, fsdp_mixed_precision: true with fsdp_param_dtype: bfloat16, ...) are "
         "read into it",
     )
+    find_unused_parameters: bool | None = setting(
+        None,
+        "DDP: look each step for parameters that got no gradient (a layer the model runs on some micro-batches or "
+        "ranks only), as DistributedDataParallel(find_unused_parameters=True) does; default: where layers run "
+        "differently per rank (MoE experts)",
+    )
     use_deepspeed: bool = setting(False, "same as backend: deepspeed (the guides' spelling)")
     use_fsdp: bool = setting(False, "same as backend: fsdp (the guides' spelling)")
     timeout_minutes: float = setting(

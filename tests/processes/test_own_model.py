@@ -280,3 +280,44 @@ def test_your_own_model_takes_float_inputs_under_a_bf16_deepspeed_engine(tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["precision"] == "bf16" and 0.5 < summary["final_loss"] < 0.9  # about ln 2 at the start
+
+
+# The scorer with a calibration it applies on every other training step only: a layer run on some micro-batches
+SKIPPING_SCORER = """
+import torch.nn as nn
+import scorer
+
+class Skipping(nn.Module):
+    def __init__(self, **args):
+        super().__init__()
+        self.scorer, self.calibration, self.calls = scorer.build_model(**args), nn.Linear(1, 1), 0
+    def forward(self, images):
+        self.calls += self.training
+        score = self.scorer(images)
+        return self.calibration(score[:, None])[:, 0] if self.calls % 2 else score
+
+def build(**args):
+    return Skipping(**args)
+"""
+
+
+def test_ddp_trains_a_layer_run_on_some_steps_only_once_told_to_look_for_unused_parameters(tmp_path):
+    """DDP waits for every parameter's gradient: a layer the model runs on some steps only stopped the run at the
+    third with torch's traceback on every rank. It is one line naming distributed.find_unused_parameters (the HF
+    Trainer's ddp_find_unused_parameters), with which DDP trains it as one process does."""
+    shutil.copy(EXAMPLE / "scorer.py", tmp_path / "scorer.py")
+    (tmp_path / "skipping_scorer.py").write_text(SKIPPING_SCORER)
+    config = tmp_path / "config.yaml"
+    shutil.copy(EXAMPLE / "config.yaml", config)
+    mine = ["model.builder=skipping_scorer:build", "training.max_steps=4", "data.num_workers=0"]
+    stopped = train(config, 2, *overrides(tmp_path / "stopped", 2, "ddp"), *mine)
+    said = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert stopped.returncode != 0 and len(said) == 1, stopped.stderr[-3000:]
+    assert "got no gradient" in said[0] and "set distributed.find_unused_parameters: true" in said[0]
+    told = train(config, 2, *overrides(tmp_path / "told", 2, "ddp"), *mine, "training.ddp_find_unused_parameters=true")
+    alone = train(config, 1, *overrides(tmp_path / "alone", 1, "single"), *mine)
+    assert told.returncode == alone.returncode == 0, told.stderr[-3000:] + alone.stderr[-3000:]
+    expected = losses(tmp_path / "alone" / "out")
+    torch.testing.assert_close(
+        torch.tensor(losses(tmp_path / "told" / "out")), torch.tensor(expected), rtol=1e-4, atol=0
+    )

@@ -2,13 +2,16 @@
 
 import contextlib
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
 
+from distsetup.errors import DistsetupError
 from distsetup.training.backends.base import Backend
 from distsetup.training.backends.rank0_buffers import buffers_may_change
+from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import moe
 from distsetup.training.model.build import ModelParts
 
@@ -59,14 +62,23 @@ class DDPBackend(Backend):
         options: dict[str, Any] = buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type))
         if "init_sync" in inspect.signature(DDP).parameters:  # torch 2.4 on
             options["init_sync"] = False  # every copy holds rank 0's values already (_whole_on_device)
+        unused = self.cfg.distributed.find_unused_parameters
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
         return DDP(
             model,
             device_ids=ids,
             gradient_as_bucket_view=True,
-            find_unused_parameters=bool(parts.conditional),
+            find_unused_parameters=bool(parts.conditional) if unused is None else unused,
             **options,
         )
+
+    def _forward(self, loss_of: Callable[[nn.Module], MicroLoss]) -> MicroLoss:
+        try:
+            return super()._forward(loss_of)
+        except RuntimeError as e:
+            if (said := unused_parameters(e)) is not None:
+                raise said from e
+            raise
 
     def _plain_model(self) -> nn.Module:
         return cast("DistributedDataParallel", self.model).module
@@ -74,6 +86,21 @@ class DDPBackend(Backend):
     def _sync(self, last_micro: bool) -> contextlib.AbstractContextManager:
         ddp = cast("DistributedDataParallel", self.model)
         return contextlib.nullcontext() if last_micro else ddp.no_sync()
+
+
+def unused_parameters(error: RuntimeError) -> DistsetupError | None:
+    """The one line for DDP's refusal of a step whose synchronised backward left parameters without a gradient
+    (torch's "Expected to have finished reduction in the prior iteration", raised at the next forward on each rank
+    whose reducer still waits); None for any other error."""
+    if "Expected to have finished reduction in the prior iteration" not in str(error):
+        return None
+    return DistsetupError(
+        "DDP: parameters of the model got no gradient in a step's synchronised backward (a layer it runs on some "
+        "micro-batches or some ranks only), and DDP waits for each one's.",
+        "set distributed.find_unused_parameters: true (DDP then looks for them each step: slower), or run that layer "
+        "on every micro-batch; FSDP2 and DeepSpeed need no setting.",
+        alike_on_every_rank=True,
+    )
 
 
 def buffer_sync(ddp_class: type, before_each_forward: bool) -> dict:
