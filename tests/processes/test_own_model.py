@@ -321,3 +321,37 @@ def test_ddp_trains_a_layer_run_on_some_steps_only_once_told_to_look_for_unused_
     torch.testing.assert_close(
         torch.tensor(losses(tmp_path / "told" / "out")), torch.tensor(expected), rtol=1e-4, atol=0
     )
+
+
+# The scorer with a calibration sized from a parameter's shape, which reads as empty inside deepspeed.zero.Init
+SIZED_FROM_A_WEIGHT = """
+import torch.nn as nn
+import scorer
+
+def build(**args):
+    model = scorer.build_model(**args)
+    model.calibration = nn.Linear(model.head.weight.shape[1], 1)
+    return model
+"""
+
+
+def test_a_builder_that_reads_a_parameters_size_trains_under_zero3_each_rank_building_it_whole(tmp_path):
+    """ZeRO-3 builds the model inside deepspeed.zero.Init, where a parameter reads as empty: a builder that sizes a
+    layer from one stopped with an IndexError, or built another model than rank 0's and failed in a copy. It falls
+    back to every rank building the model whole (DeepSpeed partitions it at its start), said in a note, and trains
+    as one process does."""
+    shutil.copy(EXAMPLE / "scorer.py", tmp_path / "scorer.py")
+    (tmp_path / "sized.py").write_text(SIZED_FROM_A_WEIGHT)
+    config = tmp_path / "config.yaml"
+    shutil.copy(EXAMPLE / "config.yaml", config)
+    mine = ["model.builder=sized:build", "training.max_steps=4", "data.num_workers=0"]
+    (tmp_path / "zero3").mkdir()
+    zero3 = train(config, 2, *overrides(tmp_path / "zero3", 2, "zero3"), *mine)
+    alone = train(config, 1, *overrides(tmp_path / "alone", 1, "single"), *mine)
+    assert zero3.returncode == alone.returncode == 0, zero3.stderr[-3000:] + alone.stderr[-3000:]
+    assert "note: model.builder cannot build the model inside deepspeed.zero.Init" in zero3.stdout
+    assert "every rank builds it whole instead" in zero3.stdout
+    expected = losses(tmp_path / "alone" / "out")
+    torch.testing.assert_close(
+        torch.tensor(losses(tmp_path / "zero3" / "out")), torch.tensor(expected), rtol=1e-4, atol=0
+    )

@@ -38,7 +38,7 @@ from distsetup.training.data.loader import Placement
 from distsetup.training.launch_env import World
 from distsetup.training.loss.objective import MicroLoss
 from distsetup.training.model import build as models
-from distsetup.training.model import moe, pretrained
+from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import outermost
 from distsetup.training.model.build import ModelParts
 from distsetup.training.optim import adamw, count_steps_as_it_does, lambda_scheduler, names_by_group, param_groups
@@ -97,7 +97,21 @@ class DeepSpeedBackend(Backend):
         self, build: Callable[[], nn.Module], whole: nn.Module, source: pretrained.Pretrained | None = None
     ) -> nn.Module:
         join_deepspeed_comm(self.world, self.device)
-        return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
+        try:
+            return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
+        except zero3_construction.NotPartitioned as e:
+            cannot = (
+                f"model.builder cannot build the model inside deepspeed.zero.Init, which partitions each parameter as "
+                f"it is created (a size read from a parameter is 0 there): {e}"
+            )
+            if source is not None:  # no rank holds the values whole to replicate
+                raise DistsetupError(
+                    f"{cannot}.",
+                    "size the model from model.args, not from a parameter's shape, or train it with ZeRO-2 or FSDP2.",
+                    alike_on_every_rank=True,
+                ) from e
+            self.notes.append(f"{cannot}; every rank builds it whole instead, and DeepSpeed partitions it")
+            return from_rank0.replicate(whole, torch.device("cpu"), self.world.is_main)
 
     def fit_to_the_model(self, parameters: int) -> None:
         """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its

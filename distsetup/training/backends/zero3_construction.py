@@ -5,7 +5,13 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from distsetup.errors import first_line
 from distsetup.training.model import from_rank0, pretrained
+
+
+class NotPartitioned(Exception):
+    """The builder cannot build the model inside deepspeed.zero.Init: it reads a parameter's size (0 there), so that
+    it fails or builds another model than on the meta device. Said why, in one line."""
 
 
 def partitioned(
@@ -23,8 +29,13 @@ def partitioned(
     and every buffer broadcast from rank 0."""
     import deepspeed
 
-    with deepspeed.zero.Init(config_dict_or_path=ds_config):
-        model = build()
+    try:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = build()
+    except Exception as e:  # every rank's alike: a parameter partitioned as it is created reads as empty
+        raise NotPartitioned(first_line(e)) from e
+    if differs := _differently_built(model, whole):
+        raise NotPartitioned(differs)
     values = dict(whole.named_parameters()) if is_main and source is None else {}
     for name, parameter in model.named_parameters():
         with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():
@@ -37,3 +48,14 @@ def partitioned(
     if source is not None:
         pretrained.read_persistent_buffers(model, source)
     return model
+
+
+def _differently_built(model: nn.Module, whole: nn.Module) -> str:
+    """How the model built in partitions differs from the one built on the meta device (or rank 0's), by its
+    parameters' names and shapes; "" where it does not."""
+    made = {name: tuple(getattr(p, "ds_shape", p.shape)) for name, p in model.named_parameters()}
+    meant = {name: tuple(p.shape) for name, p in whole.named_parameters()}
+    if made == meant:
+        return ""
+    name = next((name for name in meant if made.get(name) != meant[name]), None) or next(iter(made.keys() - meant))
+    return f"its parameter {name} came out {list(made.get(name) or [])} there, {list(meant.get(name) or [])} elsewhere"
