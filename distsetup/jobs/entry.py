@@ -42,9 +42,11 @@ def shipped_files(launch: LaunchSpec) -> dict[str, str]:
 
 def node_launch(spec: JobSpec) -> LaunchSpec:
     """The launch as a node runs it, on static rendezvous at node 0 (never torchrun's --standalone, also on one node).
-    In a pod: the run config and backend file where the ConfigMap puts them, in the working folder on the shared volume
-    (which holds the run config's relative output_dir, so its checkpoints outlive the pods). On a SkyPilot node: in
-    the workdir SkyPilot synced from the folder distsetup ran in, the files where they are in it."""
+    In a pod: the run config and backend file where the ConfigMap puts them; distsetup's trainer in the folder the pod
+    starts in (the image's, which holds the user's code and the run config's relative data paths), its output on the
+    shared volume (output_override); a program of the user's in the shared volume, where what it writes outlives the
+    pod. On a SkyPilot node: in the workdir SkyPilot synced from the folder distsetup ran in, the files where they are
+    in it."""
     launch = spec.launch
     on_skypilot = spec.target == "skypilot"
 
@@ -59,7 +61,7 @@ def node_launch(spec: JobSpec) -> LaunchSpec:
         config=seen_by_node("config"),
         deepspeed_config=seen_by_node("deepspeed_config"),
         fsdp_config=seen_by_node("fsdp_config"),
-        workdir=None if on_skypilot else WORK_MOUNT,
+        workdir=None if on_skypilot or launch.runs_default_trainer else WORK_MOUNT,
         rdzv_backend="static",
         node_rank=None,
         master_addr=None,
@@ -101,15 +103,17 @@ def output_dir_of(spec: JobSpec) -> str:
 
 
 def output_override(spec: JobSpec) -> str | None:
-    """On SkyPilot, where the node's disk goes with the node: distsetup's trainer writes its output (and checkpoints)
-    in the bucket, at the relative output_dir of the run config or of an override after `--` (this one comes after
-    them). An absolute one is the user's choice, kept (output_note says where it is not kept)."""
-    if spec.target != "skypilot" or not spec.launch.runs_default_trainer:
+    """Where the node's own disk goes with it: distsetup's trainer writes its output (and checkpoints) in the bucket
+    (SkyPilot) or on the shared volume (a pod, which works in the image's folder), at the relative output_dir of the
+    run config or of an override after `--` (this one comes after them). An absolute one is the user's choice, kept
+    (output_note says where it is not kept)."""
+    if not spec.launch.runs_default_trainer:
         return None
     output_dir = output_dir_of(spec)
     if PurePosixPath(output_dir).is_absolute() or output_dir.startswith(".."):  # output_note says where it goes
         return None
-    return f"training.output_dir={json.dumps(f'{BUCKET_MOUNT}/{output_dir}')}"
+    kept = BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT
+    return f"training.output_dir={json.dumps(f'{kept}/{output_dir}')}"
 
 
 def output_note(spec: JobSpec) -> str | None:
@@ -133,7 +137,7 @@ def entry_script(spec: JobSpec, command_line: str) -> str:
     launch = node_launch(spec)
     check_launch(launch)
     context = launch_context(launch)
-    context["workdir_why"] = "the shared volume: the run config's relative output_dir (and checkpoints) are there"
+    context["workdir_why"] = "the shared volume: what the program writes there outlives the pod"
     context["workdir_missing"] = "(the shared volume): is its claim mounted there?"
     context["output_override"] = output_override(spec)
     context["program_args"] = spec.program_args

@@ -124,7 +124,7 @@ def test_sigterm_to_one_trainjob_pod_checkpoints_the_world_and_one_node_resumes(
     again.start()
     assert again.wait(timeout=240) == [0], again.log()
     resumed = re.findall(r"resumed from (\S+) \(step (\d+)\)", again.text())
-    assert resumed == [(f"runs/demo/checkpoints/step_{step:07d}", str(step))], again.log()
+    assert resumed == [(f"/workspace/runs/demo/checkpoints/step_{step:07d}", str(step))], again.log()
     summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == step + 2
 
@@ -147,3 +147,30 @@ def test_a_relative_script_is_found_in_the_image_and_runs_in_the_shared_volume(r
     assert pods.wait(timeout=120) == [0], pods.log()
     ran = {path.name: path.read_text() for path in pods.work.glob("ran-*")}
     assert ran == {"ran-0": "/workspace a b$c", "ran-1": "/workspace a b$c"}, pods.log()
+
+
+def test_the_trainer_finds_the_images_code_and_data_and_writes_in_the_shared_volume(run_cli, tmp_path, monkeypatch):
+    """A run config naming a model.builder module and data files by paths relative to the image's folder (where the
+    pod starts, as `python -m distsetup.train` runs from a checkout): the trainer runs there, its output_dir on the
+    shared volume (its checkpoints outlive the pod). It entered the volume first, and found neither."""
+    root = project(tmp_path, max_steps=2, checkpoint_interval=2)
+    (root / "mymodel.py").write_text(
+        "from distsetup.training.model.gpt import GPT\n\ndef build():\n    return GPT(256, 32, 2, 2, 32, 0.0)\n"
+    )
+    (root / "data").mkdir()
+    (root / "data" / "train.txt").write_text("the image holds the data. " * 400)
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["model"] = {"type": "python", "builder": "mymodel:build", "block_size": 32}
+    config["data"] = {"type": "files", "paths": ["data/train.txt"]}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(root)
+    args = ["--config", "config.yaml", "--num_nodes", 1, "--num_gpus_per_node", 2, *KUBERNETES_CPU_PODS, "--name", "t1"]
+    result = run_cli("job", "--target", "jobset", *args, "-o", "k8s/jobset.yaml")
+    assert result.exit_code == 0, result.output
+    pods = PodRunner(read_manifest(root / "k8s" / "jobset.yaml"), tmp_path / "pods", free_port(), PATH, workdir=root)
+    pods.start()
+    assert pods.wait(timeout=120) == [0], pods.log()
+    summary = json.loads((pods.work / "runs" / "demo" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["world_size"] == 2, pods.log()
+    assert (pods.work / "runs" / "demo" / "checkpoints" / "step_0000002" / "COMPLETE").exists()
+    assert not (root / "runs").exists()  # nothing of the run's in the image's folder
