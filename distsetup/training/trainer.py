@@ -126,8 +126,8 @@ class Trainer:
         INTERRUPTED, for a Ctrl-C) once the ranks have agreed to stop and checkpointed."""
         t = self.t
         with self.preemption.ctrl_c_checkpoints():
-            if self._evaluation_left_out(loop):
-                self._evaluate(loop)
+            if self._evaluation_left_out(loop) and not self._evaluated(loop):  # stopped during it: its checkpoint is
+                return self.preemption.stopped_at(self.step, self.say)  # the one this run resumed from
             while self.step < self.max_steps:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
@@ -141,10 +141,11 @@ class Trainer:
                     self._log(loop, terms, lr, loss_scale)
                 if stop and self.step == self.max_steps:  # the run is done: what the stop asks to save comes first
                     self.say(f"note: asked to stop at the last step, {self.step}: the run finishes")
+                    self.preemption.finished_instead()
                     self._checkpoint(loop, background=False, confirmed=True)
                     break
                 if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
-                    self._evaluate(loop)
+                    stop = not self._evaluated(loop)
                 if stop or checkpoint_now:
                     # a stopped run's is whole, and the run that resumes from it confirms it at its first step; the
                     # last one no step confirms: it is trusted, as the finished run's result
@@ -155,8 +156,8 @@ class Trainer:
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
-        if self._last_evaluation_due(loop):
-            self._evaluate(loop)
+        if self._last_evaluation_due(loop) and not self._evaluated(loop):  # its checkpoint written
+            return self.preemption.stopped_at(self.step, self.say)
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
         return 0
@@ -384,9 +385,19 @@ class Trainer:
         """What throughput counts in one step: tokens (token data) or samples."""
         return self.global_batch * (self.cfg.model.block_size if loop.objective.unit == "tokens" else 1)
 
-    def _evaluate(self, loop: Loop) -> None:
+    def _evaluated(self, loop: Loop) -> bool:
+        """Whether the step's evaluation ran to its end (else the ranks agreed to stop during it)."""
         with loop.timer.evaluating():
-            result = evaluate(self.backend, loop.objective, loop.data, self.world, self.cfg.data.num_workers)
+            result = evaluate(
+                self.backend,
+                loop.objective,
+                loop.data,
+                self.world,
+                self.cfg.data.num_workers,
+                lambda: self.preemption.requested,
+            )
+        if result is None:
+            return False
         loop.evals.append({"step": self.step, **result})
         self.evaluated_at = self.step
         loop.metrics.write(self.step, "eval", **result)
@@ -395,6 +406,7 @@ class Trainer:
                 f", {name.removeprefix('val_')} {value:.4g}" for name, value in result.items() if name != "val_loss"
             )
             loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{others}")
+        return True
 
     def _checkpoint(self, loop: Loop, background: bool, confirmed: bool) -> None:
         marker = Marker(

@@ -203,7 +203,7 @@ class StepAgreement:
         same step."""
         names = list(terms)
         flags = torch.tensor([float(stop_requested), step_seconds, float(writing)], dtype=torch.float64)
-        values = torch.cat([torch.stack([terms[name].double() for name in names]), flags.to(self.device)])
+        values = torch.cat([*(terms[name].double().reshape(1) for name in names), flags.to(self.device)])
         if dist.is_initialized():
             dist.all_reduce(values)
         *sums, stops, seconds_sum, writers = values.tolist()

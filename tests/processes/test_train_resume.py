@@ -208,7 +208,7 @@ def test_a_run_stopped_at_its_last_step_finishes_and_one_resumed_there_evaluates
             }
         )
     )
-    stopped = train(config, 1, env={"STOP_AT_CALL": "3"})  # the third step's forward; evaluation calls it too
+    stopped = train(config, 1, env={"STOP_AT_CALL": "7"})  # the third step's forward, after step 2's 4 evaluations
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert "asked to stop at the last step, 3: the run finishes" in stopped.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -232,10 +232,12 @@ def test_a_run_stopped_at_its_last_step_finishes_and_one_resumed_there_evaluates
     assert (out / "metrics.jsonl").read_text().count("val_loss") == evaluations == 2
 
 
-def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path):
+@pytest.mark.parametrize("stop_at_call", [2, 3], ids=["in the step", "in its evaluation"])
+def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path, stop_at_call):
     """Bug: stopped during a step it evaluates at (not the last), a run checkpointed without that evaluation, and the
     run resumed from it went on to the next step: the evaluation was never run (metrics and `checkpoint ls` lacked
-    it)."""
+    it). And a stop during the evaluation waited for its end (minutes, on a real validation set, past a scheduler's
+    grace period): the ranks agree to stop between its batches, as between steps."""
     (tmp_path / "stops_itself.py").write_text(STOPS_ITSELF)
     out = tmp_path / "out"
     config = tmp_path / "run.yaml"
@@ -246,9 +248,11 @@ def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path
         "training": {**training, "loss": "stops_itself:loss"},
     }
     config.write_text(json.dumps(run))
-    stopped = train(config, 1, env={"STOP_AT_CALL": "2"})  # the second step's forward
+    # the second step's forward, or the first of the 4 validation batches after it
+    stopped = train(config, 1, env={"STOP_AT_CALL": str(stop_at_call)})
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert "val_loss" not in (out / "metrics.jsonl").read_text()
+    assert "preempted: checkpoint at step 2" in stopped.stdout
     resumed = train(config, 1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
