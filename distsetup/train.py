@@ -110,6 +110,10 @@ def main(argv=None) -> int:
                 from distsetup.training import user_code
 
                 user_code.check_references(cfg, config_folder(args))
+                if cfg.model.type == "python" and user_code.imports_here(cfg.model.builder):
+                    from distsetup.training.model.build import check_on_meta
+
+                    check_on_meta(cfg.model)
             return 0
         if args.export:
             return export(cfg, args)

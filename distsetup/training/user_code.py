@@ -145,14 +145,14 @@ def check_references(cfg: RunConfig, base_dir: Path | None) -> None:
         ("training.loss", t.loss, (), {}),
     ]
     for where, reference, args, kwargs in checks:
-        if reference is None or not _imports_here(reference):
+        if reference is None or not imports_here(reference):
             continue
         function = load(reference, where)
         if where.endswith("builder"):
             check_takes(function, where, *args, **kwargs)
 
 
-def _imports_here(reference: str) -> bool:
+def imports_here(reference: str) -> bool:
     """Whether the module of `reference` imports in this process, or fails as it would anywhere (it is missing, or
     its syntax is wrong: load() then says so)."""
     parts = python_refs.split(reference)

@@ -46,6 +46,9 @@ def build(depth=2):
 def build_number():
     return 3
 
+def build_kw(**kw):
+    return Net(**kw)
+
 def build_reading_a_weight(depth=2):
     net = Net(depth)
     assert net.blocks[0].linear.weight.abs().sum().item() > 0  # a value, which the meta device has not
@@ -422,8 +425,9 @@ def test_the_trainer_stops_before_training_with_the_line(tmp_path, user_module):
 
 
 def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_path, user_module, capsys):
-    """`--check`, which the launch scripts run before torchrun, imports the user's code and matches the builders'
-    arguments: a launch stops in one line instead of torchrun's traceback of every failed rank."""
+    """`--check`, which the launch scripts run before torchrun, imports the user's code, matches the builders'
+    arguments and builds a python model on the meta device: a launch stops in one line instead of torchrun's
+    traceback of every failed rank."""
     from distsetup.train import main
 
     config = tmp_path / "run.yaml"
@@ -435,8 +439,19 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
         (f"{user_module}:build", {"width": 3}, f"model.args: {user_module}:build takes no argument 'width'"),
         (f"{user_module}:build", {"depth": 4}, None),
         ("needs_its_launcher:build", {}, None),  # its import needs what the launcher sets: left to the ranks
+        # what only building it (on the meta device) tells: an argument refused under **kwargs, a class typo
+        (f"{user_module}:build_kw", {"width": 3}, "raised TypeError: Net.__init__() got an unexpected keyword"),
+        (
+            f"{user_module}:build",
+            {"layer_classes": ["Blok"]},
+            "no module of class Blok in Net. HINT: did you mean Block",
+        ),
+        (f"{user_module}:build_reading_a_weight", {}, None),  # cannot build on the meta device: left to the ranks
     ):
-        config.write_text(yaml.safe_dump({"model": {"type": "python", "builder": builder, "args": args}}))
+        model = {"type": "python", "builder": builder, "args": args}
+        if "layer_classes" in args:
+            model["layer_classes"] = model.pop("args")["layer_classes"]
+        config.write_text(yaml.safe_dump({"model": model}))
         before = signal.getsignal(signal.SIGTERM)
         try:
             status = main(["--config", str(config), "--check"])

@@ -97,6 +97,30 @@ def architecture_on_meta(m) -> nn.Module:
         return build(m)
 
 
+# What a builder raises for arguments it does not take, though its signature (**kwargs) did not say
+SIGNATURE_ERRORS = ("unexpected keyword argument", "required positional argument", "required keyword-only argument")
+
+
+def check_on_meta(m) -> None:
+    """For `--check`, before any process starts: a python model section's model built on the meta device, as every
+    rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs)
+    and model.layer_classes. A builder that fails there otherwise (it reads a weight, or what the launcher sets) is
+    left to the ranks."""
+    try:
+        model = architecture_on_meta(m)
+    except DistsetupError:
+        raise
+    except TypeError as e:
+        if not any(words in str(e) for words in SIGNATURE_ERRORS):
+            return
+        raise DistsetupError(
+            f"model.builder {m.builder} raised {user_code.what_raised(e)}.", f"fix {m.builder} or model.args."
+        ) from None
+    except Exception:
+        return
+    layer_classes(model, m)
+
+
 def architecture(m) -> tuple[nn.Module, list[str]]:
     """The model section `m`'s model to inspect: built on the meta device, or on the CPU where its builder cannot
     build there (said in the note returned)."""
