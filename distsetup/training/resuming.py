@@ -39,11 +39,13 @@ def load(
     sampler: ShardedSampler,
     global_batch: int,
     steps: int,
+    model_section: dict,
     say: Callable[[str], None],
 ) -> Marker:
     """Checkpoint `resume` loaded into the wrapped model and `sampler`, the lr following this run's schedule of
-    `steps` steps; its marker."""
-    marker = ckpt.load_checkpoint(backend, resume, world)
+    `steps` steps; its marker. `model_section`: the run config's, said where it differs from the checkpoint's and the
+    load fails."""
+    marker = ckpt.load_checkpoint(backend, resume, world, model_section)
     say(f"resumed from {resume} (step {marker.step})")
     lrs = follow_this_runs_schedule(backend.scheduler)
     if lrs is not None and not math.isclose(*lrs, rel_tol=1e-6):  # this run is longer or shorter

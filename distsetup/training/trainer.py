@@ -328,7 +328,9 @@ class Trainer:
         return objective, flops, peak
 
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
-        marker = resuming.load(resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.say)
+        marker = resuming.load(
+            resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.model_section, self.say
+        )
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.evaluated_at = marker.step if marker.val_loss is not None else None
         self.checkpoints.resumed_from(resume, marker)

@@ -348,3 +348,42 @@ def test_full_disk_during_a_checkpoint_is_one_line_with_the_free_space(tmp_path)
     assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"cannot write checkpoint {disk / 'out' / 'checkpoints' / 'step_0000002'}" in lines[0]
     assert re.search(r"; \d+\.\d MiB free on that disk", lines[0]), lines[0]
+
+
+RESIZED = """\
+import torch
+
+
+def build_model(hidden):
+    return torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Linear(hidden, 1))
+
+
+def build_data(split):
+    inputs = torch.randn(32, 4, generator=torch.Generator().manual_seed(len(split)))
+    return torch.utils.data.TensorDataset(inputs, inputs.sum(-1, keepdim=True))
+
+
+def loss(model, batch):
+    inputs, targets = batch
+    return torch.nn.functional.mse_loss(model(inputs), targets)
+"""
+
+
+def test_a_checkpoint_of_another_model_section_says_what_changed(tmp_path):
+    """A python model's model.args changed since its checkpoints: the load said "move step_N aside to resume from
+    the checkpoint before it", of which every one fails alike. It names what changed."""
+    (tmp_path / "resized.py").write_text(RESIZED)
+    out = tmp_path / "out"
+    config = tmp_path / "run.yaml"
+    run = {
+        "model": {"type": "python", "builder": "resized:build_model", "args": {"hidden": 8}},
+        "data": {"type": "python", "builder": "resized:build_data"},
+        "training": {"micro_batch_size": 8, "max_steps": 2, "output_dir": str(out), "loss": "resized:loss"},
+    }
+    config.write_text(json.dumps(run))
+    assert train(config, 1).returncode == 0
+    resumed = train(config, 1, "model.args.hidden=16", "training.max_steps=4")
+    said = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]
+    assert resumed.returncode == 1 and len(said) == 1, resumed.stderr[-3000:]
+    assert f"cannot load checkpoint {out / 'checkpoints' / 'step_0000002'}: the run config's model section" in said[0]
+    assert "(model.args.hidden 8 there, 16 here)" in said[0] and "move" not in said[0], said[0]

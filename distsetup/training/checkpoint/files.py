@@ -251,22 +251,47 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(backend: Checkpointing, path: Path, world: World) -> Marker:
+def load_checkpoint(backend: Checkpointing, path: Path, world: World, model: dict) -> Marker:
     """Restore model, optimizer and scheduler (the backend's job), then this rank's RNG; returns its marker.
-    Damage that left every size intact shows only here, as one line naming the folder."""
+    Damage that left every size intact shows only here, as one line naming the folder; a model section changed
+    since the checkpoint (`model`, the run config's: model.args of a python model) is named instead where the load
+    fails, since every checkpoint of the run would fail alike."""
     marker = Marker.read(path)
     rng_file = path / f"rng_rank{world.rank}.pt"
     try:
         backend.load(path)
         if rng_file.exists():
             set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
-    except DistsetupError:
-        raise
     except and_dcp_failures(Exception) as e:  # whatever a damaged file makes torch, pickle or DeepSpeed raise
         if is_lost_contact(e):  # DeepSpeed and DCP load through collectives: a peer died, not the checkpoint
             raise
+        reason = e.problem if isinstance(e, DistsetupError) else last_line(e).rstrip(".")
+        if changed := model_changes(marker.model, model):
+            raise DistsetupError(
+                f"cannot load checkpoint {path}: the run config's model section is not the one it was trained with "
+                f"({'; '.join(changed)}): {reason.rstrip('.')}.",
+                "resume with the model section it was trained with, or start afresh in another training.output_dir "
+                "(or with --no_resume).",
+            ) from None
+        if isinstance(e, DistsetupError):
+            raise
         raise DistsetupError(
-            f"cannot load checkpoint {path}: {last_line(e).rstrip('.')}.",
+            f"cannot load checkpoint {path}: {reason}.",
             f"move {path} aside to resume from the checkpoint before it, or start afresh with --no_resume.",
         ) from None
     return marker
+
+
+def model_changes(stored: dict | None, model: dict, where: str = "model") -> list[str]:
+    """How the run config's model section `model` differs from a checkpoint's (`stored`; None: before distsetup
+    stored it): "model.args.z_bits 16 there, 8 here", for each key of either, a section's own keys inside it."""
+    if not isinstance(stored, dict):
+        return []
+    changes = []
+    for key in sorted(stored.keys() | model.keys()):
+        there, here = stored.get(key), model.get(key)
+        if isinstance(there, dict) and isinstance(here, dict):
+            changes += model_changes(there, here, f"{where}.{key}")
+        elif there != here:
+            changes.append(f"{where}.{key} {there} there, {here} here")
+    return changes
