@@ -40,8 +40,8 @@ def one_process_group():
 
 def units_gathered_between_forward_and_backward(
     tmp_path, fsdp: dict, classes: tuple[str, ...] = ("Block",)
-) -> tuple[list[str], list[str]]:
-    """(every FSDP unit's name, those whose parameters are gathered after a training forward)."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(every FSDP unit's name, those whose parameters are gathered after a training forward, the backend's notes)."""
     (tmp_path / "fsdp.json").write_text(
         json.dumps(build_fsdp_config(FsdpSpec(transformer_layer_cls_to_wrap=classes, **fsdp)))
     )
@@ -56,7 +56,7 @@ def units_gathered_between_forward_and_backward(
     loss = F.cross_entropy(backend.model(x).flatten(0, 1), x.flatten())
     gathered = [name for name, unit in units.items() if not any(isinstance(p, DTensor) for p in own(unit, units))]
     loss.backward()
-    return sorted(units), sorted(gathered)
+    return sorted(units), sorted(gathered), backend.notes
 
 
 def own(unit, units: dict) -> list:
@@ -70,8 +70,9 @@ def own(unit, units: dict) -> list:
 @pytest.mark.parametrize("wrapping", sorted(WRAPPING))
 def test_only_the_last_unit_and_the_root_stay_gathered_for_backward(tmp_path, wrapping):
     fsdp, expected = WRAPPING[wrapping]
-    units, gathered = units_gathered_between_forward_and_backward(tmp_path, fsdp)
+    units, gathered, notes = units_gathered_between_forward_and_backward(tmp_path, fsdp)
     assert len(units) >= 4, units
+    assert not [note for note in notes if note.startswith("FSDP units")]  # the file's classes are the blocks'
     assert gathered == (units if expected == "every unit" else expected), units
 
 
@@ -79,7 +80,11 @@ def test_only_the_last_unit_and_the_root_stay_gathered_for_backward(tmp_path, wr
 def test_a_unit_class_inside_another_is_sharded_first(tmp_path):
     """Block holds an MLP: naming both shards each MLP, then what is left of its block (FSDP2 shards bottom up; the
     block first took the MLP's parameters, and fully_shard refused the MLP: "Cannot concatenate overlapping meshes")."""
-    units, gathered = units_gathered_between_forward_and_backward(tmp_path, {}, ("Block", "MLP"))
+    units, gathered, notes = units_gathered_between_forward_and_backward(tmp_path, {}, ("Block", "MLP"))
+    said = "FSDP units: the FSDP file's fsdp_transformer_layer_cls_to_wrap (Block, MLP), not the model's blocks (Block)"
+    assert [note for note in notes if note.startswith("FSDP units")] == [
+        f"{said}, which activation checkpointing and compile take"
+    ]
     assert {"blocks.0", "blocks.0.mlp", "blocks.2", "blocks.2.mlp"} <= set(units), units
     assert {"blocks.2", "blocks.2.mlp"} <= set(gathered)  # the last block stays gathered for backward, its MLP too
     assert "blocks.1.mlp" not in gathered
