@@ -37,5 +37,5 @@ def run_steps(
             )
     if cap is not None and steps > cap:
         steps = cap
-        said.append(f"{STEP_CAP} caps the run at {steps} steps")
+        said.append(f"{STEP_CAP} caps the run at {steps} steps (its learning rate follows the whole run's schedule)")
     return steps, said

@@ -91,6 +91,7 @@ class Trainer:
         self.evaluated_at: int | None = None  # the step of the latest evaluation every rank knows of
         self.checkpoints = RunCheckpoints(backend, world, self.ckpt_root, self.t.keep_checkpoints, backend.precision)
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
+        self.schedule_steps = self.max_steps  # what the learning-rate schedule spans: the run's, uncapped
         self.setup_peak = 0  # this rank's peak resident bytes in set-up
         self.training_peak = memory.TrainingPeak()
         self.pretrained: pretrained.Pretrained | None = None  # the checkpoint each rank reads its part of
@@ -287,6 +288,8 @@ class Trainer:
         # before wrap(): the learning-rate schedule spans the whole run
         per_epoch = len(data.train) // self.global_batch
         self.max_steps, said = run_steps(t.max_steps, t.epochs, per_epoch, self.step_cap, resumed)
+        # a run capped for a smoke test trains the whole run's first steps, on its schedule
+        self.schedule_steps = run_steps(t.max_steps, t.epochs, per_epoch, None, resumed)[0]
         for line in said:
             self.say(line)
         return data, sampler
@@ -314,7 +317,7 @@ class Trainer:
         # the whole model, before sharding
         flops = flops_per_item(m, whole, data, backend.micro_batch, peak, objective.unchecked_loss, self.say)
         del whole  # rank 0's values are in every rank's part (ZeRO-3), or wrap() takes them
-        backend.wrap(parts, self.max_steps)
+        backend.wrap(parts, self.schedule_steps)
         if backend.gathers_weights:  # set up mapping 2 MiB apart (train.py); the step's activations kept in the heap
             tokens = backend.micro_batch * m.block_size if data.tokens else 0
             map_large_tensors_apart(mapped_apart_from(largest_activation_bytes(module, tokens)))
@@ -329,7 +332,14 @@ class Trainer:
 
     def _load(self, resume: Path, sampler: ShardedSampler) -> None:
         marker = resuming.load(
-            resume, self.backend, self.world, sampler, self.global_batch, self.max_steps, self.model_section, self.say
+            resume,
+            self.backend,
+            self.world,
+            sampler,
+            self.global_batch,
+            self.schedule_steps,
+            self.model_section,
+            self.say,
         )
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
         self.evaluated_at = marker.step if marker.val_loss is not None else None

@@ -283,6 +283,19 @@ def test_the_step_cap_is_a_whole_number_or_one_line(monkeypatch, tmp_path):
     result = train(write_run_config(tmp_path, "single"), 1, env={STEP_CAP: "ten"})
     assert_clean_error(result, STEP_CAP, "whole number")
     assert not (tmp_path / "out").exists()
+    # a capped run (a smoke test) trains the whole run's first steps: its learning rate on the whole run's schedule
+    import json
+
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.optim import lr_lambda
+
+    config = write_run_config(tmp_path / "capped", "single", max_steps=10, warmup_steps=2, log_interval=1)
+    capped = train(config, 1, env={STEP_CAP: "4"})
+    assert capped.returncode == 0 and "caps the run at 4 steps" in capped.stdout, capped.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "capped" / "out" / "metrics.jsonl").read_text().splitlines()]
+    t = load_run_config(str(config)).training
+    schedule = lr_lambda(t.warmup_steps, 10, t.min_lr_ratio)
+    assert [row["lr"] for row in rows if "loss" in row] == pytest.approx([t.lr * schedule(s) for s in range(4)])
 
 
 def test_init_from_weights_of_another_shape_is_one_line_naming_the_tensor(tmp_path):
