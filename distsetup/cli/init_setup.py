@@ -237,6 +237,8 @@ def run_config(answers: Answers, model: Model, choice: Choice) -> dict:
             "micro_batch_size": choice.micro_batch,
             "gradient_accumulation_steps": choice.accumulation,
             "max_steps": answers.max_steps,
+            # the default's 20 steps, or a tenth of a shorter run's: the peak lr is reached well before its end
+            "warmup_steps": min(TrainingConfig.warmup_steps, answers.max_steps // 10),
             "precision": answers.precision,
             "activation_checkpointing": "full" if choice.activation_checkpointing else "none",
             "checkpoint_interval": min(answers.max_steps, 200),

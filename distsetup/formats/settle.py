@@ -85,7 +85,19 @@ def settle(
         # the file's flag turns it on (full) where the run config leaves it off; the file's False says nothing
         _decide(settled, cfg, "activation_checkpointing", "full", f"{FSDP_FILE}' fsdp_activation_checkpointing")
     _scale_lr(settled, cfg)
+    _warmup_note(settled, cfg)
     return settled
+
+
+def _warmup_note(settled: Settled, cfg: RunConfig) -> None:
+    """A warmup as long as the run (training.max_steps; the default warmup of 20 steps in a short run): the learning
+    rate never reaches its peak."""
+    t = cfg.training
+    if t.epochs is None and settled.sources["scheduler"].startswith("training.") and t.warmup_steps >= t.max_steps:
+        settled.notes.append(
+            f"training.warmup_steps {t.warmup_steps} is not shorter than training.max_steps {t.max_steps}: the "
+            "learning rate rises the whole run and never reaches training.lr (set warmup_steps lower)"
+        )
 
 
 def _scale_lr(settled: Settled, cfg: RunConfig) -> None:

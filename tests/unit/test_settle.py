@@ -186,3 +186,17 @@ def test_backend_single_is_one_process_for_validate_and_several_train_with_ddp_f
     (tmp_path / "mine.py").write_text("")  # a program of the user's gets no backend from the script: nothing said
     own = run_cli("launcher", "--config", "c.yaml", "--script", "mine.py", "--num_gpus_per_node", 2, "-o", "own.sh")
     assert own.exit_code == 0 and "with ddp" not in own.stderr, own.output
+
+
+def test_a_warmup_as_long_as_the_run_is_said_and_init_writes_a_shorter_one(run_cli, tmp_path, monkeypatch):
+    """The default warmup (20 steps) in a run of 10: the learning rate rose the whole run, without a word."""
+    short = settle(load_run_config(None, ["training.max_steps=10"]), None, None, 2).notes
+    assert [note for note in short if "warmup_steps" in note] == [
+        "training.warmup_steps 20 is not shorter than training.max_steps 10: the learning rate rises the whole run "
+        "and never reaches training.lr (set warmup_steps lower)"
+    ]
+    shorter = load_run_config(None, ["training.max_steps=10", "training.warmup_steps=2"])
+    assert not [note for note in settle(shorter, None, None, 2).notes if "warmup_steps" in note]
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("init", "--yes", "--max_steps", 20).exit_code == 0
+    assert yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())["training"]["warmup_steps"] == 2
