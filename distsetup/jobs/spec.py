@@ -152,6 +152,21 @@ def _check_kubernetes(spec: JobSpec) -> None:
 
 
 def _check_skypilot(spec: JobSpec) -> None:
+    missing = [
+        flags
+        for flags, absent in (
+            ("--accelerator", spec.accelerator is None),
+            ("--checkpoint_bucket", not spec.checkpoint_bucket),
+            ("--image or --setup", not spec.image and not spec.setup),
+        )
+        if absent
+    ]
+    if len(missing) > 1:  # said at once, not one run at a time (each is explained below where it is alone)
+        raise DistsetupError(
+            f"--target skypilot needs {', '.join(missing[:-1])} and {missing[-1]}.",
+            "e.g. --accelerator H100 (none for CPU nodes) --checkpoint_bucket s3://my-bucket/runs --image IMAGE (or "
+            "--setup 'pip install -r requirements.txt').",
+        )
     if spec.accelerator is None:
         raise DistsetupError(
             "--target skypilot needs --accelerator: the GPU type, counted by --num_gpus_per_node.",

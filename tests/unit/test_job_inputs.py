@@ -141,6 +141,7 @@ def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project)
 @pytest.mark.parametrize(
     "extra, words",
     [
+        ((), ("needs --accelerator, --checkpoint_bucket and --image or --setup.",)),  # all at once, not run by run
         (("--checkpoint_bucket", "s3://b/runs"), ("--accelerator", "H100")),
         (("--accelerator", "H100", "--checkpoint_bucket", "/mnt/runs"), ("--checkpoint_bucket", "s3://")),
         (SKYPILOT + ("--config", "OUTSIDE"), ("SkyPilot copies",)),
@@ -151,7 +152,18 @@ def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project)
         (SKYPILOT + ("--gpu_resource", "none"), ("--gpu_resource", "Kubernetes flag")),
         (SKYPILOT + ("--shm_size", "16Gi"), ("--shm_size", "Kubernetes flag")),  # its default value, given
     ],
-    ids=["accelerator", "bucket", "outside", "relative outside", "no software", "gpu type", "namespace", "gpus", "shm"],
+    ids=[
+        "none",
+        "accelerator",
+        "bucket",
+        "outside",
+        "relative outside",
+        "no software",
+        "gpu type",
+        "namespace",
+        "gpus",
+        "shm",
+    ],
 )
 def test_bad_skypilot_flags_are_one_line_and_write_nothing(run_cli, project, extra, words):
     outside = project.parent / f"{project.name}-outside.yaml"  # beside the folder SkyPilot would copy
