@@ -36,7 +36,7 @@ from distsetup.formats.runconfig import RunConfig, names_user_code, resolve_conf
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.runconfig_rules import missing_file_fix
 from distsetup.training.host_allocator import ask_for_huge_pages, map_large_tensors_apart
-from distsetup.training.launch_env import World, read_world
+from distsetup.training.launch_env import World, read_world, sigterm_when_the_launcher_dies
 
 if TYPE_CHECKING:
     from distsetup.training.trainer import Trainer
@@ -100,6 +100,7 @@ def load_config(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, stopped_during_set_up)  # until the trainer takes SIGTERM over (preemption.py)
+    sigterm_when_the_launcher_dies()
     if (seconds := os.environ.get(STACKS_AFTER, "")).isdigit():  # the tests': where a run that hangs waits
         faulthandler.dump_traceback_later(int(seconds), repeat=True)
     try:

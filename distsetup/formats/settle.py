@@ -68,6 +68,11 @@ def settle(
     ):
         settled.sources[name] = _run_config_source(cfg, key)
     settled.sources["train_batch"] = "micro x accumulation x world size"
+    if cfg.distributed.find_unused_parameters is not None and cfg.distributed.backend != "ddp":
+        settled.notes.append(
+            f"distributed.find_unused_parameters is DDP's: {cfg.distributed.backend} takes a parameter without a "
+            "gradient as it is"
+        )
     if cfg.distributed.backend == "single" and world_size is not None and world_size > 1:
         settled.problems.append(
             Problem(
@@ -96,7 +101,7 @@ def _warmup_note(settled: Settled, cfg: RunConfig) -> None:
     if t.epochs is None and settled.sources["scheduler"].startswith("training.") and t.warmup_steps >= t.max_steps:
         settled.notes.append(
             f"training.warmup_steps {t.warmup_steps} is not shorter than training.max_steps {t.max_steps}: the "
-            "learning rate rises the whole run and never reaches training.lr (set warmup_steps lower)"
+            "learning rate rises the whole run and never reaches its peak (set warmup_steps lower)"
         )
 
 

@@ -80,40 +80,51 @@ def _in_workdir(path: str, workdir: str | None) -> str:
     )
 
 
-def output_dir_of(spec: JobSpec) -> str:
-    """The run's training.output_dir: the last one given after `--` (normalised: `a/../../x` is `../x`), else the run
-    config's, else the default."""
-    given = [arg.partition("=")[2] for arg in spec.program_args if arg.startswith("training.output_dir=")]
+def folder_of(spec: JobSpec, key: str, default: str | None) -> str | None:
+    """The run's folder at run-config key `key` ("training.output_dir"): the last one given after `--` (normalised:
+    `a/../../x` is `../x`), else the run config's, else `default`."""
+    given = [arg.partition("=")[2] for arg in spec.program_args if arg.startswith(f"{key}=")]
     if given:
         try:
             value = parse_yaml(given[-1])
         except (yaml.YAMLError, ValueError):
             raise DistsetupError(
-                f"training.output_dir={given[-1]} after --: the value is not valid YAML.",
-                "quote it as a path: training.output_dir=runs/exp2.",
+                f"{key}={given[-1]} after --: the value is not valid YAML.", f"quote it as a path: {key}=runs/exp2."
             ) from None
         if not isinstance(value, str) or not value:
-            raise DistsetupError(
-                f"training.output_dir={given[-1]} after --: not a folder.", "give one: training.output_dir=runs/exp2."
-            )
+            raise DistsetupError(f"{key}={given[-1]} after --: not a folder.", f"give one: {key}=runs/exp2.")
         return os.path.normpath(value)
-    launch = spec.launch
-    training = read_yaml(Path(launch.config)).get("training", {}) if launch.config else {}
-    return str(training.get("output_dir") or TrainingConfig.output_dir)
+    section, name = key.split(".")
+    config = read_yaml(Path(spec.launch.config)) if spec.launch.config else {}
+    value = (config.get(section) or {}).get(name)
+    return str(value) if value else default
 
 
-def output_override(spec: JobSpec) -> str | None:
-    """Where the node's own disk goes with it: distsetup's trainer writes its output (and checkpoints) in the bucket
-    (SkyPilot) or on the shared volume (a pod, which works in the image's folder), at the relative output_dir of the
-    run config or of an override after `--` (this one comes after them). An absolute one is the user's choice, kept
-    (output_note says where it is not kept)."""
+def output_dir_of(spec: JobSpec) -> str:
+    """The run's training.output_dir (folder_of)."""
+    return folder_of(spec, "training.output_dir", TrainingConfig.output_dir) or TrainingConfig.output_dir
+
+
+# The folders distsetup's trainer writes that every node must see, and outlive them: its output (checkpoints) and a
+# token cache of the run config's own (rank 0 writes it, every rank reads it; by default it is in the output)
+KEPT_FOLDERS = ("training.output_dir", "data.cache_dir")
+
+
+def kept_overrides(spec: JobSpec) -> list[str]:
+    """Where the node's own disk goes with it: distsetup's trainer writes its output (and checkpoints), and a token
+    cache of the run config's, in the bucket (SkyPilot) or on the shared volume (a pod, which works in the image's
+    folder), at their relative paths in the run config or in an override after `--` (these come after them). An
+    absolute one is the user's choice, kept (output_note says where the output is not kept)."""
     if not spec.launch.runs_default_trainer:
-        return None
-    output_dir = output_dir_of(spec)
-    if PurePosixPath(output_dir).is_absolute() or output_dir.startswith(".."):  # output_note says where it goes
-        return None
+        return []
     kept = BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT
-    return f"training.output_dir={json.dumps(f'{kept}/{output_dir}')}"
+    overrides = []
+    for key in KEPT_FOLDERS:
+        folder = output_dir_of(spec) if key == "training.output_dir" else folder_of(spec, key, None)
+        if folder is None or PurePosixPath(folder).is_absolute() or folder.startswith(".."):
+            continue  # a path outside: output_note says where the output goes
+        overrides.append(f"{key}={json.dumps(f'{kept}/{folder}')}")
+    return overrides
 
 
 def output_note(spec: JobSpec) -> str | None:
@@ -122,8 +133,8 @@ def output_note(spec: JobSpec) -> str | None:
     if not spec.launch.runs_default_trainer:
         return None
     kept = PurePosixPath(BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT)
-    output_dir = PurePosixPath(os.path.normpath(kept / output_dir_of(spec)))  # a relative one is kept's
-    if output_dir.is_relative_to(kept):
+    output_dir = PurePosixPath(output_dir_of(spec))  # a relative one is kept's (kept_overrides), but `../x`
+    if (output_dir.is_absolute() and output_dir.is_relative_to(kept)) or not str(output_dir).startswith(("/", "..")):
         return None
     where = "the bucket" if spec.target == "skypilot" else "the shared volume"
     return (
@@ -139,7 +150,7 @@ def entry_script(spec: JobSpec, command_line: str) -> str:
     context = launch_context(launch)
     context["workdir_why"] = "the shared volume: what the program writes there outlives the pod"
     context["workdir_missing"] = "(the shared volume): is its claim mounted there?"
-    context["output_override"] = output_override(spec)
+    context["kept_overrides"] = kept_overrides(spec)
     context["program_args"] = spec.program_args
     if spec.target != "skypilot":  # the program is the image's
         context["script_missing"] = (

@@ -2,6 +2,8 @@
 rank can tell before importing it whether it is the one to say an error (distsetup/train.py)."""
 
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 
@@ -39,3 +41,21 @@ def read_world(srun_stands_in: bool = False) -> World:
         size=size,
         local_size=number("LOCAL_WORLD_SIZE", number("LOCAL_SIZE", size)),
     )
+
+
+# prctl(2)'s option: the signal this process gets when the thread that started it (its launcher) dies
+PR_SET_PDEATHSIG = 1
+
+
+def sigterm_when_the_launcher_dies() -> None:
+    """A rank a launcher started (LOCAL_RANK set) asks Linux for SIGTERM when that launcher dies: torchrun starts each
+    rank in a session of its own, so a launcher killed outright (SIGKILL, the OOM killer) left its ranks training and
+    holding the run's lock. SIGTERM is a preemption to them: they agree to stop, checkpoint and exit. Torchrun, the
+    deepspeed launcher and accelerate start their ranks from their main thread, whose end this signal follows."""
+    if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the launcher had died already: init adopted this rank
+        os.kill(os.getpid(), signal.SIGTERM)

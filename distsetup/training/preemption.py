@@ -32,11 +32,6 @@ class Preemption:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def finished_instead(self) -> None:
-        """The stop came at the last step, and the run finishes instead (its checkpoint, evaluation and summary): a
-        signal from now on asks again (to stop that evaluation)."""
-        self.requested = self.by_ctrl_c = False
-
     @property
     def status(self) -> int:
         """What the run exits with once it has checkpointed for the stop."""

@@ -133,31 +133,37 @@ class Trainer:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
                 log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
+                evaluating = loop.data.val is not None and self._evaluates_at(self.step)
                 # the step after a checkpoint trained from its weights: its loss confirms or withdraws it
                 confirming = self.checkpoints.unconfirmed is not None
-                terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now or confirming)
+                # an evaluation's step too: a stop during it checkpoints and logs this step's loss
+                terms, stop = self._agree(loop, micro_losses, log_now or checkpoint_now or confirming or evaluating)
                 if confirming:
                     self.checkpoints.confirm_or_withdraw(self.step, self.loss)
                 if terms is not None and (log_now or stop):
                     self._log(loop, terms, lr, loss_scale)
-                if stop and self.step == self.max_steps:  # the run is done: what the stop asks to save comes first
-                    self.say(f"note: asked to stop at the last step, {self.step}: the run finishes")
-                    self.preemption.finished_instead()
+                if stop and self.step == self.max_steps:  # the training is done: its checkpoint comes first
+                    self.say(
+                        f"note: asked to stop at the last step, {self.step}: its training is done (an evaluation left "
+                        "runs when the run is started again)"
+                    )
                     self._checkpoint(loop, background=False, confirmed=True)
                     break
-                if loop.data.val is not None and self._evaluates_at(self.step) and not stop:
-                    stop = not self._evaluated(loop)
+                if evaluating and not stop and not self._evaluated(loop):  # the ranks agreed to stop during it
+                    stop = True
+                    if terms is not None and not log_now:
+                        self._log(loop, terms, lr, loss_scale)
                 if stop or checkpoint_now:
                     # a stopped run's is whole, and the run that resumes from it confirms it at its first step; the
                     # last one no step confirms: it is trusted, as the finished run's result
-                    last = self.step == self.max_steps and not stop
+                    last = self.step == self.max_steps
                     self._checkpoint(loop, background=t.async_checkpoint and not stop, confirmed=last)
                 if stop:
                     return self.preemption.stopped_at(self.step, self.say)
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
-        if self._last_evaluation_due(loop) and not self._evaluated(loop):  # its checkpoint written
+        if self._last_evaluation_due(loop) and not self._evaluated(loop):  # stopped: its checkpoint is written
             return self.preemption.stopped_at(self.step, self.say)
         loop.progress.close()
         self._summarize(loop, self._host_peaks())

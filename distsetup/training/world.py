@@ -113,6 +113,15 @@ LOST_PEER = (
 )
 
 
+def any_rank(found: bool, device: torch.device) -> bool:
+    """Whether any rank `found` it (one all-reduce on the process group's `device`); without a group, this one."""
+    if not dist.is_initialized():
+        return found
+    flag = torch.tensor([float(found)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def decided_by_rank0(decide: Callable[[], T], patient: bool = False) -> T:
     """Rank 0's answer of `decide()` on every rank (one broadcast); without a process group, the answer here.
     When `decide` fails, rank 0's DistsetupError is raised on every rank; another exception is raised on rank 0

@@ -76,3 +76,17 @@ def test_the_data_position_is_there_whole_or_not_at_all(sampler, position):
 def test_a_marker_that_is_not_ours_says_why(raw, problem):
     with pytest.raises(ValueError, match=problem):
         Marker.from_json(raw)
+
+
+def test_a_failed_load_names_only_changes_that_make_other_weights():
+    """What a checkpoint's marker holds of the model against the run config's: a python model's builder and args, the
+    built-in GPT's shape; a dropout, a tokenizer's path or a key an older marker lacks make no other weights."""
+    from distsetup.training.checkpoint.files import model_changes
+
+    python = {"type": "python", "builder": "m:build", "args": {"hidden": 8, "depth": 2}, "dropout": 0.1}
+    now = {**python, "args": {"hidden": 16, "depth": 2}, "dropout": 0.0, "zero3_leaf_classes": []}
+    assert model_changes(python, now) == ["model.args.hidden 8 there, 16 here"]
+    gpt = {"type": "gpt", "n_layer": 2, "n_embd": 32, "tokenizer": "a.json"}
+    assert model_changes(gpt, {**gpt, "tokenizer": "b.json", "dropout": 0.2}) == []
+    assert model_changes(gpt, {**gpt, "n_embd": 64}) == ["model.n_embd 32 there, 64 here"]
+    assert model_changes(None, now) == []  # a marker from before distsetup stored the model section

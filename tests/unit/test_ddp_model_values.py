@@ -45,3 +45,25 @@ def test_a_loss_reads_the_models_parameters_through_ddp_not_its_methods():
         ddp.encode(torch.ones(1, 4))
     with pytest.raises(AttributeError):
         _ = ddp.nothing_of_the_kind
+
+
+def test_ddp_keeps_looking_for_unused_parameters_beside_experts_and_says_why_a_step_waited():
+    """The HF Trainer's ddp_find_unused_parameters: false (set for speed) beside an MoE layer whose experts differ per
+    rank would make DDP wait for experts a rank did not run: refused. Where DDP looks already and still waits, an
+    output of the forward is not in the loss (torch's own words): said so, not "set find_unused_parameters"."""
+    from distsetup.errors import DistsetupError
+    from distsetup.formats.runconfig_load import load_run_config
+    from distsetup.training.backends.ddp import DDPBackend, unused_parameters
+    from distsetup.training.launch_env import World
+    from distsetup.training.model.build import ModelParts
+
+    cfg = load_run_config(None, ["training.ddp_find_unused_parameters=false"])
+    backend = DDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
+    model = Scorer()
+    with pytest.raises(DistsetupError, match="distributed.find_unused_parameters false with") as refused:
+        backend._place(model, ModelParts(model, [], [model.score]))
+    assert "leave distributed.find_unused_parameters unset" in str(refused.value)
+    waited = RuntimeError("Expected to have finished reduction in the prior iteration before starting a new one.")
+    assert "set distributed.find_unused_parameters: true" in str(unused_parameters(waited, looking=False))
+    assert "an output of the model's forward does not go into the loss" in str(unused_parameters(waited, looking=True))
+    assert unused_parameters(RuntimeError("another"), looking=False) is None

@@ -39,14 +39,14 @@ def one_process_group():
 
 
 def units_gathered_between_forward_and_backward(
-    tmp_path, fsdp: dict, classes: tuple[str, ...] = ("Block",)
+    tmp_path, fsdp: dict, classes: tuple[str, ...] = ("Block",), more: tuple[str, ...] = ()
 ) -> tuple[list[str], list[str], list[str]]:
     """(every FSDP unit's name, those whose parameters are gathered after a training forward, the backend's notes)."""
     (tmp_path / "fsdp.json").write_text(
         json.dumps(build_fsdp_config(FsdpSpec(transformer_layer_cls_to_wrap=classes, **fsdp)))
     )
     cfg = load_run_config(
-        None, [*TINY, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}"]
+        None, [*TINY, "distributed.backend=fsdp", f"distributed.fsdp_config={tmp_path / 'fsdp.json'}", *more]
     )
     backend = FSDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
     model = models.build(cfg.model)
@@ -81,13 +81,23 @@ def test_a_unit_class_inside_another_is_sharded_first(tmp_path):
     """Block holds an MLP: naming both shards each MLP, then what is left of its block (FSDP2 shards bottom up; the
     block first took the MLP's parameters, and fully_shard refused the MLP: "Cannot concatenate overlapping meshes")."""
     units, gathered, notes = units_gathered_between_forward_and_backward(tmp_path, {}, ("Block", "MLP"))
+    assert not [note for note in notes if note.startswith("FSDP units")]  # nothing takes the blocks: nothing said
+    assert {"blocks.0", "blocks.0.mlp", "blocks.2", "blocks.2.mlp"} <= set(units), units
+    assert {"blocks.2", "blocks.2.mlp"} <= set(gathered)  # the last block stays gathered for backward, its MLP too
+    assert "blocks.1.mlp" not in gathered
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+def test_units_other_than_the_blocks_that_recomputing_takes_are_said(tmp_path):
+    """distsetup fsdp writes Block by default: a file naming other classes made other units than model.layer_classes
+    (what activation checkpointing and compile take), without a word."""
+    *_, notes = units_gathered_between_forward_and_backward(
+        tmp_path, {}, ("Block", "MLP"), ("training.activation_checkpointing=full",)
+    )
     said = "FSDP units: the FSDP file's fsdp_transformer_layer_cls_to_wrap (Block, MLP), not the model's blocks (Block)"
     assert [note for note in notes if note.startswith("FSDP units")] == [
         f"{said}, which activation checkpointing and compile take"
     ]
-    assert {"blocks.0", "blocks.0.mlp", "blocks.2", "blocks.2.mlp"} <= set(units), units
-    assert {"blocks.2", "blocks.2.mlp"} <= set(gathered)  # the last block stays gathered for backward, its MLP too
-    assert "blocks.1.mlp" not in gathered
 
 
 def test_an_optimizer_folder_without_some_settings_loads_with_this_runs_own(tmp_path):

@@ -237,6 +237,17 @@ def test_an_output_dir_given_after_the_double_dash_is_kept_where_the_job_keeps_i
     assert ("is outside /distsetup-work (the bucket): its checkpoints go with the node" in result.output) != in_bucket
 
 
+def test_a_token_cache_of_the_run_configs_own_is_kept_where_every_node_sees_it(run_cli, project):
+    """A relative data.cache_dir: rank 0 writes the token cache, every rank reads it; in the folder a pod starts in
+    (the image's) a node but the first saw none. It goes on the shared volume, as the output does."""
+    args = ["job", "--target", "jobset", "--config", "config.yaml", "--num_nodes", 2, "--num_gpus_per_node", 8]
+    result = run_cli(*args, "--image", "ghcr.io/me/train:1", "-o", "job.yaml", "--", "data.cache_dir=cache")
+    assert result.exit_code == 0, result.output
+    entry = next(d for d in yaml.safe_load_all((project / "job.yaml").read_text()) if d["kind"] == "ConfigMap")
+    kept = [line for line in entry["data"]["entry.sh"].splitlines() if line.startswith("TRAIN_ARGS+=")][-1]
+    assert kept == "TRAIN_ARGS+=('training.output_dir=\"/workspace/runs/demo\"' 'data.cache_dir=\"/workspace/cache\"')"
+
+
 @pytest.mark.parametrize(
     "image, valid",
     [("[::1]:5000/train:1", True), ("localhost:5000/a/b@sha256:" + "0" * 64, True), ("train:tagé", False)],

@@ -325,14 +325,30 @@ def test_evaluation_checks_its_own_first_batch_and_takes_a_number_as_a_term():
     def kl_in_training(model, batch):
         ce = model(batch[0]).pow(2).mean()
         kl = model(batch[0]).abs().mean() if model.training else 0.0
-        return {"loss": ce + kl, "ce": ce, "kl": kl}
+        return {"loss": ce + kl, "ce": ce, "kl": kl, "positive": (model(batch[0]) > 0).sum()}  # a count: int64
 
     objective = PythonObjective(kl_in_training, "training.loss m:kl_in_training", "model.builder m:f", {})
     model, batch = linear_model(), (torch.randn(2, 4),)
-    objective.micro_loss(model, batch)
+    assert objective.micro_loss(model, batch).parts["positive"].dtype == torch.float32
     model.eval()
     sums, samples = objective.eval_sums(model, batch, 2)
     assert sums["kl"].item() == 0.0 and sums["ce"].item() == pytest.approx(sums["loss"].item()) and samples == 2
+
+    class AuxInTraining(torch.nn.Module):  # a token model whose auxiliary loss is 0.0 where it does not train
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(8, 8)
+
+        def forward(self, ids):
+            logits = self.embedding(ids)
+            return {"logits": logits, "aux_loss": logits.pow(2).mean() if self.training else 0.0}
+
+    tokens = AuxInTraining()
+    ids = torch.randint(0, 8, (2, 3))
+    by_tokens = TokenObjective(tokens, "python", 8, masked=False, source="model.builder m:f")
+    by_tokens.micro_loss(tokens, (ids, ids))
+    tokens.eval()
+    assert by_tokens.eval_sums(tokens, (ids, ids), 2)[1] == 6  # evaluation adds no auxiliary loss: not checked
 
     def samples_in_bf16_when_evaluating(model, batch):
         inputs = batch[0] if model.training else batch[0].bfloat16()  # a branch without .to(x.dtype)

@@ -193,7 +193,7 @@ def test_a_warmup_as_long_as_the_run_is_said_and_init_writes_a_shorter_one(run_c
     short = settle(load_run_config(None, ["training.max_steps=10"]), None, None, 2).notes
     assert [note for note in short if "warmup_steps" in note] == [
         "training.warmup_steps 20 is not shorter than training.max_steps 10: the learning rate rises the whole run "
-        "and never reaches training.lr (set warmup_steps lower)"
+        "and never reaches its peak (set warmup_steps lower)"
     ]
     shorter = load_run_config(None, ["training.max_steps=10", "training.warmup_steps=2"])
     assert not [note for note in settle(shorter, None, None, 2).notes if "warmup_steps" in note]

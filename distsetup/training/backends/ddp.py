@@ -44,6 +44,7 @@ class DDPBackend(Backend):
     """DistributedDataParallel: gradients all-reduced in backward, skipped with no_sync() while accumulating."""
 
     name = "ddp"
+    finds_unused = False  # whether DDP looks for parameters without a gradient (_place)
 
     def _handle_conditional(self, layers: list[nn.Module]) -> None:
         """DDP looks for the experts a rank did not run; one that no rank ran gets a zero gradient, as under FSDP2
@@ -63,12 +64,20 @@ class DDPBackend(Backend):
         if "init_sync" in inspect.signature(DDP).parameters:  # torch 2.4 on
             options["init_sync"] = False  # every copy holds rank 0's values already (_whole_on_device)
         unused = self.cfg.distributed.find_unused_parameters
+        if unused is False and parts.conditional:
+            raise DistsetupError(
+                f"distributed.find_unused_parameters false with {moe.described_layers(parts.conditional)}, which may "
+                "run other experts on each rank: DDP would wait for the gradients of experts a rank did not run.",
+                "leave distributed.find_unused_parameters unset (or the HF Trainer's ddp_find_unused_parameters out).",
+                alike_on_every_rank=True,
+            )
+        self.finds_unused = bool(parts.conditional) if unused is None else unused
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
         return DDP(
             model,
             device_ids=ids,
             gradient_as_bucket_view=True,
-            find_unused_parameters=bool(parts.conditional) if unused is None else unused,
+            find_unused_parameters=self.finds_unused,
             **options,
         )
 
@@ -76,7 +85,7 @@ class DDPBackend(Backend):
         try:
             return super()._forward(loss_of)
         except RuntimeError as e:
-            if (said := unused_parameters(e)) is not None:
+            if (said := unused_parameters(e, self.finds_unused)) is not None:
                 raise said from e
             raise
 
@@ -88,12 +97,20 @@ class DDPBackend(Backend):
         return contextlib.nullcontext() if last_micro else ddp.no_sync()
 
 
-def unused_parameters(error: RuntimeError) -> DistsetupError | None:
+def unused_parameters(error: RuntimeError, looking: bool) -> DistsetupError | None:
     """The one line for DDP's refusal of a step whose synchronised backward left parameters without a gradient
     (torch's "Expected to have finished reduction in the prior iteration", raised at the next forward on each rank
-    whose reducer still waits); None for any other error."""
+    whose reducer still waits); None for any other error. `looking`: DDP looks for unused parameters already, and
+    then an output of the forward that the loss does not take is the cause (torch's own words say so)."""
     if "Expected to have finished reduction in the prior iteration" not in str(error):
         return None
+    if looking:
+        return DistsetupError(
+            "DDP: parameters of the model got no gradient in a step's synchronised backward, though DDP looks for "
+            "unused ones: an output of the model's forward does not go into the loss.",
+            "compute the loss from every output the forward returns (or return only those it takes).",
+            alike_on_every_rank=True,
+        )
     return DistsetupError(
         "DDP: parameters of the model got no gradient in a step's synchronised backward (a layer it runs on some "
         "micro-batches or some ranks only), and DDP waits for each one's.",

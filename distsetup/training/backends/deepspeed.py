@@ -110,8 +110,11 @@ class DeepSpeedBackend(Backend):
                     "size the model from model.args, not from a parameter's shape, or train it with ZeRO-2 or FSDP2.",
                     alike_on_every_rank=True,
                 ) from e
-            self.notes.append(f"{cannot}; every rank builds it whole instead, and DeepSpeed partitions it")
-            return from_rank0.replicate(whole, torch.device("cpu"), self.world.is_main)
+            self.notes.append(
+                f"{cannot}; every rank holds it whole instead (in fp32 on its device, with rank 0's values), and "
+                "DeepSpeed partitions it as it starts"
+            )
+            return from_rank0.replicate(whole, self.device, self.world.is_main)  # on the process group's device
 
     def fit_to_the_model(self, parameters: int) -> None:
         """ZeRO's buffers the file leaves unset: DeepSpeed's own sizes where a rank has room for them beside its

@@ -186,10 +186,13 @@ class FSDPBackend(Backend):
             units = _size_based_units(model, self.fsdp.min_num_params or 100_000_000)
         elif names := self.fsdp.wrapped_classes:
             units = layer_modules(model, list(names), "the FSDP file's fsdp_transformer_layer_cls_to_wrap")
-            if blocks and (own := sorted({type(block).__name__ for block in blocks})) != sorted(set(names)):
+            own = sorted({type(block).__name__ for block in blocks})
+            takes_blocks = self.activation_checkpointing != "none" or self.cfg.training.compile
+            if blocks and takes_blocks and own != sorted(set(names)):
+                settings = "distributed.fsdp" if self.cfg.distributed.fsdp else "the FSDP file"
                 self.notes.append(
-                    f"FSDP units: the FSDP file's fsdp_transformer_layer_cls_to_wrap ({', '.join(sorted(names))}), "
-                    f"not the model's blocks ({', '.join(own)}), which activation checkpointing and compile take"
+                    f"FSDP units: {settings}'s fsdp_transformer_layer_cls_to_wrap ({', '.join(sorted(names))}), not "
+                    f"the model's blocks ({', '.join(own)}), which activation checkpointing and compile take"
                 )
         else:
             units = blocks

@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from distsetup.errors import first_line
 from distsetup.training.model import from_rank0, pretrained
+from distsetup.training.world import any_rank, is_lost_contact
 
 
 class NotPartitioned(Exception):
@@ -29,13 +30,19 @@ def partitioned(
     and every buffer broadcast from rank 0."""
     import deepspeed
 
+    failed = ""
     try:
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = build()
-    except Exception as e:  # every rank's alike: a parameter partitioned as it is created reads as empty
-        raise NotPartitioned(first_line(e)) from e
-    if differs := _differently_built(model, whole):
-        raise NotPartitioned(differs)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # the builder's own (a parameter partitioned as it is created reads as empty)
+        if is_lost_contact(e):
+            raise
+        failed = first_line(e).rstrip(".")
+    failed = failed or _differently_built(model, whole)
+    if any_rank(bool(failed), device):  # every rank takes the same way, whatever one of them found
+        raise NotPartitioned(failed or "on another rank")
     values = dict(whole.named_parameters()) if is_main and source is None else {}
     for name, parameter in model.named_parameters():
         with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0), torch.no_grad():

@@ -271,7 +271,7 @@ def load_checkpoint(backend: Checkpointing, path: Path, world: World, model: dic
                 f"cannot load checkpoint {path}: the run config's model section is not the one it was trained with "
                 f"({'; '.join(changed)}): {reason.rstrip('.')}.",
                 "resume with the model section it was trained with, or start afresh in another training.output_dir "
-                "(or with --no_resume).",
+                f"(or with --no_resume); where it is as it was, move {path} aside to resume from the one before it.",
             ) from None
         if isinstance(e, DistsetupError):
             raise
@@ -282,16 +282,26 @@ def load_checkpoint(backend: Checkpointing, path: Path, world: World, model: dic
     return marker
 
 
-def model_changes(stored: dict | None, model: dict, where: str = "model") -> list[str]:
+# The model section's keys that make its weights (a python model's: its builder and their arguments)
+WEIGHT_KEYS = {**SHAPE_KEYS, "python": ("builder", "args")}
+
+
+def model_changes(stored: dict | None, model: dict) -> list[str]:
     """How the run config's model section `model` differs from a checkpoint's (`stored`; None: before distsetup
-    stored it): "model.args.z_bits 16 there, 8 here", for each key of either, a section's own keys inside it."""
+    stored it) in what makes its weights: "model.args.z_bits 16 there, 8 here" (a dropout or a tokenizer's path
+    changes none; a key an older marker lacks is no change)."""
     if not isinstance(stored, dict):
         return []
+    keys = [key for key in ("type", *WEIGHT_KEYS.get(model["type"], ())) if key in stored]
     changes = []
-    for key in sorted(stored.keys() | model.keys()):
-        there, here = stored.get(key), model.get(key)
+    for key in keys:
+        there, here = stored[key], model.get(key)
         if isinstance(there, dict) and isinstance(here, dict):
-            changes += model_changes(there, here, f"{where}.{key}")
+            changes += [
+                f"model.{key}.{name} {there.get(name)} there, {here.get(name)} here"
+                for name in sorted(there.keys() | here.keys())
+                if there.get(name) != here.get(name)
+            ]
         elif there != here:
-            changes.append(f"{where}.{key} {there} there, {here} here")
+            changes.append(f"model.{key} {there} there, {here} here")
     return changes

@@ -64,7 +64,7 @@ def evaluate(
         if agreement.due(number):  # after the first batch, then about once a second: every rank at the same one
             seconds = (time.perf_counter() - started) / number
             if agreement.agree(number, {}, stop_requested(), seconds, False)[1]:
-                batches.close()  # its DataLoader's workers stopped
+                batches.close()  # its DataLoader's workers stopped (validation_batches)
                 return None
     if dist.is_initialized():
         dist.all_reduce(totals)

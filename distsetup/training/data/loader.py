@@ -95,11 +95,14 @@ def validation_batches(
     chunks = [mine[start : start + micro] for start in range(0, most, micro)]
     counts = [len(chunk) for chunk in chunks]
     micro_batches = [chunk or mine[:1] for chunk in chunks]
-    batches = _started(dataset, micro_batches, collate, num_workers, placement, rank, rank)
+    loaded = batches = _started(dataset, micro_batches, collate, num_workers, placement, rank, rank)
     if collating:
         batches = said_in_one_line(batches, collating)
-    for batch, counted in zip(batches, counts, strict=True):
-        yield placed(batch, placement), counted
+    try:
+        for batch, counted in zip(batches, counts, strict=True):
+            yield placed(batch, placement), counted
+    finally:  # also where the ranks agreed to stop before the end (evaluation.py closes this generator)
+        worker_processes.shut_down(loaded)
 
 
 def fetched(dataset, indices: list[int], collate: Callable):

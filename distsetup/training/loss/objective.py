@@ -13,6 +13,7 @@
 The first call checks what the user's code returned, in one line naming the setting to fix.
 """
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,8 @@ class TokenObjective:
                 raise
             what = user_code.what_raised(e)
             raise DistsetupError(
-                f"{self.source}'s model rejected the first batch of token data, input ids of shape {list(x.shape)}, "
+                f"{self.source}'s model rejected the first {'' if _training(model) else 'validation '}batch of token "
+                f"data, input ids of shape {list(x.shape)}, "
                 f"called as model(input_ids): {what}.",
                 mixed_dtypes_fix(e, self.weights_cast)
                 or "make its forward take the input ids first (forward(input_ids) -> logits), or compute the loss in "
@@ -135,7 +137,7 @@ class TokenObjective:
             ) from e
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
         if checking:
-            self._check(logits, aux, x)
+            self._check(logits, aux if _training(model) else None, x)  # evaluation adds no aux_loss
             self._checked_in.add(_training(model))
         return logits, aux
 
@@ -266,7 +268,7 @@ class PythonObjective:
                         alike_on_every_rank=True,
                     )
                 loss = returned["loss"]
-                return loss, {name: _number_as_tensor(part, loss) for name, part in returned.items() if name != "loss"}
+                return loss, {name: _as_float_term(part, loss) for name, part in returned.items() if name != "loss"}
             return _loss_and_aux(returned)
         if isinstance(batch, dict):
             outputs = model(**batch, **self.forward_kwargs)
@@ -386,11 +388,16 @@ def weighted(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
     return loss if weight == 1.0 else loss * weight
 
 
-def _number_as_tensor(term: Any, loss: Any) -> Any:
-    """A term training.loss returned as a Python number (a KL of 0.0 where evaluation computes none) as a tensor
-    beside the loss, on its device; anything else as it is (the first call's check says what is wrong with it)."""
-    if isinstance(term, int | float) and not isinstance(term, bool) and isinstance(loss, torch.Tensor):
-        return torch.tensor(float(term), device=loss.device)
+def _as_float_term(term: Any, loss: Any) -> Any:
+    """A term training.loss returned as a number of another kind, made a floating-point one beside the loss: a Python
+    or NumPy number (a KL of 0.0 where evaluation computes none), an integer or boolean tensor of one element (a count
+    of correct answers); anything else as it is (the first call's check says what is wrong with it)."""
+    if not isinstance(loss, torch.Tensor):
+        return term
+    if isinstance(term, numbers.Real) and not isinstance(term, bool):
+        return loss.new_tensor(float(term), dtype=torch.float32)
+    if isinstance(term, torch.Tensor) and term.numel() == 1 and not term.is_floating_point() and not term.is_complex():
+        return term.float()
     return term
 
 
