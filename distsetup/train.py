@@ -100,7 +100,6 @@ def load_config(args):
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, stopped_during_set_up)  # until the trainer takes SIGTERM over (preemption.py)
-    sigterm_when_the_launcher_dies()
     if (seconds := os.environ.get(STACKS_AFTER, "")).isdigit():  # the tests': where a run that hangs waits
         faulthandler.dump_traceback_later(int(seconds), repeat=True)
     try:
@@ -118,6 +117,7 @@ def main(argv=None) -> int:
             return 0
         if args.export:
             return export(cfg, args)
+        sigterm_when_the_launcher_dies()  # a rank that trains
         trainer = prepare(cfg, args)
     except DistsetupError as e:  # found before any process group: in the input, which every rank reads alike
         return say(e) if args.check else say_once_per_node(e)

@@ -97,7 +97,7 @@ def folder_of(spec: JobSpec, key: str, default: str | None) -> str | None:
     section, name = key.split(".")
     config = read_yaml(Path(spec.launch.config)) if spec.launch.config else {}
     value = (config.get(section) or {}).get(name)
-    return str(value) if value else default
+    return os.path.normpath(str(value)) if value else default
 
 
 def output_dir_of(spec: JobSpec) -> str:

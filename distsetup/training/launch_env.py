@@ -45,17 +45,26 @@ def read_world(srun_stands_in: bool = False) -> World:
 
 # prctl(2)'s option: the signal this process gets when the thread that started it (its launcher) dies
 PR_SET_PDEATHSIG = 1
+# The process that started this one, as it was when this module was first imported (the launcher, where one did)
+PARENT_AT_START = os.getppid()
+# What torchrun (and accelerate, which runs it) and the deepspeed launcher's launch.py set in the ranks they start
+LAUNCHERS_OWN = ("TORCHELASTIC_RUN_ID", "LOCAL_SIZE")
 
 
 def sigterm_when_the_launcher_dies() -> None:
-    """A rank a launcher started (LOCAL_RANK set) asks Linux for SIGTERM when that launcher dies: torchrun starts each
-    rank in a session of its own, so a launcher killed outright (SIGKILL, the OOM killer) left its ranks training and
-    holding the run's lock. SIGTERM is a preemption to them: they agree to stop, checkpoint and exit. Torchrun, the
-    deepspeed launcher and accelerate start their ranks from their main thread, whose end this signal follows."""
-    if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
+    """A rank torchrun, accelerate or the deepspeed launcher started asks Linux for SIGTERM when that launcher dies:
+    they start each rank in a session of its own, so a launcher killed outright (SIGKILL, the OOM killer) left its
+    ranks training in a shell's or SLURM's allocation, holding the run's lock. SIGTERM is a preemption to them: they
+    agree to stop, checkpoint and exit. Each of them starts its ranks from its main thread, whose end this signal
+    follows. (In a pod or a SLURM step, the end of the launcher ends the container or the step, and the ranks with
+    it.)"""
+    if not any(name in os.environ for name in LAUNCHERS_OWN) or not sys.platform.startswith("linux"):
         return
-    import ctypes
+    try:
+        import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the launcher had died already: init adopted this rank
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (ImportError, OSError, AttributeError):  # no ctypes, no prctl: as before, the launcher's own care
+        return
+    if os.getppid() != PARENT_AT_START:  # the launcher died before the request: another process adopted this rank
         os.kill(os.getpid(), signal.SIGTERM)

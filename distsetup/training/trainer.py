@@ -143,11 +143,14 @@ class Trainer:
                 if terms is not None and (log_now or stop):
                     self._log(loop, terms, lr, loss_scale)
                 if stop and self.step == self.max_steps:  # the training is done: its checkpoint comes first
-                    self.say(
-                        f"note: asked to stop at the last step, {self.step}: its training is done (an evaluation left "
-                        "runs when the run is started again)"
-                    )
                     self._checkpoint(loop, background=False, confirmed=True)
+                    if self._last_evaluation_due(loop):  # within the grace period: left to the run started again
+                        self.say(
+                            f"note: asked to stop at the last step, {self.step}: its training is done, its evaluation "
+                            "runs when the run is started again"
+                        )
+                        return self.preemption.stopped_at(self.step, self.say)
+                    self.say(f"note: asked to stop at the last step, {self.step}: the run finishes")
                     break
                 if evaluating and not stop and not self._evaluated(loop):  # the ranks agreed to stop during it
                     stop = True

@@ -211,7 +211,7 @@ def test_a_run_stopped_at_its_last_step_checkpoints_it_and_one_resumed_there_eva
     )
     stopped = train(config, 1, env={"STOP_AT_CALL": "7"})  # the third step's forward, after step 2's 4 evaluations
     assert stopped.returncode == 75, stopped.stderr[-3000:]
-    assert "asked to stop at the last step, 3: its training is done" in stopped.stdout
+    assert "asked to stop at the last step, 3: its training is done, its evaluation runs when" in stopped.stdout
     assert "preempted: checkpoint at step 3" in stopped.stdout and not (out / "summary.json").exists()
     marker = json.loads((out / "checkpoints" / "step_0000003" / "COMPLETE").read_text())
     assert "confirmed" not in marker and "val_loss" not in marker  # trusted; written before the evaluation

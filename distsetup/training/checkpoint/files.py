@@ -282,8 +282,9 @@ def load_checkpoint(backend: Checkpointing, path: Path, world: World, model: dic
     return marker
 
 
-# The model section's keys that make its weights (a python model's: its builder and their arguments)
-WEIGHT_KEYS = {**SHAPE_KEYS, "python": ("builder", "args")}
+# The model section's keys that make its weights (a python model's: its builder and their arguments; a Hugging Face
+# model's: its folder)
+WEIGHT_KEYS = {**SHAPE_KEYS, "python": ("builder", "args"), "hf": ("hf_path",)}
 
 
 def model_changes(stored: dict | None, model: dict) -> list[str]:

@@ -48,24 +48,28 @@ def evaluate(
         data.val, backend.micro_batch, world.rank, world.size, data.collate, num_workers, placement, data.collating
     )
     agreement, started = StepAgreement(world.size, placement.device), time.perf_counter()
-    for number, (batch, samples) in enumerate(batches, start=1):
-        sums, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))
-        if not names:
-            names, totals = list(sums), torch.zeros(len(sums) + 1, dtype=torch.float64, device=placement.device)
-        elif list(sums) != names:
-            raise DistsetupError(
-                f"training.loss returned the terms {', '.join(names)} for one validation batch and "
-                f"{', '.join(sums)} for another.",
-                "return the same terms for every batch.",
-            )
-        if samples:  # a rank out of samples ran its first one again, for the others' gathers
-            # each term a tensor of one number, as the first step checked: [1] as well as 0-d
-            totals += torch.stack([*(sums[name].double().reshape(()) for name in names), counted.double().reshape(())])
-        if agreement.due(number):  # after the first batch, then about once a second: every rank at the same one
-            seconds = (time.perf_counter() - started) / number
-            if agreement.agree(number, {}, stop_requested(), seconds, False)[1]:
-                batches.close()  # its DataLoader's workers stopped (validation_batches)
-                return None
+    try:
+        for number, (batch, samples) in enumerate(batches, start=1):
+            sums, counted = backend.evaluate(functools.partial(objective.eval_sums, batch=batch, samples=samples))
+            if not names:
+                names, totals = list(sums), torch.zeros(len(sums) + 1, dtype=torch.float64, device=placement.device)
+            elif list(sums) != names:
+                raise DistsetupError(
+                    f"training.loss returned the terms {', '.join(names)} for one validation batch and "
+                    f"{', '.join(sums)} for another.",
+                    "return the same terms for every batch.",
+                )
+            if samples:  # a rank out of samples ran its first one again, for the others' gathers
+                # each term a tensor of one number, as the first step checked: [1] as well as 0-d
+                totals += torch.stack(
+                    [*(sums[name].double().reshape(()) for name in names), counted.double().reshape(())]
+                )
+            if agreement.due(number):  # after the first batch, then about once a second: every rank at the same one
+                seconds = (time.perf_counter() - started) / number
+                if agreement.agree(number, {}, stop_requested(), seconds, False)[1]:
+                    return None
+    finally:  # its DataLoader's workers stopped, also where a batch raised (validation_batches)
+        batches.close()
     if dist.is_initialized():
         dist.all_reduce(totals)
     *term_sums, counted = totals.tolist()
