@@ -241,6 +241,10 @@ if (mesh := accelerator.parallelism_config) is not None:
     seen["replicas"], seen["shards"] = mesh.dp_replicate_size, mesh.dp_shard_size
 with open(f"{sys.argv[1]}/process{os.environ['RANK']}.json", "w") as f:  # the world's rank, whoever formed it
     json.dump(seen, f)
+# as Accelerate's examples end: a DeepSpeed world on the CPU left to the interpreter's exit let a rank die there now
+# and then, and the other node's torchrun then waited out its exit barrier (300 s)
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
 """
 
 
