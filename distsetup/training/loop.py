@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from distsetup.training.data.datasets import Datasets, ShardedSampler
 from distsetup.training.data.loader import StepLoader
+from distsetup.training.evaluations import Evaluations
 from distsetup.training.loss.objective import PythonObjective, TokenObjective
 from distsetup.training.metrics import MetricsLog, StepTimer
 from distsetup.training.model.throughput import mfu
@@ -15,7 +16,8 @@ from distsetup.training.world import StepAgreement
 @dataclass
 class Loop:
     """What set-up made for the loop (Trainer._set_up): the data and the order ranks read it in, the objective, the
-    FLOPs and peak MFU is computed from, and the loader, metrics, progress, timer and per-step agreement."""
+    FLOPs and peak MFU is computed from, and the loader, metrics, progress, timer, per-step agreement and
+    evaluations."""
 
     data: Datasets
     sampler: ShardedSampler
@@ -28,17 +30,13 @@ class Loop:
     # the timer leaves checkpoints and evaluations out, and waits for the GPU's queued work wherever it reads time
     timer: StepTimer
     agreement: StepAgreement
+    evaluations: Evaluations
     first_step: int
-    evals: list[dict] = field(default_factory=list)
     # the step and training seconds of the last log line (throughput is since then); the first step's at first
     logged: tuple[int, float] = field(init=False)
 
     def __post_init__(self) -> None:
         self.logged = (self.first_step, 0.0)
-
-    def val_loss_at(self, step: int) -> float | None:
-        """The validation loss of the evaluation at `step`; None where none ran at it."""
-        return self.evals[-1]["val_loss"] if self.evals and self.evals[-1]["step"] == step else None
 
     def figures(self, step: int, world_size: int, items_per_step: int) -> dict:
         """The loop's figures for summary.json at step `step`: its evaluations (the last one's figures: the loss, the
@@ -49,12 +47,8 @@ class Loop:
         if step > self.first_step:
             steps_per_s = (step - self.first_step) / max(self.timer.train_seconds, 1e-9)
             per_s = steps_per_s * items_per_step
-        last = self.evals[-1] if self.evals else {}
         return {
-            "val_loss": last.get("val_loss"),
-            "val_perplexity": last.get("val_perplexity"),
-            **{name: value for name, value in last.items() if name.startswith("val_")},  # the loss's own terms too
-            "evals": self.evals,
+            **self.evaluations.figures(),
             f"{unit}_per_s": per_s,
             "mfu": mfu(per_s, self.flops, world_size, self.peak) if self.flops and per_s is not None else None,
             "peak_tflops": self.peak,

@@ -23,6 +23,7 @@ from distsetup.training.checkpoint.run_checkpoints import RunCheckpoints
 from distsetup.training.data.datasets import Datasets, ShardedSampler, build_datasets
 from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
+from distsetup.training.evaluations import Evaluations
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
 from distsetup.training.launch_env import read_world
 from distsetup.training.loop import Loop
@@ -88,7 +89,6 @@ class Trainer:
                 universal_folder.remove_stale(self.out_dir)
         self.preemption = Preemption(announce=world.is_main)
         self.step, self.loss = 0, float("nan")
-        self.evaluated_at: int | None = None  # the step of the latest evaluation every rank knows of
         self.checkpoints = RunCheckpoints(backend, world, self.ckpt_root, self.t.keep_checkpoints, backend.precision)
         self.max_steps = self.t.max_steps  # or the epochs' steps, once the data is known (_build_data)
         self.schedule_steps = self.max_steps  # what the learning-rate schedule spans: the run's, uncapped
@@ -127,13 +127,13 @@ class Trainer:
         INTERRUPTED, for a Ctrl-C) once the ranks have agreed to stop and checkpointed."""
         t = self.t
         with self.preemption.ctrl_c_checkpoints():
-            if self._evaluation_left_out(loop) and not self._evaluated(loop):  # stopped during it: its checkpoint is
-                return self.preemption.stopped_at(self.step, self.say)  # the one this run resumed from
+            if loop.evaluations.left_out_at(self.step) and not self._evaluated(loop):  # stopped during it: its
+                return self.preemption.stopped_at(self.step, self.say)  # checkpoint is the one this run resumed from
             while self.step < self.max_steps:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
                 log_now, checkpoint_now = self._logs_at(self.step), self._checkpoints_at(self.step)
-                evaluating = loop.data.val is not None and self._evaluates_at(self.step)
+                evaluating = loop.evaluations.due_at(self.step)
                 # the step after a checkpoint trained from its weights: its loss confirms or withdraws it
                 confirming = self.checkpoints.unconfirmed is not None
                 # an evaluation's step too: a stop during it checkpoints and logs this step's loss
@@ -144,7 +144,7 @@ class Trainer:
                     self._log(loop, terms, lr, loss_scale)
                 if stop and self.step == self.max_steps:  # the training is done: its checkpoint comes first
                     self._checkpoint(loop, background=False, confirmed=True)
-                    if self._last_evaluation_due(loop):  # within the grace period: left to the run started again
+                    if self._last_evaluation_left_out(loop):  # within the grace period: left to the run started again
                         self.say(
                             f"note: asked to stop at the last step, {self.step}: its training is done, its evaluation "
                             "runs when the run is started again"
@@ -166,7 +166,7 @@ class Trainer:
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
-        if self._last_evaluation_due(loop) and not self._evaluated(loop):  # stopped: its checkpoint is written
+        if self._last_evaluation_left_out(loop) and not self._evaluated(loop):  # stopped: its checkpoint is written
             return self.preemption.stopped_at(self.step, self.say)
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
@@ -210,10 +210,9 @@ class Trainer:
         self._set_aside_previous_run(resume)
         data, sampler = self._build_data(resume)
         objective, flops, peak = self._build_model(data)
-        if resume:
-            self._load(resume, sampler)
-            if isinstance(objective, PythonObjective):  # its first-step check names the checkpoint
-                objective.resumed_from = resume
+        evaluated_at = self._load(resume, sampler) if resume else None
+        if resume and isinstance(objective, PythonObjective):  # its first-step check names the checkpoint
+            objective.resumed_from = resume
         self.out_dir.mkdir(parents=True, exist_ok=True)
         metrics = self._metrics_log(resumed=resume is not None)
         if metrics.repeated_lines:  # a crashed run's, past its last checkpoint
@@ -227,9 +226,12 @@ class Trainer:
             progress.close()
             metrics.close(1)
             raise
-        loop = Loop(data, sampler, objective, flops, peak, metrics, progress, loader, timer, agreement, self.step)
+        evaluations = Evaluations(data.val is not None, self.t.eval_interval, self.max_steps, evaluated_at)
         if self.world.is_main:  # a resumed run's summary lists the evaluations before it too
-            loop.evals = run_record.evaluations(self.out_dir / METRICS)
+            evaluations.records = run_record.evaluations(self.out_dir / METRICS)
+        loop = Loop(
+            data, sampler, objective, flops, peak, metrics, progress, loader, timer, agreement, evaluations, self.step
+        )
         if self.device.type == "cuda":  # summary.json's peak_device_bytes: the training's peak, not the set-up's
             torch.cuda.reset_peak_memory_stats(self.device)
         self.setup_peak = memory.host_peak_bytes()
@@ -339,7 +341,8 @@ class Trainer:
         torch.manual_seed(t.seed + self.world.rank)  # dropout differs per rank
         return objective, flops, peak
 
-    def _load(self, resume: Path, sampler: ShardedSampler) -> None:
+    def _load(self, resume: Path, sampler: ShardedSampler) -> int | None:
+        """The checkpoint's state loaded; the step of its evaluation, where it has one."""
         marker = resuming.load(
             resume,
             self.backend,
@@ -351,8 +354,8 @@ class Trainer:
             self.say,
         )
         self.step, self.loss = marker.step, self.loss if marker.loss is None else marker.loss
-        self.evaluated_at = marker.step if marker.val_loss is not None else None
         self.checkpoints.resumed_from(resume, marker)
+        return marker.step if marker.val_loss is not None else None
 
     # -- what the loop asks -----------------------------------------------------------------------------------
     def _logs_at(self, step: int) -> bool:
@@ -361,22 +364,8 @@ class Trainer:
     def _checkpoints_at(self, step: int) -> bool:
         return step % self.t.checkpoint_interval == 0 or step == self.max_steps
 
-    def _last_evaluation_due(self, loop: Loop) -> bool:
-        """The last step's evaluation, where none ran after its checkpoint: a run stopped at its last step
-        checkpoints first, and one resumed there (killed during that evaluation) runs it; not a finished run started
-        again (its summary written: rank 0's answer, as every rank must agree)."""
-        if loop.data.val is None or self.step != self.max_steps or self.evaluated_at == self.step:
-            return False
-        return loop.first_step < self.step or not decided_by_rank0(lambda: (self.out_dir / SUMMARY).is_file())
-
-    def _evaluation_left_out(self, loop: Loop) -> bool:
-        """The evaluation of the step a run resumes at, where a stop there checkpointed without it (a stopped run
-        saves its work first); the last step's is _last_evaluation_due's."""
-        due = loop.data.val is not None and 0 < self.step < self.max_steps and self._evaluates_at(self.step)
-        return due and self.evaluated_at != self.step
-
-    def _evaluates_at(self, step: int) -> bool:
-        return step == self.max_steps or (self.t.eval_interval is not None and step % self.t.eval_interval == 0)
+    def _last_evaluation_left_out(self, loop: Loop) -> bool:
+        return loop.evaluations.last_left_out(self.step, loop.first_step, self.out_dir / SUMMARY)
 
     def _agree(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
         """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over
@@ -408,26 +397,12 @@ class Trainer:
 
     def _evaluated(self, loop: Loop) -> bool:
         """Whether the step's evaluation ran to its end (else the ranks agreed to stop during it)."""
+        workers = self.cfg.data.num_workers
+        evaluate_now = functools.partial(
+            evaluate, self.backend, loop.objective, loop.data, self.world, workers, lambda: self.preemption.requested
+        )
         with loop.timer.evaluating():
-            result = evaluate(
-                self.backend,
-                loop.objective,
-                loop.data,
-                self.world,
-                self.cfg.data.num_workers,
-                lambda: self.preemption.requested,
-            )
-        if result is None:
-            return False
-        loop.evals.append({"step": self.step, **result})
-        self.evaluated_at = self.step
-        loop.metrics.write(self.step, "eval", **result)
-        if self.world.is_main:  # the loss, then perplexity (tokens) or the user's terms: "..., accuracy 0.8125"
-            others = "".join(
-                f", {name.removeprefix('val_')} {value:.4g}" for name, value in result.items() if name != "val_loss"
-            )
-            loop.progress.say(f"step {self.step}: validation loss {result['val_loss']:.4f}{others}")
-        return True
+            return loop.evaluations.run(self.step, evaluate_now, loop.metrics, loop.progress)
 
     def _checkpoint(self, loop: Loop, background: bool, confirmed: bool) -> None:
         marker = Marker(
@@ -439,7 +414,7 @@ class Trainer:
             model=self.model_section,  # what `distsetup checkpoint export` writes beside the weights
             user_code=str(self.user_code) if self.user_code else None,
             loss=self.loss,
-            val_loss=loop.val_loss_at(self.step),
+            val_loss=loop.evaluations.val_loss_at(self.step),
             sampler=loop.sampler.state_dict(),
             confirmed=None if confirmed else False,
         )
