@@ -106,8 +106,9 @@ def output_dir_of(spec: JobSpec) -> str:
 
 
 # The folders distsetup's trainer writes that every node must see, and outlive them: its output (checkpoints) and a
-# token cache of the run config's own (rank 0 writes it, every rank reads it; by default it is in the output)
-KEPT_FOLDERS = ("training.output_dir", "data.cache_dir")
+# token cache of the run config's own (rank 0 writes it, every rank reads it; by default it is in the output): each
+# key's default
+KEPT_FOLDERS = {"training.output_dir": TrainingConfig.output_dir, "data.cache_dir": None}
 
 
 def kept_overrides(spec: JobSpec) -> list[str]:
@@ -119,8 +120,8 @@ def kept_overrides(spec: JobSpec) -> list[str]:
         return []
     kept = BUCKET_MOUNT if spec.target == "skypilot" else WORK_MOUNT
     overrides = []
-    for key in KEPT_FOLDERS:
-        folder = output_dir_of(spec) if key == "training.output_dir" else folder_of(spec, key, None)
+    for key, default in KEPT_FOLDERS.items():
+        folder = folder_of(spec, key, default)
         if folder is None or PurePosixPath(folder).is_absolute() or folder.startswith(".."):
             continue  # a path outside: output_note says where the output goes
         overrides.append(f"{key}={json.dumps(f'{kept}/{folder}')}")
