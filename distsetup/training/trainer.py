@@ -321,6 +321,8 @@ class Trainer:
         probe = pretrained.runnable_copy(whole) if self.pretrained and self.world.is_main else whole
         objective, note = objective_for(module, self.cfg, data, self.loss_function, probe=probe)
         objective.weights_cast = backend.weights_cast_without_autocast  # said where a forward mixes dtypes
+        if isinstance(objective, TokenObjective):  # a term the model returned that the loss leaves out
+            objective.say = self.say
         del probe
         if note:
             self.say(f"note: {note}")

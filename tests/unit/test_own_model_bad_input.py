@@ -628,3 +628,23 @@ def test_batchnorm_in_16_bits_under_fsdp2_is_refused_with_selective_recompute_be
             DistsetupError, match="training.activation_checkpointing selective with BatchNorm1d, InstanceNorm1d in bf16"
         ):
             backend.check_model(normed)
+
+
+def test_a_term_with_a_gradient_beside_the_logits_is_said_once_as_left_out_of_token_data_s_loss():
+    objective = TokenObjective(linear_model(), "python", 4, masked=False, source="model.builder m:f")
+    said: list[str] = []
+    objective.say = said.append
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    logits, kl = torch.zeros(2, 3, 4, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+
+    def free_transformer(x):
+        return {"logits": logits, "kl": kl * 1.0, "bits_used": torch.tensor(3.0), "aux_loss": kl * 0.5}
+
+    loss = objective.micro_loss(free_transformer, (ids, ids)).loss
+    assert loss.item() == pytest.approx(torch.log(torch.tensor(4.0)).item() + 1.0)  # the cross-entropy + aux_loss
+    assert said == [
+        "note: model.builder m:f's model returned kl beside its logits: the next-token loss leaves it out (it adds "
+        "aux_loss only); return it as aux_loss, weighted inside the model, or compute the loss in training.loss"
+    ]  # not the number without a gradient (a statistic), nor aux_loss
+    objective.micro_loss(free_transformer, (ids, ids))
+    assert len(said) == 1  # the first step's check only

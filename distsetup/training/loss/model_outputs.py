@@ -1,6 +1,7 @@
 """How a model is called in training (forward_kwargs) and what its outputs hold (field_of): an object's attribute or a
 dict's key, as transformers' ModelOutput has both."""
 
+import torch
 import torch.nn as nn
 
 
@@ -13,6 +14,19 @@ def forward_kwargs(model: nn.Module, model_type: str) -> dict:
     if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
         kwargs["output_router_logits"] = True
     return kwargs
+
+
+def terms_left_out(outputs) -> list[str]:
+    """The names of the numbers with a gradient that a dict output holds beside its logits, loss and aux_loss (a KL
+    term, a z-loss): the next-token loss adds only aux_loss, so a model returning one most likely meant it trained."""
+    if not isinstance(outputs, dict):
+        return []
+    read = ("logits", "loss", "aux_loss")
+    return [
+        name
+        for name, value in outputs.items()
+        if name not in read and isinstance(value, torch.Tensor) and value.numel() == 1 and value.requires_grad
+    ]
 
 
 def field_of(outputs, name: str, default):

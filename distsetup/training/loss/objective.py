@@ -29,7 +29,7 @@ from distsetup.training import user_code
 from distsetup.training.data.datasets import IGNORE, Datasets, loss_weights
 from distsetup.training.loss.counted_labels import labels_averaged
 from distsetup.training.loss.first_step_errors import described_batch, mixed_dtypes_fix, rejected_input
-from distsetup.training.loss.model_outputs import field_of, forward_kwargs
+from distsetup.training.loss.model_outputs import field_of, forward_kwargs, terms_left_out
 from distsetup.training.loss.output_heads import loss_head
 from distsetup.training.loss.sliced import LossHead, targets_for
 
@@ -71,6 +71,7 @@ class TokenObjective:
         self.vocab_size, self.masked, self.source, self.head = vocab_size, masked, source, head
         self._checked_in: set[bool] = set()  # the modes (model.training) whose first call was checked
         self.weights_cast: str | None = None  # Backend.weights_cast_without_autocast
+        self.say: Callable[[str], None] = lambda line: None  # the trainer's (rank 0 prints)
         self.forward_kwargs = forward_kwargs(model, model_type)
         config: Any = getattr(model, "config", None)
         self.aux_weight = float(config.router_aux_loss_coef) if "output_router_logits" in self.forward_kwargs else 1.0
@@ -138,6 +139,12 @@ class TokenObjective:
         logits, aux = field_of(outputs, "logits", outputs), field_of(outputs, "aux_loss", None)
         if checking:
             self._check(logits, aux if _training(model) else None, x)  # evaluation adds no aux_loss
+            if _training(model) and (left_out := terms_left_out(outputs)):
+                self.say(
+                    f"note: {self.source}'s model returned {', '.join(left_out)} beside its logits: the next-token "
+                    "loss leaves it out (it adds aux_loss only); return it as aux_loss, weighted inside the model, or "
+                    "compute the loss in training.loss"
+                )
             self._checked_in.add(_training(model))
         return logits, aux
 
