@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from distsetup.training.data.datasets import Datasets, ShardedSampler
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.evaluations import Evaluations
-from distsetup.training.loss.objective import PythonObjective, TokenObjective
+from distsetup.training.loss.python_objective import PythonObjective
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.metrics import MetricsLog, StepTimer
 from distsetup.training.model.throughput import mfu
 from distsetup.training.preemption import PREEMPTED

@@ -27,7 +27,10 @@ from distsetup.training.evaluations import Evaluations
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
 from distsetup.training.launch_env import read_world
 from distsetup.training.loop import Loop
-from distsetup.training.loss.objective import MicroLoss, PythonObjective, TokenObjective, mean_terms, objective_for
+from distsetup.training.loss.micro_loss import MicroLoss, mean_terms
+from distsetup.training.loss.objective import objective_for
+from distsetup.training.loss.python_objective import PythonObjective
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.metrics import MetricsLog, StepTimer, as_json, reporters, wandb_settings
 from distsetup.training.model import build as models
 from distsetup.training.model import pretrained

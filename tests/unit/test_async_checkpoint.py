@@ -16,7 +16,7 @@ from distsetup.training.backends.single import SingleBackend
 from distsetup.training.checkpoint.export import consolidated_state_dict
 from distsetup.training.checkpoint.files import save_checkpoint, start_checkpoint
 from distsetup.training.launch_env import World
-from distsetup.training.loss.objective import TokenObjective
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.model import build as models
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16"]

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from distsetup.planning import loss_slices
 from distsetup.planning.loss_slices import slice_width
 from distsetup.training.data.datasets import IGNORE
-from distsetup.training.loss.objective import TokenObjective
 from distsetup.training.loss.output_heads import loss_head
 from distsetup.training.loss.sliced import LossHead, _subtract_targets, sliced_cross_entropy
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.model.gpt import GPT
 
 VOCAB = 9000  # three slices of at least MIN_SLICE ids, the last one narrower

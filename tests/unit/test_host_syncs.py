@@ -14,9 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from distsetup.planning.loss_slices import slice_width
 from distsetup.training.data.datasets import IGNORE
-from distsetup.training.loss.objective import TokenObjective
 from distsetup.training.loss.output_heads import loss_head
 from distsetup.training.loss.sliced import _SlicedCrossEntropy, sliced_cross_entropy
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.model.gpt import GPT
 
 VOCAB = 9000  # three slices (test_chunked_loss.py)

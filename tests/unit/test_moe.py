@@ -124,7 +124,7 @@ def test_a_zero3_leaf_whose_input_is_changed_in_place_is_named_not_the_data(swit
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends.deepspeed import DeepSpeedBackend
     from distsetup.training.launch_env import World
-    from distsetup.training.loss.objective import PythonObjective
+    from distsetup.training.loss.python_objective import PythonObjective
 
     (tmp_path / "ds.json").write_text(json.dumps(ds_file(3)))
     cfg = load_run_config(
@@ -168,7 +168,7 @@ def test_every_expert_gets_a_zero_gradient_where_it_did_not_run(switch):
 def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss():
     pytest.importorskip("transformers")
     from distsetup.formats.runconfig_load import load_run_config
-    from distsetup.training.loss.objective import TokenObjective
+    from distsetup.training.loss.token_objective import TokenObjective
     from distsetup.training.model import build as models
 
     cfg = load_run_config(None, ["model.type=hf", f"model.hf_path={HF_MOE / 'model'}", "model.vocab_size=316"])
@@ -301,7 +301,7 @@ class ChangesItsInputInPlace(torch.nn.Module):
 
 
 def test_a_block_changing_its_input_in_place_is_told_how_to_gather_layer_by_layer(tmp_path):
-    from distsetup.training.loss.objective import MicroLoss
+    from distsetup.training.loss.micro_loss import MicroLoss
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), ChangesItsInputInPlace())
     backend = zero3_backend(tmp_path, {})

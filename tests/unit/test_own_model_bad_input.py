@@ -13,7 +13,8 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import DataConfig, ModelConfig
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.training.data.datasets import python_datasets
-from distsetup.training.loss.objective import PythonObjective, TokenObjective
+from distsetup.training.loss.python_objective import PythonObjective
+from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.model import build as models
 
 USER_CODE = """

@@ -419,7 +419,7 @@ def test_an_hf_models_own_loss_weighs_each_micro_batch_by_its_counted_labels(tmp
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from distsetup.training.loss.counted_labels import labels_averaged
-    from distsetup.training.loss.objective import PythonObjective
+    from distsetup.training.loss.python_objective import PythonObjective
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
     model.eval()
@@ -454,7 +454,7 @@ def test_a_micro_batch_whose_labels_are_all_ignored_weighs_nothing_rather_than_n
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from distsetup.training.loss.counted_labels import labels_averaged
-    from distsetup.training.loss.objective import PythonObjective
+    from distsetup.training.loss.python_objective import PythonObjective
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(write_llama(tmp_path / "llama")))
     torch.manual_seed(0)

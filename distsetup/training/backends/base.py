@@ -27,7 +27,7 @@ from distsetup.training.checkpoint.files import atomic_save, copied_to_cpu
 from distsetup.training.checkpoint.named_state import named_state
 from distsetup.training.data.loader import Placement
 from distsetup.training.launch_env import World
-from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.loss.micro_loss import MicroLoss
 from distsetup.training.model import from_rank0, moe
 from distsetup.training.model.build import Description, ModelParts
 from distsetup.training.model.pretrained import Pretrained

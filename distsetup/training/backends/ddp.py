@@ -11,7 +11,7 @@ import torch.nn as nn
 from distsetup.errors import DistsetupError
 from distsetup.training.backends.base import Backend
 from distsetup.training.backends.rank0_buffers import buffers_may_change
-from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.loss.micro_loss import MicroLoss
 from distsetup.training.model import moe
 from distsetup.training.model.build import ModelParts
 

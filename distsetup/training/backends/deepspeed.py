@@ -36,7 +36,7 @@ from distsetup.training.checkpoint.named_state import ZERO0_FILE, lazy_state
 from distsetup.training.checkpoint.streamed_io import MappedTorchFile
 from distsetup.training.data.loader import Placement
 from distsetup.training.launch_env import World
-from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.loss.micro_loss import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import outermost

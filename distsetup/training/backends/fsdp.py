@@ -34,7 +34,7 @@ from distsetup.training.backends.fsdp_precision import FsdpPrecision
 from distsetup.training.backends.fsdp_root_output import output_not_a_view
 from distsetup.training.checkpoint.files import atomic_save
 from distsetup.training.launch_env import World
-from distsetup.training.loss.objective import MicroLoss
+from distsetup.training.loss.micro_loss import MicroLoss
 from distsetup.training.model import build as models
 from distsetup.training.model import from_rank0, moe, pretrained
 from distsetup.training.model.blocks import in_place_of, layer_modules

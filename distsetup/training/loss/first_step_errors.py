@@ -1,5 +1,5 @@
 """What an error at a run's first step says: whether it is the user's code refusing its input (said in one line
-naming the setting to fix, `objective.py`), what the batch was, and the fix where a forward mixes fp32 with the
+naming the setting to fix, by the objectives), what the batch was, and the fix where a forward mixes fp32 with the
 16-bit weights a backend made without torch.autocast."""
 
 import re
