@@ -3,7 +3,9 @@ construction (tests/support/moe_per_rank.py routes rank r's tokens to experts 2r
 numbers under DDP, FSDP2, ZeRO-2 and ZeRO-3: without what each backend is told, DDP stops, FSDP2 and ZeRO-2 silently
 train other numbers and ZeRO-3 hangs. So does transformers' own Switch Transformer (model.type python, its own
 .loss, rank r's tokens routed to expert r), whose ZeRO-3 leaf is its SwitchTransformersExperts: its router jitters its
-input in place, which a leaf around it refuses. examples/hf_moe reports transformers' own loss."""
+input in place, which a leaf around it refuses. Under FSDP2 and ZeRO-2 each model's experts are named among its blocks
+(model.layer_classes), as a user wrapping or checkpointing each expert does: they are still experts (a hang or a
+crash before). examples/hf_moe reports transformers' own loss."""
 
 import functools
 import json
@@ -59,6 +61,8 @@ def per_rank_run(backend: str, model: str = "switch"):
         config, steps = folder / "config.yaml", HF_STEPS
         config.write_text(yaml.safe_dump(HF_SWITCH))
     more = ["model.builder=moe_per_rank:build_model"] if model == "switch" else []
+    if backend in ("fsdp", "zero2"):  # the experts named among the blocks, as a user wrapping or compiling each does
+        more.append(f"model.layer_classes={EXPERTS_NAMED[model]}")
     result = train(
         config,
         2,
@@ -76,6 +80,8 @@ def per_rank_run(backend: str, model: str = "switch"):
     return folder / "out", result.stdout
 
 
+EXPERTS_NAMED = {"switch": "[Block,Expert]", "hf_switch": "[SwitchTransformersBlock,SwitchTransformersDenseActDense]"}
+
 HOW = {
     "ddp": "DDP looks for unused parameters",
     "fsdp": "FSDP2 reduce-scatters zeros for the experts a rank did not run",
@@ -90,6 +96,8 @@ def test_experts_routed_differently_per_rank_train_alike_on_every_backend(backen
     out, stdout = per_rank_run(backend)
     assert f"SwitchFFN (x2) may run other experts on each rank: {HOW['ddp']}" in ddp_stdout
     assert f"(x2) may run other experts on each rank: {HOW[backend]}" in stdout
+    if backend == "fsdp":  # named among the blocks, the experts are no units of their own (a hang before)
+        assert "16 FSDP units inside PerRankSwitchFFN (x2) left to the unit around them" in stdout
     curve = losses(out)
     assert len(curve) == STEPS and curve[-1] < curve[0] - 0.5
     torch.testing.assert_close(torch.tensor(curve), torch.tensor(losses(reference)), rtol=1e-4, atol=0)

@@ -36,6 +36,9 @@ def test_layers_whose_experts_run_per_token_are_found_and_a_list_of_blocks_is_no
     assert found == [block.moe for block in model.blocks]
     assert moe.conditional_layers(GPT(64, 16, 2, 2, 16, 0.0), {"Block"}, []) == []
     assert moe.conditional_layers(model, {"Block"}, ["Block"]) == list(model.blocks)  # named: outermost only
+    # experts named among the blocks (to checkpoint or compile each) are still experts: their list lies in a block
+    assert moe.conditional_layers(model, {"Block", "Expert"}, []) == found
+    assert moe.conditional_layers(model, {"Expert"}, []) == found
     with pytest.raises(DistsetupError, match="model.zero3_leaf_classes: no module of class Nope"):
         moe.conditional_layers(model, {"Block"}, ["Nope"])
 
@@ -98,6 +101,8 @@ def test_the_leaf_of_a_transformers_switch_transformer_is_its_experts_container(
     sparse = [m for m in model.modules() if isinstance(m, hf.SwitchTransformersSparseMLP)]
     layers = moe.conditional_layers(model, {"SwitchTransformersBlock"}, [])
     assert len(sparse) == 2 and layers == [m.experts for m in sparse]
+    experts_named = {"SwitchTransformersBlock", "SwitchTransformersDenseActDense"}
+    assert moe.conditional_layers(model, experts_named, []) == layers
     assert all(isinstance(layer, hf.SwitchTransformersExperts) and moe.runs_itself(layer) for layer in layers)
     hooked = [layer.register_full_backward_hook(lambda *_: None) for layer in layers]
     model(**hf_switch_batch()).loss.backward()
