@@ -170,7 +170,9 @@ def test_every_expert_gets_a_zero_gradient_where_it_did_not_run(switch):
     assert layer.experts[0].up.weight.grad.any()
 
 
-def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss():
+@pytest.mark.parametrize("model_type", ["hf", "python"])  # python: a builder returning the transformers model
+def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss(model_type):
+    """Built by a builder (model.type python), the router loss was added 50x too strong, or left out."""
     pytest.importorskip("transformers")
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.loss.token_objective import TokenObjective
@@ -181,7 +183,7 @@ def test_a_tiny_mixtral_loss_is_transformers_own_with_the_router_loss():
     mixtral = models.build(cfg.model)
     x, y = torch.randint(0, 316, (2, 2, 16)).unbind(0)
     y[0, :5] = -100  # targets that carry no loss, as in chat data
-    objective = TokenObjective(mixtral, "hf", 316, masked=True, source="model.type hf")
+    objective = TokenObjective(mixtral, model_type, 316, masked=True, source=f"model.type {model_type}")
     ours = objective.micro_loss(mixtral, (x, y))
     theirs = mixtral(input_ids=x, labels=y, shift_labels=y, output_router_logits=True)
     coefficient = mixtral.config.router_aux_loss_coef

@@ -1,19 +1,28 @@
 """How a model is called in training (forward_kwargs) and what its outputs hold (field_of): an object's attribute or a
 dict's key, as transformers' ModelOutput has both."""
 
+import sys
+
 import torch
 import torch.nn as nn
 
 
 def forward_kwargs(model: nn.Module, model_type: str) -> dict:
-    """What a Hugging Face model is called with in training: no KV cache (training never reads one: building it costs
-    memory), and an MoE's router logits, from which it computes its load-balancing loss."""
-    if model_type != "hf":
+    """What a Hugging Face model (model.type hf, or a transformers model a builder returns) is called with in training:
+    no KV cache (training never reads one: building it costs memory), and an MoE's router logits, from which it
+    computes its load-balancing loss (without them it computes none)."""
+    if model_type != "hf" and not is_transformers_model(model):
         return {}
     kwargs: dict = {"use_cache": False}
     if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
         kwargs["output_router_logits"] = True
     return kwargs
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether `model` is a transformers PreTrainedModel (a builder that returns one imported transformers)."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
 def terms_left_out(outputs) -> list[str]:

@@ -6,7 +6,8 @@
   model's output head computes it a slice of the vocabulary at a time instead (sliced.py, training.chunked_loss):
   the logits never exist whole. A Hugging Face model is called as transformers trains it (no KV
   cache) and an MoE one with its router logits: its load-balancing loss is added as transformers adds it,
-  `router_aux_loss_coef` x `aux_loss`; a python model's `aux_loss` is added as it is (weighted inside the model).
+  `router_aux_loss_coef` x `aux_loss` (also where a builder returns it, as model.type python); another python
+  model's `aux_loss` is added as it is (weighted inside the model).
 - The user's own data (data.type python): training.loss(model, batch), or else model(**batch) (a dict) or
   model(*batch) (a list or tuple), whose result is the loss or holds it as `.loss` (the Hugging Face convention).
 
