@@ -354,3 +354,14 @@ def test_zero3_gathers_layer_by_layer_where_a_block_may_not_run_once_on_an_input
     assert "block Linear takes no positional input that needs a gradient" in message and "\n" not in message
     with torch.no_grad():  # evaluation: no backward, no hook
         blocks[0](torch.randn(2, 4))
+
+
+def test_deepspeed_s_own_moe_layer_is_refused_in_one_line_before_any_process_group():
+    """Its engine hung at start (its ranks broadcasting in different groups): its expert parallelism is not set up."""
+    from deepspeed.moe.layer import MoE
+
+    expert = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), MoE(hidden_size=8, expert=expert, num_experts=2, ep_size=1, k=1))
+    with pytest.raises(DistsetupError, match=r"^Sequential holds DeepSpeed's own MoE layer \(MoE \(x1\), deepspeed"):
+        moe.refuse_deepspeed_moe(model)
+    moe.refuse_deepspeed_moe(expert)  # plain modules: no word

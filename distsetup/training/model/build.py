@@ -103,9 +103,9 @@ SIGNATURE_ERRORS = ("unexpected keyword argument", "required positional argument
 
 def check_on_meta(m) -> None:
     """For `--check`, before any process starts: a python model section's model built on the meta device, as every
-    rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs)
-    and model.layer_classes. A builder that fails there otherwise (it reads a weight, or what the launcher sets) is
-    left to the ranks."""
+    rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs),
+    model.layer_classes and DeepSpeed's MoE layer. A builder that fails there otherwise (it reads a weight, or what
+    the launcher sets) is left to the ranks."""
     try:
         model = architecture_on_meta(m)
     except DistsetupError:
@@ -118,6 +118,7 @@ def check_on_meta(m) -> None:
         ) from None
     except Exception:
         return
+    moe.refuse_deepspeed_moe(model)
     layer_classes(model, m)
 
 
@@ -144,6 +145,7 @@ def describe(m) -> Description:
         parameters = gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd)
         return Description([BUILTIN_BLOCK], parameters, "", [], module_classes=_gpt_module_classes())
     model, notes = architecture(m)
+    moe.refuse_deepspeed_moe(model)
     on_meta = all(p.is_meta for p in model.parameters())
     classes, found = layer_classes(model, m)
     notes += found

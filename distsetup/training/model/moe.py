@@ -115,6 +115,22 @@ def leaf_hook_problem(leaves: list[nn.Module], way_out: str | None = None) -> tu
     )
 
 
+def refuse_deepspeed_moe(model: nn.Module) -> None:
+    """DeepSpeed's own MoE layer (deepspeed.moe, expert parallelism) needs its engine's expert groups, optimizer groups
+    and checkpoint files, which distsetup's trainer does not make: refused in one line, before any process group,
+    rather than a hang at the engine's start (ranks broadcasting in different groups)."""
+    found = [module for module in model.modules() if type(module).__module__.startswith("deepspeed.moe.")]
+    layers = [layer for layer in found if not inside(layer, found)]
+    if layers:
+        raise DistsetupError(
+            f"{type(model).__name__} holds DeepSpeed's own MoE layer ({described_layers(layers)}, "
+            f"{type(layers[0]).__module__}), whose expert parallelism distsetup's trainer does not set up.",
+            "write the experts as an nn.ModuleList or nn.ModuleDict picked by a router of your own "
+            "(examples/switch_moe): distsetup finds such layers and trains them under every backend.",
+            alike_on_every_rank=True,
+        )
+
+
 def described_layers(layers: list[nn.Module]) -> str:
     """'SwitchFFN (x4)': the classes of `layers`, counted."""
     counts: dict[str, int] = {}
