@@ -58,7 +58,11 @@ def parse_args(argv=None):
     p.add_argument("--no_resume", action="store_true", help="ignore existing checkpoints")
     p.add_argument("--export", metavar="OUT.pt", help="write the newest checkpoint's weights to OUT.pt and exit")
     p.add_argument("--export_dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--init_from", metavar="FILE.pt", help="start from weights written by --export")
+    p.add_argument(
+        "--init_from",
+        metavar="FILE.pt",
+        help="start from weights written by --export (or by `distsetup checkpoint export`: its folder)",
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -74,8 +78,24 @@ def config_folder(args) -> Path | None:
     return Path(args.config).parent if args.config else None
 
 
+def init_from_weights(init_from: str) -> str:
+    """--init_from's file: the one given, or model.safetensors in a folder `distsetup checkpoint export` wrote; one
+    line, before the run sets up, where there is none."""
+    path = Path(init_from)
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        return str(path / "model.safetensors")
+    if not path.is_file():
+        there = "is a folder without model.safetensors" if path.is_dir() else "does not exist"
+        raise DistsetupError(
+            f"--init_from {init_from} {there}.",
+            "name a file written by --export, or a folder written by `distsetup checkpoint export`.",
+        )
+    return init_from
+
+
 def load_config(args):
-    """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it."""
+    """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it
+    (--init_from's too: init_from_weights)."""
     for flag in ("config", "deepspeed", "export", "init_from"):
         value = getattr(args, flag)
         if value is not None and not value.strip():
@@ -84,6 +104,8 @@ def load_config(args):
         raise DistsetupError(
             f"--export {args.export} is a folder.", f"name a file, e.g. {Path(args.export) / 'model.pt'}."
         )
+    if args.init_from:
+        args.init_from = init_from_weights(args.init_from)
     base_dir = config_folder(args)
     if args.deepspeed and not resolve_config_path(args.deepspeed, base_dir).is_file():
         raise DistsetupError(

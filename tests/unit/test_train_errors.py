@@ -77,6 +77,21 @@ def test_init_from_a_file_that_is_no_weights_file(tmp_path):
     assert_clean_error(train(config, 1, "--init_from", tmp_path / "random.pt"), "--init_from", "random.pt")
 
 
+def test_init_from_takes_the_folder_checkpoint_export_writes_and_names_what_is_not_there(tmp_path):
+    from distsetup.train import init_from_weights
+
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    with pytest.raises(
+        DistsetupError, match=r"^--init_from .*exported is a folder without model.safetensors\. HINT: name a file"
+    ):
+        init_from_weights(str(exported))  # was [Errno 21] Is a directory, after the data's set-up
+    (exported / "model.safetensors").write_bytes(b"")
+    assert init_from_weights(str(exported)) == str(exported / "model.safetensors")
+    with pytest.raises(DistsetupError, match=r"^--init_from .*nothere.pt does not exist\. HINT"):
+        init_from_weights(str(tmp_path / "nothere.pt"))
+
+
 def test_model_too_large_to_build_is_one_line(tmp_path):
     config = write_run_config(tmp_path, "single")
     result = train(config, 1, "model.n_layer=2000", "model.n_embd=16384", "model.n_head=128")
