@@ -333,7 +333,9 @@ def activation_bytes(
     s, b, h, layers = work.seq_len, micro_batch, model.hidden_size, model.num_layers
     a = model.num_heads or max(1, h // 128)
     e = element_bytes(work.precision)
-    per_layer = s * b * h * (34 + (0 if work.flash_attention else 5 * a * s / h)) * e / 2
+    # Korthikanti et al.: attention 11 + norms 4, the MLP's (19 for GPT's), and without flash attention 5as/h
+    attention = 15 + (0 if work.flash_attention else 5 * a * s / h)
+    per_layer = s * b * h * (attention + model.mlp_activation_units) * e / 2
     head = 2 * s * b * h * e  # the final norm's input and the head's input
     loss_saved, loss_peak = loss_bytes(s * b, h, model.vocab_size or 0, e, work.chunked_loss)
     saved = (layers * s * b * h * e if checkpointing else layers * per_layer) + head + loss_saved

@@ -11,6 +11,8 @@ from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import BUILTIN_BLOCK
 from distsetup.formats.runconfig_rules import hf_positions
 
+GELU_MLP_UNITS = 19.0  # GPT's MLP (h -> 4h, GeLU, 4h -> h) in ModelShape.mlp_activation_units
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -25,6 +27,10 @@ class ModelShape:
     blocks_params: int | None = None  # all blocks together, where they differ (a mixture of experts' dense layers)
     largest_module_params: int | None = None  # largest module's own parameters
     layer_cls: str = BUILTIN_BLOCK
+    # what a layer's MLP keeps for backward per token, in 16-bit values per hidden unit x 2 (Korthikanti et al.'s
+    # unit), the mean over layers: GPT's GeLU MLP of 4h keeps 19; a gated MLP more, a mixture of experts each expert
+    # a token is routed to (gated_mlp_units)
+    mlp_activation_units: float = GELU_MLP_UNITS
 
     @property
     def block(self) -> int:
@@ -55,6 +61,13 @@ class ModelShape:
         """The most parameters ZeRO-3 gathers at once: a block, which the trainer makes a leaf gathered whole, or
         where the model has no blocks known (no layers), its largest module."""
         return max(self.largest_module, self.block) if self.num_layers else self.largest_module
+
+
+def gated_mlp_units(h: int, intermediate: int) -> float:
+    """A gated MLP's (gate, up, down: Llama's) saved activations per token in ModelShape.mlp_activation_units: its
+    input, the gate's and the up projection's outputs, the activation's and the product's (h + 4 x intermediate
+    values)."""
+    return 2 * (h + 4 * intermediate) / h
 
 
 def block_params(h: int) -> int:
@@ -165,6 +178,7 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     names = c.get("architectures")
     first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "Model"
     arch = first.replace("ForCausalLM", "DecoderLayer")
+    mlp_units = decoder_mlp_units(c)
     return ModelShape(
         params=sum(blocks) + embeddings + h,
         hidden_size=h,
@@ -174,6 +188,7 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
         block_params=max(blocks, default=0),  # the largest: what FSDP and ZeRO-3 gather at once
         blocks_params=sum(blocks),
         layer_cls=layer_cls or arch,
+        mlp_activation_units=sum(mlp_units) / len(mlp_units),
     )
 
 
@@ -197,6 +212,25 @@ def decoder_blocks(c: dict) -> list[int]:
     shared += int(c.get("n_shared_experts") or 0) * expert  # DeepSeek's
     mixture = experts * expert + h * experts + shared  # the router: hidden x experts
     return [attention + (mixture if _sparse(c, i) else dense) + 2 * h for i in range(n)]
+
+
+def decoder_mlp_units(c: dict) -> list[int | float]:
+    """Each decoder layer's MLP activations per token (ModelShape.mlp_activation_units), from a config.json's keys:
+    a gated MLP, or in a mixture of experts' sparse layers one per expert each token is routed to
+    (num_experts_per_tok) and its shared expert."""
+    h, n = int(c["hidden_size"]), int(c["num_hidden_layers"])
+    dense = gated_mlp_units(h, int(c.get("intermediate_size", 4 * h)))
+    experts = next((int(c[key]) for key in EXPERT_COUNTS if c.get(key)), 0)
+    if not experts:
+        return [dense] * n
+    routed = int(c.get("num_experts_per_tok") or 1) * gated_mlp_units(
+        h, int(c.get("moe_intermediate_size") or c.get("intermediate_size", 4 * h))
+    )
+    shared_width = int(c.get("shared_expert_intermediate_size") or 0) + int(c.get("n_shared_experts") or 0) * int(
+        c.get("moe_intermediate_size") or 0
+    )
+    shared = gated_mlp_units(h, shared_width) if shared_width else 0.0
+    return [routed + shared if _sparse(c, i) else dense for i in range(n)]
 
 
 def _attention_heads(c: dict) -> int:

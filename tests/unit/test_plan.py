@@ -140,6 +140,39 @@ def test_activation_formula_matches_built_in_model(shape, checkpointing, chunked
     assert predicted == pytest.approx(measured, rel=0.25)
 
 
+@pytest.mark.parametrize("experts_per_token", [None, 1, 2, 8])  # None: a dense Llama
+def test_activation_formula_matches_a_gated_decoder_and_a_mixture_of_experts_top_k(tmp_path, experts_per_token):
+    """The planner counted an MoE's activations as a dense GPT's, whatever its routing: 4.9x under at top-8."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from distsetup.planning.models import hf_shape_from_json
+
+    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    small |= {"intermediate_size": 256, "vocab_size": 256}
+    if experts_per_token is None:
+        config, model_class = transformers.LlamaConfig(**small), transformers.LlamaForCausalLM
+    else:
+        config = transformers.MixtralConfig(**small, num_local_experts=8, num_experts_per_tok=experts_per_token)
+        model_class = transformers.MixtralForCausalLM
+    (tmp_path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": [model_class.__name__]}))
+    torch.manual_seed(0)
+    model, x = model_class(config), torch.randint(0, 256, (4, 128))
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, labels=x, use_cache=False)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    measured = sum(n for ptr, n in seen.items() if ptr not in params)
+    shape = hf_shape_from_json(tmp_path / "config.json", None)
+    predicted = activation_bytes(shape, Workload("fp32", 128), 4, False, peak=False)
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
 # -- the recommendation --------------------------------------------------------------------------------
 
 SEVEN_B = ModelShape(parse_count("7B"), hidden_size=4096, num_layers=32, num_heads=32, vocab_size=32000)
