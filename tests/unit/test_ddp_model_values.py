@@ -49,19 +49,20 @@ def test_a_loss_reads_the_models_parameters_through_ddp_not_its_methods():
 
 def test_ddp_keeps_looking_for_unused_parameters_beside_experts_and_says_why_a_step_waited():
     """The HF Trainer's ddp_find_unused_parameters: false (set for speed) beside an MoE layer whose experts differ per
-    rank would make DDP wait for experts a rank did not run: refused. Where DDP looks already and still waits, an
-    output of the forward is not in the loss (torch's own words): said so, not "set find_unused_parameters"."""
+    rank would make DDP wait for experts a rank did not run: refused before the process group. Where DDP looks
+    already and still waits, an output of the forward is not in the loss (torch's own words): said so, not "set
+    find_unused_parameters"."""
     from distsetup.errors import DistsetupError
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.training.backends.ddp import DDPBackend, unused_parameters
     from distsetup.training.launch_env import World
-    from distsetup.training.model.build import ModelParts
+    from distsetup.training.model.build import Description
 
     cfg = load_run_config(None, ["training.ddp_find_unused_parameters=false"])
     backend = DDPBackend(cfg, World(rank=0, local_rank=0, size=1, local_size=1), torch.device("cpu"))
-    model = Scorer()
-    with pytest.raises(DistsetupError, match="distributed.find_unused_parameters false with") as refused:
-        backend._place(model, ModelParts(model, [], [model.score]))
+    backend.check_model(Description([], 10, ""))  # no experts: DDP need not look
+    with pytest.raises(DistsetupError, match="distributed.find_unused_parameters false with SwitchFFN") as refused:
+        backend.check_model(Description([], 10, "SwitchFFN (x2)"))
     assert "leave distributed.find_unused_parameters unset" in str(refused.value)
     waited = RuntimeError("Expected to have finished reduction in the prior iteration before starting a new one.")
     assert "set distributed.find_unused_parameters: true" in str(unused_parameters(waited, looking=False))

@@ -463,11 +463,13 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
             {"layer_classes": ["Blok"]},
             "no module of class Blok in Net. HINT: did you mean Block",
         ),
+        (f"{user_module}:build", {"zero3_leaf_classes": ["Blok"]}, "model.zero3_leaf_classes: no module of class Blok"),
         (f"{user_module}:build_reading_a_weight", {}, None),  # cannot build on the meta device: left to the ranks
     ):
         model = {"type": "python", "builder": builder, "args": args}
-        if "layer_classes" in args:
-            model["layer_classes"] = model.pop("args")["layer_classes"]
+        for key in ("layer_classes", "zero3_leaf_classes"):
+            if key in args:
+                model[key] = model.pop("args")[key]
         config.write_text(yaml.safe_dump({"model": model}))
         before = signal.getsignal(signal.SIGTERM)
         try:

@@ -13,7 +13,7 @@ from distsetup.training.backends.base import Backend
 from distsetup.training.backends.rank0_buffers import buffers_may_change
 from distsetup.training.loss.micro_loss import MicroLoss
 from distsetup.training.model import moe
-from distsetup.training.model.build import ModelParts
+from distsetup.training.model.build import Description, ModelParts
 
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
@@ -56,6 +56,14 @@ class DDPBackend(Backend):
             )
         self.unrouted_as_zero = layers
 
+    def check_model(self, description: Description) -> None:
+        if self.cfg.distributed.find_unused_parameters is False and description.conditional:
+            raise DistsetupError(
+                f"distributed.find_unused_parameters false with {description.conditional}, which may run other "
+                "experts on each rank: DDP would wait for the gradients of experts a rank did not run.",
+                "leave distributed.find_unused_parameters unset (or the HF Trainer's ddp_find_unused_parameters out).",
+            )
+
     def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         DDP = ModelValuesThrough
 
@@ -63,14 +71,7 @@ class DDPBackend(Backend):
         options: dict[str, Any] = buffer_sync(DDP, buffers_may_change(model, self.cfg.model.type))
         if "init_sync" in inspect.signature(DDP).parameters:  # torch 2.4 on
             options["init_sync"] = False  # every copy holds rank 0's values already (_whole_on_device)
-        unused = self.cfg.distributed.find_unused_parameters
-        if unused is False and parts.conditional:
-            raise DistsetupError(
-                f"distributed.find_unused_parameters false with {moe.described_layers(parts.conditional)}, which may "
-                "run other experts on each rank: DDP would wait for the gradients of experts a rank did not run.",
-                "leave distributed.find_unused_parameters unset (or the HF Trainer's ddp_find_unused_parameters out).",
-                alike_on_every_rank=True,
-            )
+        unused = self.cfg.distributed.find_unused_parameters  # not false beside experts: check_model
         self.finds_unused = bool(parts.conditional) if unused is None else unused
         # gradient_as_bucket_view: .grad aliases the all-reduce buckets, so gradients are held once.
         return DDP(

@@ -104,8 +104,8 @@ SIGNATURE_ERRORS = ("unexpected keyword argument", "required positional argument
 def check_on_meta(m) -> None:
     """For `--check`, before any process starts: a python model section's model built on the meta device, as every
     rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs),
-    model.layer_classes and DeepSpeed's MoE layer. A builder that fails there otherwise (it reads a weight, or what
-    the launcher sets) is left to the ranks."""
+    model.layer_classes, model.zero3_leaf_classes and DeepSpeed's MoE layer. A builder that fails there otherwise
+    (it reads a weight, or what the launcher sets) is left to the ranks."""
     try:
         model = architecture_on_meta(m)
     except DistsetupError:
@@ -119,7 +119,8 @@ def check_on_meta(m) -> None:
     except Exception:
         return
     moe.refuse_deepspeed_moe(model)
-    layer_classes(model, m)
+    classes, _ = layer_classes(model, m)
+    moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)  # each of model.zero3_leaf_classes found
 
 
 def architecture(m) -> tuple[nn.Module, list[str]]:
