@@ -144,6 +144,18 @@ NO_CAUSAL_LM = frozenset(
 )
 
 
+def no_causal_lm(hf_config: dict, folder: str) -> tuple[str, str] | None:
+    """(the problem, its fix) where a Hugging Face `folder`'s config.json describes an encoder-decoder of which
+    transformers builds no causal LM; None for any other."""
+    if hf_config.get("is_encoder_decoder") is not True or hf_config.get("model_type") not in NO_CAUSAL_LM:
+        return None
+    return (
+        f"{folder} holds an encoder-decoder ({hf_config['model_type']}); model.type hf trains causal LMs "
+        "(AutoModelForCausalLM).",
+        "train it as model.type python: a builder that returns the model, and its own .loss (docs/own-code.md).",
+    )
+
+
 def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Problem]:
     """A Hugging Face model's folder has its config.json, describes a causal LM, and model.block_size fits in the
     positions it says (a longer sample runs off learned position embeddings: an IndexError on every rank)."""
@@ -163,16 +175,8 @@ def _hf_folder_problems(config: RunConfig, base_dir: Path | None) -> list[Proble
         hf_config = read_json(described)
     except DistsetupError as e:
         return [Problem("model.hf_path", e.message, "fix or rewrite its config.json.")]
-    if hf_config.get("is_encoder_decoder") is True and hf_config.get("model_type") in NO_CAUSAL_LM:
-        return [
-            Problem(
-                "model.hf_path",
-                f"{model.hf_path} holds an encoder-decoder ({hf_config['model_type']}); "
-                "model.type hf trains causal LMs (AutoModelForCausalLM).",
-                "train it as model.type python: a builder that returns the model, and its own .loss "
-                "(docs/own-code.md).",
-            )
-        ]
+    if said := no_causal_lm(hf_config, model.hf_path):
+        return [Problem("model.hf_path", *said)]
     if (found := hf_positions(hf_config)) and model.block_size > found[1]:
         key, positions = found
         return [

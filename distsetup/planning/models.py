@@ -9,7 +9,7 @@ from pathlib import Path
 from distsetup.errors import DistsetupError
 from distsetup.formats.reading import read_json
 from distsetup.formats.runconfig import BUILTIN_BLOCK
-from distsetup.formats.runconfig_rules import hf_positions
+from distsetup.formats.runconfig_rules import hf_positions, no_causal_lm
 
 GELU_MLP_UNITS = 19.0  # GPT's MLP (h -> 4h, GeLU, 4h -> h) in ModelShape.mlp_activation_units
 
@@ -165,6 +165,8 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     """A Llama/GPT-style decoder's parameters from its config.json, without torch or transformers, a mixture of
     experts' experts included."""
     c = read_json(path)
+    if said := no_causal_lm(c, str(path.parent)):
+        raise DistsetupError(*said)
     try:
         h, v = int(c["hidden_size"]), int(c["vocab_size"])
         blocks = decoder_blocks(c)

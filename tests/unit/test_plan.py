@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from repo import REPO, heavy_imports
 
+from distsetup.errors import DistsetupError
 from distsetup.planning.estimates import (
     BY_KEY,
     STRATEGIES,
@@ -631,3 +632,14 @@ def test_the_recommended_files_warnings_are_said_as_its_command_says_them(run_cl
     args = ["plan", "--params", "7B", "--num_nodes", "2", "--num_gpus_per_node", "8", "--gpu_memory", "80GB", "--bf16"]
     result = run_cli(*args, "--strategy", "fsdp_hybrid_shard")
     assert result.exit_code == 0 and "Warning: HYBRID_SHARD with FSDP2" in result.stderr, result.stderr
+
+
+def test_an_encoder_decoder_folder_is_named_so_by_plan_and_init_as_by_validate(tmp_path):
+    """init --model on a Switch Transformer's folder said it described no decoder (KeyError: 'hidden_size') and
+    asked for a transformers config.json, which it was."""
+    from distsetup.planning.models import hf_shape_from_json
+
+    config = {"model_type": "switch_transformers", "is_encoder_decoder": True, "d_model": 768, "num_experts": 8}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DistsetupError, match=r"holds an encoder-decoder \(switch_transformers\); model.type hf trains"):
+        hf_shape_from_json(tmp_path / "config.json", None)
