@@ -375,8 +375,28 @@ def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
     assert json.loads(result.stdout)["model"]["params"] == sum(p.numel() for p in model.parameters())
     assert json.loads(result.stdout)["model"]["layer_cls"] == "ConvBlock"
     assert "activations are not counted for model.type python" in result.stderr
+    assert all(row["activations"] == 0 for row in json.loads(result.stdout)["estimates"])
     table = run_cli("plan", "--config", example / "config.yaml", "--num_gpus", "8", "--gpu_memory", "80GB")
     assert table.stdout.startswith("Model: ") and "; fp32. GB per GPU" in table.stdout.splitlines()[0]  # no sequence
+    # the shape flags give its activations, a transformer's (they were passed over without a word)
+    shaped = run_cli(
+        "plan", "--config", example / "config.yaml", "--num_gpus", "8", "--gpu_memory", "80GB", "--json",
+        "--hidden_size", 64, "--num_layers", 4, "--num_heads", 4,
+    )  # fmt: skip
+    assert shaped.exit_code == 0, shaped.output
+    expected = activation_bytes(ModelShape(1, 64, 4, 4, 256), Workload("fp32", 2048), 1, False)
+    assert json.loads(shaped.stdout)["estimates"][0]["activations"] == pytest.approx(expected)
+    assert "activations of a transformer of hidden 64, 4 layers, 4 heads" in shaped.stderr
+
+
+def test_shape_flags_beside_a_run_config_that_gives_the_shape_are_one_line(run_cli, tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("model: {n_layer: 3, n_embd: 96, n_head: 4, block_size: 128, vocab_size: 512}\n")
+    result = run_cli("plan", "--config", cfg, "--num_gpus", "2", "--gpu_memory", "8GB", "--hidden_size", 4096)
+    assert result.exit_code != 0 and "--hidden_size with --config: model.type gpt's shape is the run config's" in (
+        result.output
+    )
+    assert "Traceback" not in result.output
 
 
 def test_plan_never_imports_torch():

@@ -191,15 +191,32 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     backend_files = ("distributed.deepspeed_config", "distributed.fsdp_config")
     cfg = load_run_config(o["config"], not_needed=backend_files).resolved(Path(o["config"]).parent)
     notes = []
+    shape_flags = [f"--{name}" for name in ("hidden_size", "num_layers", "num_heads", "vocab_size") if o[name]]
+    if cfg.model.type != "python" and shape_flags:
+        raise DistsetupError(
+            f"{shape_flags[0]} with --config: model.type {cfg.model.type}'s shape is the run config's.",
+            f"leave {', '.join(shape_flags)} out (they shape a python model's activations, or go with --params).",
+        )
     if cfg.model.type == "python":
         from distsetup.training.user_code import make_importable
 
         make_importable(Path(o["config"]).parent)  # model.builder's module, next to the run config
-        notes.append(
-            "activations are not counted for model.type python (its shapes are its builder's); a run's summary.json "
-            "has them measured (peak_activation_bytes)."
-        )
     shape = shape_from_run_config(cfg)
+    if cfg.model.type == "python" and o["hidden_size"] and o["num_layers"]:  # its activations, in the flags' shape
+        heads = o["num_heads"] or assumed_shape(shape.params)[2]
+        vocab = o["vocab_size"] or cfg.model.vocab_size
+        shape = replace(
+            shape, hidden_size=o["hidden_size"], num_layers=o["num_layers"], num_heads=heads, vocab_size=vocab
+        )
+        notes.append(
+            f"activations of a transformer of hidden {o['hidden_size']}, {o['num_layers']} layers, {heads} heads, "
+            f"vocab {vocab} (the flags'), for model.type python"
+        )
+    elif cfg.model.type == "python":
+        notes.append(
+            "activations are not counted for model.type python (its shapes are its builder's: give --hidden_size and "
+            "--num_layers for a transformer's); a run's summary.json has them measured (peak_activation_bytes)."
+        )
     defaults = {
         "precision": cfg.training.precision,
         "micro_batch": cfg.training.micro_batch_size,
