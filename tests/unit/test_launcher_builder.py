@@ -2,6 +2,9 @@
 module it runs, the environment block, the folder it enters, and bad input; scripts run under bash with fake launchers
 that print what they were given."""
 
+import glob
+import shutil
+
 import pytest
 from launch_inputs import WEIRD
 from shell_checks import fake_tools, run_script
@@ -143,7 +146,7 @@ def test_deepspeed_hostfile_slots_are_the_process_count_at_run_time(tmp_path, np
     text = build(
         launch_method="deepspeed", num_nodes=2, nproc_per_node=nproc, node_rank=0, master_addr="g1", hosts=("g1", "g2")
     )
-    result = run_script(text, tmp_path, "deepspeed", env={"CUDA_VISIBLE_DEVICES": visible})
+    result = run_script(text, tmp_path, "deepspeed", "nvidia-smi", env={"CUDA_VISIBLE_DEVICES": visible})  # GPUs
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [f"g1 slots={slots}", f"g2 slots={slots}"]
 
@@ -151,10 +154,25 @@ def test_deepspeed_hostfile_slots_are_the_process_count_at_run_time(tmp_path, np
 def test_gpus_and_auto_count(tmp_path):
     text = build(gpus=(2, 3), nproc_per_node=2)
     # Bug: --gpus (NVML, PCI order) without CUDA_DEVICE_ORDER=PCI_BUS_ID could pick other GPUs in CUDA's order.
-    env = run_script(text, tmp_path, show_env=("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")).stdout.splitlines()
+    shown = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+    env = run_script(text, tmp_path, "torchrun", "nvidia-smi", show_env=shown).stdout.splitlines()  # a GPU machine's
     assert env[:2] == ["CUDA_VISIBLE_DEVICES=2,3", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]
     auto = build()
     assert "NPROC_PER_NODE=auto" in auto and 'NPROC_PER_NODE="$GPUS_FOUND"' in auto
+
+
+def test_gpus_chosen_on_a_machine_without_gpus_stop_the_script_before_the_launcher(tmp_path):
+    """--gpus 2,3 where there are none trained on CPU processes under torchrun without a word (CUDA_VISIBLE_DEVICES
+    was counted as GPUs), and failed in the deepspeed launcher's traceback ("No slot '2'")."""
+    result = run_script(build(gpus=(2, 3), nproc_per_node=2), tmp_path)
+    if glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi"):  # a machine with NVIDIA GPUs: the launcher runs
+        assert "but this machine has none" not in result.stderr
+    else:
+        assert result.returncode == 1 and result.stdout == ""  # the (fake) launcher never ran
+        assert (
+            "distsetup: --gpus 2,3 chose GPUs, but this machine has none; for CPU processes regenerate without --gpus"
+            in (result.stderr)
+        )
 
 
 def test_cpu_processes_are_announced():

@@ -30,14 +30,18 @@ cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was
 # export TORCH_NCCL_ASYNC_ERROR_HANDLING=2  # a collective that times out raises in each rank, which says so, instead of hanging (1, 3: NCCL ends it)
 # export CUDA_DEVICE_MAX_CONNECTIONS=1  # 1 lets tensor-parallel compute and communication overlap
 gpu_count() {
-  if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+  local devices
+  devices="$(compgen -G '/dev/nvidia[0-9]*' || true)"
+  if [[ -z "$devices" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo 0  # no NVIDIA GPU on this machine, whatever CUDA_VISIBLE_DEVICES names
+  elif [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
     local ids
     IFS=, read -r -a ids <<<"$CUDA_VISIBLE_DEVICES"
     echo "${#ids[@]}"
   elif command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
   else
-    echo 0
+    grep -c . <<<"$devices"
   fi
 }
 GPUS_FOUND="$(gpu_count)"
