@@ -150,15 +150,15 @@ def main(argv=None) -> int:
 
 
 def check_the_world(cfg: RunConfig, base_dir: Path | None) -> None:
-    """--check: what the launch's world needs of the run config (backend single trains one process, a DeepSpeed
-    file's batch is that of one world), where WORLD_SIZE says the world (the launch scripts set it for the check
-    where they know it)."""
+    """--check: the backend's file, read as the ranks read it, and what the launch's world needs of the run config
+    (backend single trains one process, a DeepSpeed file's batch is that of one world) where WORLD_SIZE says the
+    world (the launch scripts set it for the check where they know it)."""
     from distsetup.formats.validate import settle_run_config  # the check's alone: not on every rank's way
 
     size = os.environ.get("WORLD_SIZE", "")
-    if size.isdigit() and int(size) > 0:
-        if problems := settle_run_config(cfg, base_dir, int(size)).problems:
-            raise problems[0].as_error()
+    world_size = int(size) if size.isdigit() and int(size) > 0 else None
+    if problems := settle_run_config(cfg, base_dir, world_size).problems:
+        raise problems[0].as_error()
 
 
 def say(error: DistsetupError) -> int:

@@ -114,3 +114,7 @@ def test_check_reads_the_run_config_and_the_arguments_as_a_run_does_without_torc
     result = check("--config", str(tmp_path / "good.yaml"), "training.max_steps=3")
     assert (result.returncode, result.stdout, result.stderr) == (0, "False\n", "")
     assert not (tmp_path / "out").exists()
+    # the DeepSpeed file read as the ranks read it, also where no WORLD_SIZE says the world (passed before)
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 4, "zero_optimizaton": {"stage": 2}}')
+    result = check("--config", str(tmp_path / "good.yaml"), "--deepspeed", str(tmp_path / "ds.json"))
+    assert result.returncode == 1 and "zero_optimizaton: unknown key" in result.stderr, result.stderr
