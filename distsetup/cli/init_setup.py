@@ -317,7 +317,7 @@ def summary(answers: Answers, model: Model, choice: Choice) -> list[str]:
         else f"{answers.num_nodes} machines, one script each"
     )
     lines = [
-        f"Model: {model.name}, {model.shape.params / 1e6:,.1f}M parameters, sequence {model.seq_len}; "
+        f"Model: {model.name}, {in_words(model.shape.params)} parameters, sequence {model.seq_len}; "
         f"data: {', '.join(answers.data) or 'synthetic'}; {answers.precision}.",
         f"World: {answers.num_nodes} node(s) x {answers.num_gpus_per_node} {processes} = {answers.world_size}, "
         f"on {where}.",

@@ -263,7 +263,7 @@ def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
     setup = build_setup(answers, str(tmp_path))
     config = setup.files["config/config.yaml"][0]
     assert f"hf_path: {folder}\n" in config and "block_size: 2048\n" in config  # the context, at most 2048
-    assert "6,738.4M parameters" in setup.summary[0]  # Llama-2-7B's count
+    assert "6.74B parameters" in setup.summary[0]  # Llama-2-7B's count, as people say it (not 6,738.4M)
     assert "tokenizer:" not in config  # a folder without tokenizer files: byte-level text
     (folder / "tokenizer.json").write_text("{}")
     config = build_setup(answers, str(tmp_path)).files["config/config.yaml"][0]
