@@ -365,3 +365,13 @@ def test_deepspeed_s_own_moe_layer_is_refused_in_one_line_before_any_process_gro
     with pytest.raises(DistsetupError, match=r"^Sequential holds DeepSpeed's own MoE layer \(MoE \(x1\), deepspeed"):
         moe.refuse_deepspeed_moe(model)
     moe.refuse_deepspeed_moe(expert)  # plain modules: no word
+
+
+def test_layers_are_described_by_the_user_s_class_also_once_fsdp2_sharded_them(switch):
+    """fully_shard makes a layer's class a subclass named FSDP<class>: a note said FSDPSwitchFFN (x2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = type("FSDPSwitchFFN", (FSDPModule, switch.SwitchFFN), {})  # as torch names it
+    layers = switch.build_model(layers=2).blocks
+    layers[0].moe.__class__ = sharded
+    assert moe.described_layers([block.moe for block in layers]) == "SwitchFFN (x2)"

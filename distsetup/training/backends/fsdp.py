@@ -200,7 +200,7 @@ class FSDPBackend(Backend):
         if len(kept) < len(units):
             self.notes.append(
                 f"{len(units) - len(kept)} FSDP units inside {moe.described_layers(conditional)} left to the unit "
-                "around them: a rank gathers only the experts it runs"
+                "around them (each its own unit, a rank would gather the experts it runs, another rank others)"
             )
         return kept
 

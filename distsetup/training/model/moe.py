@@ -132,11 +132,19 @@ def refuse_deepspeed_moe(model: nn.Module) -> None:
 
 
 def described_layers(layers: list[nn.Module]) -> str:
-    """'SwitchFFN (x4)': the classes of `layers`, counted."""
+    """'SwitchFFN (x4)': the classes of `layers`, counted (the user's: FSDP2 makes a sharded layer's class a
+    subclass, FSDPSwitchFFN)."""
     counts: dict[str, int] = {}
     for layer in layers:
-        counts[type(layer).__name__] = counts.get(type(layer).__name__, 0) + 1
+        name = _class_before_fsdp(type(layer)).__name__
+        counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} (x{count})" for name, count in counts.items())
+
+
+def _class_before_fsdp(cls: type) -> type:
+    """The class fully_shard made `cls` from (it names its subclass FSDP<name>), else `cls`."""
+    made_from = cls.__bases__[-1]
+    return made_from if cls.__name__ == f"FSDP{made_from.__name__}" else cls
 
 
 def inside(module: nn.Module, layers: list[nn.Module]) -> bool:
