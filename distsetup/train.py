@@ -88,14 +88,15 @@ def init_from_weights(init_from: str) -> str:
         there = "is a folder without model.safetensors" if path.is_dir() else "does not exist"
         raise DistsetupError(
             f"--init_from {init_from} {there}.",
-            "name a file written by --export, or a folder written by `distsetup checkpoint export`.",
+            "name a file written by --export, or the folder `distsetup checkpoint export` writes by default (a "
+            "--format hf folder is read as model.hf_path).",
         )
     return init_from
 
 
 def load_config(args):
-    """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it
-    (--init_from's too: init_from_weights)."""
+    """The run config, with --deepspeed folded in and every file it names resolved as validation resolves it; and
+    --init_from's file found (init_from_weights: from the working folder)."""
     for flag in ("config", "deepspeed", "export", "init_from"):
         value = getattr(args, flag)
         if value is not None and not value.strip():

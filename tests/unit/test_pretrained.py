@@ -38,7 +38,8 @@ def test_a_checkpoint_is_read_only_as_far_as_asked(tmp_path):
     torch.save(weights, tmp_path / "export.pt")
     with parameters_on_meta():
         model = Tied()
-    for source in (Pretrained(tmp_path / "hf"), Pretrained(tmp_path / "export.pt")):
+    sources = (Pretrained(tmp_path / "hf"), Pretrained(tmp_path / "hf" / "model.safetensors"))  # a folder, its file
+    for source in (*sources, Pretrained(tmp_path / "export.pt")):
         assert covers(source, model)  # the tied head is the embedding: one parameter
         assert torch.equal(source.rows("embed.weight", 2, 5), weights["embed.weight"][2:5])
         assert source.bytes_read == 3 * 4 * 4
@@ -60,6 +61,24 @@ def test_an_export_that_every_rank_reads_a_part_of_is_mapped_once(tmp_path, monk
     model, source = whole_model(m, str(tmp_path / "export.pt"), models.describe(m), backend, world, print)
     assert source is not None and all(p.is_meta for p in model.parameters())
     assert len(loads) == 1
+
+
+def test_checkpoint_export_s_safetensors_start_a_run_without_torch_load(tmp_path, monkeypatch):
+    """--init_from the folder `distsetup checkpoint export` writes (its model.safetensors): torch.load reads
+    safetensors only since torch 2.12, and the run failed after its set-up on older ones."""
+    m = ModelConfig(n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=16)
+    state = {name: tensor.clone() for name, tensor in models.build(m).state_dict().items()}
+    save_file(state, tmp_path / "model.safetensors")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load of a safetensors file"))
+    world = SimpleNamespace(is_main=True, size=2)
+    for fills_shards in (True, False):  # FSDP2 and ZeRO-3 read parts; DDP's rank 0 loads it whole
+        backend = SimpleNamespace(fills_shards_from_rank0=fills_shards, reads_pretrained="its shards' rows")
+        model, source = whole_model(m, str(tmp_path / "model.safetensors"), models.describe(m), backend, world, print)
+        if fills_shards:
+            assert source is not None and all(p.is_meta for p in model.parameters())
+            assert torch.equal(source.whole("lm_head.weight"), state["lm_head.weight"])
+        else:
+            assert source is None and all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
 def test_weights_with_two_values_for_a_tied_parameter_are_refused_and_one_value_passes(tmp_path):

@@ -298,13 +298,27 @@ def _exit_143(signum, frame):
     raise SystemExit(128 + signal.SIGTERM)
 
 
+def _exported(path: str, shapes_only: bool) -> dict[str, torch.Tensor]:
+    """--init_from's tensors: a torch.save file mapped, or a safetensors file's read (`shapes_only`: tensors on the
+    meta device, for a model that takes no values)."""
+    if not path.endswith(".safetensors"):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        if shapes_only:
+            return {name: torch.empty(f.get_slice(name).get_shape(), device="meta") for name in f.keys()}
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
 def load_weights(model: torch.nn.Module, path: str, state: Mapping[str, torch.Tensor] | None = None) -> None:
-    """--init_from: an exported file into a freshly built model (strict: every key must match). Mapped, not read:
-    a model on the meta device (a rank that FSDP2 fills from rank 0) only checks the keys. `state`: the file,
-    already mapped by the caller (its reader of slices), so that it is not mapped twice."""
+    """--init_from: an exported file (--export's, or `checkpoint export`'s model.safetensors) into a freshly built
+    model (strict: every key must match). Mapped, not read: a model on the meta device (a rank that FSDP2 fills from
+    rank 0) only checks the keys. `state`: the file, already mapped by the caller (its reader of slices), so that it
+    is not mapped twice."""
     if state is None:
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            state = _exported(path, shapes_only=all(p.is_meta for p in model.parameters()))
         except Exception as e:  # OSError, or whatever unpickling a file that is not a torch.save makes raise
             raise DistsetupError(
                 f"cannot load --init_from {path}: {first_line(e)}.", "pass a file written by --export."

@@ -32,20 +32,20 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 class Pretrained:
     """The tensors of a checkpoint by name, each read only as far as asked (a range of its rows); `bytes_read` counts
-    what was read. `path`: a Hugging Face folder with safetensors (one file, or shards with their index), or a file
-    from `--export` (torch.save, mapped: a slice reads only its pages)."""
+    what was read. `path`: a Hugging Face folder with safetensors (one file, or shards with their index), a
+    safetensors file (`distsetup checkpoint export`'s), or a file from `--export` (torch.save, mapped: a slice reads
+    only its pages)."""
 
     def __init__(self, path: Path):
         self.path, self.bytes_read = path, 0
         self._shapes: dict[str, list[int]] = {}
-        if path.is_dir():
-            index = path / SAFETENSORS_INDEX
-            if index.exists():
-                self._where = dict(json.loads(index.read_text())["weight_map"])
-            else:
-                with self._open("model.safetensors") as f:
-                    self._where = {name: "model.safetensors" for name in f.keys()}
-            self._mapped: dict[str, torch.Tensor] = {}
+        self._mapped: dict[str, torch.Tensor] = {}
+        if path.is_dir() and (path / SAFETENSORS_INDEX).exists():
+            self._where = dict(json.loads((path / SAFETENSORS_INDEX).read_text())["weight_map"])
+        elif path.is_dir() or path.suffix == ".safetensors":
+            file = path.name if path.suffix == ".safetensors" else "model.safetensors"
+            with self._open(file) as f:
+                self._where = {name: file for name in f.keys()}
         else:
             self._mapped = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             self._where = {}
@@ -56,8 +56,8 @@ class Pretrained:
 
     @property
     def export(self) -> dict[str, torch.Tensor] | None:
-        """An `--export` file's tensors, mapped (None for a Hugging Face folder)."""
-        return None if self.path.is_dir() else self._mapped
+        """An `--export` file's tensors, mapped (None for safetensors)."""
+        return self._mapped or None
 
     @property
     def names(self) -> set[str]:
@@ -105,7 +105,8 @@ class Pretrained:
     def _open(self, file: str):
         from safetensors import safe_open
 
-        return safe_open(str(self.path / file), framework="pt")
+        folder = self.path if self.path.is_dir() else self.path.parent
+        return safe_open(str(folder / file), framework="pt")
 
 
 def source_of(m, init_from: str | None) -> Pretrained | None:
