@@ -36,9 +36,19 @@ def test_layers_whose_experts_run_per_token_are_found_and_a_list_of_blocks_is_no
     assert found == [block.moe for block in model.blocks]
     assert moe.conditional_layers(GPT(64, 16, 2, 2, 16, 0.0), {"Block"}, []) == []
     assert moe.conditional_layers(model, {"Block"}, ["Block"]) == list(model.blocks)  # named: outermost only
-    # experts named among the blocks (to checkpoint or compile each) are still experts: their list lies in a block
-    assert moe.conditional_layers(model, {"Block", "Expert"}, []) == found
+    # experts named among the blocks (to checkpoint or compile each) are still experts: a router picks among them
+    assert moe.conditional_layers(model, {"Block", "Expert"}, []) == moe.conditional_layers(model, {"Expert"}, [])
     assert moe.conditional_layers(model, {"Expert"}, []) == found
+
+    # a dense model's blocks in a list of stages (Swin's) are no experts, its blocks named or its stages too
+    class Stage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(switch.Expert(8) for _ in range(2))
+
+    towers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ModuleList(Stage() for _ in range(2)))
+    assert moe.conditional_layers(towers, {"Expert"}, []) == []
+    assert moe.conditional_layers(towers, {"Stage", "Expert"}, []) == []
     with pytest.raises(DistsetupError, match="model.zero3_leaf_classes: no module of class Nope"):
         moe.conditional_layers(model, {"Block"}, ["Nope"])
 

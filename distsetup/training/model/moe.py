@@ -45,21 +45,20 @@ def torch_class(cls: type) -> bool:
 
 def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: list[str]) -> list[nn.Module]:
     """The layers of `model` that may run differently on each rank: those holding experts (expert_container; the
-    model's list of blocks is no experts, but experts named among the blocks, model.layer_classes, are: their list
-    lies inside a block), each the innermost that picks which experts run (runs_itself: the container, else the
+    model's list of blocks is no experts, but experts named among the blocks, model.layer_classes, are: a router
+    picks among them), each the innermost that picks which experts run (runs_itself: the container, else the
     module around it), and those of model.zero3_leaf_classes, outermost first, none inside another, never the model
     itself (gathered whole by ZeRO-3, it would not be sharded at all)."""
     named = set(leaf_classes)
     found: list[nn.Module] = []
-    in_blocks = _inside_blocks(model, block_classes)
     for module in model.modules():
         if module is not model and type(module).__name__ in named:
             found.append(module)
         container = expert_container(module)
         if container is None:
             continue
-        if type(next(iter(container.children()))).__name__ in block_classes and id(container) not in in_blocks:
-            continue  # the model's own list of blocks
+        if type(next(iter(container.children()))).__name__ in block_classes and not routed(module, container):
+            continue  # the model's own list of blocks (experts named among the blocks have a router beside them)
         layer = container if runs_itself(container) else module
         if layer is not model and not any(layer is seen for seen in found):
             found.append(layer)
@@ -75,16 +74,14 @@ def conditional_layers(model: nn.Module, block_classes: set[str], leaf_classes: 
     return [layer for layer in found if id(layer) not in inner]
 
 
-def _inside_blocks(model: nn.Module, block_classes: set[str]) -> set[int]:
-    """The ids of the modules inside a block: a module of one of `block_classes`, or a member of a list of two or
-    more modules of one class. A list of experts lies in one, a model's own list of blocks in none."""
-    blocks = [module for module in model.modules() if type(module).__name__ in block_classes]
-    for container in model.modules():
-        members = list(container.children())
-        repeated = len(members) >= 2 and len({type(member) for member in members}) == 1
-        if isinstance(container, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and repeated:
-            blocks += members
-    return {id(sub) for block in blocks for sub in block.modules() if sub is not block}
+def routed(holder: nn.Module, container: nn.ModuleList | nn.ModuleDict) -> bool:
+    """Whether a router sits beside `container` in the module holding it: an nn.Linear (outside the container) with an
+    output per member, the scores a mixture of experts picks its experts by. A model's list of blocks has none."""
+    inside = {id(module) for module in container.modules()}
+    return any(
+        isinstance(module, nn.Linear) and module.out_features == len(container) and id(module) not in inside
+        for module in holder.modules()
+    )
 
 
 def runs_itself(container: nn.Module) -> bool:
