@@ -385,3 +385,26 @@ def test_layers_are_described_by_the_user_s_class_also_once_fsdp2_sharded_them(s
     layers = switch.build_model(layers=2).blocks
     layers[0].moe.__class__ = sharded
     assert moe.described_layers([block.moe for block in layers]) == "SwitchFFN (x2)"
+
+
+def test_a_users_own_transformers_model_is_called_with_only_the_keywords_its_forward_takes():
+    """A PreTrainedModel of the user's whose forward takes the input ids alone was called with use_cache=False."""
+    import transformers
+
+    from distsetup.training.loss.model_outputs import forward_kwargs
+
+    class Config(transformers.PretrainedConfig):
+        model_type = "distsetup-test"
+
+    class Mine(transformers.PreTrainedModel):
+        config_class = Config
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.linear = torch.nn.Linear(2, 2)
+
+        def forward(self, input_ids):
+            return self.linear(input_ids)
+
+    assert forward_kwargs(Mine(Config()), "python") == {}
+    assert forward_kwargs(torch.nn.Linear(2, 2), "python") == {}  # no transformers model: as before

@@ -1,6 +1,7 @@
 """How a model is called in training (forward_kwargs) and what its outputs hold (field_of): an object's attribute or a
 dict's key, as transformers' ModelOutput has both."""
 
+import inspect
 import sys
 
 import torch
@@ -10,13 +11,17 @@ import torch.nn as nn
 def forward_kwargs(model: nn.Module, model_type: str) -> dict:
     """What a Hugging Face model (model.type hf, or a transformers model a builder returns) is called with in training:
     no KV cache (training never reads one: building it costs memory), and an MoE's router logits, from which it
-    computes its load-balancing loss (without them it computes none)."""
+    computes its load-balancing loss (without them it computes none); each where its forward takes it (a user's
+    PreTrainedModel, an image classifier, may take neither)."""
     if model_type != "hf" and not is_transformers_model(model):
         return {}
     kwargs: dict = {"use_cache": False}
     if hasattr(getattr(model, "config", None), "router_aux_loss_coef"):
         kwargs["output_router_logits"] = True
-    return kwargs
+    parameters = inspect.signature(model.forward).parameters.values()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return kwargs
+    return {name: value for name, value in kwargs.items() if name in {parameter.name for parameter in parameters}}
 
 
 def is_transformers_model(model: nn.Module) -> bool:
