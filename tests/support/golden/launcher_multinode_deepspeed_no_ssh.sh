@@ -32,8 +32,8 @@ cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was
 gpu_count() {
   local devices
   devices="$(compgen -G '/dev/nvidia[0-9]*' || true)"
-  if [[ -z "$devices" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
-    echo 0  # no NVIDIA GPU on this machine, whatever CUDA_VISIBLE_DEVICES names
+  if [[ -z "$devices" && ! -e /dev/kfd ]] && ! command -v nvidia-smi >/dev/null && ! command -v rocm-smi >/dev/null; then
+    echo 0  # no NVIDIA or AMD GPU on this machine, whatever CUDA_VISIBLE_DEVICES names
   elif [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
     local ids
     IFS=, read -r -a ids <<<"$CUDA_VISIBLE_DEVICES"
