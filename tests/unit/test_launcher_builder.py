@@ -165,7 +165,10 @@ def test_gpus_chosen_on_a_machine_without_gpus_stop_the_script_before_the_launch
     """--gpus 2,3 where there are none trained on CPU processes under torchrun without a word (CUDA_VISIBLE_DEVICES
     was counted as GPUs), and failed in the deepspeed launcher's traceback ("No slot '2'")."""
     result = run_script(build(gpus=(2, 3), nproc_per_node=2), tmp_path)
-    if glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi"):  # a machine with NVIDIA GPUs: the launcher runs
+    gpus = (
+        glob.glob("/dev/nvidia[0-9]*") + glob.glob("/dev/kfd") + [shutil.which(t) for t in ("nvidia-smi", "rocm-smi")]
+    )
+    if any(gpus):  # a machine with NVIDIA or AMD GPUs: the launcher runs
         assert "but this machine has none" not in result.stderr
     else:
         assert result.returncode == 1 and result.stdout == ""  # the (fake) launcher never ran
