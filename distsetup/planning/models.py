@@ -171,6 +171,8 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
         h, v = int(c["hidden_size"]), int(c["vocab_size"])
         blocks = decoder_blocks(c)
         heads = _attention_heads(c)
+        mlp_units = decoder_mlp_units(c)
+        mean_mlp_units = sum(mlp_units) / max(len(mlp_units), 1)
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
         raise DistsetupError(
             f"{path} does not describe a decoder ({type(e).__name__}: {e}).",
@@ -180,7 +182,6 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
     names = c.get("architectures")
     first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "Model"
     arch = first.replace("ForCausalLM", "DecoderLayer")
-    mlp_units = decoder_mlp_units(c)
     return ModelShape(
         params=sum(blocks) + embeddings + h,
         hidden_size=h,
@@ -190,7 +191,7 @@ def hf_shape_from_json(path: Path, layer_cls: str | None) -> ModelShape:
         block_params=max(blocks, default=0),  # the largest: what FSDP and ZeRO-3 gather at once
         blocks_params=sum(blocks),
         layer_cls=layer_cls or arch,
-        mlp_activation_units=sum(mlp_units) / len(mlp_units),
+        mlp_activation_units=mean_mlp_units,
     )
 
 
@@ -218,21 +219,27 @@ def decoder_blocks(c: dict) -> list[int]:
 
 def decoder_mlp_units(c: dict) -> list[int | float]:
     """Each decoder layer's MLP activations per token (ModelShape.mlp_activation_units), from a config.json's keys:
-    a gated MLP, or in a mixture of experts' sparse layers one per expert each token is routed to
-    (num_experts_per_tok) and its shared expert."""
+    a gated MLP (an ungated one in the families of UNGATED_MLP), or in a mixture of experts' sparse layers one per
+    expert each token is routed to (num_experts_per_tok) and its shared expert."""
     h, n = int(c["hidden_size"]), int(c["num_hidden_layers"])
-    dense = gated_mlp_units(h, int(c.get("intermediate_size", 4 * h)))
+    width = int(c.get("intermediate_size", 4 * h))
+    if c.get("model_type") in UNGATED_MLP:
+        return [2 * (h + 2 * width) / h + 1] * n  # its input, the up projection's and the activation's outputs, a mask
     experts = next((int(c[key]) for key in EXPERT_COUNTS if c.get(key)), 0)
     if not experts:
-        return [dense] * n
-    routed = int(c.get("num_experts_per_tok") or 1) * gated_mlp_units(
-        h, int(c.get("moe_intermediate_size") or c.get("intermediate_size", 4 * h))
-    )
-    shared_width = int(c.get("shared_expert_intermediate_size") or 0) + int(c.get("n_shared_experts") or 0) * int(
-        c.get("moe_intermediate_size") or 0
+        return [gated_mlp_units(h, width)] * n
+    expert_width = int(c.get("moe_intermediate_size") or width)  # as decoder_blocks counts its parameters
+    routed = int(c.get("num_experts_per_tok") or 1) * gated_mlp_units(h, expert_width)
+    shared_width = (
+        int(c.get("shared_expert_intermediate_size") or 0) + int(c.get("n_shared_experts") or 0) * expert_width
     )
     shared = gated_mlp_units(h, shared_width) if shared_width else 0.0
-    return [routed + shared if _sparse(c, i) else dense for i in range(n)]
+    return [routed + shared if _sparse(c, i) else gated_mlp_units(h, width) for i in range(n)]
+
+
+# Decoder families whose MLP has no gate (up, activation, down): GPT-NeoX (Pythia), Phi-1/2, StarCoder2, Falcon,
+# GPT-J, CodeGen, OPT, BLOOM, GPT-BigCode
+UNGATED_MLP = frozenset({"gpt_neox", "phi", "starcoder2", "falcon", "gptj", "codegen", "opt", "bloom", "gpt_bigcode"})
 
 
 def _attention_heads(c: dict) -> int:

@@ -141,7 +141,7 @@ def test_activation_formula_matches_built_in_model(shape, checkpointing, chunked
     assert predicted == pytest.approx(measured, rel=0.25)
 
 
-@pytest.mark.parametrize("experts_per_token", [None, 1, 2, 8])  # None: a dense Llama
+@pytest.mark.parametrize("experts_per_token", [None, "ungated", 1, 2, 8])  # a dense Llama, a GPT-NeoX, a Mixtral
 def test_activation_formula_matches_a_gated_decoder_and_a_mixture_of_experts_top_k(tmp_path, experts_per_token):
     """The planner counted an MoE's activations as a dense GPT's, whatever its routing: 4.9x under at top-8."""
     torch = pytest.importorskip("torch")
@@ -153,6 +153,8 @@ def test_activation_formula_matches_a_gated_decoder_and_a_mixture_of_experts_top
     small |= {"intermediate_size": 256, "vocab_size": 256}
     if experts_per_token is None:
         config, model_class = transformers.LlamaConfig(**small), transformers.LlamaForCausalLM
+    elif experts_per_token == "ungated":  # up, GeLU, down
+        config, model_class = transformers.GPTNeoXConfig(**small), transformers.GPTNeoXForCausalLM
     else:
         config = transformers.MixtralConfig(**small, num_local_experts=8, num_experts_per_tok=experts_per_token)
         model_class = transformers.MixtralForCausalLM
