@@ -386,9 +386,9 @@ def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
         "--hidden_size", 64, "--num_layers", 4, "--num_heads", 4,
     )  # fmt: skip
     assert shaped.exit_code == 0, shaped.output
-    expected = activation_bytes(ModelShape(1, 64, 4, 4, 256), Workload("fp32", 2048), 1, False)
+    expected = activation_bytes(ModelShape(1, 64, 4, 4), Workload("fp32", 2048), 1, False)  # no logits: its own data
     assert json.loads(shaped.stdout)["estimates"][0]["activations"] == pytest.approx(expected)
-    assert "activations of a transformer of hidden 64, 4 layers, 4 heads" in shaped.stderr
+    assert "activations of a transformer of hidden 64, 4 layers (the flags'), 4 heads, no logits" in shaped.stderr
 
 
 def test_shape_flags_beside_a_run_config_that_gives_the_shape_are_one_line(run_cli, tmp_path):

@@ -203,14 +203,17 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         make_importable(Path(o["config"]).parent)  # model.builder's module, next to the run config
     shape = shape_from_run_config(cfg)
     if cfg.model.type == "python" and o["hidden_size"] and o["num_layers"]:  # its activations, in the flags' shape
-        heads = o["num_heads"] or assumed_shape(shape.params)[2]
-        vocab = o["vocab_size"] or cfg.model.vocab_size
+        heads = o["num_heads"] or max(1, o["hidden_size"] // 128)  # activation_bytes' own default
+        # the logits: --vocab_size's, or token data's ids; none for the user's own data (an image classifier's)
+        vocab = o["vocab_size"] or (cfg.model.vocab_size if cfg.data.type != "python" else None)
         shape = replace(
             shape, hidden_size=o["hidden_size"], num_layers=o["num_layers"], num_heads=heads, vocab_size=vocab
         )
         notes.append(
-            f"activations of a transformer of hidden {o['hidden_size']}, {o['num_layers']} layers, {heads} heads, "
-            f"vocab {vocab} (the flags'), for model.type python"
+            f"activations of a transformer of hidden {o['hidden_size']}, {o['num_layers']} layers (the flags'), "
+            f"{heads} heads{'' if o['num_heads'] else ' (one per 128)'}, "
+            + (f"logits over {vocab} ids" if vocab else "no logits (data.type python; --vocab_size gives some)")
+            + ", for model.type python"
         )
     elif cfg.model.type == "python":
         notes.append(
