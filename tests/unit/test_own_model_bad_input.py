@@ -647,7 +647,7 @@ def test_a_term_with_a_gradient_beside_the_logits_is_said_once_as_left_out_of_to
     assert loss.item() == pytest.approx(torch.log(torch.tensor(4.0)).item() + 1.0)  # the cross-entropy + aux_loss
     assert said == [
         "note: model.builder m:f's model returned kl beside its logits: the next-token loss leaves it out (it adds "
-        "aux_loss only); return it as aux_loss, weighted inside the model, or compute the loss in training.loss"
+        "aux_loss only); return it in aux_loss, weighted inside the model, or compute the loss in training.loss"
     ]  # not the number without a gradient (a statistic), nor aux_loss
     objective.micro_loss(free_transformer, (ids, ids))
     assert len(said) == 1  # the first step's check only

@@ -106,8 +106,9 @@ class TokenObjective:
             if in_training(model) and (left_out := terms_left_out(outputs)):
                 self.say(
                     f"note: {self.source}'s model returned {', '.join(left_out)} beside its logits: the next-token "
-                    "loss leaves it out (it adds aux_loss only); return it as aux_loss, weighted inside the model, or "
-                    "compute the loss in training.loss"
+                    f"loss leaves {'it' if len(left_out) == 1 else 'them'} out (it adds aux_loss only); return "
+                    f"{'it' if len(left_out) == 1 else 'them'} in aux_loss, weighted inside the model, or compute the "
+                    "loss in training.loss"
                 )
             self._checked_in.add(in_training(model))
         return logits, aux
