@@ -22,12 +22,12 @@ class Evaluations:
     def due_at(self, step: int) -> bool:
         return self.has_data and (step == self.max_steps or (self.interval is not None and step % self.interval == 0))
 
-    def left_out_at(self, step: int) -> bool:
+    def resumed_step_left_out(self, step: int) -> bool:
         """Whether the step a run resumes at lost its evaluation to a stop (the stopped run saved its work first);
-        the last step's is last_left_out's."""
+        the last step's is last_step_left_out's."""
         return 0 < step < self.max_steps and self.due_at(step) and self.done_at != step
 
-    def last_left_out(self, step: int, first_step: int, summary_file: Path) -> bool:
+    def last_step_left_out(self, step: int, first_step: int, summary_file: Path) -> bool:
         """The last step's evaluation, where none ran after its checkpoint: a run stopped at its last step
         checkpoints first, and one resumed there (killed during that evaluation) runs it; not a finished run started
         again (its summary written: rank 0's answer, as every rank must agree)."""

@@ -130,8 +130,10 @@ class Trainer:
         INTERRUPTED, for a Ctrl-C) once the ranks have agreed to stop and checkpointed."""
         t = self.t
         with self.preemption.ctrl_c_checkpoints():
-            if loop.evaluations.left_out_at(self.step) and not self._evaluated(loop):  # stopped during it: its
-                return self.preemption.stopped_at(self.step, self.say)  # checkpoint is the one this run resumed from
+            # resumed at a step whose evaluation a stop left out: it runs first (stopped again during it, the
+            # checkpoint this run resumed from is the one to come back to)
+            if loop.evaluations.resumed_step_left_out(self.step) and not self._evaluated(loop):
+                return self.preemption.stopped_at(self.step, self.say)
             while self.step < self.max_steps:
                 lr = self.backend.current_lr()
                 micro_losses, loss_scale = self.train_step(loop)
@@ -370,7 +372,7 @@ class Trainer:
         return step % self.t.checkpoint_interval == 0 or step == self.max_steps
 
     def _last_evaluation_left_out(self, loop: Loop) -> bool:
-        return loop.evaluations.last_left_out(self.step, loop.first_step, self.out_dir / SUMMARY)
+        return loop.evaluations.last_step_left_out(self.step, loop.first_step, self.out_dir / SUMMARY)
 
     def _agree(self, loop: Loop, micro_losses: list[MicroLoss], must: bool) -> tuple[dict[str, float] | None, bool]:
         """On steps the ranks must agree on (logs, checkpoints) and about once a second: the step's loss terms over
