@@ -5,6 +5,7 @@ so) or, where distsetup has no such key, answered with where the setting lives h
 or a typo of one: `lerning_rate` is answered with what `learning_rate` is read as), and
 tests/unit/test_other_names.py holds the HF Trainer's names to TrainingArguments' own fields."""
 
+import difflib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -150,7 +151,8 @@ ELSEWHERE = {
 def hint(section: str, key: str, known: Collection[str] = ()) -> str | None:
     """The suggestion for an unknown run-config key in `section` (whose own keys are `known`): where another tool's
     name is read or lives here; for a typo, the closest of the section's own keys and the other tools' names, said
-    with what that name is read as; None where nothing is close."""
+    with what that name is read as; in the model section, where no key of its own is close, model.args; None where
+    nothing is close."""
     said = _said(section, key)
     if said is not None:
         return said
@@ -162,6 +164,13 @@ def hint(section: str, key: str, known: Collection[str] = ()) -> str | None:
     }
     meant |= {name: f"did you mean '{name}'?" for name in known}
     typo_of = closest(key, meant)
+    own = set(known) | {k for s, k in OTHER_NAMES if s == section}
+    loosely = typo_of not in own and difflib.SequenceMatcher(None, key, typo_of or "").ratio() < 0.85
+    if section == "model" and (typo_of is None or loosely):  # the model's own (num_experts), not data.num_workers
+        return (
+            f"the model's own settings go under model.args (its builder's arguments: model.args.{key}), or in the "
+            "config.json of model.hf_path."
+        )
     return None if typo_of is None else meant[typo_of]
 
 

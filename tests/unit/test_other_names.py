@@ -113,6 +113,13 @@ def test_unknown_keys_that_other_tools_know_get_their_place_here(section, key, w
             "did you mean 'gradient_accumulation_steps' (read as training.gradient_accumulation_steps)?",
         ),
         ("model", "seq_lenn", "did you mean 'seq_len'? seq_len is model.block_size here."),  # a name read nowhere
+        # a model's own setting, not a typo of another section's name (it was "did you mean 'num_workers'?")
+        (
+            "model",
+            "num_experts",
+            "the model's own settings go under model.args (its builder's arguments: model.args.num_experts), or in "
+            "the config.json of model.hf_path.",
+        ),
     ],
 )
 def test_typos_are_matched_against_other_tools_names_too_and_say_what_that_name_is_read_as(section, key, fix):
