@@ -291,6 +291,9 @@ def _with_backend_files_checked(spec: LaunchSpec, run_config: RunConfig | None, 
         hf_trainer = not spec.runs_default_trainer and spec.launch_method != "accelerate"
         fsdp = read_valid(spec.fsdp_config, "fsdp", hf=hf_trainer)
         settings = FsdpSpec.from_dict(fsdp)
+        if run_config is not None and spec.runs_default_trainer:  # the pair the trainer will settle, settled now
+            for problem in settle(run_config, None, settings, spec.world_size).problems:
+                raise problem.as_error()
         if spec.launch_method == "accelerate":
             args = tuple(accelerate_launch_args(fsdp))
             spec = replace(spec, accelerate_fsdp_args=args, accelerate_hybrid_shard=settings.hybrid_fsdp2)

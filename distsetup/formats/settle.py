@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from distsetup.formats.batch import FILE_KEYS, BatchMismatch, complete_batch, global_batch_of
 from distsetup.formats.deepspeed import AUTO, PRECISION_SECTIONS, enabled_precisions, precision_of
-from distsetup.formats.fsdp import FsdpSpec
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
 from distsetup.formats.lr_scaling import scaled_lr
 from distsetup.formats.problems import Problem
 from distsetup.formats.runconfig import RunConfig
@@ -78,7 +78,8 @@ def settle(
             Problem(
                 "distributed.backend",
                 f"single trains one process, without a process group, and the world has {world_size} processes.",
-                "set distributed.backend to ddp (or fsdp, deepspeed), or launch one process.",
+                "set distributed.backend to ddp (or fsdp, deepspeed; the scripts of `distsetup launcher` and `slurm` "
+                "train several processes with ddp), or launch one process.",
             )
         )
     settled.sources["scheduler"] = "training.warmup_steps and training.min_lr_ratio"
@@ -86,6 +87,12 @@ def settle(
         _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)
     if fsdp is not None and fsdp.precision != "fp32":  # an fp32 FSDP file says nothing about the precision
         _decide(settled, cfg, "precision", fsdp.precision, f"{FSDP_FILE}' mixed_precision")
+    from_the_file = settled.sources["precision"] == f"{FSDP_FILE}' mixed_precision"  # the run config's: its rules'
+    if cfg.distributed.backend == "fsdp" and from_the_file and settled.precision not in TRAINER_PRECISIONS:
+        where = f"FSDP file {cfg.distributed.fsdp_config}" if cfg.distributed.fsdp_config else "distributed.fsdp"
+        problem, fix = TRAINER_FP16_PROBLEM
+        fix = f"{fix.removesuffix('.')} (`distsetup fsdp --mixed_precision BFLOAT16` writes a bf16 file)."
+        settled.problems.append(Problem(f"{where}: mixed_precision", problem, fix))
     if fsdp is not None and fsdp.activation_checkpointing and settled.activation_checkpointing == "none":
         # the file's flag turns it on (full) where the run config leaves it off; the file's False says nothing
         _decide(settled, cfg, "activation_checkpointing", "full", f"{FSDP_FILE}' fsdp_activation_checkpointing")

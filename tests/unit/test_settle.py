@@ -200,3 +200,26 @@ def test_a_warmup_as_long_as_the_run_is_said_and_init_writes_a_shorter_one(run_c
     monkeypatch.chdir(tmp_path)
     assert run_cli("init", "--yes", "--max_steps", 20).exit_code == 0
     assert yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())["training"]["warmup_steps"] == 2
+
+
+def test_an_fp16_fsdp_file_is_refused_by_validate_and_the_launcher_as_the_ranks_refuse_it(run_cli, tmp_path):
+    """The run config's training.precision fp16 beside FSDP was refused; the same from the FSDP file passed validate,
+    doctor, --check and the launcher, and every rank stopped."""
+    made = run_cli("fsdp", "--mixed_precision", "FLOAT16", "-o", tmp_path / "fsdp16.json")
+    assert made.exit_code == 0, made.output
+    (tmp_path / "c.yaml").write_text(f"distributed:\n  backend: fsdp\n  fsdp_config: {tmp_path / 'fsdp16.json'}\n")
+    said = "fsdp16.json: mixed_precision: FSDP with fp16 needs loss scaling"
+    refused = run_cli("validate", tmp_path / "c.yaml")
+    assert refused.exit_code == 1 and said in refused.output
+    (tmp_path / "plain.yaml").write_text("training:\n  max_steps: 2\n")
+    launcher = run_cli(
+        "launcher", "--config", tmp_path / "plain.yaml", "--use_fsdp", "--fsdp_config", tmp_path / "fsdp16.json",
+        "--num_gpus_per_node", 2, "-o", tmp_path / "run.sh",
+    )  # fmt: skip
+    assert launcher.exit_code == 1 and said in launcher.output and not (tmp_path / "run.sh").exists()
+    cfg = load_run_config(tmp_path / "c.yaml")
+    problems = settle(cfg, None, read_fsdp_settings(cfg), 2).problems  # what the trainer and --check settle
+    assert [str(problem).split(" Fix:")[0] for problem in problems] == [
+        f"FSDP file {tmp_path / 'fsdp16.json'}: mixed_precision: FSDP with fp16 needs loss scaling, which distsetup's "
+        "trainer does not do for FSDP."
+    ]
