@@ -386,8 +386,10 @@ def test_config_counts_your_own_model_on_the_meta_device(run_cli, monkeypatch):
         "--hidden_size", 64, "--num_layers", 4, "--num_heads", 4,
     )  # fmt: skip
     assert shaped.exit_code == 0, shaped.output
-    expected = activation_bytes(ModelShape(1, 64, 4, 4), Workload("fp32", 2048), 1, False)  # no logits: its own data
-    assert json.loads(shaped.stdout)["estimates"][0]["activations"] == pytest.approx(expected)
+    ddp = json.loads(shaped.stdout)["estimates"][0]
+    assert ddp["micro_batch"] == 32  # the run config's (the file plan writes must agree with it)
+    expected = activation_bytes(ModelShape(1, 64, 4, 4), Workload("fp32", 2048), 32, False)  # no logits: its data
+    assert ddp["activations"] == pytest.approx(expected)
     assert "activations of a transformer of hidden 64, 4 layers (the flags'), 4 heads, no logits" in shaped.stderr
 
 
@@ -665,3 +667,20 @@ def test_an_encoder_decoder_folder_is_named_so_by_plan_and_init_as_by_validate(t
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(DistsetupError, match=r"holds an encoder-decoder \(switch_transformers\); model.type hf trains"):
         hf_shape_from_json(tmp_path / "config.json", None)
+
+
+def test_plan_config_writes_the_run_configs_micro_batch_and_its_next_command_takes_the_run_config(run_cli, tmp_path):
+    """plan --config wrote the largest micro-batch that fit (8 x 1) beside a run config of 4 x 2, and the launcher
+    then refused the pair; its Next command left the run config out (the built-in GPT would have trained)."""
+    cfg = tmp_path / "my run.yaml"
+    cfg.write_text(
+        "model: {n_layer: 4, n_embd: 256, n_head: 4, block_size: 256, vocab_size: 512}\n"
+        "training: {micro_batch_size: 4, gradient_accumulation_steps: 2}\n"
+    )
+    hardware = ("--num_gpus_per_node", 8, "--gpu_memory", "16GB")
+    zero2 = run_cli("plan", "--config", cfg, *hardware, "--strategy", "zero2", "--write", tmp_path / "files")
+    assert zero2.exit_code == 0, zero2.output
+    written = json.loads((tmp_path / "files" / "ds_config.json").read_text())
+    assert (written["train_micro_batch_size_per_gpu"], written["gradient_accumulation_steps"]) == (4, 2)
+    ddp = run_cli("plan", "--config", cfg, *hardware, "--strategy", "ddp")
+    assert f"Next: distsetup launcher --config {shlex.quote(str(cfg))} --num_nodes 1" in ddp.stdout

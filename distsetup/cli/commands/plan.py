@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ def plan_command(**o):
     work = Workload(
         precision=precision,
         seq_len=o["seq_len"] or defaults.get("seq_len", 2048),
-        micro_batch_size=o["micro_batch_size"],
+        # the run config's micro-batch, which the file written must agree with (the launcher refuses another)
+        micro_batch_size=o["micro_batch_size"] or defaults.get("micro_batch"),
         global_batch_size=global_batch,
         flash_attention=o["flash_attention"],
         chunked_loss=defaults.get("chunked_loss", "auto"),
@@ -127,7 +129,7 @@ def plan_command(**o):
     if o["as_json"]:
         click.echo(json.dumps({**result.to_dict(), "command": command}, indent=2))
     else:
-        click.echo(render_table(result, command))
+        click.echo(render_table(result, command, o["config"]))
     if o["write"]:
         if not files:
             click.echo(
@@ -334,7 +336,9 @@ def hardware_from_options(o: dict) -> Hardware:
     )
 
 
-def render_table(result: Plan, command: str | None) -> str:
+def render_table(result: Plan, command: str | None, run_config: str | None = None) -> str:
+    """The plan as a table, its recommendation and the next command (`run_config`: plan's --config, which the
+    launcher then takes too)."""
     hw, work, model = result.hardware, result.workload, result.model
     sequence = f", sequence {work.seq_len}" if model.hidden_size else ""  # a python model's activations: uncounted
     lines = [
@@ -400,7 +404,9 @@ def render_table(result: Plan, command: str | None) -> str:
     lines.append(
         f"Next: {command}"
         if command
-        else f"Next: distsetup launcher --num_nodes {hw.num_nodes} "
-        f"--num_gpus_per_node {hw.gpus_per_node} (backend ddp needs no DeepSpeed or FSDP file)."
+        else "Next: distsetup launcher "
+        + (f"--config {shlex.quote(run_config)} " if run_config else "")
+        + f"--num_nodes {hw.num_nodes} --num_gpus_per_node {hw.gpus_per_node} (backend ddp needs no DeepSpeed or FSDP "
+        "file)."
     )
     return "\n".join(lines)
