@@ -132,7 +132,7 @@ class Trainer:
         with self.preemption.ctrl_c_checkpoints():
             # resumed at a step whose evaluation a stop left out: it runs first (stopped again during it, the
             # checkpoint this run resumed from is the one to come back to)
-            if loop.evaluations.resumed_step_left_out(self.step) and not self._evaluated(loop):
+            if loop.evaluations.resumed_step_left_out(self.step) and not self._left_out_evaluated(loop):
                 return self.preemption.stopped_at(self.step, self.say)
             while self.step < self.max_steps:
                 lr = self.backend.current_lr()
@@ -171,7 +171,7 @@ class Trainer:
         if self.checkpoints.pending is not None:
             with self.training_peak.left_out(self.step), loop.timer.checkpointing():
                 self.checkpoints.finish_pending()
-        if self._last_evaluation_left_out(loop) and not self._evaluated(loop):  # stopped: its checkpoint is written
+        if self._last_evaluation_left_out(loop) and not self._left_out_evaluated(loop):  # stopped: checkpoint written
             return self.preemption.stopped_at(self.step, self.say)
         loop.progress.close()
         self._summarize(loop, self._host_peaks())
@@ -401,6 +401,13 @@ class Trainer:
     def _items_per_step(self, loop: Loop) -> int:
         """What throughput counts in one step: tokens (token data) or samples."""
         return self.global_batch * (self.cfg.model.block_size if loop.objective.unit == "tokens" else 1)
+
+    def _left_out_evaluated(self, loop: Loop) -> bool:
+        """_evaluated, for the evaluation a stop left out after its step's checkpoint: its loss into that marker."""
+        if not self._evaluated(loop):
+            return False
+        self.checkpoints.add_evaluation(self.step, loop.evaluations.val_loss_at(self.step))
+        return True
 
     def _evaluated(self, loop: Loop) -> bool:
         """Whether the step's evaluation ran to its end (else the ranks agreed to stop during it)."""

@@ -221,6 +221,8 @@ def test_a_run_stopped_at_its_last_step_checkpoints_it_and_one_resumed_there_eva
     assert [e["step"] for e in summary["evals"]] == [2, 3] and summary["steps"] == 3
     assert summary["samples_per_s"] is None and summary["steps_per_s"] is None
     assert "done: 3 steps, final loss" in resumed.stdout and "samples/s" not in resumed.stdout
+    marker = json.loads((out / "checkpoints" / "step_0000003" / "COMPLETE").read_text())
+    assert marker["val_loss"] == summary["evals"][-1]["val_loss"]  # the evaluation after it, in its marker
     evaluations = (out / "metrics.jsonl").read_text().count("val_loss")
     assert train(config, 1).returncode == 0  # the finished run started again: no evaluation again
     assert (out / "metrics.jsonl").read_text().count("val_loss") == evaluations == 2
@@ -230,8 +232,9 @@ def test_a_run_stopped_at_its_last_step_checkpoints_it_and_one_resumed_there_eva
 def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path, stop_at_call):
     """Bug: stopped during a step it evaluates at (not the last), a run checkpointed without that evaluation, and the
     run resumed from it went on to the next step: the evaluation was never run (metrics and `checkpoint ls` lacked
-    it). And a stop during the evaluation waited for its end (minutes, on a real validation set, past a scheduler's
-    grace period): the ranks agree to stop between its batches, as between steps."""
+    it); then, run, it was missing from its checkpoint's marker. And a stop during the evaluation waited for its end
+    (minutes, on a real validation set, past a scheduler's grace period): the ranks agree to stop between its
+    batches, as between steps."""
     (tmp_path / "stops_itself.py").write_text(STOPS_ITSELF)
     out = tmp_path / "out"
     config = tmp_path / "run.yaml"
@@ -251,6 +254,9 @@ def test_a_run_stopped_at_an_evaluations_step_evaluates_it_when_resumed(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert [e["step"] for e in summary["evals"]] == [2, 3] and "step 2: validation loss" in resumed.stdout
+    # and in the marker of the checkpoint it was left out of (`checkpoint ls` showed none: walk)
+    marker = json.loads((out / "checkpoints" / "step_0000002" / "COMPLETE").read_text())
+    assert marker["val_loss"] == summary["evals"][0]["val_loss"]
 
 
 def test_starting_a_finished_run_again_keeps_its_summary(tmp_path):

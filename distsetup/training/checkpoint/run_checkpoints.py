@@ -10,11 +10,18 @@ as they were: there such a loss confirms.
 """
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.checkpoint_folder import Marker
-from distsetup.training.checkpoint.files import Checkpointing, PendingCheckpoint, start_checkpoint
+from distsetup.formats.checkpoint_folder import MARKER, Marker, step_dir
+from distsetup.training.checkpoint.files import (
+    Checkpointing,
+    PendingCheckpoint,
+    atomic_write_text,
+    disk_errors,
+    start_checkpoint,
+)
 from distsetup.training.launch_env import World
 
 
@@ -74,6 +81,15 @@ class RunCheckpoints:
             "lower training.lr or raise training.warmup_steps, or look for a bad batch.",
             alike_on_every_rank=True,  # the loss every rank agreed on
         )
+
+    def add_evaluation(self, step: int, val_loss: float | None) -> None:
+        """The validation loss of step `step`, evaluated after its checkpoint (a stop left the evaluation out), into
+        that checkpoint's marker, as an evaluation before it puts it there (`checkpoint ls`, its best): rank 0's."""
+        folder = step_dir(self.root, step)
+        if val_loss is None or not self.world.is_main or not (folder / MARKER).is_file():
+            return
+        with disk_errors(folder):
+            atomic_write_text(folder / MARKER, replace(Marker.read(folder), val_loss=val_loss).to_json())
 
     def _loss_left_weights_whole(self, loss: float) -> bool:
         """Whether a step's loss (agreed by every rank) is a number, or fp16's loss scale skipped a step whose loss
