@@ -136,7 +136,11 @@ def main(argv=None) -> int:
                 if cfg.model.type == "python" and user_code.imports_here(cfg.model.builder):
                     from distsetup.training.model.build import check_on_meta
 
-                    check_on_meta(cfg.model)
+                    if (found := check_on_meta(cfg.model)) and cfg.distributed.backend == "fsdp":
+                        from distsetup.formats.validate import read_fsdp_settings
+                        from distsetup.training.backends.fsdp import check_wrapped_classes
+
+                        check_wrapped_classes(cfg, read_fsdp_settings(cfg), *found)
             return 0
         if args.export:
             return export(cfg, args)

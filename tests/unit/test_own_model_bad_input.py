@@ -464,13 +464,17 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
             "no module of class Blok in Net. HINT: did you mean Block",
         ),
         (f"{user_module}:build", {"zero3_leaf_classes": ["Blok"]}, "model.zero3_leaf_classes: no module of class Blok"),
+        # an FSDP file's class typo (the ranks refused it after torchrun started them)
+        (f"{user_module}:build", {"fsdp": "Blok"}, "fsdp_transformer_layer_cls_to_wrap: no module of class Blok"),
         (f"{user_module}:build_reading_a_weight", {}, None),  # cannot build on the meta device: left to the ranks
     ):
         model = {"type": "python", "builder": builder, "args": args}
         for key in ("layer_classes", "zero3_leaf_classes"):
             if key in args:
                 model[key] = model.pop("args")[key]
-        config.write_text(yaml.safe_dump({"model": model}))
+        wrapped = model.get("args", {}).pop("fsdp", None)
+        fsdp = {"backend": "fsdp", "fsdp": {"fsdp_transformer_layer_cls_to_wrap": wrapped}} if wrapped else {}
+        config.write_text(yaml.safe_dump({"model": model, "distributed": fsdp} if fsdp else {"model": model}))
         before = signal.getsignal(signal.SIGTERM)
         try:
             status = main(["--config", str(config), "--check"])

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from distsetup.errors import DistsetupError
-from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS
+from distsetup.formats.fsdp import TRAINER_FP16_PROBLEM, TRAINER_PRECISIONS, FsdpSpec
 from distsetup.formats.problems import closest
 from distsetup.formats.runconfig import RunConfig
 from distsetup.formats.settle import settle
@@ -47,6 +47,24 @@ PLANNED = {
     "HYBRID_SHARD": "fsdp_hybrid_shard",
     "HYBRID_SHARD_ZERO2": "fsdp_hybrid_shard",
 }
+
+
+def check_wrapped_classes(cfg: RunConfig, fsdp: FsdpSpec, present: frozenset[str], blocks: list[str]) -> None:
+    """Each class the FSDP settings wrap is one of the model's (`present`; its blocks `blocks`): `distsetup fsdp`
+    writes the built-in GPT's Block unless told the model's. Refused before the process group, and in --check."""
+    if not (missing := sorted(set(fsdp.wrapped_classes) - present)):
+        return
+    d = cfg.distributed
+    settings = "distributed.fsdp" if d.fsdp else f"FSDP file {d.fsdp_config}"
+    near = [close for name in missing if (close := closest(name, present)) is not None]  # typos: LlamaDecoderLayr
+    raise DistsetupError(
+        f"{settings}: fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in the model "
+        f"(its blocks: {', '.join(blocks) or 'none found'}).",
+        (f"did you mean {', '.join(near)}? " if near else "")
+        + "name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap "
+        + f"{','.join(blocks) or 'YourBlock'}` writes such a file), or leave the key out: the model's blocks are then "
+        "the units.",
+    )
 
 
 class FSDPBackend(Backend):
@@ -161,20 +179,7 @@ class FSDPBackend(Backend):
         process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's. And the precision's
         own check (fsdp_precision.py)."""
         self.mixed_precision.check(description, self.cfg.training.activation_checkpointing)
-        present = description.module_classes
-        if not (missing := sorted(set(self.fsdp.wrapped_classes) - present)):
-            return
-        blocks = ",".join(description.layer_classes) or "YourBlock"
-        d = self.cfg.distributed
-        settings = "distributed.fsdp" if d.fsdp else f"FSDP file {d.fsdp_config}"
-        near = [close for name in missing if (close := closest(name, present)) is not None]  # typos: LlamaDecoderLayr
-        raise DistsetupError(
-            f"{settings}: fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in the model "
-            f"(its blocks: {', '.join(description.layer_classes) or 'none found'}).",
-            (f"did you mean {', '.join(near)}? " if near else "")
-            + f"name the model's blocks there (`distsetup fsdp --transformer_layer_cls_to_wrap {blocks}` writes such a "
-            "file), or leave the key out: the model's blocks are then the units.",
-        )
+        check_wrapped_classes(self.cfg, self.fsdp, description.module_classes, description.layer_classes)
 
     def _units(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
         """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one

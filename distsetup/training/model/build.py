@@ -101,26 +101,28 @@ def architecture_on_meta(m) -> nn.Module:
 SIGNATURE_ERRORS = ("unexpected keyword argument", "required positional argument", "required keyword-only argument")
 
 
-def check_on_meta(m) -> None:
+def check_on_meta(m) -> tuple[frozenset[str], list[str]] | None:
     """For `--check`, before any process starts: a python model section's model built on the meta device, as every
     rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs),
-    model.layer_classes, model.zero3_leaf_classes and DeepSpeed's MoE layer. A builder that fails there otherwise
-    (it reads a weight, or what the launcher sets) is left to the ranks."""
+    model.layer_classes, model.zero3_leaf_classes and DeepSpeed's MoE layer. Returns its modules' classes and its
+    blocks' (for the backend's settings); None where its builder fails there otherwise (it reads a weight, or what
+    the launcher sets): left to the ranks."""
     try:
         model = architecture_on_meta(m)
     except DistsetupError:
         raise
     except TypeError as e:
         if not any(words in str(e) for words in SIGNATURE_ERRORS):
-            return
+            return None
         raise DistsetupError(
             f"model.builder {m.builder} raised {user_code.what_raised(e)}.", f"fix {m.builder} or model.args."
         ) from None
     except Exception:
-        return
+        return None
     moe.refuse_deepspeed_moe(model)
     classes, _ = layer_classes(model, m)
     moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)  # each of model.zero3_leaf_classes found
+    return frozenset(type(module).__name__ for module in model.modules() if module is not model), classes
 
 
 def architecture(m) -> tuple[nn.Module, list[str]]:
