@@ -312,13 +312,14 @@ def _zero(spec: DeepSpeedSpec, auto) -> dict:
     for key in ("overlap_comm", "contiguous_gradients", "allgather_bucket_size"):
         if getattr(spec, key) is not None:
             zero[key] = getattr(spec, key)
-    reduce_bucket = _pick(spec.reduce_bucket_size, auto)
+    sizes_auto = None if spec.hidden_size else auto  # a hidden size given sizes them (unset_sizes), not "auto"
+    reduce_bucket = _pick(spec.reduce_bucket_size, sizes_auto)
     if reduce_bucket is not None:
         zero["reduce_bucket_size"] = reduce_bucket
     if spec.zero_stage == 3:
         for key, value in (
-            ("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, auto)),
-            ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, auto)),
+            ("stage3_prefetch_bucket_size", _pick(spec.stage3_prefetch_bucket_size, sizes_auto)),
+            ("stage3_param_persistence_threshold", _pick(spec.stage3_param_persistence_threshold, sizes_auto)),
             ("stage3_max_live_parameters", spec.stage3_max_live_parameters),
             ("stage3_max_reuse_distance", spec.stage3_max_reuse_distance),
             ("sub_group_size", spec.sub_group_size),

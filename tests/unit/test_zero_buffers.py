@@ -167,3 +167,8 @@ def test_distsetup_deepspeed_sizes_the_buffers_for_a_hidden_size_it_is_given(run
     assert result.exit_code == 0, result.output
     zero = json.loads((tmp_path / "ds2.json").read_text())["zero_optimization"]
     assert zero["reduce_bucket_size"] == 48 * 48 and not any(key.startswith("stage3_") for key in zero)
+    # beside --hf_auto too: "auto" there needs a transformers model's config, which a user's own module lacks
+    result = run_cli("deepspeed", "--zero_stage", "3", "--hf_auto", "--hidden_size", "48", "--output", out)
+    assert result.exit_code == 0, result.output
+    zero = json.loads(out.read_text())["zero_optimization"]
+    assert {key: zero[key] for key in MODEL_SIZED} == unset_sizes({"stage": 3}, 48)
