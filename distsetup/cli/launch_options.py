@@ -200,6 +200,11 @@ def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, 
     spec = _spec(o, backend, files, slurm)
     check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
     spec = _several_processes_with_ddp(spec, notes)
+    if spec.env.timeout_minutes is not None and not spec.runs_default_trainer:
+        notes.append(
+            "--timeout_minutes is distsetup's trainer's collective timeout: your program sets its own "
+            "(torch.distributed.init_process_group(timeout=...), Accelerate's InitProcessGroupKwargs(timeout=...))."
+        )
     return _with_backend_files_checked(spec, run_config, notes), notes
 
 

@@ -414,3 +414,15 @@ def test_the_run_config_init_writes_is_found_for_the_trainer_not_for_your_own_pr
     (tmp_path / "config" / "config.yaml").write_text("training:\n  max_step: 2\n")
     doctor = run_cli("doctor")
     assert doctor.exit_code == 1 and "PROBLEM config/config.yaml: training.max_step: unknown key" in doctor.output
+
+
+def test_a_timeout_for_a_users_own_program_is_said_to_be_its_own_to_set(run_cli, tmp_path, monkeypatch):
+    """--timeout_minutes goes to distsetup's trainer alone; for a --script it was dropped without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.py").write_text("")
+    own = run_cli("launcher", "--script", "mine.py", "--timeout_minutes", 5, "-o", "own.sh")
+    assert own.exit_code == 0 and "--timeout_minutes is distsetup's trainer's collective timeout" in own.stderr
+    ours = run_cli("launcher", "--timeout_minutes", 5, "-o", "ours.sh")
+    assert "distributed.timeout_minutes=5" in (tmp_path / "ours.sh").read_text() and "--timeout_minutes is" not in (
+        ours.stderr
+    )
