@@ -252,11 +252,15 @@ def one_step_folder(path: Path) -> int | None:
 
 
 def _unmarked(folder: Path) -> str:
-    """Why a step folder has no marker: the trainer withdrew it (WITHDRAWN says why), or it was never finished."""
+    """Why a step folder has no marker: the trainer withdrew it (WITHDRAWN says why), it is another program's (an
+    Accelerate save_state folder, by its random states), or it was never finished."""
     try:
         return f"withdrawn: {(folder / WITHDRAWN).read_text().strip()}"
     except OSError:
-        return f"no {MARKER} marker (being written, or stopped mid-save)"
+        pass
+    if any(folder.glob("random_states_*.pkl")):
+        return "an Accelerate save_state folder, not distsetup's trainer's (Accelerator.load_state reads it)"
+    return f"no {MARKER} marker (being written, or stopped mid-save)"
 
 
 def list_checkpoints(run: Path) -> list[Listed]:
