@@ -87,11 +87,14 @@ def settle(
         _settle_deepspeed(settled, cfg, deepspeed, world_size, file_name or DEEPSPEED_FILE)
     if fsdp is not None and fsdp.precision != "fp32":  # an fp32 FSDP file says nothing about the precision
         _decide(settled, cfg, "precision", fsdp.precision, f"{FSDP_FILE}' mixed_precision")
-    from_the_file = settled.sources["precision"] == f"{FSDP_FILE}' mixed_precision"  # the run config's: its rules'
+    # the FSDP settings' precision (a run config's own fp16 beside FSDP is refused by its rules, before)
+    from_the_file = settled.sources["precision"] == f"{FSDP_FILE}' mixed_precision"
     if cfg.distributed.backend == "fsdp" and from_the_file and settled.precision not in TRAINER_PRECISIONS:
-        where = f"FSDP file {cfg.distributed.fsdp_config}" if cfg.distributed.fsdp_config else "distributed.fsdp"
+        file = cfg.distributed.fsdp_config
+        where = f"FSDP file {file}" if file else "distributed.fsdp"
         problem, fix = TRAINER_FP16_PROBLEM
-        fix = f"{fix.removesuffix('.')} (`distsetup fsdp --mixed_precision BFLOAT16` writes a bf16 file)."
+        how = "`distsetup fsdp --mixed_precision BFLOAT16` writes a bf16 file" if file else "mixed_precision: BFLOAT16"
+        fix = f"{fix.removesuffix('.')} ({how})."
         settled.problems.append(Problem(f"{where}: mixed_precision", problem, fix))
     if fsdp is not None and fsdp.activation_checkpointing and settled.activation_checkpointing == "none":
         # the file's flag turns it on (full) where the run config leaves it off; the file's False says nothing

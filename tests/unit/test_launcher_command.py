@@ -422,7 +422,9 @@ def test_a_timeout_for_a_users_own_program_is_said_to_be_its_own_to_set(run_cli,
     (tmp_path / "mine.py").write_text("")
     own = run_cli("launcher", "--script", "mine.py", "--timeout_minutes", 5, "-o", "own.sh")
     assert own.exit_code == 0 and "--timeout_minutes is distsetup's trainer's collective timeout" in own.stderr
+    assert "#   bash own.sh --your_flag value" in (tmp_path / "own.sh").read_text()  # not the trainer's overrides
     ours = run_cli("launcher", "--timeout_minutes", 5, "-o", "ours.sh")
     assert "distributed.timeout_minutes=5" in (tmp_path / "ours.sh").read_text() and "--timeout_minutes is" not in (
         ours.stderr
     )
+    assert "#   bash ours.sh training.max_steps=100" in (tmp_path / "ours.sh").read_text()

@@ -684,3 +684,15 @@ def test_plan_config_writes_the_run_configs_micro_batch_and_its_next_command_tak
     assert (written["train_micro_batch_size_per_gpu"], written["gradient_accumulation_steps"]) == (4, 2)
     ddp = run_cli("plan", "--config", cfg, *hardware, "--strategy", "ddp")
     assert f"Next: distsetup launcher --config {shlex.quote(str(cfg))} --num_nodes 1" in ddp.stdout
+    other_batch = run_cli("plan", "--config", cfg, *hardware, "--global_batch_size", 24)  # not the run config's
+    assert other_batch.exit_code == 0 and "micro-batch 3, gradient accumulation 1" in other_batch.stdout
+    big = tmp_path / "big.yaml"
+    big.write_text(
+        "model: {n_layer: 48, n_embd: 4096, n_head: 32, block_size: 4096, vocab_size: 32000}\n"
+        "training: {micro_batch_size: 64}\n"
+    )
+    refused = run_cli("plan", "--config", big, "--num_gpus_per_node", 8, "--gpu_memory", "80GB")
+    assert (
+        "training.micro_batch_size 64 (the run config's) fits no strategy: ZeRO-2 with activation checkpointing "
+        in (refused.stdout)
+    )

@@ -104,16 +104,20 @@ def plan_command(**o):
             f"the run config's global batch {global_batch:,} is more than {MAX_BATCH:,} samples.",
             "give --global_batch_size, or lower training.micro_batch_size.",
         )
+    # the run config's micro-batch, which the file written must agree with (the launcher refuses another); not
+    # beside --global_batch_size, which asks for another batch
+    run_configs_micro_batch = None if o["global_batch_size"] else defaults.get("micro_batch")
     work = Workload(
         precision=precision,
         seq_len=o["seq_len"] or defaults.get("seq_len", 2048),
-        # the run config's micro-batch, which the file written must agree with (the launcher refuses another)
-        micro_batch_size=o["micro_batch_size"] or defaults.get("micro_batch"),
+        micro_batch_size=o["micro_batch_size"] or run_configs_micro_batch,
         global_batch_size=global_batch,
         flash_attention=o["flash_attention"],
         chunked_loss=defaults.get("chunked_loss", "auto"),
     )
     result = plan(model, hw, work, tuple(o["strategy"]) or None)
+    if result.choice is None and run_configs_micro_batch and not o["micro_batch_size"]:
+        result.advice.insert(0, _what_the_run_config_could_take(model, hw, work, tuple(o["strategy"]) or None))
     folder = str(Path(o["write"])) if o["write"] else CONFIG_FOLDER  # the Next command writes what --write wrote
     command, files, warnings = recommended_files(result, defaults.get("optimizer"), folder)
     for note in notes:  # after every check: a note never precedes an error
@@ -333,6 +337,19 @@ def hardware_from_options(o: dict) -> Hardware:
         gpu_memory=memory,
         cpu_memory=parse_memory(o["cpu_memory"], "--cpu_memory") if o["cpu_memory"] else None,
         headroom=o["headroom"],
+    )
+
+
+def _what_the_run_config_could_take(model: ModelShape, hw: Hardware, work: Workload, allowed) -> str:
+    """Where the run config's micro-batch fits no strategy: the one that fits a micro-batch the planner picks."""
+    free = plan(model, hw, replace(work, micro_batch_size=None), allowed)
+    said = f"training.micro_batch_size {work.micro_batch_size} (the run config's) fits no strategy"
+    if free.choice is None:
+        return f"{said}, nor does a smaller one."
+    recompute = " with activation checkpointing" if free.choice.activation_checkpointing else ""
+    return (
+        f"{said}: {free.choice.label}{recompute} fits micro-batch {free.micro_batch} (gradient accumulation "
+        f"{free.accumulation}); set them in the run config and plan again."
     )
 
 

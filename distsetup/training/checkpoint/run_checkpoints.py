@@ -15,13 +15,7 @@ from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import MARKER, Marker, step_dir
-from distsetup.training.checkpoint.files import (
-    Checkpointing,
-    PendingCheckpoint,
-    atomic_write_text,
-    disk_errors,
-    start_checkpoint,
-)
+from distsetup.training.checkpoint.files import Checkpointing, PendingCheckpoint, atomic_write_text, start_checkpoint
 from distsetup.training.launch_env import World
 
 
@@ -84,12 +78,15 @@ class RunCheckpoints:
 
     def add_evaluation(self, step: int, val_loss: float | None) -> None:
         """The validation loss of step `step`, evaluated after its checkpoint (a stop left the evaluation out), into
-        that checkpoint's marker, as an evaluation before it puts it there (`checkpoint ls`, its best): rank 0's."""
+        that checkpoint's marker, as an evaluation before it puts it there (`checkpoint ls`, its best): rank 0's, the
+        others training on (a disk that refuses it is a note, not the run's end)."""
         folder = step_dir(self.root, step)
         if val_loss is None or not self.world.is_main or not (folder / MARKER).is_file():
             return
-        with disk_errors(folder):
+        try:
             atomic_write_text(folder / MARKER, replace(Marker.read(folder), val_loss=val_loss).to_json())
+        except OSError as e:
+            print(f"note: the validation loss of step {step} is not in {folder}: {e.strerror or e}", flush=True)
 
     def _loss_left_weights_whole(self, loss: float) -> bool:
         """Whether a step's loss (agreed by every rank) is a number, or fp16's loss scale skipped a step whose loss
