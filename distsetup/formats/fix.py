@@ -5,6 +5,7 @@ checked again before anyone writes it: a problem left, and nothing is written.""
 
 import io
 import json
+import math
 from typing import Any
 
 from distsetup.errors import DistsetupError
@@ -27,6 +28,7 @@ def fixed_run_config(text: str, name: str) -> tuple[str, list[str]]:
     changes: list[str] = []
     if isinstance(document, dict):
         _rename_other_names(document, changes)
+        _warmup_ratio_in_steps(document, changes)
         _old_spellings(document, changes)
         _fold_inline_fsdp(document, changes)
     out = io.StringIO()
@@ -84,6 +86,24 @@ def _rename_other_names(document: Any, changes: list[str]) -> None:
         else:
             _move(section, key, target, target_key, value)
             changes.append(f"{section_name}.{key} -> {other.ours}")
+
+
+def _warmup_ratio_in_steps(document: Any, changes: list[str]) -> None:
+    """The HF Trainer's training.warmup_ratio in steps, where the run config gives training.max_steps (rounded up,
+    as TrainingArguments.get_warmup_steps does); without max_steps (epochs) it stays a problem to fix by hand."""
+    training = document.get("training")
+    if not isinstance(training, dict) or "warmup_steps" in training:
+        return
+    ratio, steps = training.get("warmup_ratio"), training.get("max_steps")
+    if not (isinstance(ratio, int | float) and isinstance(steps, int)) or isinstance(ratio, bool):
+        return
+    if not 0 <= ratio <= 1 or steps < 1:
+        return
+    _rename(training, "warmup_ratio", "warmup_steps", math.ceil(ratio * steps))
+    changes.append(
+        f"training.warmup_ratio {ratio} -> training.warmup_steps {training['warmup_steps']} ({ratio} x max_steps "
+        f"{steps}, rounded up as the HF Trainer does)"
+    )
 
 
 def _old_spellings(document: Any, changes: list[str]) -> None:

@@ -250,3 +250,15 @@ def test_fix_rewrites_chunked_loss_yes_as_the_trainer_reads_it(run_cli, tmp_path
     result = run_cli("validate", "--fix", config)
     assert result.exit_code == 0, result.output
     assert re.fullmatch(r"training:\n  chunked_loss: always +# slice the loss\n", config.read_text())
+
+
+def test_fix_takes_a_warmup_ratio_in_steps_where_the_run_config_gives_its_steps(run_cli, tmp_path):
+    """The HF Trainer's warmup_ratio: `--fix` could not convert it, though max_steps was in the same file."""
+    config = tmp_path / "config.yaml"
+    config.write_text("training:\n  max_steps: 1000\n  warmup_ratio: 0.033   # the guide's\n")
+    result = run_cli("validate", "--fix", config)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"training:\n  max_steps: 1000\n  warmup_steps: 33 +# the guide's\n", config.read_text())
+    epochs = "training:\n  epochs: 3\n  warmup_ratio: 0.1\n"  # no step count to take it in: by hand
+    config.write_text(epochs)
+    assert run_cli("validate", "--fix", config).exit_code == 1 and config.read_text() == epochs
