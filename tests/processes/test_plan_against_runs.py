@@ -22,7 +22,7 @@ MEASURED = {  # planner strategy -> the shared run that trains it (ZeRO-3 there 
 def test_predicted_model_states_match_train_py(tmp_path, key):
     from train_runs import MODEL, shared_run
 
-    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.cli.plan_model import count_on_meta
     from distsetup.formats.runconfig_load import load_run_config
 
     summary = json.loads((shared_run(MEASURED[key]) / "summary.json").read_text())

@@ -17,7 +17,7 @@ RUNS = {
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_measured_activation_bytes_match_the_planner(name):
-    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.cli.plan_model import count_on_meta
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.planning.estimates import Workload, activation_bytes
 

@@ -333,7 +333,7 @@ def test_config_counts_the_built_in_model_exactly(run_cli, tmp_path):
 def test_the_built_in_model_is_counted_without_torch_as_on_the_meta_device(tmp_path, model):
     """plan --config imported torch to count the built-in GPT on the meta device (seconds; generating or checking a
     file never imports torch): its numbers give every count the planner reads, the same."""
-    from distsetup.cli.commands.plan import count_on_meta, shape_from_run_config
+    from distsetup.cli.plan_model import count_on_meta, shape_from_run_config
     from distsetup.formats.runconfig_load import load_run_config
 
     cfg = tmp_path / "config.yaml"
@@ -454,7 +454,7 @@ def test_hf_config_counted_without_torch_matches_the_meta_device(tmp_path, run_c
     7x small). Qwen3-MoE's and OLMoE's query and key norms are left out: under 0.1%."""
     import transformers
 
-    from distsetup.cli.commands.plan import count_on_meta
+    from distsetup.cli.plan_model import count_on_meta
     from distsetup.formats.runconfig_load import load_run_config
     from distsetup.planning.models import hf_shape_from_json
 
