@@ -114,7 +114,7 @@ def test_layers_import_downward_only():
 
 def test_the_rules_catch_a_crossing():
     """The check above sees lazy imports, and what it forbids is forbidden."""
-    assert "distsetup.training.model.build" in imports_of("distsetup.cli.commands.plan")  # imported inside a function
+    assert "distsetup.training.model.build" in imports_of("distsetup.cli.plan_model")  # imported inside a function
     assert place_of("distsetup.formats.validate") < place_of("distsetup.scripts.sbatch")
     assert place_of("distsetup.scripts.sbatch")[0] == place_of("distsetup.planning.gpus")[0]
     assert place_of("distsetup.training.world") < place_of("distsetup.train") < place_of("distsetup.cli.output")
