@@ -134,13 +134,9 @@ def main(argv=None) -> int:
 
                 user_code.check_references(cfg, config_folder(args))
                 if cfg.model.type == "python" and user_code.imports_here(cfg.model.builder):
-                    from distsetup.training.model.build import check_on_meta
-
-                    if (found := check_on_meta(cfg.model)) and cfg.distributed.backend == "fsdp":
-                        from distsetup.formats.validate import read_fsdp_settings
-                        from distsetup.training.backends.fsdp import check_wrapped_classes
-
-                        check_wrapped_classes(cfg, read_fsdp_settings(cfg), *found)
+                    check_the_model(cfg)
+            elif cfg.model.type == "hf" and names_model_classes(cfg):  # transformers' import takes seconds: only then
+                check_the_model(cfg)
             return 0
         if args.export:
             return export(cfg, args)
@@ -152,6 +148,32 @@ def main(argv=None) -> int:
         return trainer.run()
     except DistsetupError as e:  # this rank's own (a lost peer, a checkpoint): every rank says its own
         return say_once_per_node(e) if e.alike_on_every_rank else say(e)
+
+
+def names_model_classes(cfg: RunConfig) -> bool:
+    """Whether the run config names classes of its model, or settings that depend on them, which only the model
+    built tells: its blocks, ZeRO-3 leaves, the FSDP settings' units, DDP told not to look for unused parameters."""
+    m, d = cfg.model, cfg.distributed
+    return bool(m.layer_classes or m.zero3_leaf_classes) or d.backend == "fsdp" or d.find_unused_parameters is False
+
+
+def check_the_model(cfg: RunConfig) -> None:
+    """--check: the model built on the meta device and described as every rank describes it, and what the backend's
+    settings ask of it (the FSDP settings' classes, DDP's unused parameters), as the ranks check it."""
+    from distsetup.training.model.build import check_on_meta
+
+    description = check_on_meta(cfg.model)
+    if description is None:
+        return
+    if cfg.distributed.backend == "fsdp":
+        from distsetup.formats.validate import read_fsdp_settings
+        from distsetup.training.backends.fsdp import check_wrapped_classes
+
+        check_wrapped_classes(cfg, read_fsdp_settings(cfg), description)
+    if cfg.distributed.backend == "ddp":
+        from distsetup.training.backends.ddp import check_unused_parameters_setting
+
+        check_unused_parameters_setting(cfg, description)
 
 
 def check_the_world(cfg: RunConfig, base_dir: Path | None) -> None:

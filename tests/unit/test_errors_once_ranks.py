@@ -3,6 +3,7 @@ for the launcher to stop them, else say it themselves), and the trainer's --chec
 which says a problem without importing torch. (Two real ranks under torchrun: tests/processes/test_errors_once_runs.py.)
 """
 
+import json
 import subprocess
 import sys
 
@@ -118,3 +119,19 @@ def test_check_reads_the_run_config_and_the_arguments_as_a_run_does_without_torc
     (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 4, "zero_optimizaton": {"stage": 2}}')
     result = check("--config", str(tmp_path / "good.yaml"), "--deepspeed", str(tmp_path / "ds.json"))
     assert result.returncode == 1 and "zero_optimizaton: unknown key" in result.stderr, result.stderr
+
+
+def test_check_builds_a_hugging_face_model_on_meta_where_the_run_config_names_its_classes(tmp_path):
+    """A Hugging Face model's class typo and an FSDP file wrapping the built-in GPT's Block (what `distsetup fsdp`
+    writes unless told the model's) passed --check; every rank then refused them after torchrun started them."""
+    model = {"type": "hf", "hf_path": str(REPO / "examples" / "hf_moe" / "model"), "vocab_size": 316}
+    (tmp_path / "typo.yaml").write_text(json.dumps({"model": {**model, "layer_classes": ["MixtralDecoderLayr"]}}))
+    result = check("--config", str(tmp_path / "typo.yaml"))
+    assert result.returncode == 1 and "no module of class MixtralDecoderLayr" in result.stderr, result.stderr
+    assert "did you mean MixtralDecoderLayer" in result.stderr and len(result.stderr.splitlines()) == 1
+    fsdp = {"backend": "fsdp", "fsdp": {"fsdp_transformer_layer_cls_to_wrap": "Block"}}
+    (tmp_path / "fsdp.yaml").write_text(json.dumps({"model": model, "distributed": fsdp}))
+    result = check("--config", str(tmp_path / "fsdp.yaml"))
+    assert result.returncode == 1 and "fsdp_transformer_layer_cls_to_wrap: no module of class Block" in result.stderr
+    (tmp_path / "good.yaml").write_text(json.dumps({"model": model, "distributed": {"backend": "fsdp"}}))
+    assert check("--config", str(tmp_path / "good.yaml")).returncode == 0

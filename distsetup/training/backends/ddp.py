@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.runconfig import RunConfig
 from distsetup.training.backends.base import Backend
 from distsetup.training.backends.rank0_buffers import buffers_may_change
 from distsetup.training.loss.micro_loss import MicroLoss
@@ -40,6 +41,17 @@ class ModelValuesThrough(torch.nn.parallel.DistributedDataParallel):
         return value
 
 
+def check_unused_parameters_setting(cfg: RunConfig, description: Description) -> None:
+    """distributed.find_unused_parameters false beside layers that run other experts on each rank: DDP would wait for
+    gradients that never come. Refused before the process group, and in --check."""
+    if cfg.distributed.find_unused_parameters is False and description.conditional:
+        raise DistsetupError(
+            f"distributed.find_unused_parameters false with {description.conditional}, which may run other "
+            "experts on each rank: DDP would wait for the gradients of experts a rank did not run.",
+            "leave distributed.find_unused_parameters unset (or the HF Trainer's ddp_find_unused_parameters out).",
+        )
+
+
 class DDPBackend(Backend):
     """DistributedDataParallel: gradients all-reduced in backward, skipped with no_sync() while accumulating."""
 
@@ -57,12 +69,7 @@ class DDPBackend(Backend):
         self.unrouted_as_zero = layers
 
     def check_model(self, description: Description) -> None:
-        if self.cfg.distributed.find_unused_parameters is False and description.conditional:
-            raise DistsetupError(
-                f"distributed.find_unused_parameters false with {description.conditional}, which may run other "
-                "experts on each rank: DDP would wait for the gradients of experts a rank did not run.",
-                "leave distributed.find_unused_parameters unset (or the HF Trainer's ddp_find_unused_parameters out).",
-            )
+        check_unused_parameters_setting(self.cfg, description)
 
     def _place(self, model: nn.Module, parts: ModelParts) -> nn.Module:
         DDP = ModelValuesThrough

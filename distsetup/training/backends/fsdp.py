@@ -49,9 +49,10 @@ PLANNED = {
 }
 
 
-def check_wrapped_classes(cfg: RunConfig, fsdp: FsdpSpec, present: frozenset[str], blocks: list[str]) -> None:
-    """Each class the FSDP settings wrap is one of the model's (`present`; its blocks `blocks`): `distsetup fsdp`
-    writes the built-in GPT's Block unless told the model's. Refused before the process group, and in --check."""
+def check_wrapped_classes(cfg: RunConfig, fsdp: FsdpSpec, description: models.Description) -> None:
+    """Each class the FSDP settings wrap is one of the model's: `distsetup fsdp` writes the built-in GPT's Block
+    unless told the model's. Refused before the process group, and in --check."""
+    present, blocks = description.module_classes, description.layer_classes
     if not (missing := sorted(set(fsdp.wrapped_classes) - present)):
         return
     d = cfg.distributed
@@ -179,7 +180,7 @@ class FSDPBackend(Backend):
         process group): `distsetup fsdp` writes the built-in GPT's Block unless told the model's. And the precision's
         own check (fsdp_precision.py)."""
         self.mixed_precision.check(description, self.cfg.training.activation_checkpointing)
-        check_wrapped_classes(self.cfg, self.fsdp, description.module_classes, description.layer_classes)
+        check_wrapped_classes(self.cfg, self.fsdp, description)
 
     def _units(self, model: nn.Module, blocks: list[nn.Module], conditional: list[nn.Module]) -> list[nn.Module]:
         """The modules sharded each as one unit (before the root), as the FSDP file's wrapping policy says; never one

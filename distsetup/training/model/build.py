@@ -101,12 +101,12 @@ def architecture_on_meta(m) -> nn.Module:
 SIGNATURE_ERRORS = ("unexpected keyword argument", "required positional argument", "required keyword-only argument")
 
 
-def check_on_meta(m) -> tuple[frozenset[str], list[str]] | None:
-    """For `--check`, before any process starts: a python model section's model built on the meta device, as every
-    rank describes it, for what only building it tells: model.args its builder's own calls refuse (under **kwargs),
-    model.layer_classes, model.zero3_leaf_classes and DeepSpeed's MoE layer. Returns its modules' classes and its
-    blocks' (for the backend's settings); None where its builder fails there otherwise (it reads a weight, or what
-    the launcher sets): left to the ranks."""
+def check_on_meta(m) -> "Description | None":
+    """For `--check`, before any process starts: a python or Hugging Face model section's model built on the meta
+    device and described as every rank describes it, for what only building it tells: model.args its builder's own
+    calls refuse (under **kwargs), model.layer_classes, model.zero3_leaf_classes and DeepSpeed's MoE layer; the
+    description for what the backend's settings ask of it. None where its builder fails there otherwise (it reads a
+    weight, or what the launcher sets): left to the ranks."""
     try:
         model = architecture_on_meta(m)
     except DistsetupError:
@@ -119,10 +119,7 @@ def check_on_meta(m) -> tuple[frozenset[str], list[str]] | None:
         ) from None
     except Exception:
         return None
-    moe.refuse_deepspeed_moe(model)
-    classes, _ = layer_classes(model, m)
-    moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)  # each of model.zero3_leaf_classes found
-    return frozenset(type(module).__name__ for module in model.modules() if module is not model), classes
+    return _described(model, m, [])
 
 
 def architecture(m) -> tuple[nn.Module, list[str]]:
@@ -148,15 +145,20 @@ def describe(m) -> Description:
         parameters = gpt_params(m.vocab_size, m.block_size, m.n_layer, m.n_embd)
         return Description([BUILTIN_BLOCK], parameters, "", [], module_classes=_gpt_module_classes())
     model, notes = architecture(m)
+    return _described(model, m, notes)
+
+
+def _described(model: nn.Module, m, notes: list[str]) -> Description:
+    """describe()'s Description of the model section `m`'s `model`, built (`notes`: how)."""
     moe.refuse_deepspeed_moe(model)
     on_meta = all(p.is_meta for p in model.parameters())
     classes, found = layer_classes(model, m)
-    notes += found
-    layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)
+    layers = moe.conditional_layers(model, set(classes), m.zero3_leaf_classes)  # each zero3_leaf_classes found
     unique = {id(p): p.numel() for p in model.parameters()}
     present = frozenset(type(module).__name__ for module in model.modules() if module is not model)
     statistics = frozenset(type(module).__name__ for module in model.modules() if keeps_running_statistics(module))
-    return Description(classes, sum(unique.values()), moe.described_layers(layers), notes, on_meta, present, statistics)
+    described = moe.described_layers(layers)
+    return Description(classes, sum(unique.values()), described, notes + found, on_meta, present, statistics)
 
 
 def _gpt_module_classes() -> frozenset[str]:
