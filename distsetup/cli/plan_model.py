@@ -22,45 +22,54 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
             "give exactly one of --params and --config.",
             "e.g. --params 7B --hidden_size 4096 --num_layers 32, or --config config.yaml.",
         )
-    if o["params"]:
-        params = parse_count(o["params"])
-        given = (o["hidden_size"], o["num_layers"], o["num_heads"], o["vocab_size"])
-        if o["hidden_size"] and o["num_heads"] and o["hidden_size"] % o["num_heads"]:
-            h, a = o["hidden_size"], o["num_heads"]
-            raise DistsetupError(
-                f"--hidden_size {h} is not divisible by --num_heads {a}: every head gets "
-                "hidden_size / num_heads dimensions.",
-                f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.",
-            )
-        hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params), strict=True))
-        if o["hidden_size"] and o["num_layers"]:
-            check_shape_against_params(params, hidden, layers, vocab)
-        notes = (
-            [
-                f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
-                "model of about this size); give --hidden_size/--num_layers/--num_heads/--vocab_size for yours."
-            ]
-            if None in given[:2]
-            else []
+    return _from_params(o) if o["params"] else _from_run_config(o)
+
+
+def _from_params(o: dict) -> tuple[ModelShape, dict, list[str]]:
+    """--params, and the shape flags (a published shape of about that size for what they leave out)."""
+    params = parse_count(o["params"])
+    given = (o["hidden_size"], o["num_layers"], o["num_heads"], o["vocab_size"])
+    if o["hidden_size"] and o["num_heads"] and o["hidden_size"] % o["num_heads"]:
+        h, a = o["hidden_size"], o["num_heads"]
+        raise DistsetupError(
+            f"--hidden_size {h} is not divisible by --num_heads {a}: every head gets "
+            "hidden_size / num_heads dimensions.",
+            f"use a multiple of {a} (e.g. {a * max(1, round(h / a))}), or other --num_heads.",
         )
-        return (
-            ModelShape(
-                params=params,
-                hidden_size=hidden,
-                num_layers=layers,
-                num_heads=heads,
-                vocab_size=vocab,
-                layer_cls=o["layer_cls"] or BUILTIN_BLOCK,
-            ),
-            {},
-            notes,
-        )
+    hidden, layers, heads, vocab = (g or a for g, a in zip(given, assumed_shape(params), strict=True))
+    if o["hidden_size"] and o["num_layers"]:
+        check_shape_against_params(params, hidden, layers, vocab)
+    notes = (
+        [
+            f"activations assume hidden {hidden}, {layers} layers, {heads} heads, vocab {vocab} (a published "
+            "model of about this size); give --hidden_size/--num_layers/--num_heads/--vocab_size for yours."
+        ]
+        if None in given[:2]
+        else []
+    )
+    return (
+        ModelShape(
+            params=params,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=heads,
+            vocab_size=vocab,
+            layer_cls=o["layer_cls"] or BUILTIN_BLOCK,
+        ),
+        {},
+        notes,
+    )
+
+
+def _from_run_config(o: dict) -> tuple[ModelShape, dict, list[str]]:
+    """--config's model, counted, with what the run config implies for the plan; the shape flags shape a python
+    model's activations (the planner cannot count them), and are refused beside another."""
     from distsetup.formats.runconfig_load import load_run_config
 
     # every strategy is planned: the run's own backend file is not read, and may come later (from --write)
     backend_files = ("distributed.deepspeed_config", "distributed.fsdp_config")
     cfg = load_run_config(o["config"], not_needed=backend_files).resolved(Path(o["config"]).parent)
-    notes = []
+    notes: list[str] = []
     shape_flags = [f"--{name}" for name in ("hidden_size", "num_layers", "num_heads", "vocab_size") if o[name]]
     if cfg.model.type != "python" and shape_flags:
         raise DistsetupError(
@@ -73,18 +82,7 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
         make_importable(Path(o["config"]).parent)  # model.builder's module, next to the run config
     shape = shape_from_run_config(cfg)
     if cfg.model.type == "python" and o["hidden_size"] and o["num_layers"]:  # its activations, in the flags' shape
-        heads = o["num_heads"] or max(1, o["hidden_size"] // 128)  # activation_bytes' own default
-        # the logits: --vocab_size's, or token data's ids; none for the user's own data (an image classifier's)
-        vocab = o["vocab_size"] or (cfg.model.vocab_size if cfg.data.type != "python" else None)
-        shape = replace(
-            shape, hidden_size=o["hidden_size"], num_layers=o["num_layers"], num_heads=heads, vocab_size=vocab
-        )
-        notes.append(
-            f"activations of a transformer of hidden {o['hidden_size']}, {o['num_layers']} layers (the flags'), "
-            f"{heads} heads{'' if o['num_heads'] else ' (one per 128)'}, "
-            + (f"logits over {vocab} ids" if vocab else "no logits (data.type python; --vocab_size gives some)")
-            + ", for model.type python"
-        )
+        shape = _shaped_by_the_flags(shape, o, cfg, notes)
     elif cfg.model.type == "python":
         notes.append(
             "activations are not counted for model.type python (its shapes are its builder's: give --hidden_size and "
@@ -100,6 +98,21 @@ def model_from_options(o: dict) -> tuple[ModelShape, dict, list[str]]:
     if cfg.model.type != "python" or cfg.data.type != "python":  # the GPT's, an HF model's or token data's length
         defaults["seq_len"] = cfg.model.block_size
     return shape, defaults, notes
+
+
+def _shaped_by_the_flags(shape: ModelShape, o: dict, cfg, notes: list[str]) -> ModelShape:
+    """A python model's shape with its activations' from --hidden_size and --num_layers (a transformer's), said in
+    `notes`."""
+    heads = o["num_heads"] or max(1, o["hidden_size"] // 128)  # activation_bytes' own default
+    # the logits: --vocab_size's, or token data's ids; none for the user's own data (an image classifier's)
+    vocab = o["vocab_size"] or (cfg.model.vocab_size if cfg.data.type != "python" else None)
+    notes.append(
+        f"activations of a transformer of hidden {o['hidden_size']}, {o['num_layers']} layers (the flags'), "
+        f"{heads} heads{'' if o['num_heads'] else ' (one per 128)'}, "
+        + (f"logits over {vocab} ids" if vocab else "no logits (data.type python; --vocab_size gives some)")
+        + ", for model.type python"
+    )
+    return replace(shape, hidden_size=o["hidden_size"], num_layers=o["num_layers"], num_heads=heads, vocab_size=vocab)
 
 
 # How far --params may be from what the shape flags give (12 x layers x hidden² + vocab x hidden): an MoE model has
