@@ -164,14 +164,21 @@ def hint(section: str, key: str, known: Collection[str] = ()) -> str | None:
     }
     meant |= {name: f"did you mean '{name}'?" for name in known}
     typo_of = closest(key, meant)
-    own = set(known) | {k for s, k in OTHER_NAMES if s == section}
-    loosely = typo_of not in own and difflib.SequenceMatcher(None, key, typo_of or "").ratio() < 0.85
-    if section == "model" and (typo_of is None or loosely):  # the model's own (num_experts), not data.num_workers
+    if section == "model" and not _close_to_the_sections_own(key, typo_of, known):  # the model's own (num_experts)
         return (
             f"the model's own settings go under model.args (its builder's arguments: model.args.{key}), or in the "
             "config.json of model.hf_path."
         )
     return None if typo_of is None else meant[typo_of]
+
+
+def _close_to_the_sections_own(key: str, typo_of: str | None, known: Collection[str]) -> bool:
+    """Whether the model section's unknown `key` is a typo of `typo_of`: one of its own names, or another tool's
+    name it nearly spells (max_seq_lenght), not one it merely resembles (num_experts: data's num_workers)."""
+    if typo_of is None:
+        return False
+    own = set(known) | {k for s, k in OTHER_NAMES if s == "model"}
+    return typo_of in own or difflib.SequenceMatcher(None, key, typo_of).ratio() >= 0.85
 
 
 def _said(section: str, key: str) -> str | None:

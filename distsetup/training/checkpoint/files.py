@@ -176,8 +176,7 @@ class PendingCheckpoint:
         if self.finished:
             if world.is_main:
                 with disk_errors(self.path):
-                    written = Marker.read(self.path)
-                    atomic_write_text(self.path / MARKER, replace(written, confirmed=None).to_json())
+                    amend_marker(self.path, confirmed=None)
             self._remove_older(world)
 
     def withdraw(self, world: World, backend: Checkpointing, reason: str) -> None:
@@ -243,6 +242,11 @@ def free_space(path: Path) -> str:
         except OSError:
             continue
     return "unknown"
+
+
+def amend_marker(folder: Path, **changes) -> None:
+    """A complete checkpoint's marker, as written, with `changes` (confirmed, a later evaluation's val_loss)."""
+    atomic_write_text(folder / MARKER, replace(Marker.read(folder), **changes).to_json())
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,12 +10,11 @@ as they were: there such a loss confirms.
 """
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.checkpoint_folder import MARKER, Marker, step_dir
-from distsetup.training.checkpoint.files import Checkpointing, PendingCheckpoint, atomic_write_text, start_checkpoint
+from distsetup.training.checkpoint.files import Checkpointing, PendingCheckpoint, amend_marker, start_checkpoint
 from distsetup.training.launch_env import World
 
 
@@ -84,7 +83,7 @@ class RunCheckpoints:
         if val_loss is None or not self.world.is_main or not (folder / MARKER).is_file():
             return
         try:
-            atomic_write_text(folder / MARKER, replace(Marker.read(folder), val_loss=val_loss).to_json())
+            amend_marker(folder, val_loss=val_loss)
         except OSError as e:
             print(f"note: the validation loss of step {step} is not in {folder}: {e.strerror or e}", flush=True)
 
