@@ -96,8 +96,9 @@ HF4 = "the HF Trainer's (transformers 4)"
 ACCELERATE = "Accelerate's"
 DEEPSPEED = "DeepSpeed's"
 SCHEDULE = (
-    "has no equivalent: distsetup's trainer warms up linearly (training.warmup_steps) and decays by a cosine to "
-    "training.min_lr_ratio x lr; a DeepSpeed file's scheduler block replaces that"
+    "is not a choice here: distsetup's trainer runs the HF Trainer's cosine, warming up linearly over "
+    "training.warmup_steps and decaying to training.min_lr_ratio x lr (0 for HF's); a DeepSpeed file's scheduler "
+    "block replaces it"
 )
 # Other tools' names with no key of that name here: (whose name, where the setting lives or why there is none).
 ELSEWHERE = {

@@ -87,7 +87,7 @@ def test_the_same_setting_in_both_spellings_and_the_same_value_is_read_once():
 @pytest.mark.parametrize(
     "section, key, words",
     [
-        ("training", "lr_scheduler_type", "lr_scheduler_type has no equivalent: distsetup's trainer warms up"),
+        ("training", "lr_scheduler_type", "lr_scheduler_type is not a choice here: distsetup's trainer runs"),
         ("training", "warmup_ratio", "warmup_ratio is training.warmup_steps here"),
         ("training", "mixed_precision", "mixed_precision is training.precision here"),
         ("distributed", "zero_stage", "zero_stage is zero_optimization.stage of the DeepSpeed file"),
