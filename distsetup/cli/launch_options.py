@@ -341,11 +341,12 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
     dist = raw.setdefault("distributed", {})
     if not isinstance(dist, dict):
         dist = {}  # a schema problem: config_problems below names it
+    # a backend's file names its backend, as its --use_ flag does (conflicts were refused before)
     flag = (
         "deepspeed"
-        if o["use_deepspeed"] or (o["deepspeed_config"] and not o["use_fsdp"])
+        if o["use_deepspeed"] or o["deepspeed_config"]
         else "fsdp"
-        if o["use_fsdp"]
+        if o["use_fsdp"] or o["fsdp_config"]
         else None
     )
     if flag:

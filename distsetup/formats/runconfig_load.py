@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from distsetup.errors import DistsetupError
+from distsetup.formats.default_paths import BACKEND_FILES
 from distsetup.formats.file_kinds import wrong_kind_problem
 from distsetup.formats.fsdp_inline import inline_findings, read_inline
 from distsetup.formats.other_names import OWN_KEY_FORMS, hint, read_other_names, sets_something, spellings
@@ -168,7 +169,11 @@ def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
     reported = {p.path for p in problems}
     problems += [p for p in _value_problems(raw) if p.path not in reported]
     if not problems:
-        problems = cross_field_problems(_build(raw), base_dir) + step_count_problems(raw)
+        config = _build(raw)
+        problems = cross_field_problems(config, base_dir) + step_count_problems(raw)
+        found, said = _backend_file_findings(raw.get("distributed") or {}, config.distributed.backend)
+        problems += found
+        notes += said
         inline = (raw.get("distributed") or {}).get("fsdp")
         if inline:
             found, said = inline_findings(inline)
@@ -294,12 +299,40 @@ def model_config(section: dict) -> ModelConfig:
 
 
 def backend_of(distributed: dict) -> str:
-    """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys."""
+    """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys, else the one
+    backend whose file it names (a file alone trained DDP, unread, without a word)."""
     if "backend" in distributed:
         return distributed["backend"]
     if distributed.get("use_deepspeed") is True:
         return "deepspeed"
-    return "fsdp" if distributed.get("use_fsdp") is True else DistributedConfig.backend
+    if distributed.get("use_fsdp") is True:
+        return "fsdp"
+    named = _backends_with_files(distributed)
+    return named[0] if len(named) == 1 else DistributedConfig.backend
+
+
+def _backends_with_files(distributed: dict) -> list[str]:
+    return [kind for kind in BACKEND_FILES if distributed.get(f"{kind}_config")]
+
+
+def _backend_file_findings(distributed: dict, backend: str) -> tuple[list[Problem], list[str]]:
+    """(problems, notes) of the backend files a `distributed` section names beside the backend it trains with: two
+    files and nothing choosing between them is a problem, a file its backend does not read a note."""
+    named = _backends_with_files(distributed)
+    chosen = "backend" in distributed or any(distributed.get(key) is True for key in ("use_deepspeed", "use_fsdp"))
+    if len(named) > 1 and not chosen:
+        problem = Problem(
+            "distributed",
+            "deepspeed_config and fsdp_config are both given, and no backend says which one trains.",
+            "set backend: deepspeed or backend: fsdp.",
+            involves=("distributed.deepspeed_config", "distributed.fsdp_config"),
+        )
+        return [problem], []
+    return [], [
+        f"distributed.{kind}_config is read by backend {kind} only: this run trains {backend} without it."
+        for kind in named
+        if kind != backend
+    ]
 
 
 def _build(raw: dict) -> RunConfig:

@@ -57,6 +57,14 @@ def test_flags_override_the_configs_backend(run_cli, project):
     assert "distributed.backend=fsdp" in result.stdout and "--deepspeed" not in result.stdout
 
 
+def test_a_backends_file_alone_names_its_backend(run_cli, project):
+    """--fsdp_config without --use_fsdp trained DDP, the file unread, without a word."""
+    assert run_cli("fsdp", "--output", "f.json").exit_code == 0
+    result = run_cli("launcher", "--config", "config.yaml", "--fsdp_config", "f.json", "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert "distributed.backend=fsdp" in result.stdout and "distributed.fsdp_config=" in result.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -63,6 +63,27 @@ def test_guides_keys_select_the_backend(tmp_path):
     assert load_run_config(path).distributed.backend == "fsdp"
 
 
+def test_a_backends_file_alone_selects_it_and_one_left_unread_is_said(tmp_path):
+    """A file without a backend trained DDP, the file unread, without a word."""
+    for name in ("ds.json", "f.json"):
+        (tmp_path / name).write_text("{}")
+    path = write_yaml(tmp_path, "distributed:\n  fsdp_config: f.json\n")
+    assert load_run_config(path).distributed.backend == "fsdp"
+    path = write_yaml(tmp_path, "distributed:\n  deepspeed_config: ds.json\n")
+    assert load_run_config(path).distributed.backend == "deepspeed"
+    path = write_yaml(tmp_path, "distributed:\n  backend: ddp\n  deepspeed_config: ds.json\n")
+    loaded = load_run_config(path)
+    assert loaded.distributed.backend == "ddp"
+    assert loaded.notes == [
+        "distributed.deepspeed_config is read by backend deepspeed only: this run trains ddp without it."
+    ]
+    path = write_yaml(tmp_path, "distributed:\n  deepspeed_config: ds.json\n  fsdp_config: f.json\n")
+    with pytest.raises(DistsetupError, match="both given, and no backend says which one trains"):
+        load_run_config(path)
+    path = write_yaml(tmp_path, "distributed:\n  backend: fsdp\n  deepspeed_config: ds.json\n  fsdp_config: f.json\n")
+    assert load_run_config(path).distributed.backend == "fsdp"
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
