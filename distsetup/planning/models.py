@@ -205,7 +205,8 @@ def decoder_blocks(c: dict) -> list[int]:
     attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q and o, k and v
     if c.get("attention_bias") or c.get("qkv_bias"):  # Llama's attention_bias: q, k, v and o; Qwen2's: q, k, v
         attention += heads * head_dim + 2 * kv * head_dim + (h if c.get("attention_bias") else 0)
-    dense = 3 * h * int(c.get("intermediate_size", 4 * h))  # gate, up, down
+    matrices = 2 if c.get("model_type") in UNGATED_MLP else 3  # (gate,) up, down
+    dense = matrices * h * int(c.get("intermediate_size", 4 * h))
     experts = next((int(c[key]) for key in EXPERT_COUNTS if c.get(key)), 0)
     if not experts:
         return [attention + dense + 2 * h] * n

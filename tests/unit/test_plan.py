@@ -153,7 +153,8 @@ def test_activation_formula_matches_a_gated_decoder_and_a_mixture_of_experts_top
     small |= {"intermediate_size": 256, "vocab_size": 256}
     if experts_per_token is None:
         config, model_class = transformers.LlamaConfig(**small), transformers.LlamaForCausalLM
-    elif experts_per_token == "ungated":  # up, GeLU, down
+    elif experts_per_token == "ungated":  # up, GeLU, down; no grouped keys and values
+        del small["num_key_value_heads"]
         config, model_class = transformers.GPTNeoXConfig(**small), transformers.GPTNeoXForCausalLM
     else:
         config = transformers.MixtralConfig(**small, num_local_experts=8, num_experts_per_tok=experts_per_token)
@@ -174,6 +175,8 @@ def test_activation_formula_matches_a_gated_decoder_and_a_mixture_of_experts_top
     shape = hf_shape_from_json(tmp_path / "config.json", None)
     predicted = activation_bytes(shape, Workload("fp32", 128), 4, False, peak=False)
     assert predicted == pytest.approx(measured, rel=0.15)
+    # the parameters too: the ungated MLP's were counted as a gated one's, 1.18x (GPT-NeoX's biases are left out)
+    assert shape.params == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.02)
 
 
 # -- the recommendation --------------------------------------------------------------------------------
