@@ -106,7 +106,30 @@ def load(reference: str, where: str) -> Callable:
         raise DistsetupError(
             f"{where}: {reference} is a {type(found).__name__}, not a function.", f"name a function in {where}."
         )
+    if where in CALLED_WITH:
+        _check_called_with(found, where, reference)
     return found
+
+
+# The functions distsetup calls on the run's values, with what, and what they return (a builder may be a class: it
+# makes the model or the dataset; a class here would be constructed, and the run fail at its first step)
+CALLED_WITH = {"training.loss": (("model", "batch"), "the loss"), "data.collate": (("samples",), "the batch")}
+
+
+def _check_called_with(function: Callable, where: str, reference: str) -> None:
+    parameters, returns = CALLED_WITH[where]
+    call = f"{where}({', '.join(parameters)})"
+    fix = f"name a function that takes ({', '.join(parameters)}) and returns {returns}."
+    if inspect.isclass(function):
+        raise DistsetupError(f"{where}: {reference} is a class, which {call} would construct.", fix)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or C function: its call will say
+        return
+    try:
+        signature.bind(*parameters)
+    except TypeError as e:
+        raise DistsetupError(f"{where}: {reference} cannot be called as {call}: {e}.", fix) from None
 
 
 def check_takes(function: Callable, where: str, *args, **kwargs) -> None:

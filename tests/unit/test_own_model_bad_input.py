@@ -1,6 +1,7 @@
 """The user's own code that cannot be used is one line naming the setting and the fix: checked before any process
 group where it can be (the model is built on the meta device first), else at the first step."""
 
+import re
 import signal
 import textwrap
 
@@ -483,6 +484,35 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
         err = capsys.readouterr().err
         assert (status, err.count("\n")) == ((1, 1) if said else (0, 0)), err
         assert said is None or (err.startswith("error: ") and said in err), err
+
+
+@pytest.mark.parametrize(
+    "where, name, said",
+    [
+        (
+            "training.loss",
+            "Net",
+            "training.loss: {m}:Net is a class, which training.loss(model, batch) would construct",
+        ),
+        (
+            "training.loss",
+            "build",
+            "training.loss: {m}:build cannot be called as training.loss(model, batch): too many",
+        ),
+        ("data.collate", "Block", "data.collate: {m}:Block is a class, which data.collate(samples) would construct"),
+        ("data.collate", "build", None),  # one parameter: the samples
+        ("model.builder", "Net", None),  # a class makes the model
+    ],
+)
+def test_a_loss_or_collate_that_cannot_be_called_on_the_batches_is_refused_when_loaded(user_module, where, name, said):
+    """A class named as training.loss passed --check, and the run failed at its first step."""
+    from distsetup.training import user_code
+
+    if said is None:
+        assert callable(user_code.load(f"{user_module}:{name}", where))
+        return
+    with pytest.raises(DistsetupError, match=re.escape(said.format(m=user_module))):
+        user_code.load(f"{user_module}:{name}", where)
 
 
 def test_a_module_in_the_working_folder_is_found_by_validate_and_by_the_trainer_under_both_names(
