@@ -212,6 +212,7 @@ class Trainer:
         self.backend.fit_to_the_model(self.model_description.parameters)
         resume = self._resume_decision()
         self._say_backend()
+        self._say_init_from(resume)
         self._set_aside_previous_run(resume)
         data, sampler = self._build_data(resume)
         objective, flops, peak = self._build_model(data)
@@ -266,6 +267,16 @@ class Trainer:
             self.say(f"lr scaled ({self.t.scale_lr}) to {backend.lr:.6g} for global batch {self.global_batch}")
         for note in self.model_description.notes:
             self.say(f"note: {note}")
+
+    def _say_init_from(self, resume: Path | None) -> None:
+        """Where the weights come from, said as a resume says it: --init_from's, or a resumed checkpoint's instead."""
+        if not self.init_from:
+            return
+        if resume:
+            self.say(f"note: --init_from {self.init_from} left out: the run resumes from its own checkpoint")
+            self.init_from = None
+        else:
+            self.say(f"weights from {self.init_from}; the optimizer and the schedule start at step 0")
 
     def _set_aside_previous_run(self, resume: Path | None) -> None:
         """A run that starts afresh sets the previous run's record aside, so that a plot does not mix the two: with
