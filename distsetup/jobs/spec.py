@@ -164,8 +164,8 @@ def _check_skypilot(spec: JobSpec) -> None:
     if len(missing) > 1:  # said at once, not one run at a time (each is explained below where it is alone)
         raise DistsetupError(
             f"--target skypilot needs {', '.join(missing[:-1])} and {missing[-1]}.",
-            "e.g. --accelerator H100 (none for CPU nodes) --checkpoint_bucket s3://my-bucket/runs --image IMAGE (or "
-            "--setup 'pip install -r requirements.txt').",
+            "e.g. --accelerator H100 (none for CPU nodes) --checkpoint_bucket s3://my-bucket/runs --setup 'pip "
+            "install -r requirements.txt' (or --image, a Docker image of yours with torch and distsetup).",
         )
     if spec.accelerator is None:
         raise DistsetupError(

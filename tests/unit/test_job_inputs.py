@@ -138,6 +138,15 @@ def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project)
     assert run_cli(*args, "--env", "OMP_NUM_THREADS=8", "-o", "out.yaml").exit_code == 0
 
 
+def test_the_skypilot_flags_the_hint_gives_work_when_copied(run_cli, project):
+    """The hint's example named --image IMAGE, which the command then refused."""
+    base = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8]
+    hint = run_cli(*base).output.split("HINT: e.g. ")[1]
+    copied = shlex.split(re.sub(r" \([^()]*\)", "", hint).rstrip(".\n"))  # the example without its asides
+    assert "--setup" in copied
+    assert run_cli(*base, *copied, "-o", "-").exit_code == 0
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [
