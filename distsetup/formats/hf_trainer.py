@@ -4,6 +4,7 @@ from the TrainingArguments one. The formulas are transformers' `HfTrainerDeepSpe
 (`trainer_config_process`, `trainer_config_finalize`), written once here for `validate` and `--resolve`."""
 
 import copy
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -215,15 +216,16 @@ def mismatch_problems(config: dict, trainer: TrainerValues, context: Context, wh
         ours, theirs = node[key], fill.value(trainer, context)
         if theirs is None or ours == theirs:
             continue
+        ours_json, theirs_json = json.dumps(ours), json.dumps(theirs)  # as the files spell them: true, not True
         if isinstance(ours, str) != isinstance(theirs, str):
             message = (
-                f"{ours!r} in {where} is {_a(ours)}, TrainingArguments' {fill.source} is {theirs!r}, {_a(theirs)}: "
-                "the HF Trainer compares them as they are and stops with a mismatch."
+                f"{ours_json} in {where} is {_a(ours)}, TrainingArguments' {fill.source} is {theirs_json}, "
+                f"{_a(theirs)}: the HF Trainer compares them as they are and stops with a mismatch."
             )
-            fix = f'write {theirs!r} without quotes (or "auto").'
+            fix = f'write {theirs_json} without quotes (or "auto").'
         else:
             message = (
-                f"{ours!r} in {where} differs from TrainingArguments' {fill.source} ({theirs!r}): the HF Trainer "
+                f"{ours_json} in {where} differs from TrainingArguments' {fill.source} ({theirs_json}): the HF Trainer "
                 'stops ("Please correct the following DeepSpeed config values that mismatch TrainingArguments").'
             )
             fix = 'make them equal, or write "auto" and let the Trainer fill it in.'

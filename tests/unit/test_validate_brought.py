@@ -287,6 +287,10 @@ def test_auto_find_batch_size_leaves_the_batch_sizes_uncompared_and_refuses_zero
     write(tmp_path / "ds.json", ds)
     compared = problem_paths(run_cli, write(tmp_path / "ta.json", args), "--world_size", 2)
     assert compared == ["deepspeed -> train_micro_batch_size_per_gpu", "deepspeed -> train_batch_size"]
+    write(tmp_path / "ds.json", {**ds, "bf16": {"enabled": False}})
+    said = run_cli("validate", tmp_path / "ta.json", "--world_size", 2).stdout
+    assert "bf16.enabled: false in " in said and "bf16|bf16_full_eval (true)" in said, said  # JSON's spelling
+    write(tmp_path / "ds.json", ds)
     found = write(tmp_path / "ta.json", {**args, "auto_find_batch_size": True})
     assert problem_paths(run_cli, found, "--world_size", 2) == []
     write(tmp_path / "ds.json", {**ds, "zero_optimization": {"stage": 3}})
