@@ -40,8 +40,8 @@ class Checked(click.ParamType):
             )
         try:
             result = self.inner.convert(value, param, ctx)
-        except click.BadParameter as e:
-            raise DistsetupError(f"{flag}: {e.message}", f"see `--help` for what {flag} takes.") from None
+        except click.BadParameter as e:  # a usage error, Click's exit status 2: said in one line (cli.main)
+            raise click.UsageError(f"{flag}: {e.message}", ctx) from None
         for number in result if isinstance(result, tuple) else (result,):
             if isinstance(number, float) and not math.isfinite(number):
                 raise DistsetupError(f"{flag}: {number} is not a finite number.", "give a number such as 0.5.")

@@ -14,10 +14,12 @@ RUN_CONFIG = "training: {micro_batch_size: 4}\ndistributed: {backend: ddp}\n"
 
 
 def one_line_error(result, *words) -> str:
-    """Exit 1 with a single `Error: ...` line on stderr that holds every one of `words`: that line."""
-    assert result.exit_code == 1, result.output
+    """A single `Error: ...` line on stderr that holds every one of `words` (that line), and exit status 1, or 2
+    where Click refused a flag or its value, as Click exits on a usage error (the line then names the --help that
+    says what the command takes)."""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in result.output, result.stderr
+    assert result.exit_code == (2 if lines[0].endswith("--help` says what it takes.") else 1), result.output
     for word in words:
         assert word in lines[0], lines[0]
     return lines[0]

@@ -11,6 +11,7 @@ import sys
 
 import click
 import pytest
+from hostile_input import one_line_error
 from init_terminal import environment, files_in, interrupt_at_the_prompt, spawn_init
 from repo import heavy_imports
 
@@ -152,8 +153,7 @@ def test_bad_answers_are_one_line_and_write_nothing(run_cli, tmp_path, monkeypat
     (tmp_path / "a.bin").write_bytes(b"")
     (tmp_path / "b.txt").write_text("hello")
     result = run_cli("init", "--yes", *args)
-    assert result.exit_code == 1
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    one_line_error(result, message)
     assert files_in(tmp_path) == [
         "a.bin",
         "b.txt",
