@@ -4,6 +4,7 @@ import json
 import platform
 
 import pytest
+from hostile_input import one_line_error
 from repo import REPO, run_subprocess_cli
 
 from distsetup.cli.commands.doctor import FAIL, slurm_findings
@@ -81,17 +82,20 @@ def test_batch_identity_against_nodes_times_gpus(run_cli, tmp_path):
 
 
 def test_backend_against_files(run_cli, tmp_path):
+    """A file the run config names beside another backend is left unread (a warning, as the trainer's note); a file
+    given to doctor names its backend, as the launcher's flag does: its own --help example reported a PROBLEM that
+    the launcher's script would not have."""
     cfg = _write(tmp_path, ds=_ds(), backend="ddp")
-    code, problems, _ = _doctor(run_cli, "--config", cfg)
-    assert code == 1 and any("backend is ddp" in p["message"] for p in problems)
-    cfg = _write(
-        tmp_path,
-        fsdp={"fsdp_version": 2, "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_policy": "NO_WRAP"},
-        backend="deepspeed",
-        ds=_ds(),
-    )
-    code, problems, _ = _doctor(run_cli, "--config", cfg)
-    assert code == 1 and any("FSDP file is given but backend is deepspeed" in p["message"] for p in problems)
+    code, problems, findings = _doctor(run_cli, "--config", cfg)
+    assert code == 0 and problems == []
+    assert any(f["level"] == "warning" and "file is left unread: backend is ddp" in f["message"] for f in findings)
+    ds = tmp_path / "ds.json"
+    code, problems, findings = _doctor(run_cli, "--config", cfg, "--deepspeed_config", ds, "--world_size", 4)
+    assert code == 0 and not any("left unread" in f["message"] for f in findings), findings
+    settled = "global batch 32 = micro 4 x accumulation 2 x world size 4"  # the pair settled as the ZeRO run's
+    assert any(settled in f["message"] for f in findings), findings
+    both = run_cli("doctor", "--config", cfg, "--deepspeed_config", tmp_path / "ds.json", "--fsdp_config", cfg)
+    one_line_error(both, "--deepspeed_config and --fsdp_config name two backends")
 
 
 def test_zero_stage_against_keys(run_cli, tmp_path):

@@ -51,12 +51,12 @@ Examples:
 @option(
     "deepspeed_config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="DeepSpeed JSON to check [the run config's].",
+    help="DeepSpeed JSON to check; its backend is the run's, as with `launcher` [the run config's].",
 )
 @option(
     "fsdp_config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="FSDP JSON to check [the run config's].",
+    help="FSDP JSON to check; its backend is the run's, as with `launcher` [the run config's].",
 )
 @option("world_size", type=positive, help="Planned data-parallel processes in total.")
 @option("num_nodes", type=positive, help="Planned nodes.")
@@ -80,6 +80,11 @@ def doctor(
     as_json,
 ):
     """Check the environment and that the run config, DeepSpeed/FSDP files and world size agree."""
+    if deepspeed_config and fsdp_config:  # as the launcher refuses them
+        raise DistsetupError(
+            "--deepspeed_config and --fsdp_config name two backends (DeepSpeed and FSDP); a run trains with one.",
+            "give the file of the backend you train with.",
+        )
     world = world_size_from(world_size, num_nodes, num_gpus_per_node)
     if config is None and Path(RUN_CONFIG).is_file():  # as the launcher finds it
         config = Path(RUN_CONFIG)
@@ -228,6 +233,9 @@ def consistency_findings(
             from distsetup.formats.runconfig_load import load_run_config
 
             cfg = load_run_config(config)
+            # a file given here names its backend, as the launcher's --deepspeed_config or --fsdp_config does
+            if ds_path or fsdp_path:
+                cfg.distributed.backend = "deepspeed" if ds_path else "fsdp"
             dist = cfg.resolved(config.parent).distributed
             ds_path = ds_path or (Path(dist.deepspeed_config) if dist.deepspeed_config else None)
             fsdp_path = fsdp_path or (Path(dist.fsdp_config) if dist.fsdp_config else None)
@@ -279,22 +287,13 @@ def cross_file_rules(cfg, ds: dict | None, fsdp: dict | None, world: int | None)
     """What the run config says against what its DeepSpeed/FSDP file says: (level, message) pairs."""
     out = []
     backend, t = cfg.distributed.backend, cfg.training
+    # a file the run config names beside another backend: the trainer leaves it unread, said in its note
     if ds is not None and backend != "deepspeed":
         out.append(
-            (
-                FAIL,
-                f"a DeepSpeed file is given but backend is {backend}: it would be ignored. Set backend: "
-                "deepspeed, or drop the DeepSpeed file.",
-            )
+            (WARN, f"the DeepSpeed file is left unread: backend is {backend} (set backend: deepspeed to use it).")
         )
     if fsdp is not None and backend != "fsdp":
-        out.append(
-            (
-                FAIL,
-                f"an FSDP file is given but backend is {backend}: it would be ignored. Set backend: fsdp, "
-                "or drop the FSDP file.",
-            )
-        )
+        out.append((WARN, f"the FSDP file is left unread: backend is {backend} (set backend: fsdp to use it)."))
     fsdp_settings = cfg.distributed.fsdp or fsdp
     settled = settle(
         cfg,
