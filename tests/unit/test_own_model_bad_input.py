@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 import yaml
-from train_runs import train
+from train_runs import assert_clean_error, train
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.runconfig import DataConfig, ModelConfig
@@ -47,6 +47,9 @@ def build(depth=2):
 
 def build_number():
     return 3
+
+def vector_loss(model, batch):
+    return model.blocks[0](batch).sum(-1)  # one per sample, not the mean
 
 def build_kw(**kw):
     return Net(**kw)
@@ -440,6 +443,21 @@ def test_the_trainer_stops_before_training_with_the_line(tmp_path, user_module):
         "model (an nn.Module) from it."
     ]
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_first_step_error_beside_loader_workers_leaves_no_semaphores_behind(tmp_path, user_module):
+    """After the one line, Python's resource tracker warned of 14 leaked semaphores: the loader's closed workers'
+    queues, kept alive to the interpreter's exit."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"model: {{type: python, builder: '{user_module}:build'}}\n"
+        f"data: {{type: python, builder: '{user_module}:tensors', num_workers: 2}}\n"
+        f"training: {{output_dir: {tmp_path / 'out'}, loss: '{user_module}:vector_loss', micro_batch_size: 2}}\n"
+        "distributed: {backend: single}\n"
+    )
+    result = train(config, 1)
+    assert_clean_error(result, "training.loss", "not a floating-point scalar tensor")
+    assert "leaked" not in result.stderr, result.stderr
 
 
 def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_path, user_module, capsys):

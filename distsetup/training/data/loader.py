@@ -61,6 +61,7 @@ class StepLoader:
     def close(self) -> None:
         """Stop the worker processes (worker_processes.shut_down)."""
         batches, self._batches = self._batches, iter(())
+        self._said = self._batches  # nothing keeps the workers' queues: their semaphores go before the interpreter
         worker_processes.shut_down(batches)
 
 
