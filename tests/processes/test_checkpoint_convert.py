@@ -68,6 +68,7 @@ def test_a_converted_checkpoint_resumes_under_its_new_backend(tmp_path, case):
     assert resumed_run.returncode == 0, resumed_run.stdout[-3000:] + resumed_run.stderr[-3000:]
     assert re.search(rf"resumed from \S+step_{INTERVAL:07d} \(step {INTERVAL}\)", resumed_run.stdout)
     assert "converted for this run" not in resumed_run.stdout  # the new backend loads it as its own
+    assert "MPU is not provided" not in resumed_run.stdout + resumed_run.stderr  # DeepSpeed's, per rank: no TP here
     resumed, uninterrupted = losses(tmp_path / "out"), losses(shared_run(source))[INTERVAL:]
     assert len(resumed) == STEPS - INTERVAL >= 20
     assert resumed == pytest.approx(uninterrupted, rel=1e-4)

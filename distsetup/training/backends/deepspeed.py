@@ -377,7 +377,7 @@ class DeepSpeedBackend(Backend):
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
         optimizer = self.engine.optimizer
         own = {key: getattr(optimizer, key) for key in FILE_SETTINGS if hasattr(optimizer, key)}
-        with universal_folder.plain_names_in(self.engine):
+        with universal_folder.plain_names_in(self.engine), universal_folder.no_tensor_parallel_warning():
             self._load_engine(folder)
         self._mend_universal_load(groups)
         count_steps_as_it_does(optimizer.optimizer)

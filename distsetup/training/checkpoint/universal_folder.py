@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import functools
 import io
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -193,6 +194,22 @@ def plain_names_in(engine):
         yield
     finally:
         names.update(own)
+
+
+@contextlib.contextmanager
+def no_tensor_parallel_warning():
+    """While a universal folder loads: DeepSpeed 0.19 warns on every rank that no MPU (model-parallel groups) was
+    given, "setting tp size to 1", which is this run's: the trainer has no tensor parallelism."""
+    from deepspeed.utils import logger
+
+    def kept(record: logging.LogRecord) -> bool:
+        return "MPU is not provided" not in record.getMessage()
+
+    logger.addFilter(kept)
+    try:
+        yield
+    finally:
+        logger.removeFilter(kept)
 
 
 def _identity(tensor) -> object:
