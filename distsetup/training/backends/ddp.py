@@ -64,7 +64,8 @@ class DDPBackend(Backend):
         if layers:
             self.notes.append(
                 f"{moe.described_layers(layers)} may run other experts on each rank: DDP looks for unused parameters "
-                "(find_unused_parameters)"
+                "(find_unused_parameters). Where a step's tokens reach every expert, torch warns once per rank that "
+                "it found none: that step needed no search, others will"
             )
         self.unrouted_as_zero = layers
 
