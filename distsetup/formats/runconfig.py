@@ -113,7 +113,11 @@ class DataConfig:
     )
     val_paths: list[str] = setting([], "validation files, of the kind paths holds")
     val_fraction: float = setting(
-        0.0, "hold out this fraction of the records (drawn with training.seed) for validation", minimum=0, maximum=0.5
+        0.0,
+        "hold out this fraction of the records (drawn with training.seed) for validation; synthetic data: that "
+        "fraction of num_samples generated besides",
+        minimum=0,
+        maximum=0.5,
     )
     format: str = setting(
         "text", "text, prompt_completion or chat: what the records hold and which tokens carry loss", enum=list(FORMATS)

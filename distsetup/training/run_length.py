@@ -28,7 +28,7 @@ def run_steps(
     steps, said = max_steps, []
     if epochs is not None:
         steps = epochs * per_epoch
-        said.append(f"{epochs} epochs of {per_epoch} steps: {steps} steps")
+        said.append(f"{epochs} epoch{'s' if epochs != 1 else ''} of {per_epoch} steps: {steps} steps")
         if resumed is not None and sum(resumed) != steps:
             steps = sum(resumed)
             said[-1] = (
