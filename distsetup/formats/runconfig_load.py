@@ -307,20 +307,25 @@ def backend_of(distributed: dict) -> str:
         return "deepspeed"
     if distributed.get("use_fsdp") is True:
         return "fsdp"
-    named = _backends_with_files(distributed)
-    return named[0] if len(named) == 1 else DistributedConfig.backend
+    choosing = _choosing_files(distributed)
+    return choosing[0] if len(choosing) == 1 else DistributedConfig.backend
 
 
-def _backends_with_files(distributed: dict) -> list[str]:
-    return [kind for kind in BACKEND_FILES if distributed.get(f"{kind}_config")]
+def _choosing_files(distributed: dict) -> list[str]:
+    """The backends whose file the section names and whose `use_` key does not turn off (use_deepspeed: false
+    beside a DeepSpeed file, as HF-style configs write it, trains DDP as it did)."""
+    return [
+        kind
+        for kind in BACKEND_FILES
+        if distributed.get(f"{kind}_config") and distributed.get(f"use_{kind}") is not False
+    ]
 
 
 def _backend_file_findings(distributed: dict, backend: str) -> tuple[list[Problem], list[str]]:
     """(problems, notes) of the backend files a `distributed` section names beside the backend it trains with: two
     files and nothing choosing between them is a problem, a file its backend does not read a note."""
-    named = _backends_with_files(distributed)
     chosen = "backend" in distributed or any(distributed.get(key) is True for key in ("use_deepspeed", "use_fsdp"))
-    if len(named) > 1 and not chosen:
+    if len(_choosing_files(distributed)) > 1 and not chosen:
         problem = Problem(
             "distributed",
             "deepspeed_config and fsdp_config are both given, and no backend says which one trains.",
@@ -330,8 +335,8 @@ def _backend_file_findings(distributed: dict, backend: str) -> tuple[list[Proble
         return [problem], []
     return [], [
         f"distributed.{kind}_config is read by backend {kind} only: this run trains {backend} without it."
-        for kind in named
-        if kind != backend
+        for kind in BACKEND_FILES
+        if distributed.get(f"{kind}_config") and kind != backend
     ]
 
 

@@ -77,6 +77,12 @@ def test_a_backends_file_alone_selects_it_and_one_left_unread_is_said(tmp_path):
     assert loaded.notes == [
         "distributed.deepspeed_config is read by backend deepspeed only: this run trains ddp without it."
     ]
+    path = write_yaml(tmp_path, "distributed:\n  use_deepspeed: false\n  deepspeed_config: ds.json\n")
+    assert load_run_config(path).distributed.backend == "ddp"  # turned off, as HF-style configs write it
+    path = write_yaml(
+        tmp_path, "distributed:\n  use_deepspeed: false\n  deepspeed_config: ds.json\n  fsdp_config: f.json\n"
+    )
+    assert load_run_config(path).distributed.backend == "fsdp"
     path = write_yaml(tmp_path, "distributed:\n  deepspeed_config: ds.json\n  fsdp_config: f.json\n")
     with pytest.raises(DistsetupError, match="both given, and no backend says which one trains"):
         load_run_config(path)
