@@ -111,8 +111,7 @@ def load(reference: str, where: str) -> Callable:
     return found
 
 
-# The functions distsetup calls on the run's values, with what, and what they return (a builder may be a class: it
-# makes the model or the dataset; a class here would be constructed, and the run fail at its first step)
+# The functions distsetup calls on the run's values, with what, and what they return
 CALLED_WITH = {"training.loss": (("model", "batch"), "the loss"), "data.collate": (("samples",), "the batch")}
 
 
@@ -120,10 +119,11 @@ def _check_called_with(function: Callable, where: str, reference: str) -> None:
     parameters, returns = CALLED_WITH[where]
     call = f"{where}({', '.join(parameters)})"
     fix = f"name a function that takes ({', '.join(parameters)}) and returns {returns}."
-    if inspect.isclass(function):
+    # a class would be constructed: no loss is an instance of one (a batch may be: a dict subclass)
+    if where == "training.loss" and inspect.isclass(function):
         raise DistsetupError(f"{where}: {reference} is a class, which {call} would construct.", fix)
-    try:
-        signature = inspect.signature(function)
+    try:  # as it is called: a decorator's own parameters, not those of the function it wraps
+        signature = inspect.signature(function, follow_wrapped=False)
     except (TypeError, ValueError):  # a builtin or C function: its call will say
         return
     try:

@@ -19,6 +19,8 @@ from distsetup.training.loss.token_objective import TokenObjective
 from distsetup.training.model import build as models
 
 USER_CODE = """
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -50,6 +52,20 @@ def build_number():
 
 def vector_loss(model, batch):
     return model.blocks[0](batch).sum(-1)  # one per sample, not the mean
+
+class Batch(dict):
+    def __init__(self, samples):
+        super().__init__(x=torch.stack(samples))
+
+def scaled(loss):
+    @functools.wraps(loss)
+    def with_scale(model, batch):
+        return loss(2.0, model, batch)
+    return with_scale
+
+@scaled
+def decorated_loss(scale, model, batch):
+    return scale * model(batch)
 
 def build_kw(**kw):
     return Net(**kw)
@@ -517,8 +533,10 @@ def test_check_finds_a_builder_that_is_not_there_or_takes_other_arguments(tmp_pa
             "build",
             "training.loss: {m}:build cannot be called as training.loss(model, batch): too many",
         ),
-        ("data.collate", "Block", "data.collate: {m}:Block is a class, which data.collate(samples) would construct"),
+        ("data.collate", "Block", "data.collate: {m}:Block cannot be called as data.collate(samples): too many"),
         ("data.collate", "build", None),  # one parameter: the samples
+        ("data.collate", "Batch", None),  # a class of one parameter: the batch is one of its instances
+        ("training.loss", "decorated_loss", None),  # called as its decorator's wrapper is, not as the function
         ("model.builder", "Net", None),  # a class makes the model
     ],
 )
