@@ -269,12 +269,14 @@ class Trainer:
             self.say(f"note: {note}")
 
     def _say_init_from(self, resume: Path | None) -> None:
-        """Where the weights come from, said as a resume says it: --init_from's, or a resumed checkpoint's instead."""
+        """Where the weights come from, said as a resume says it: --init_from's, or a resumed checkpoint's over them
+        (the file is still read: under FSDP2 and ZeRO-3 each rank's part of it is its cheapest start)."""
         if not self.init_from:
             return
         if resume:
-            self.say(f"note: --init_from {self.init_from} left out: the run resumes from its own checkpoint")
-            self.init_from = None
+            self.say(
+                f"note: the run resumes from its own checkpoint, whose weights replace --init_from {self.init_from}"
+            )
         else:
             self.say(f"weights from {self.init_from}; the optimizer and the schedule start at step 0")
 
