@@ -2,6 +2,7 @@
 
 import copy
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,7 +16,7 @@ from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, mism
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
-from distsetup.formats.runconfig_load import check_run_config, run_config_from
+from distsetup.formats.runconfig_load import apply_overrides, check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
 
 KINDS = ("deepspeed", "fsdp", "run_config", "accelerate", "training_args")
@@ -46,18 +47,21 @@ def validate_file(
     world_size: int | None = None,
     hf: bool = False,
     num_gpus_per_node: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> Validated:
-    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML, an Accelerate config
-    or TrainingArguments saved as JSON/YAML (with the DeepSpeed file either names)."""
+    """The kind, problems and data of a DeepSpeed JSON, an FSDP JSON, a run config YAML (with `overrides`, the
+    trainer's section.key=value), an Accelerate config or TrainingArguments saved as JSON/YAML (with the DeepSpeed
+    file either names)."""
     as_yaml = path.suffix in YAML_SUFFIXES or kind == "run_config"
     data = read_yaml(path) if as_yaml else read_json(path)
     kind = kind or detect_kind(path, data)
     if as_yaml and kind in ("accelerate", "training_args"):
         data = read_yaml(path, as_pyyaml=True)  # as Accelerate and HfArgumentParser read it: 3e-5 is text there
     if kind == "run_config":
-        raw = copy.deepcopy(data)  # `data` stays as the file has it; `raw` is read into distsetup's keys
+        given = apply_overrides(copy.deepcopy(data), list(overrides)) if overrides else data
+        raw = copy.deepcopy(given)  # `data` stays as the file has it; `raw` is read into distsetup's keys
         checked = check_run_config(raw, path.parent)
-        problems = checked.problems + _referenced_file_problems(data, path.parent, world_size, hf)
+        problems = checked.problems + _referenced_file_problems(given, path.parent, world_size, hf)
         notes = checked.notes
         if not problems:
             settled = settle_run_config(run_config_from(raw, checked), path.parent, world_size, hf)

@@ -94,6 +94,11 @@ def test_backend_against_files(run_cli, tmp_path):
     assert code == 0 and not any("left unread" in f["message"] for f in findings), findings
     settled = "global batch 32 = micro 4 x accumulation 2 x world size 4"  # the pair settled as the ZeRO run's
     assert any(settled in f["message"] for f in findings), findings
+    # the run config read with the flag's backend and file, as the launcher reads it: no file of its own needed
+    training = {"micro_batch_size": 4, "gradient_accumulation_steps": 2, "precision": "fp32"}
+    (tmp_path / "alone.yaml").write_text(json.dumps({"distributed": {"backend": "deepspeed"}, "training": training}))
+    code, problems, _ = _doctor(run_cli, "--config", tmp_path / "alone.yaml", "--deepspeed_config", ds)
+    assert code == 0 and problems == [], problems
     both = run_cli("doctor", "--config", cfg, "--deepspeed_config", tmp_path / "ds.json", "--fsdp_config", cfg)
     one_line_error(both, "--deepspeed_config and --fsdp_config name two backends")
 

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -227,15 +228,13 @@ def consistency_findings(
     found = []
     cfg = None
     if config:
-        problems = _file_findings(config, "run_config", world)
+        flags = _backend_flags(ds_path, fsdp_path)
+        problems = _file_findings(config, "run_config", world, flags)
         found += problems
         if not problems:
             from distsetup.formats.runconfig_load import load_run_config
 
-            cfg = load_run_config(config)
-            # a file given here names its backend, as the launcher's --deepspeed_config or --fsdp_config does
-            if ds_path or fsdp_path:
-                cfg.distributed.backend = "deepspeed" if ds_path else "fsdp"
+            cfg = load_run_config(config, flags)
             dist = cfg.resolved(config.parent).distributed
             ds_path = ds_path or (Path(dist.deepspeed_config) if dist.deepspeed_config else None)
             fsdp_path = fsdp_path or (Path(dist.fsdp_config) if dist.fsdp_config else None)
@@ -266,10 +265,25 @@ def consistency_findings(
     return found
 
 
-def _file_findings(path: Path, kind: str, world: int | None) -> list[Finding]:
+def _backend_flags(ds_path: Path | None, fsdp_path: Path | None) -> list[str]:
+    """The run config's overrides that a file given here makes, as the launcher's --deepspeed_config or
+    --fsdp_config does: its backend is the run's, and the file the one it reads."""
+    kind, path = ("deepspeed", ds_path) if ds_path else ("fsdp", fsdp_path)
+    if path is None:
+        return []
+    named = json.dumps(str(path.resolve()))  # a path YAML reads as it is
+    return [
+        f"distributed.backend={kind}",
+        "distributed.use_deepspeed=false",
+        "distributed.use_fsdp=false",
+        f"distributed.{kind}_config={named}",
+    ]
+
+
+def _file_findings(path: Path, kind: str, world: int | None, overrides: Sequence[str] = ()) -> list[Finding]:
     """`distsetup validate`'s problems with one file, as findings; a file it cannot read is one finding."""
     try:
-        problems = validate_file(path, kind, world).problems
+        problems = validate_file(path, kind, world, overrides=overrides).problems
     except DistsetupError as e:
         return [Finding(FAIL, str(path), e.message)]
     return [Finding(FAIL, str(path), str(p)) for p in problems]
