@@ -66,9 +66,9 @@ def _from_run_config(o: dict) -> tuple[ModelShape, dict, list[str]]:
     model's activations (the planner cannot count them), and are refused beside another."""
     from distsetup.formats.runconfig_load import load_run_config
 
-    # every strategy is planned: the run's own backend file is not read, and may come later (from --write)
-    backend_files = ("distributed.deepspeed_config", "distributed.fsdp_config")
-    cfg = load_run_config(o["config"], not_needed=backend_files).resolved(Path(o["config"]).parent)
+    # every strategy is planned: the run's own backend and its file are not read, and may come later (from --write)
+    backend_choice = ("distributed", "distributed.deepspeed_config", "distributed.fsdp_config")
+    cfg = load_run_config(o["config"], not_needed=backend_choice).resolved(Path(o["config"]).parent)
     notes: list[str] = []
     shape_flags = [f"--{name}" for name in ("hidden_size", "num_layers", "num_heads", "vocab_size") if o[name]]
     if cfg.model.type != "python" and shape_flags:
