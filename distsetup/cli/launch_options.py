@@ -82,7 +82,7 @@ def shared_launch_options(wording: dict[str, dict[str, str]]):
             "config",
             type=click.Path(dir_okay=False),
             help="Run config (config.yaml) [config/config.yaml where it exists]; its backend is used unless "
-            "--use_deepspeed / --use_fsdp is given.",
+            "--use_deepspeed / --use_fsdp or a backend's file (--deepspeed_config / --fsdp_config) is given.",
         ),
         option("use_deepspeed", is_flag=True, help="Train with DeepSpeed (needs --deepspeed_config or the config's)."),
         option("use_fsdp", is_flag=True, help="Train with FSDP."),

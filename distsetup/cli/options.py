@@ -1,8 +1,8 @@
 """Options shared by several commands, each spelled --snake_case (as guides write it) and --dash-case.
 
 Every option made here takes its value through `Checked`: a value that names something is never empty,
-a number is finite, and a value the option cannot take is one line naming the flag (a DistsetupError,
-exit 1), not Click's usage block.
+a number is finite (distsetup's rules: a DistsetupError, exit 1), and a value of another type or range (Click's
+rules) is one line naming the flag with a usage error's exit status 2, not Click's usage block.
 """
 
 import dataclasses

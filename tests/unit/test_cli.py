@@ -79,6 +79,9 @@ def test_python_dash_m_and_version():
         (["lunch"], "Error: No such command 'lunch'. HINT: `distsetup --help` says what it takes."),
         (["--fo"], "Error: No such option '--fo'. HINT: `distsetup --help` says what it takes."),
         (["checkpoint", "ls"], "Error: Missing argument 'RUN'. HINT: `distsetup checkpoint ls --help` says"),
+        # a value of another type or range, as Click says it (it exited 1 where docs/reference.md says 2)
+        (["deepspeed", "--zero_stage", "two"], "Error: --zero_stage: 'two' is not a valid integer. HINT: `distsetup"),
+        (["deepspeed", "--zero_stage", "5"], "Error: --zero_stage: 5 is not in the range 0<=x<=3."),
     ],
 )
 def test_a_flag_click_refuses_is_one_line(args, said):
