@@ -130,6 +130,16 @@ def test_env_takes_what_the_engines_only_read(run_cli, project):
         one_line_error(run_cli(*args, "-o", "-", "--", bad), "training.output_dir=")
 
 
+@pytest.mark.parametrize("target", ["jobset", "skypilot"])
+def test_the_trainers_overrides_are_read_with_the_run_config_before_the_job_is_written(run_cli, project, target):
+    """A typo after `--` was written into the job: every node's check refused it, and the engine restarted them."""
+    extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
+    args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra, "-o", "out.yaml"]
+    said = one_line_error(run_cli(*args, "--", "training.max_stepz=5"), "in the override training.max_stepz=5")
+    assert "did you mean 'max_steps'" in said and not (project / "out.yaml").exists()
+    assert run_cli(*args, "--", "training.max_steps=5", "--no_resume").exit_code == 0  # an option passes as it is
+
+
 def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project):
     """--env OMP_NUM_THREADS=8 beside --omp_num_threads 4: two exports, the later silently the one."""
     args = ["job", "--target", "jobset", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"]

@@ -110,6 +110,8 @@ def job(target, output, dry_run, program_args, **opts):
         raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
     output = output or default_output(target)
     launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
+    if launch.runs_default_trainer:
+        _check_trainer_overrides(launch.config, program_args)
     given = {key: opts[key] for key in (*KUBERNETES_ONLY, *SKYPILOT_ONLY) if opts[key] not in (None, False)}
     check_flags_given(target, list(given))
     given.update({key: "" for key in ("gpu_resource", "accelerator") if given.get(key) == "none"})  # CPU nodes
@@ -144,3 +146,13 @@ def job(target, output, dry_run, program_args, **opts):
         inputs=launch_inputs(launch),
         remarks=[f"Note: {note}" for note in notes],
     )
+
+
+def _check_trainer_overrides(config: str | None, program_args: tuple[str, ...]) -> None:
+    """The trainer's overrides after `--` (section.key=value; its options pass), read with the run config now: each
+    node's entry point would refuse them in its check, and the engine restart it to the same refusal."""
+    from distsetup.formats.runconfig_load import load_run_config
+
+    overrides = [arg for arg in program_args if "=" in arg and not arg.startswith("-")]
+    if overrides:
+        load_run_config(config, overrides, not_needed=("distributed.deepspeed_config", "distributed.fsdp_config"))
