@@ -109,7 +109,7 @@ def write_atomic(
             f"cannot write {path}: {e.strerror} ({e.filename}).", f"choose an {option} in a folder you can write to."
         )
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # whatever the locale: what YAML and JSON readers expect
             f.write(text)
         os.chmod(tmp, 0o755 if executable else 0o644)
         os.replace(tmp, path)

@@ -53,7 +53,10 @@ def manifest_text(objects: list[dict], command_line: str, submit: str) -> str:
         "# Written by `distsetup job`; regenerate it rather than editing by hand:\n"
         f"#   {command_line}\n# Submit: {submit}\n"
     )
-    return header + "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=120) for o in objects)
+    # allow_unicode: text outside ASCII (an --env value, a comment in the run config) kept as it is, not escaped,
+    # which also turned the whole script or file it is in into one quoted line
+    documents = (yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True) for o in objects)
+    return header + "---\n".join(documents)
 
 
 def default_output(target: str) -> str:

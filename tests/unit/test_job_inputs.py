@@ -131,6 +131,29 @@ def test_env_takes_what_the_engines_only_read(run_cli, project):
 
 
 @pytest.mark.parametrize("target", ["jobset", "skypilot"])
+def test_text_outside_ascii_stays_as_written_and_the_scripts_stay_block_text(run_cli, project, target):
+    """An --env value outside ASCII escaped the whole entry script into one quoted line of the manifest."""
+    extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
+    args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra]
+    assert run_cli(*args, "--env", "GREETING=ünï", "-o", "out.yaml").exit_code == 0
+    text = (project / "out.yaml").read_text(encoding="utf-8")
+    assert "export GREETING='ünï'  # set with --env\n" in text  # a line of the script's block text, unescaped
+    scripts = [v for doc in yaml.safe_load_all(text) for v in walk_strings(doc) if "export GREETING" in v]
+    assert scripts and all("\n" in script for script in scripts)  # the script itself, read back whole
+
+
+def walk_strings(node):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from walk_strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk_strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+@pytest.mark.parametrize("target", ["jobset", "skypilot"])
 def test_the_trainers_overrides_are_read_with_the_run_config_before_the_job_is_written(run_cli, project, target):
     """A typo after `--` was written into the job: every node's check refused it, and the engine restarted them."""
     extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
