@@ -137,9 +137,9 @@ def output_note(spec: JobSpec) -> str | None:
     output_dir = PurePosixPath(output_dir_of(spec))  # a relative one is kept's (kept_overrides), but `../x`
     if (output_dir.is_absolute() and output_dir.is_relative_to(kept)) or not str(output_dir).startswith(("/", "..")):
         return None
-    where = "the bucket" if spec.target == "skypilot" else "the shared volume"
+    where, machine = ("the bucket", "node") if spec.target == "skypilot" else ("the shared volume", "pod")
     return (
-        f"training.output_dir {output_dir} is outside {kept} ({where}): its checkpoints go with the node, and a "
+        f"training.output_dir {output_dir} is outside {kept} ({where}): its checkpoints go with the {machine}, and a "
         "restarted job starts from step 0 (a relative output_dir is kept there)."
     )
 

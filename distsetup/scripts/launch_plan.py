@@ -80,12 +80,16 @@ class LaunchSpec:
         return self.script if self.script is not None else self.module or DEFAULT_TRAINER
 
 
+# The inputs that name a file or folder, which may be named so by accident
+PATH_INPUTS = ("--script", "--config", "--deepspeed_config", "--fsdp_config", "the working folder")
+
+
 def check_text(name: str, value: str | None) -> None:
     """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
     if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        rename = " (a file or folder named so: rename it)" if name in PATH_INPUTS else ""
         raise DistsetupError(
-            f"{name} {value!r} contains a control character (newline, tab, ...).",
-            f"give {name} without one (a file or folder named so: rename it).",
+            f"{name} {value!r} contains a control character (newline, tab, ...).", f"give {name} without one{rename}."
         )
 
 
