@@ -21,6 +21,7 @@ from distsetup.formats.validate import read_valid
 from distsetup.scripts.environment import NCCL_DEBUG_LEVELS, EnvSpec
 from distsetup.scripts.launch_flags import FLAG_VARIABLES, parse_gpus
 from distsetup.scripts.launch_plan import DEFAULT_TRAINER, LAUNCH_METHODS, LaunchSpec, check_launch
+from distsetup.scripts.shell_words import one_line_word
 
 # Where `distsetup deepspeed` / `distsetup fsdp` write their files in the user's path (README, Quick start).
 
@@ -177,15 +178,15 @@ def regenerate_command(name: str) -> str:
         if source in (None, click.core.ParameterSource.DEFAULT) or value is None:
             continue
         if isinstance(param, click.Argument):  # the program's arguments, after --
-            after += ["--", *map(shlex.quote, value)] if value else []
+            after += ["--", *map(one_line_word, value)] if value else []
             continue
         flag = getattr(param, "new_flag", None) or param.opts[0].split("/")[0]  # an old spelling: the new one
         if getattr(param, "is_flag", False):
             words.append(flag if value else param.secondary_opts[0] if param.secondary_opts else "")
         else:
             for item in value if isinstance(value, (list, tuple)) else [value]:
-                words += [flag, shlex.quote(str(item))]
-    return " ".join(w for w in words + after if w).replace("\n", "\\n").replace("\r", "\\r")
+                words += [flag, one_line_word(str(item))]
+    return " ".join(w for w in words + after if w)
 
 
 def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:
