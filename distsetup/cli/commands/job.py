@@ -70,7 +70,8 @@ Examples:
     type=positive,
     default=60,
     show_default=True,
-    help="The longest a checkpoint takes (summary.json's checkpoint_seconds); the grace period must fit it.",
+    help="The longest a checkpoint takes (the largest of summary.json's checkpoint_stalls, with synchronous "
+    "checkpoints); the grace period must fit it.",
 )
 @option(
     "max_restarts",
