@@ -68,7 +68,9 @@ def pods(objects: list[dict], port: int) -> list[Pod]:
         task = objects[0]
         nodes = task["num_nodes"]
         env = {
-            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * nodes),
+            # an address of this machine without a name (127.0.0.1 has one in /etc/hosts), as a cloud VM's
+            # private address may be: it needs no resolving (getent looked it up in reverse, and waited 300 s)
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.2"] * nodes),
             "SKYPILOT_NUM_NODES": str(nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": task["resources"].get("accelerators", ":0").rsplit(":", 1)[1],
         }
