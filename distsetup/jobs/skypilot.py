@@ -119,13 +119,22 @@ def task_problems(task: dict) -> list[Problem]:
         )
     nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)  # fixed (CPU nodes, or written by hand)
     accelerators = task.get("resources", {}).get("accelerators")
-    count = accelerators.rsplit(":", 1)[1] if isinstance(accelerators, str) and ":" in accelerators else None
+    count = accelerators.rsplit(":", 1)[1].strip() if isinstance(accelerators, str) and ":" in accelerators else None
     if nproc and count is not None and count != nproc.group(1):
         problems.append(
             Problem(
                 "resources.accelerators",
-                f"{accelerators!r} asks for {count} GPUs a node, and the run starts {nproc.group(1)} processes.",
+                f"{accelerators!r} asks for {count} GPUs a node, and the run starts {nproc.group(1)} process(es).",
                 "regenerate the task with distsetup job, or make them agree.",
+            )
+        )
+    bucket = (task.get("file_mounts") or {}).get(BUCKET_MOUNT)
+    if isinstance(bucket, dict) and str(bucket.get("mode", "MOUNT")).upper() == "MOUNT":
+        problems.append(
+            Problem(
+                f"file_mounts.{BUCKET_MOUNT}.mode",
+                "a plain MOUNT (goofys, gcsfuse) cannot rename files, which every checkpoint does to complete.",
+                "write mode: MOUNT_CACHED, as distsetup job does.",
             )
         )
     recovery = task.get("resources", {}).get("job_recovery")

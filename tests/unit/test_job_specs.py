@@ -378,6 +378,15 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     fixed = task["run"].replace(gpus_given, "NPROC_PER_NODE=8")
     problems = manifest_problems([dict(task, resources=four, run=fixed)])
     assert [p.path for p in problems] == ["Task/distsetup.resources.accelerators"]
+    spaced = dict(task["resources"], accelerators="H100 : 4")  # as SkyPilot reads it too
+    assert "asks for 4 GPUs a node, and the run starts 8 process(es)" in str(
+        manifest_problems([dict(task, resources=spaced, run=fixed)])[0]
+    )
+    # a plain MOUNT cannot rename: validate said "no problems" of the mode the docs warn of
+    mounts = {path: dict(store, mode="MOUNT") for path, store in task["file_mounts"].items()}
+    assert [p.path for p in manifest_problems([dict(task, file_mounts=mounts)])] == [
+        "Task/distsetup.file_mounts./distsetup-work.mode"
+    ]
     del task["resources"]["job_recovery"]["recover_on_exit_codes"]
     assert [p.path for p in manifest_problems([task])] == [
         "Task/distsetup.resources.job_recovery.recover_on_exit_codes"
