@@ -119,7 +119,8 @@ def test_training_arguments_beside_a_deepspeed_file_find_what_the_trainer_stops_
     assert bool(ours) == bool(ds_change or args_change)
     if ds_change.get("train_micro_batch_size_per_gpu") == "4":
         (line,) = [p.message for p in mismatch_problems(ds, TrainerValues(**args), Context(1), "ds.json")]
-        assert "'4' in ds.json is a string, TrainingArguments' per_device_train_batch_size is 4, a number" in line
+        said = '"4" in ds.json is a string, TrainingArguments\' per_device_train_batch_size is 4, a number'
+        assert said in line  # JSON's spelling of the file's value
 
 
 @pytest.mark.parametrize("stage", [2, 3])
