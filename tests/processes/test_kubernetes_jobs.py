@@ -1,6 +1,7 @@
 """`distsetup job`'s manifests run as their engines run them, on this machine (no cluster is reachable): every pod of
 2 "nodes" x 2 processes runs its container's own command under the engine's variables, with the engine's DNS names
-mapped to 127.0.0.1 (tests/support/engine_pods.py says how, and cites the engines' code). The four form one world,
+mapped to 127.0.0.1 and SkyPilot's node addresses a name-less one, 127.0.0.2 (tests/support/engine_pods.py says
+how, and cites the engines' code). The four form one world,
 train and checkpoint; SIGTERM to one pod's first process, as the kubelet sends it, makes every pod checkpoint the same
 step and exit with the status the engine restarts on; the job written again for one node resumes from it."""
 
