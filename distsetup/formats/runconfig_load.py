@@ -146,10 +146,21 @@ def config_problems(raw: dict, base_dir: Path | None = None) -> list[Problem]:
     return check_run_config(raw, base_dir).problems
 
 
-def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
+def override_problems(overrides: Sequence[str]) -> list[Problem]:
+    """The problems of the trainer's `section.key=value` overrides by themselves: a key that is no run config's, a
+    value of another type or range. What spans keys or names files is left to where the run is (a job's pod: its
+    image and volume)."""
+    try:
+        raw = apply_overrides({}, list(overrides))
+    except DistsetupError as e:
+        return [Problem("", e.problem, e.hint or "write section.key=value.")]
+    return check_run_config(raw, cross_field=False).problems
+
+
+def check_run_config(raw: dict, base_dir: Path | None = None, *, cross_field: bool = True) -> Checked:
     """Every problem in a raw run config: keys that are not names, other tools' names (read as distsetup's, in
     place), the schema (unknown keys, types, ranges, NaN and infinities), what the schema cannot say (whole numbers,
-    blank names), then cross-field rules; with the notes on how it was read."""
+    blank names), then cross-field rules (unless `cross_field` is false); with the notes on how it was read."""
     problems = _key_problems(raw)
     if problems:
         return Checked(problems, [], {})
@@ -168,7 +179,7 @@ def check_run_config(raw: dict, base_dir: Path | None = None) -> Checked:
     problems = schema_problems(raw, "run_config", hint)
     reported = {p.path for p in problems}
     problems += [p for p in _value_problems(raw) if p.path not in reported]
-    if not problems:
+    if not problems and cross_field:
         config = _build(raw)
         problems = cross_field_problems(config, base_dir) + step_count_problems(raw)
         found, said = _backend_file_findings(raw.get("distributed") or {}, config.distributed.backend)

@@ -127,7 +127,7 @@ def test_env_takes_what_the_engines_only_read(run_cli, project):
     assert "export SLURM_CPU_BIND=cores" in result.stdout and "export PET_TEE=3" in result.stdout
     for bad in ("training.output_dir=null", "training.output_dir='runs"):  # one line, not a traceback
         args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
-        one_line_error(run_cli(*args, "-o", "-", "--", bad), "training.output_dir=")
+        one_line_error(run_cli(*args, "-o", "-", "--", bad), "training.output_dir")
 
 
 @pytest.mark.parametrize("target", ["jobset", "skypilot"])
@@ -154,13 +154,19 @@ def walk_strings(node):
 
 
 @pytest.mark.parametrize("target", ["jobset", "skypilot"])
-def test_the_trainers_overrides_are_read_with_the_run_config_before_the_job_is_written(run_cli, project, target):
+def test_the_trainers_arguments_are_read_as_it_reads_them_before_the_job_is_written(run_cli, project, target):
     """A typo after `--` was written into the job: every node's check refused it, and the engine restarted them."""
     extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
     args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra, "-o", "out.yaml"]
-    said = one_line_error(run_cli(*args, "--", "training.max_stepz=5"), "in the override training.max_stepz=5")
+    said = one_line_error(run_cli(*args, "--", "training.max_stepz=5"), "after --: training.max_stepz: unknown key")
     assert "did you mean 'max_steps'" in said and not (project / "out.yaml").exists()
-    assert run_cli(*args, "--", "training.max_steps=5", "--no_resume").exit_code == 0  # an option passes as it is
+    one_line_error(run_cli(*args, "--", "training.max_steps=abc"), "training.max_steps: 'abc' has the wrong type")
+    one_line_error(run_cli(*args, "--", "--bogus"), "the trainer's arguments after --: unrecognized arguments: --bogus")
+    one_line_error(run_cli(*args, "--", "distributed.backend=deepspeed"), "the job's backend is its flags'")
+    assert not (project / "out.yaml").exists()
+    # read as the trainer reads them: an option's value is no override, and files are the pod's to find
+    fine = ["training.max_steps=5", "--no_resume", "--init_from", "runs/a=b/model.pt", "data.paths=[/workspace/d.txt]"]
+    assert run_cli(*args, "--", *fine).exit_code == 0
 
 
 def test_env_and_the_flag_of_one_variable_are_refused_together(run_cli, project):
@@ -221,11 +227,11 @@ def test_arguments_after_a_double_dash_reach_the_program_on_every_node(run_cli, 
     """`distsetup job ... -- ARGS`: the trainer's overrides (or an own script's arguments) on every node, quoted, and
     in the command the file says regenerates it."""
     args = ["job", "--target", "skypilot", "--config", "config.yaml", "--num_gpus_per_node", 8, *SKYPILOT]
-    result = run_cli(*args, "--", "training.max_steps=5", "a b$c")
+    result = run_cli(*args, "--", "training.max_steps=5", "data.text_field=a b$c")
     assert result.exit_code == 0, result.output
     (task,) = yaml.safe_load_all((project / "sky" / "task.yaml").read_text())
-    assert "TRAIN_ARGS+=(training.max_steps=5 'a b$c')" in task["run"]
-    assert "-- training.max_steps=5 'a b$c'\n" in task["run"]  # the header's regenerate command
+    assert "TRAIN_ARGS+=(training.max_steps=5 'data.text_field=a b$c')" in task["run"]
+    assert "-- training.max_steps=5 'data.text_field=a b$c'\n" in task["run"]  # the header's regenerate command
     entry = project / "run.sh"
     entry.write_text(task["run"])
     shellcheck([entry])

@@ -3,6 +3,9 @@ that `kubectl apply -f` submits whole: the run config, its backend file and the 
 volume the run works in, and the engine's object, set to restart the world as one after a preemption; or as a
 SkyPilot task, which `sky jobs launch` runs as a managed job."""
 
+import contextlib
+import io
+
 import click
 
 from distsetup.cli.launch_options import (
@@ -111,8 +114,8 @@ def job(target, output, dry_run, program_args, **opts):
         raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
     output = output or default_output(target)
     launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
-    if launch.runs_default_trainer:
-        _check_trainer_overrides(launch.config, program_args)
+    if launch.script is None and launch.runs_default_trainer:  # a script named src/train.py may be the user's
+        _check_trainer_arguments(program_args)
     given = {key: opts[key] for key in (*KUBERNETES_ONLY, *SKYPILOT_ONLY) if opts[key] not in (None, False)}
     check_flags_given(target, list(given))
     given.update({key: "" for key in ("gpu_resource", "accelerator") if given.get(key) == "none"})  # CPU nodes
@@ -149,11 +152,32 @@ def job(target, output, dry_run, program_args, **opts):
     )
 
 
-def _check_trainer_overrides(config: str | None, program_args: tuple[str, ...]) -> None:
-    """The trainer's overrides after `--` (section.key=value; its options pass), read with the run config now: each
-    node's entry point would refuse them in its check, and the engine restart it to the same refusal."""
-    from distsetup.formats.runconfig_load import load_run_config
+def _check_trainer_arguments(program_args: tuple[str, ...]) -> None:
+    """The trainer's arguments after `--`, read as it reads them (its options, then `section.key=value` overrides of
+    run config keys, each of its type): every node's check would refuse them, and the engine restart the world to the
+    same refusal. Files and rules across keys are left to the pod, whose image and volume hold the files."""
+    from distsetup.formats.runconfig_load import override_problems
+    from distsetup.train import parse_args  # no torch
 
-    overrides = [arg for arg in program_args if "=" in arg and not arg.startswith("-")]
-    if overrides:
-        load_run_config(config, overrides, not_needed=("distributed.deepspeed_config", "distributed.fsdp_config"))
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            overrides = parse_args(list(program_args)).overrides
+    except SystemExit as e:
+        if not e.code:  # --help
+            return
+        refused = said.getvalue().strip().splitlines()[-1].removeprefix("python -m distsetup.train: error: ")
+        raise DistsetupError(f"the trainer's arguments after --: {refused}.", "see `python -m distsetup.train --help`.")
+    for override in overrides:  # the backend's file must travel in the job, which only its flag does
+        if override.partition("=")[0] in BACKEND_KEYS:
+            raise DistsetupError(
+                f"{override} after --: the job's backend is its flags'.",
+                "give --use_deepspeed/--use_fsdp and --deepspeed_config/--fsdp_config, which put the file in the job.",
+            )
+    if problems := override_problems(overrides):
+        raise DistsetupError(f"after --: {problems[0].as_error().message}")
+
+
+BACKEND_KEYS = {
+    f"distributed.{key}" for key in ("backend", "use_deepspeed", "use_fsdp", "deepspeed_config", "fsdp_config")
+}
