@@ -124,7 +124,7 @@ def kept_overrides(spec: JobSpec) -> list[str]:
         folder = folder_of(spec, key, default)
         if folder is None or PurePosixPath(folder).is_absolute() or folder.startswith(".."):
             continue  # a path outside: output_note says where the output goes
-        overrides.append(f"{key}={json.dumps(f'{kept}/{folder}')}")
+        overrides.append(f"{key}={json.dumps(f'{kept}/{folder}', ensure_ascii=False)}")  # as written, not escaped
     return overrides
 
 

@@ -119,22 +119,31 @@ def task_problems(task: dict) -> list[Problem]:
         )
     nproc = re.search(r"^NPROC_PER_NODE=(\d+)", run, re.MULTILINE)  # fixed (CPU nodes, or written by hand)
     accelerators = task.get("resources", {}).get("accelerators")
-    count = accelerators.rsplit(":", 1)[1].strip() if isinstance(accelerators, str) and ":" in accelerators else None
-    if nproc and count is not None and count != nproc.group(1):
+    count = _gpu_count(accelerators)
+    if nproc and count is not None and count != int(nproc.group(1)):
         problems.append(
             Problem(
                 "resources.accelerators",
-                f"{accelerators!r} asks for {count} GPUs a node, and the run starts {nproc.group(1)} process(es).",
+                f"{accelerators!r} asks for {count:g} GPUs a node, and the run starts {nproc.group(1)} process(es).",
                 "regenerate the task with distsetup job, or make them agree.",
             )
         )
+    # the run's output is in the bucket, mounted so that it renames folders and writes back: MOUNT_CACHED only
+    # (a plain MOUNT, goofys or gcsfuse, renames no folders; a COPY, or a string source, is never written back)
     bucket = (task.get("file_mounts") or {}).get(BUCKET_MOUNT)
-    if isinstance(bucket, dict) and str(bucket.get("mode", "MOUNT")).upper() == "MOUNT":
+    mode = str(bucket.get("mode", "MOUNT")).upper() if isinstance(bucket, dict) else None
+    if mode != "MOUNT_CACHED":
         problems.append(
             Problem(
-                f"file_mounts.{BUCKET_MOUNT}.mode",
-                "a plain MOUNT (goofys, gcsfuse) cannot rename files, which every checkpoint does to complete.",
-                "write mode: MOUNT_CACHED, as distsetup job does.",
+                f"file_mounts.{BUCKET_MOUNT}",
+                f"the run's checkpoints go to {BUCKET_MOUNT}, and "
+                + (
+                    f"a bucket mounted with mode {mode} loses them"
+                    if mode
+                    else "no bucket is mounted there to keep them"
+                )
+                + " (a recovered job starts from step 0).",
+                "mount the checkpoint bucket there with mode: MOUNT_CACHED, as distsetup job does.",
             )
         )
     recovery = task.get("resources", {}).get("job_recovery")
@@ -149,3 +158,14 @@ def task_problems(task: dict) -> list[Problem]:
             )
         )
     return problems
+
+
+def _gpu_count(accelerators) -> float | None:
+    """The GPUs a node of `resources.accelerators` "TYPE:COUNT" asks for, as SkyPilot reads the count (a number, 8.0
+    or 08 alike); None where it is given otherwise."""
+    if not isinstance(accelerators, str) or ":" not in accelerators:
+        return None
+    try:
+        return float(accelerators.rsplit(":", 1)[1])
+    except ValueError:
+        return None

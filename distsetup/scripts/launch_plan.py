@@ -23,6 +23,7 @@ from distsetup.formats.batch import check_world_counts
 from distsetup.formats.default_paths import SCRIPTS
 from distsetup.formats.runconfig import BACKENDS
 from distsetup.scripts.environment import EnvSpec, environment_lines
+from distsetup.scripts.shell_words import is_control
 from distsetup.scripts.templating import render
 
 LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
@@ -86,7 +87,7 @@ PATH_INPUTS = ("--script", "--config", "--deepspeed_config", "--fsdp_config", "t
 
 def check_text(name: str, value: str | None) -> None:
     """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
-    if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if value is not None and any(is_control(c) for c in value):
         rename = " (a file or folder named so: rename it)" if name in PATH_INPUTS else ""
         raise DistsetupError(
             f"{name} {value!r} contains a control character (newline, tab, ...).", f"give {name} without one{rename}."
@@ -252,7 +253,7 @@ def train_args(spec: LaunchSpec) -> list[str]:
     if spec.runs_default_trainer:
         args.append(f"distributed.backend={spec.backend}")
         if spec.backend == "fsdp" and spec.fsdp_config:
-            args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config)}")
+            args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config, ensure_ascii=False)}")
         if spec.env.timeout_minutes is not None:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
     accelerate_reads_it = spec.launch_method == "accelerate" and not spec.runs_default_trainer

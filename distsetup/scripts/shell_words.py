@@ -6,12 +6,22 @@ import shlex
 ANSI_C_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def is_control(character: str) -> bool:
+    """A character that ends or breaks a line somewhere: C0 and C1 controls, DEL, and Unicode's line and paragraph
+    separators (YAML reads U+0085, U+2028 and U+2029 as line breaks)."""
+    code = ord(character)
+    return code < 32 or 127 <= code < 160 or code in (0x2028, 0x2029)
+
+
 def one_line_word(text: str) -> str:
     """`text` as one bash word on one line (a comment's): shlex's quoting, or bash's $'...' where it holds a
     newline or another control character, so that the line pasted into bash gives the text back."""
-    if not any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if not any(is_control(c) for c in text):
         return shlex.quote(text)
-    escaped = "".join(
-        ANSI_C_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in text
-    )
+    escaped = "".join(ANSI_C_ESCAPES.get(c) or (_escape(c) if is_control(c) else c) for c in text)
     return f"$'{escaped}'"
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 128 else f"\\u{code:04x}"  # \u: the character, in a UTF-8 locale

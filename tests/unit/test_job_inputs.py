@@ -135,9 +135,11 @@ def test_text_outside_ascii_stays_as_written_and_the_scripts_stay_block_text(run
     """An --env value outside ASCII escaped the whole entry script into one quoted line of the manifest."""
     extra = SKYPILOT if target == "skypilot" else ("--image", "ghcr.io/me/train:1")
     args = ["job", "--target", target, "--config", "config.yaml", "--num_gpus_per_node", 8, *extra]
-    assert run_cli(*args, "--env", "GREETING=ünï", "-o", "out.yaml").exit_code == 0
+    result = run_cli(*args, "--env", "GREETING=ünï", "-o", "out.yaml", "--", "training.output_dir=runs/é😀")
+    assert result.exit_code == 0, result.output
     text = (project / "out.yaml").read_text(encoding="utf-8")
     assert "export GREETING='ünï'  # set with --env\n" in text  # a line of the script's block text, unescaped
+    assert '/runs/é😀"' in text  # the output folder kept in the volume: JSON's \\ud83d\\ude00 read back as two halves
     scripts = [v for doc in yaml.safe_load_all(text) for v in walk_strings(doc) if "export GREETING" in v]
     assert scripts and all("\n" in script for script in scripts)  # the script itself, read back whole
 

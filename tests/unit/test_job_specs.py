@@ -13,7 +13,7 @@ from job_projects import CONFIG, SKYPILOT, TARGETS, engine_object, job_project, 
 from shell_checks import shellcheck
 
 from distsetup.jobs.rules import manifest_problems
-from distsetup.jobs.spec import RESTART_STATUS
+from distsetup.jobs.spec import BUCKET_MOUNT, RESTART_STATUS
 
 
 @pytest.fixture
@@ -378,15 +378,20 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     fixed = task["run"].replace(gpus_given, "NPROC_PER_NODE=8")
     problems = manifest_problems([dict(task, resources=four, run=fixed)])
     assert [p.path for p in problems] == ["Task/distsetup.resources.accelerators"]
-    spaced = dict(task["resources"], accelerators="H100 : 4")  # as SkyPilot reads it too
+    # the count read as SkyPilot reads it: a number however written
+    for same in ("H100 : 8", "H100:8.0", "H100:08"):
+        assert manifest_problems([dict(task, resources=dict(task["resources"], accelerators=same), run=fixed)]) == []
+    spaced = dict(task["resources"], accelerators="H100 : 4")
     assert "asks for 4 GPUs a node, and the run starts 8 process(es)" in str(
         manifest_problems([dict(task, resources=spaced, run=fixed)])[0]
     )
-    # a plain MOUNT cannot rename: validate said "no problems" of the mode the docs warn of
-    mounts = {path: dict(store, mode="MOUNT") for path, store in task["file_mounts"].items()}
-    assert [p.path for p in manifest_problems([dict(task, file_mounts=mounts)])] == [
-        "Task/distsetup.file_mounts./distsetup-work.mode"
-    ]
+    # only MOUNT_CACHED keeps the checkpoints: validate said "no problems" of a plain MOUNT (the docs' warning, and
+    # SkyPilot's default mode), a COPY or a string source (never written back), and of no mount at all
+    (store,) = task["file_mounts"].values()
+    plain = {k: v for k, v in store.items() if k != "mode"}
+    for mounts in ({BUCKET_MOUNT: plain}, {BUCKET_MOUNT: {**store, "mode": "COPY"}}, {BUCKET_MOUNT: "s3://b/r"}, {}):
+        problems = manifest_problems([dict(task, file_mounts=mounts)])
+        assert [p.path for p in problems] == [f"Task/distsetup.file_mounts.{BUCKET_MOUNT}"], mounts
     del task["resources"]["job_recovery"]["recover_on_exit_codes"]
     assert [p.path for p in manifest_problems([task])] == [
         "Task/distsetup.resources.job_recovery.recover_on_exit_codes"

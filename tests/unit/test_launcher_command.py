@@ -88,6 +88,8 @@ def test_a_backends_file_alone_names_its_backend(run_cli, project):
         ),
         (["--deepspeed_config", "nope.json"], "--deepspeed_config nope.json: file nope.json does not exist"),
         (["--use_fsdp", "--fsdp_config", "nope.json"], "--fsdp_config nope.json: file nope.json does not exist"),
+        # the header and the Next: line name it on one line: its second half was live bash in the usage comment
+        (["-o", "scripts/run\nx.sh"], "--output 'scripts/run\\nx.sh' contains a control character"),
     ],
 )
 def test_bad_input_is_an_error_and_writes_nothing(run_cli, project, args, message):

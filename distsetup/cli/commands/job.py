@@ -74,7 +74,7 @@ Examples:
     default=60,
     show_default=True,
     help="The longest a checkpoint takes (the largest of summary.json's checkpoint_stalls, with synchronous "
-    "checkpoints); the grace period must fit it.",
+    "checkpoints; twice that under training.async_checkpoint); the grace period must fit it.",
 )
 @option(
     "max_restarts",
