@@ -189,13 +189,14 @@ def regenerate_command(name: str) -> str:
     return " ".join(w for w in words + after if w)
 
 
-def launch_spec_from_options(o: dict, slurm: bool = False) -> tuple[LaunchSpec, list[str]]:
+def launch_spec_from_options(o: dict, slurm: bool = False, files_here: bool = True) -> tuple[LaunchSpec, list[str]]:
     """Options -> (LaunchSpec, notes for stderr): backend and files from the flags or the run config, GPUs
-    resolved, the DeepSpeed file checked for this world."""
+    resolved, the DeepSpeed file checked for this world. `files_here`: whether the data and code the run config
+    names are looked for on this machine (not for a pod, whose image and volume hold them)."""
     _refuse_flags_that_conflict(o)
     found_config = _found_run_config(o)
     o = {**o, "config": o["config"] or found_config}
-    backend, files, notes, run_config = distributed_settings(o)
+    backend, files, notes, run_config = distributed_settings(o, files_here)
     if found_config:
         notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
     spec = _spec(o, backend, files, slurm)
@@ -331,7 +332,21 @@ def working_folder() -> str:
     return here
 
 
-def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunConfig | None]:
+# The run config's keys that name data, code or a model folder: a pod's come with its image or volume, and its own
+# check (the entry point's `--check`) looks for them there
+POD_FILES = (
+    "data.paths",
+    "data.val_paths",
+    "data.builder",
+    "data.collate",
+    "model.builder",
+    "model.hf_path",
+    "model.tokenizer",
+    "training.loss",
+)
+
+
+def distributed_settings(o: dict, files_here: bool = True) -> tuple[str, dict[str, str], list[str], RunConfig | None]:
     """(backend, {"deepspeed"|"fsdp": file}, notes, the run config read) from the flags over the run config,
     checked as the run config is. Paths from the flags go into the config as the user typed them (never parsed
     as YAML), and every file is resolved as train.py resolves it (cwd, else next to the config), so the script
@@ -370,7 +385,7 @@ def distributed_settings(o: dict) -> tuple[str, dict[str, str], list[str], RunCo
                 "or pass --deepspeed_config FILE.",
             )
     checked = check_run_config(raw, base_dir)
-    problems = checked.problems
+    problems = checked.problems if files_here else [p for p in checked.problems if not p.path.startswith(POD_FILES)]
     for kind in BACKEND_FILES:  # a file the flags name: the flag's problem, not the run config's
         named = [p for p in problems if p.path == f"distributed.{kind}_config" and o[f"{kind}_config"]]
         if named:

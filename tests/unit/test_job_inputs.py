@@ -155,6 +155,18 @@ def walk_strings(node):
         yield node
 
 
+def test_a_pods_data_and_code_are_the_images_not_looked_for_here(run_cli, project):
+    """docs/kubernetes.md says to name data on a volume as /workspace/data/train.txt: the job was refused, as that
+    file (and a builder module of the image) is not on this machine. SkyPilot's workdir is this folder: looked for."""
+    pod_files = {"model": {"type": "python", "builder": "mypkg.models:build"}}
+    pod_files["data"] = {"type": "files", "paths": ["/workspace/data/train.txt"]}
+    (project / "pod.yaml").write_text(yaml.safe_dump({**CONFIG, **pod_files}))
+    args = ["job", "--config", "pod.yaml", "--num_gpus_per_node", 8, "-o", "-"]
+    result = run_cli(*args, "--target", "jobset", "--image", "ghcr.io/me/train:1")
+    assert result.exit_code == 0, result.output
+    one_line_error(run_cli(*args, "--target", "skypilot", *SKYPILOT), "run config problem in pod.yaml: model.builder")
+
+
 @pytest.mark.parametrize("target", ["jobset", "skypilot"])
 def test_the_trainers_arguments_are_read_as_it_reads_them_before_the_job_is_written(run_cli, project, target):
     """A typo after `--` was written into the job: every node's check refused it, and the engine restarted them."""

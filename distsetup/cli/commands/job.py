@@ -113,7 +113,9 @@ def job(target, output, dry_run, program_args, **opts):
     if target is None:
         raise DistsetupError("distsetup job needs --target.", f"name the engine: --target {'|'.join(TARGETS)}.")
     output = output or default_output(target)
-    launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])))
+    # a pod's data and code come with its image or volume (SkyPilot's with the workdir, this folder)
+    files_here = target == "skypilot"
+    launch, notes = launch_spec_from_options(dict(opts, env_pairs=parse_env_pairs(opts["env"])), files_here=files_here)
     if launch.script is None and launch.runs_default_trainer:  # a script named src/train.py may be the user's
         _check_trainer_arguments(program_args)
     given = {key: opts[key] for key in (*KUBERNETES_ONLY, *SKYPILOT_ONLY) if opts[key] not in (None, False)}
