@@ -177,6 +177,7 @@ def test_the_trainers_arguments_are_read_as_it_reads_them_before_the_job_is_writ
     one_line_error(run_cli(*args, "--", "training.max_steps=abc"), "training.max_steps: 'abc' has the wrong type")
     one_line_error(run_cli(*args, "--", "--bogus"), "the trainer's arguments after --: unrecognized arguments: --bogus")
     one_line_error(run_cli(*args, "--", "distributed.backend=deepspeed"), "the job's backend is its flags'")
+    one_line_error(run_cli(*args, "--", "--deepspeed", "ds.json"), "--deepspeed ds.json after --: the job's backend")
     assert not (project / "out.yaml").exists()
     # read as the trainer reads them: an option's value is no override, and files are the pod's to find
     fine = ["training.max_steps=5", "--no_resume", "--init_from", "runs/a=b/model.pt", "data.paths=[/workspace/d.txt]"]

@@ -164,16 +164,18 @@ def _check_trainer_arguments(program_args: tuple[str, ...]) -> None:
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            overrides = parse_args(list(program_args)).overrides
+            args = parse_args(list(program_args))
     except SystemExit as e:
         if not e.code:  # --help
             return
         refused = said.getvalue().strip().splitlines()[-1].removeprefix("python -m distsetup.train: error: ")
         raise DistsetupError(f"the trainer's arguments after --: {refused}.", "see `python -m distsetup.train --help`.")
-    for override in overrides:  # the backend's file must travel in the job, which only its flag does
-        if override.partition("=")[0] in BACKEND_KEYS:
+    overrides = args.overrides
+    # the backend's file must travel in the job, which only its flag does
+    for given in [*overrides, *([f"--deepspeed {args.deepspeed}"] if args.deepspeed else [])]:
+        if given.startswith("--deepspeed") or given.partition("=")[0] in BACKEND_KEYS:
             raise DistsetupError(
-                f"{override} after --: the job's backend is its flags'.",
+                f"{given} after --: the job's backend is its flags'.",
                 "give --use_deepspeed/--use_fsdp and --deepspeed_config/--fsdp_config, which put the file in the job.",
             )
     if problems := override_problems(overrides):
