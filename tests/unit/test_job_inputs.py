@@ -2,6 +2,7 @@
 may not set (the scripts', the engines', torchrun's, a flag's), an image reference, the arguments after `--` (on every
 node; an output_dir kept where the job keeps its checkpoints), and the examples its --help shows."""
 
+import os
 import re
 import shlex
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 from hostile_input import one_line_error
 from job_projects import CONFIG, SKYPILOT, job_project, write
+from repo import run_subprocess_cli
 from shell_checks import shellcheck
 
 from distsetup.scripts.launch_flags import SCRIPT_VARIABLES
@@ -142,6 +144,17 @@ def test_text_outside_ascii_stays_as_written_and_the_scripts_stay_block_text(run
     assert '/runs/é😀"' in text  # the output folder kept in the volume: JSON's \\ud83d\\ude00 read back as two halves
     scripts = [v for doc in yaml.safe_load_all(text) for v in walk_strings(doc) if "export GREETING" in v]
     assert scripts and all("\n" in script for script in scripts)  # the script itself, read back whole
+
+
+def test_files_are_written_as_utf8_whatever_the_locale(project):
+    """Under an ASCII locale (LC_ALL=POSIX, no UTF-8 mode) a run config's comment outside ASCII ended the command in
+    a UnicodeEncodeError traceback, the manifest unwritten."""
+    (project / "config.yaml").write_text("# données\n" + (project / "config.yaml").read_text(), encoding="utf-8")
+    ascii_locale = {**os.environ, "LC_ALL": "POSIX", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    args = ["job", "--target", "jobset", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"]
+    result = run_subprocess_cli(*args, "-o", "out.yaml", cwd=project, env=ascii_locale)
+    assert result.returncode == 0, result.stderr
+    assert "# données" in (project / "out.yaml").read_text(encoding="utf-8")
 
 
 def walk_strings(node):
