@@ -14,7 +14,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import own_program_notes
 from distsetup.formats.default_paths import BACKEND_FILES, RUN_CONFIG
 from distsetup.formats.fsdp import FsdpSpec, accelerate_launch_args
-from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, RunConfig, resolve_config_path
+from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, PYTHON_REFERENCES, RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
@@ -335,14 +335,11 @@ def working_folder() -> str:
 # The run config's keys that name data, code or a model folder: a pod's come with its image or volume, and its own
 # check (the entry point's `--check`) looks for them there
 POD_FILES = (
+    *(f"{section}.{key}" for section, key, *_ in PYTHON_REFERENCES),
     "data.paths",
     "data.val_paths",
-    "data.builder",
-    "data.collate",
-    "model.builder",
     "model.hf_path",
     "model.tokenizer",
-    "training.loss",
 )
 
 

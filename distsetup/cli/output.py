@@ -12,7 +12,7 @@ from distsetup.errors import DistsetupError
 from distsetup.formats.file_kinds import KIND_WORDS, content_kind
 from distsetup.formats.problems import Problem
 from distsetup.formats.reading import read_yaml
-from distsetup.scripts.shell_words import is_control
+from distsetup.scripts.shell_words import check_text
 
 
 def json_text(data: dict) -> str:
@@ -44,10 +44,7 @@ def writable_target(path: Path, inputs: Mapping[str, str | Path | None], option:
     command's `inputs` ({what: path}), also when reached through a link or a hard link.
     """
     shown = str(path)
-    if any(is_control(c) for c in shown):  # the files' headers and the Next: line name it on one line
-        raise DistsetupError(
-            f"{option} {shown!r} contains a control character (newline, tab, ...).", f"give {option} without one."
-        )
+    check_text(option, shown)  # the files' headers and the Next: line name it on one line
     if path.is_symlink():
         try:
             path.stat()

@@ -23,7 +23,7 @@ from distsetup.formats.batch import check_world_counts
 from distsetup.formats.default_paths import SCRIPTS
 from distsetup.formats.runconfig import BACKENDS
 from distsetup.scripts.environment import EnvSpec, environment_lines
-from distsetup.scripts.shell_words import is_control
+from distsetup.scripts.shell_words import check_text
 from distsetup.scripts.templating import render
 
 LAUNCH_METHODS = ("torchrun", "deepspeed", "accelerate")
@@ -79,19 +79,6 @@ class LaunchSpec:
     def target(self) -> str:
         """The module or script that runs."""
         return self.script if self.script is not None else self.module or DEFAULT_TRAINER
-
-
-# The inputs that name a file or folder, which may be named so by accident
-PATH_INPUTS = ("--script", "--config", "--deepspeed_config", "--fsdp_config", "the working folder")
-
-
-def check_text(name: str, value: str | None) -> None:
-    """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
-    if value is not None and any(is_control(c) for c in value):
-        rename = " (a file or folder named so: rename it)" if name in PATH_INPUTS else ""
-        raise DistsetupError(
-            f"{name} {value!r} contains a control character (newline, tab, ...).", f"give {name} without one{rename}."
-        )
 
 
 def check_launch(spec: LaunchSpec) -> None:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.default_paths import SCRIPTS
-from distsetup.scripts.launch_plan import LaunchSpec, check_launch, check_text, launch_context, literal_dollars
+from distsetup.scripts.launch_plan import LaunchSpec, check_launch, launch_context, literal_dollars
+from distsetup.scripts.shell_words import check_text
 from distsetup.scripts.templating import render
 
 GPU_REQUESTS = ("gres", "gpus-per-node", "none")

@@ -1,7 +1,10 @@
-"""A value as one bash word on one line, for the command a generated file's header says it was written with: pasted
-into bash, the line gives each value back, a multi-line --setup included."""
+"""User text in generated scripts: control characters refused in what goes into them (check_text), and a value as
+one bash word on one line for the command a file's header says it was written with (pasted into bash, the line
+gives each value back, a multi-line --setup included)."""
 
 import shlex
+
+from distsetup.errors import DistsetupError
 
 ANSI_C_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -25,3 +28,16 @@ def one_line_word(text: str) -> str:
 def _escape(character: str) -> str:
     code = ord(character)
     return f"\\x{code:02x}" if code < 128 else f"\\u{code:04x}"  # \u: the character, in a UTF-8 locale
+
+
+# The inputs that name a file or folder, which may be named so by accident
+PATH_INPUTS = ("--script", "--config", "--deepspeed_config", "--fsdp_config", "the working folder")
+
+
+def check_text(name: str, value: str | None) -> None:
+    """User text goes into scripts quoted; a control character (a newline) in a name or path is refused."""
+    if value is not None and any(is_control(c) for c in value):
+        rename = " (a file or folder named so: rename it)" if name in PATH_INPUTS else ""
+        raise DistsetupError(
+            f"{name} {value!r} contains a control character (newline, tab, ...).", f"give {name} without one{rename}."
+        )

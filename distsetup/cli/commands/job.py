@@ -172,12 +172,13 @@ def _check_trainer_arguments(program_args: tuple[str, ...]) -> None:
         raise DistsetupError(f"the trainer's arguments after --: {refused}.", "see `python -m distsetup.train --help`.")
     overrides = args.overrides
     # the backend's file must travel in the job, which only its flag does
-    for given in [*overrides, *([f"--deepspeed {args.deepspeed}"] if args.deepspeed else [])]:
-        if given.startswith("--deepspeed") or given.partition("=")[0] in BACKEND_KEYS:
-            raise DistsetupError(
-                f"{given} after --: the job's backend is its flags'.",
-                "give --use_deepspeed/--use_fsdp and --deepspeed_config/--fsdp_config, which put the file in the job.",
-            )
+    backend_given = [override for override in overrides if override.partition("=")[0] in BACKEND_KEYS]
+    backend_given += [f"--deepspeed {args.deepspeed}"] if args.deepspeed else []
+    if backend_given:
+        raise DistsetupError(
+            f"{backend_given[0]} after --: the job's backend is its flags'.",
+            "give --use_deepspeed/--use_fsdp and --deepspeed_config/--fsdp_config, which put the file in the job.",
+        )
     if problems := override_problems(overrides):
         raise DistsetupError(f"after --: {problems[0].as_error().message}")
 
