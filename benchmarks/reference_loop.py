@@ -22,6 +22,11 @@ from distsetup.training.optim import param_groups
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", choices=["single", "ddp", "fsdp", "zero1", "zero2", "zero3"], required=True)
+    p.add_argument(
+        "--deepspeed_config",
+        help="a zero backend's file, read as DeepSpeed reads it (torch's AdamW where it names no optimizer): the plain "
+        "DeepSpeed loop on the file src/train.py is given",
+    )
     add_run_arguments(p)
     a = p.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -39,6 +44,11 @@ def main():
     if a.backend.startswith("zero"):
         import deepspeed
 
+        from distsetup.training.backends.deepspeed_comm import leave_out_shared_memory_all_reduce
+
+        if device.type == "cpu":  # an op no step uses, which DeepSpeed would compile on a machine's first run
+            leave_out_shared_memory_all_reduce()
+
         config = {
             "train_micro_batch_size_per_gpu": a.micro_batch_size,
             "gradient_accumulation_steps": 1,
@@ -47,7 +57,12 @@ def main():
             "bf16": {"enabled": a.precision == "bf16"},
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
         }
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, 0.01), config=config)
+        if a.deepspeed_config:
+            with open(a.deepspeed_config) as f:
+                config = json.load(f)
+        groups = param_groups(model, 0.01)
+        optimizer = None if "optimizer" in config else torch.optim.AdamW(groups, lr=1e-3)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, optimizer=optimizer, config=config)
         forward, backward, step = engine, engine.backward, engine.step
     else:
         model = model.to(device)

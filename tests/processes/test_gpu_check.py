@@ -89,12 +89,18 @@ def test_the_dry_run_installs_the_kit_and_passes_every_stage(tmp_path):
     recorded = {line["test"].split("[")[0] for line in report["measured"]}
     assert recorded == gpu_tier, recorded
     throughput = report["throughput"]
-    assert sorted(throughput["runs"]) == ["reference loop", "train.py zero3"] and not throughput["failed"]
+    assert sorted(throughput["runs"]) == ["reference zero3", "train.py zero3"] and not throughput["failed"]
     flops = flops_per_token(SimpleNamespace(**DRY_MODEL))
     for figures in throughput["runs"].values():
         assert figures["tokens_per_s"] > 0 and figures["plan_gb"] > 0
         assert figures["mfu"] == pytest.approx(figures["tokens_per_s"] * flops / 0.5e12, rel=1e-9)
-    assert throughput["runs"]["reference loop"]["vs_reference"] == 1
+    # ZeRO-3's pace against DeepSpeed's own loop on the same file; that loop's against the plain one, not run here
+    runs = throughput["runs"]
+    assert (
+        runs["train.py zero3"]["vs_reference"]
+        == runs["train.py zero3"]["tokens_per_s"] / runs["reference zero3"]["tokens_per_s"]
+    )
+    assert runs["reference zero3"]["vs_reference"] is None
     assert "peak 0.5 TFLOP/s fp32" in (out / "RESULTS.md").read_text()
     assert not Path(kit_target).exists()  # the check cleans up after itself
     # the kit's DeepSpeed trained ZeRO-3 without compiling an op (its shared-memory all-reduce, which no step uses, is

@@ -606,9 +606,10 @@ def test_the_table_says_what_the_host_memory_does_not_hold(run_cli):
 
 
 # torch.cuda.max_memory_allocated of benchmarks/gpu_throughput.py's runs in the GPU check on an NVIDIA H200
-# (2026-11-26; torch 2.11, DeepSpeed 0.19.8): a 1B GPT of 20 blocks x 2048, sequence 2048, micro-batch 4, bf16, one
-# process. `distsetup plan` strategy -> GB: the plain run (DDP's on one GPU), FSDP2 and ZeRO-3 with the trainer's sizes.
-H200_PEAK_GB = {"ddp": 26.73, "fsdp_full_shard": 23.42, "zero3": 27.36}
+# (2026-11-30; torch 2.11, DeepSpeed 0.19.8): a 1B GPT of 20 blocks x 2048, sequence 2048, micro-batch 4, bf16, one
+# process. `distsetup plan` strategy -> GB: the plain run (DDP's on one GPU), FSDP2 and ZeRO-3 (DeepSpeed's own buffer
+# sizes, which the trainer keeps where a rank has room for them, as the plan with 10 TB does).
+H200_PEAK_GB = {"ddp": 26.73, "fsdp_full_shard": 23.42, "zero3": 28.35}
 
 
 def test_the_peak_is_within_ten_percent_of_an_h200s(run_cli):
