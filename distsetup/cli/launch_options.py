@@ -15,7 +15,13 @@ from distsetup.formats.accelerate import own_program_notes
 from distsetup.formats.default_paths import BACKEND_FILES, RUN_CONFIG
 from distsetup.formats.fsdp import FsdpSpec, accelerate_launch_args
 from distsetup.formats.runconfig import MAX_TIMEOUT_MINUTES, PYTHON_REFERENCES, RunConfig, resolve_config_path
-from distsetup.formats.runconfig_load import backend_of, check_run_config, read_run_config, run_config_from
+from distsetup.formats.runconfig_load import (
+    backend_chosen_by,
+    backend_of,
+    check_run_config,
+    read_run_config,
+    run_config_from,
+)
 from distsetup.formats.settle import settle
 from distsetup.formats.validate import read_valid
 from distsetup.scripts.environment import NCCL_DEBUG_LEVELS, EnvSpec
@@ -363,8 +369,8 @@ def distributed_settings(o: dict, files_here: bool = True) -> tuple[str, dict[st
         else None
     )
     if flag:
-        dist.update(backend=flag, use_deepspeed=False, use_fsdp=False)
-    for kind in BACKEND_FILES:
+        dist.update(backend_chosen_by(flag, o[f"{flag}_config"]))
+    for kind in BACKEND_FILES:  # the other backend's file too: refused with its flag below
         if o[f"{kind}_config"]:
             dist[f"{kind}_config"] = o[f"{kind}_config"]
     backend = backend_of(dist)

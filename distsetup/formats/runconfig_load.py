@@ -309,6 +309,12 @@ def model_config(section: dict) -> ModelConfig:
     return ModelConfig(**raw["model"])
 
 
+def backend_chosen_by(kind: str, file: str | None) -> dict:
+    """The `distributed` settings a launch flag for the backend `kind` makes (--use_deepspeed, --fsdp_config FILE):
+    its backend is the run's, over the run config's keys, and its file, where it names one, the one read."""
+    return {"backend": kind, "use_deepspeed": False, "use_fsdp": False, **({f"{kind}_config": file} if file else {})}
+
+
 def backend_of(distributed: dict) -> str:
     """The backend a raw `distributed` section selects: an explicit backend, else the guides' keys, else the one
     backend whose file it names (a file alone trained DDP, unread, without a word)."""

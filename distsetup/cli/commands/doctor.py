@@ -268,16 +268,14 @@ def consistency_findings(
 def _backend_flags(ds_path: Path | None, fsdp_path: Path | None) -> list[str]:
     """The run config's overrides that a file given here makes, as the launcher's --deepspeed_config or
     --fsdp_config does: its backend is the run's, and the file the one it reads."""
+    from distsetup.formats.runconfig_load import backend_chosen_by
+
     kind, path = ("deepspeed", ds_path) if ds_path else ("fsdp", fsdp_path)
     if path is None:
         return []
-    named = json.dumps(str(path.resolve()))  # a path YAML reads as it is
-    return [
-        f"distributed.backend={kind}",
-        "distributed.use_deepspeed=false",
-        "distributed.use_fsdp=false",
-        f"distributed.{kind}_config={named}",
-    ]
+    # as JSON, which YAML reads as it is: a path stays a string, a boolean a boolean
+    settings = backend_chosen_by(kind, str(path.resolve()))
+    return [f"distributed.{key}={json.dumps(value)}" for key, value in settings.items()]
 
 
 def _file_findings(path: Path, kind: str, world: int | None, overrides: Sequence[str] = ()) -> list[Finding]:
