@@ -1,5 +1,6 @@
 """FSDP2's root returns what the user's model returns, and a model that returns a view (a scorer ending in
-`squeeze(-1)`, as examples/pairwise_scorer does) is normal: the trainer hands the view on as a tensor that is no view
+`squeeze(-1)`, as examples/pairwise_scorer does; blocks that return one, as a Hugging Face Switch Transformer's) is
+normal: the trainer hands the view on as a tensor that is no view
 (no copy), so FSDP2 has nothing to warn of, and an in-place op on the output keeps FSDP2's pre-backward hook and the
 gradients of the model without FSDP2. One process in a gloo group (FSDP2's hooks run as on many)."""
 
@@ -27,12 +28,14 @@ def one_process_group():
 
 
 class Block(nn.Module):
+    """A unit that returns a view, as a Hugging Face Switch Transformer's layer does (its output reshaped)."""
+
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(8, 8)
 
     def forward(self, x):
-        return x + torch.tanh(self.linear(x))
+        return (x + torch.tanh(self.linear(x))).view(x.shape)
 
 
 class Scorer(nn.Module):

@@ -147,6 +147,7 @@ class FSDPBackend(Backend):
             # the last unit's backward comes first, right after its forward: resharding it in between would only
             # gather it again (torchtitan's policy)
             fully_shard(unit, reshard_after_forward=self.fsdp.reshards_after_forward and id(unit) not in kept, **kwargs)
+            unit.register_forward_hook(output_not_a_view, prepend=True, with_kwargs=True)  # see below
         # the root last: it holds what no unit took (embeddings, head), which backward gathers at its start whatever
         # forward did; kept gathered, as FSDP2 keeps a root left to its own choice (reshard_after_forward None)
         fully_shard(model, reshard_after_forward=False, **{**kwargs, "mp_policy": self.mixed_precision.root()})
@@ -161,7 +162,7 @@ class FSDPBackend(Backend):
         else:
             pretrained.fill_shards(model, source, built_buffers, self.device, self.world.is_main)
         del whole, built_buffers
-        # before FSDP2's own hook: it warns of a view among the root's outputs (see output_not_a_view)
+        # before FSDP2's own hook: it warns of a view among a unit's outputs (see output_not_a_view)
         model.register_forward_hook(output_not_a_view, prepend=True, with_kwargs=True)
         self.buffers_kept_equal = rank0_buffers.kept_equal(
             model, self.cfg.model.type, self.world.size

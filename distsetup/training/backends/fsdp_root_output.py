@@ -1,6 +1,7 @@
 """FSDP2 units handing on their outputs as tensors that are no views (output_not_a_view): the root (a user's model
-ending in `squeeze(-1)`) and the fp32 norm units (an InstanceNorm's output is a view), so that FSDP2's pre-backward
-hook on them survives an in-place op and FSDP2 does not warn of each view."""
+ending in `squeeze(-1)`), the blocks (a Hugging Face Switch Transformer's layer returns one) and the fp32 norm units
+(an InstanceNorm's output is a view), so that FSDP2's pre-backward hook on them survives an in-place op and FSDP2 does
+not warn of each view."""
 
 import dataclasses
 from typing import Any
