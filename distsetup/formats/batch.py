@@ -72,10 +72,11 @@ def complete_batch(
         accumulation = 1 if accumulation is None else accumulation
         return BatchSizes(micro, accumulation, global_batch_of(micro, accumulation, world_size), world_size)
     if micro is None:
-        accumulation = 1 if accumulation is None else accumulation
-        micro = _other_factor(train, accumulation, world_size, names.accumulation, names)
+        given = accumulation is not None
+        accumulation = accumulation if given else 1
+        micro = _other_factor(train, accumulation, world_size, names.accumulation if given else None)
     elif accumulation is None:
-        accumulation = _other_factor(train, micro, world_size, names.micro, names)
+        accumulation = _other_factor(train, micro, world_size, names.micro)
     product = global_batch_of(micro, accumulation, world_size)
     if product != train:
         raise BatchMismatch(
@@ -86,28 +87,30 @@ def complete_batch(
     return BatchSizes(micro, accumulation, train, world_size)
 
 
-def _other_factor(train: int, known: int, world_size: int, known_name: str, names: BatchNames) -> int:
-    """The batch value missing from train = known x missing x world size."""
+def _other_factor(train: int, known: int, world_size: int, known_name: str | None) -> int:
+    """The batch value missing from train = known x missing x world size (`known_name` None: the known value is no
+    one's, an accumulation of 1 that nothing gave)."""
     if train % (known * world_size):
         multiple = known * world_size
-        raise BatchMismatch(
-            f"{train} is not divisible by {known_name} {known} x world size {world_size} = {multiple}",
-            multiple * max(1, round(train / multiple)),
+        factors = (
+            f"{known_name} {known} x world size {world_size} = {multiple}" if known_name else f"world size {world_size}"
         )
+        raise BatchMismatch(f"{train} is not divisible by {factors}", multiple * max(1, round(train / multiple)))
     return train // (known * world_size)
 
 
 def resolve_batch(
     micro: int | None, accumulation: int | None, train_batch: int | None, world_size: int | None
 ) -> BatchSizes:
-    """The batch sizes `distsetup deepspeed` writes for its flags: the third value from the other two (a micro
-    batch of 1 where the others leave it open), or an error showing the arithmetic. No batch flag: none."""
+    """The batch sizes `distsetup deepspeed` writes for its flags: the third value from the other two, as DeepSpeed
+    derives it (the train batch alone: an accumulation of 1, each process's micro-batch its share; the accumulation
+    alone: a micro-batch of 1), or an error showing the arithmetic. No batch flag: none."""
     if micro is None and accumulation is None and train_batch is None:
         return BatchSizes(None, None, None, world_size)
     if world_size is None:
         _check_without_world_size(micro, accumulation, train_batch)
         return BatchSizes(micro, accumulation, None, None)
-    if micro is None and (train_batch is None or accumulation is None):
+    if micro is None and train_batch is None:
         micro = 1
     try:
         return complete_batch(micro, accumulation, train_batch, world_size, FLAGS)

@@ -21,6 +21,12 @@ def test_the_global_batch_and_the_per_rank_batch_are_the_identity_both_ways():
         per_rank_batch(30, 2, 4)
 
 
+def test_a_train_batch_alone_that_the_world_does_not_divide_names_only_what_was_given():
+    with pytest.raises(DistsetupError, match=r"--train_batch_size 10 is not divisible by world size 4\.") as e:
+        resolve_batch(None, None, 10, 4)
+    assert "--micro_batch_size" not in e.value.message and "--gradient_accumulation" not in e.value.message
+
+
 def test_inconsistent_trio_shows_the_arithmetic():
     with pytest.raises(
         DistsetupError,

@@ -38,6 +38,17 @@ def invoke(run_cli, *args):
     return result, (json.loads(result.stdout) if result.exit_code == 0 else None)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_train_batch_alone_is_split_as_deepspeed_splits_it(run_cli, world):
+    """DeepSpeed reads a file of train_batch_size alone as an accumulation of 1, each process's share its micro-batch
+    (DeepSpeedConfig._set_batch_related_parameters); distsetup wrote micro 1 x accumulation 6 for 12 over 2."""
+    result, config = invoke(run_cli, "--zero_stage", "2", "--train_batch_size", "12", "--world_size", str(world))
+    assert result.exit_code == 0, result.output
+    alone = deepspeed_accepts({"train_batch_size": 12}, world)
+    assert config["train_micro_batch_size_per_gpu"] == alone.train_micro_batch_size_per_gpu == 12 // world
+    assert config["gradient_accumulation_steps"] == alone.gradient_accumulation_steps == 1
+
+
 @st.composite
 def flag_lists(draw):
     """`distsetup deepspeed` flags: mostly consistent for the drawn stage, sometimes deliberately not."""
