@@ -116,7 +116,8 @@ class DeepSpeedSpec:
     zero_stage: int = 0
     offload_optimizer: str | None = None  # None | "cpu" | "nvme"
     offload_param: str | None = None
-    nvme_path: str | None = None
+    nvme_path: str | None = None  # the flag's, for both blocks
+    nvme_paths: tuple[tuple[str, str], ...] = ()  # a file's (or Accelerate's): each block's own, where it has one
     pin_memory: bool = True
     precision: str | None = "fp32"  # "fp32" | "bf16" | "fp16"; None under hf_auto = "auto"
     batch: BatchSizes = BatchSizes(None, None, None, None)
@@ -144,14 +145,14 @@ class DeepSpeedSpec:
         """What the rules read of a DeepSpeed file (the values a schema problem makes unreadable left out)."""
         zero = section_of(config, "zero_optimization")
         devices = {block: offload_device(config, block) for block in ("offload_optimizer", "offload_param")}
-        paths = [section_of(zero, b).get("nvme_path") for b, device in devices.items() if device == "nvme"]
+        paths = {b: section_of(zero, b).get("nvme_path") for b, device in devices.items() if device == "nvme"}
         set_keys = [key for key, value in zero.items() if key != "stage" and key not in devices and _is_setting(value)]
         options = {key: zero[key] for key in set_keys if key in STAGES}
         return cls(
             zero_stage=zero_stage_of(config),
             offload_optimizer=None if devices["offload_optimizer"] == "none" else devices["offload_optimizer"],
             offload_param=None if devices["offload_param"] == "none" else devices["offload_param"],
-            nvme_path=None if not paths or not all(paths) else paths[0],
+            nvme_paths=tuple((block, path) for block, path in paths.items() if path),
             precision=precision_of(config),
             other_zero_options=tuple(key for key in set_keys if key not in STAGES),
             **options,
@@ -166,18 +167,22 @@ class DeepSpeedSpec:
             for option in ("offload_optimizer", "offload_param")
             for device in [block.get(f"{option}_device")]
         }
-        paths = [block.get(f"{option}_nvme_path") for option, device in devices.items() if device == "nvme"]
+        paths = {option: block.get(f"{option}_nvme_path") for option, device in devices.items() if device == "nvme"}
         return cls(
             zero_stage=2 if stage is None else stage,  # Accelerate's default
             offload_optimizer=devices["offload_optimizer"],
             offload_param=devices["offload_param"],
-            nvme_path=None if not paths or not all(paths) else paths[0],
+            nvme_paths=tuple((option, path) for option, path in paths.items() if path),
             precision={"fp16": "fp16", "bf16": "bf16"}.get(mixed_precision, "fp32"),
         )
 
     def to_dict(self) -> dict:
         """The DeepSpeed file for this spec (call check_spec first)."""
         return build_deepspeed_config(self)
+
+    def nvme_path_of(self, option: str) -> str | None:
+        """Where `option` (offload_optimizer, offload_param) offloads to nvme: its own path, else the flag's."""
+        return dict(self.nvme_paths).get(option) or self.nvme_path
 
     def given(self) -> set[str]:
         """The zero_optimization options set (the rules about a stage read only these)."""

@@ -3,6 +3,7 @@ the ZeRO stage ignores, nvme without a path), said in flags, in a file's keys or
 checks of its flags (`check_spec`); and what only a file can get wrong (`deepspeed_problems`: the batch identity,
 "auto", the schema)."""
 
+import dataclasses
 from collections.abc import Iterable
 
 from distsetup.errors import DistsetupError
@@ -44,7 +45,7 @@ def violations(spec: DeepSpeedSpec) -> list[Violation]:
             )
         )
     for option in ("offload_optimizer", "offload_param"):
-        if needs_nvme_path(getattr(spec, option), spec.nvme_path) and applies(option, spec.zero_stage):
+        if needs_nvme_path(getattr(spec, option), spec.nvme_path_of(option)) and applies(option, spec.zero_stage):
             found.append(
                 Violation(
                     f"{option}_nvme_path",
@@ -330,7 +331,7 @@ def deepspeed_problems(
                 'add "zero_optimization": {"stage": 0} (or the stage you mean).',
             )
         )
-    config = without_auto(config)
+    original, config = config, without_auto(config)
     problems += schema_problems(config, "deepspeed") + refused_at_start(config)
     if len(enabled_precisions(config)) > 1:
         problems.append(
@@ -338,7 +339,10 @@ def deepspeed_problems(
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
-    problems += [Problem(*worded(v, KeyWords())) for v in violations(DeepSpeedSpec.from_dict(config))]
+    stage = stage_as_read(section_of(original, "zero_optimization").get("stage", 0), hf)
+    if stage is not None:  # else the stage is a problem, and no rule of a stage applies
+        spec = dataclasses.replace(DeepSpeedSpec.from_dict(config), zero_stage=stage)
+        problems += [Problem(*worded(v, KeyWords())) for v in violations(spec)]
     schedule = section_of(section_of(config, "scheduler"), "params")
     if warmup_too_long(schedule.get("warmup_num_steps"), schedule.get("total_num_steps")):
         problems.append(
@@ -351,6 +355,17 @@ def deepspeed_problems(
         )
     problems += _batch_problems(config, world_size)
     return problems
+
+
+def stage_as_read(value, hf: bool) -> int | None:
+    """The ZeRO stage a file's zero_optimization.stage gives: "2" as 2 (DeepSpeed's config model reads it so; the
+    schema asks for the quotes to go), "auto" for the HF Trainer as Accelerate's default, 2 (accelerate launch
+    --zero_stage sets another), None where no reader takes it (4, "two")."""
+    if value == AUTO:
+        return 2 if hf else None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if value in STAGE_NUMBERS and not isinstance(value, bool) else None
 
 
 def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:

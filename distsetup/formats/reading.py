@@ -110,20 +110,24 @@ def _object_with_duplicates(pairs):
     return obj
 
 
-def duplicate_key_problems(data, path=()) -> list[Problem]:
+# What a key written twice does: json.load keeps the last one, and DeepSpeed, reading a file itself, refuses it
+LAST_ONE_COUNTS = "only the last one counts"
+DEEPSPEED_REFUSES_IT = (
+    'DeepSpeed refuses the file where it reads it itself ("Duplicate keys in DeepSpeed config"), and the HF Trainer '
+    "and Accelerate, which read it with json.load, keep the last one"
+)
+
+
+def duplicate_key_problems(data, path=(), what_it_does: str = LAST_ONE_COUNTS) -> list[Problem]:
     problems = []
     if isinstance(data, _KeysSeenTwice):
         problems += [
-            Problem(
-                join_path(path + (k,)),
-                f"key '{k}' appears more than once; only the last one counts.",
-                "keep one of them.",
-            )
+            Problem(join_path(path + (k,)), f"key '{k}' appears more than once: {what_it_does}.", "keep one of them.")
             for k in data.duplicates
         ]
     children = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for key, value in children:
-        problems += duplicate_key_problems(value, path + (key,))
+        problems += duplicate_key_problems(value, path + (key,), what_it_does)
     return problems
 
 

@@ -14,7 +14,13 @@ from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
 from distsetup.formats.hf_trainer import Context, TrainerValues, filled_in, mismatch_problems
 from distsetup.formats.problems import Problem
-from distsetup.formats.reading import duplicate_key_problems, read_json, read_yaml
+from distsetup.formats.reading import (
+    DEEPSPEED_REFUSES_IT,
+    LAST_ONE_COUNTS,
+    duplicate_key_problems,
+    read_json,
+    read_yaml,
+)
 from distsetup.formats.runconfig import RunConfig, resolve_config_path
 from distsetup.formats.runconfig_load import apply_overrides, check_run_config, run_config_from
 from distsetup.formats.settle import Settled, settle
@@ -69,7 +75,8 @@ def validate_file(
         return Validated(kind, problems, data, notes)
     if kind in ("deepspeed", "fsdp") and (other_kind := wrong_kind_problem(data, kind)):
         return Validated(kind, [other_kind], data)
-    problems = [] if as_yaml else duplicate_key_problems(data)
+    what_it_does = DEEPSPEED_REFUSES_IT if kind == "deepspeed" else LAST_ONE_COUNTS
+    problems = [] if as_yaml else duplicate_key_problems(data, what_it_does=what_it_does)
     if kind == "accelerate":
         # the file says how many machines: --num_gpus_per_node sets the world (num_machines x it), else --world_size
         problems += accelerate_problems(data, num_gpus_per_node, None if num_gpus_per_node else world_size)

@@ -104,7 +104,33 @@ def test_duplicate_json_keys(tmp_path):
     found = problems_of(
         tmp_path, '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1, "stage": 2}}'
     )
-    assert "appears more than once" in found["zero_optimization.stage"].message
+    assert "appears more than once: DeepSpeed refuses" in found["zero_optimization.stage"].message
+    fsdp = problems_of(tmp_path, '{"fsdp_version": 2, "fsdp_version": 2}', name="fsdp.json", kind="fsdp")
+    assert "appears more than once: only the last one counts" in fsdp["fsdp_version"].message
+
+
+def test_offload_to_nvme_is_missing_a_path_only_where_its_block_has_none(tmp_path):
+    """Each block's own nvme_path (both blocks were blamed where one had its path)."""
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+        "offload_param": {"device": "nvme"},
+    }
+    found = problems_of(tmp_path, {**GOOD_DS, "zero_optimization": zero})
+    assert list(found) == ["zero_optimization.offload_param.nvme_path"], found
+
+
+@pytest.mark.parametrize(
+    "stage, hf, expected",
+    [("2", False, {"zero_optimization.stage"}), (4, False, {"zero_optimization.stage"}), ("auto", True, set())],
+)
+def test_the_rules_of_a_stage_read_it_as_the_readers_do(tmp_path, stage, hf, expected):
+    """ "2" is stage 2 to DeepSpeed, and "auto" Accelerate's default, 2, for the HF Trainer: CPU offload is no problem
+    there (it was called meaningless "at zero_optimization.stage 0"); a stage no reader takes is the one problem."""
+    zero = {"stage": stage, "offload_optimizer": {"device": "cpu"}}
+    batch = {"train_micro_batch_size_per_gpu": "auto"} if hf else {}
+    found = problems_of(tmp_path, {**GOOD_DS, **batch, "zero_optimization": zero}, hf=hf)
+    assert set(found) == expected, found
 
 
 def test_every_problem_is_reported_not_just_the_first(run_cli, tmp_path):
