@@ -174,9 +174,22 @@ def fsdp_findings(
     file for the HF Trainer's fsdp_config."""
     # inline, FSDP2 and its full sharding go without saying (a file states both, as Accelerate writes them)
     implied = {"fsdp_version": 2, "fsdp_sharding_strategy": FsdpSpec.sharding_strategy}
+    if hf_trainer:
+        config = _without_hf_trainer_defaults(config)
     spelling_problems = [] if inline else _spelling_problems(config, accelerate_yaml, hf_trainer)
     config, spellings = (config, []) if inline else as_accelerate_reads(config)
+    if hf_trainer and "fsdp_version" not in config:
+        config = {"fsdp_version": 2, **config}  # the HF Trainer's default
     problems = schema_problems({**implied, **config} if inline else config, "fsdp")
+    if not inline and "fsdp_version" not in config:
+        problems.append(
+            Problem(
+                "fsdp_version",
+                "is not set: the HF Trainer reads such a file as FSDP2 (its default) and accelerate launch as FSDP1 "
+                "(its own), so what it means depends on who reads it.",
+                'add "fsdp_version": 2 (or 1); a file for the HF Trainer alone passes `distsetup validate --hf`.',
+            )
+        )
     wrong = {p.path.split(".")[0].split("[")[0] for p in problems}  # the rules read only well-typed keys
     readable = {key: value for key, value in config.items() if key not in wrong}
     words = KeyWords()
@@ -191,6 +204,22 @@ def fsdp_findings(
     if not inline and (note := model_blocks_note(FsdpSpec.from_dict(readable), given)):
         notes.append(note.format_map(words))
     return problems, notes
+
+
+# What TrainingArguments writes into its fsdp_config whatever it was given (TrainingArguments.to_json_string() holds
+# them): XLA's switches off, and min_num_params 0, which it reads as none given
+HF_TRAINER_DEFAULTS = {"xla": False, "xla_fsdp_v2": False, "xla_fsdp_grad_ckpt": False, "min_num_params": 0}
+
+
+def _without_hf_trainer_defaults(config: dict) -> dict:
+    """The settings without the values the HF Trainer writes for what it was not given (HF_TRAINER_DEFAULTS), with or
+    without their fsdp_ prefix, as it reads both."""
+    return {key: value for key, value in config.items() if not _is_hf_trainer_default(key, value)}
+
+
+def _is_hf_trainer_default(key: str, value) -> bool:
+    default = HF_TRAINER_DEFAULTS.get(key.removeprefix("fsdp_"), object())
+    return type(value) is type(default) and value == default  # False is no 0, as JSON tells them apart
 
 
 def _spelling_problems(config: dict, accelerate_yaml: bool, hf_trainer: bool) -> list[Problem]:
@@ -244,7 +273,25 @@ def _reader_problems(config: dict, hf_trainer: bool = False) -> list[Problem]:
                 "write true (FULL_SHARD) or false (SHARD_GRAD_OP).",
             )
         )
+    if hf_trainer and config.get("fsdp_offload_params") is True and TRAINER_CPU_OFFLOAD not in config:
+        problems.append(
+            Problem(
+                "fsdp_offload_params",
+                "is true, and the HF Trainer reads only fsdp_cpu_offload (cpu_offload): it would not offload.",
+                'write "fsdp_cpu_offload": true beside it (Accelerate reads fsdp_offload_params).',
+            )
+        )
     strategy = config.get("fsdp_sharding_strategy")
+    if version == 1 and reshard is None and strategy not in (None, "FULL_SHARD") and hf_trainer:
+        problems.append(
+            Problem(
+                "fsdp_sharding_strategy",
+                f"is {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP1 reads the sharding "
+                "strategy from fsdp_reshard_after_forward alone (or TrainingArguments' fsdp words), FULL_SHARD unless "
+                "given.",
+                f'write "fsdp_reshard_after_forward": "{strategy}" beside it.',
+            )
+        )
     # for the HF Trainer (else reader_notes says who reads which; the launcher passes accelerate both); NO_SHARD and
     # the hybrid ones have a note of their own: no reshard setting makes Accelerate's FSDP2 do them
     if version == 2 and reshard is None and strategy == "SHARD_GRAD_OP" and hf_trainer:

@@ -397,3 +397,51 @@ def test_validate_says_who_reads_the_keys_not_every_reader_reads(run_cli, tmp_pa
     }
     assert "the HF Trainer reads fsdp_cpu_offload" in notes["fsdp_offload_params"]
     assert "distsetup's trainer only" in notes["mixed_precision"]
+
+
+HF_SPELLED = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "state_dict_type": "FULL_STATE_DICT"}
+
+
+@pytest.mark.parametrize(
+    "settings, refused, built",
+    [
+        ({}, None, {"fsdp_version": 2}),  # no version: FSDP2 to the HF Trainer (required where the reader is unknown)
+        ({"version": 2, "offload_params": True}, "fsdp_offload_params", {"cpu_offload": None}),
+        (
+            {"version": 1, "sharding_strategy": "SHARD_GRAD_OP"},
+            "fsdp_sharding_strategy",
+            {"reshard_after_forward": "full_shard"},
+        ),
+    ],
+    ids=["no version", "accelerate's offload key", "fsdp1 strategy alone"],
+)
+def test_validate_for_the_hf_trainer_says_what_transformers_builds_of_the_file(tmp_path, settings, refused, built):
+    """What TrainingArguments builds of an fsdp_config in its own spelling: a file without a version is FSDP2 there;
+    offload_params alone offloads nothing (it reads cpu_offload), and FSDP1's strategy alone is FULL_SHARD (it reads
+    reshard_after_forward): validate --hf refused the first and passed the others."""
+    from distsetup.formats.validate import validate_file
+
+    config = {**HF_SPELLED, **settings}
+    path = tmp_path / "fsdp.json"
+    path.write_text(json.dumps(config))
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp=True, fsdp_config=str(path))
+    assert {key: hf_args.fsdp_plugin_args.get(key) for key in built} == built
+    assert [p.path for p in validate_file(path, "fsdp", hf=True).problems] == ([refused] if refused else [])
+    if not settings:  # for a reader not known, the version is asked for: accelerate launch's own default is FSDP1
+        (problem,) = validate_file(path, "fsdp").problems
+        assert problem.path == "fsdp_version" and "depends on who reads it" in problem.message
+
+
+def test_training_arguments_saved_by_transformers_itself_pass_validate(tmp_path):
+    """TrainingArguments.to_json_string() writes XLA's switches off and min_num_params 0 into its fsdp_config: they
+    were unknown keys and a value out of range."""
+    from distsetup.formats.validate import validate_file
+
+    fsdp = tmp_path / "fsdp.json"
+    fsdp.write_text(json.dumps({"fsdp_version": 2, "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}))
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp=True, fsdp_config=str(fsdp))
+    saved = tmp_path / "training_args.json"
+    saved.write_text(hf_args.to_json_string())
+    assert {"xla", "min_num_params"} <= set(json.loads(saved.read_text())["fsdp_config"])
+    validated = validate_file(saved)
+    assert validated.kind == "training_args" and validated.problems == []
