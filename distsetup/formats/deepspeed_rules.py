@@ -19,6 +19,7 @@ from distsetup.formats.deepspeed import (
     positive_int_at,
     section_of,
 )
+from distsetup.formats.deepspeed_params import params_problems
 from distsetup.formats.deepspeed_refusals import refused_at_start
 from distsetup.formats.problems import Problem, Violation, closest, join_path, schema_problems
 
@@ -332,7 +333,7 @@ def deepspeed_problems(
             )
         )
     original, config = config, without_auto(config)
-    problems += schema_problems(config, "deepspeed") + refused_at_start(config)
+    problems += schema_problems(config, "deepspeed") + refused_at_start(config) + params_problems(original)
     if len(enabled_precisions(config)) > 1:
         problems.append(
             Problem(

@@ -18,6 +18,7 @@ KNOWN_KEYWORDS = {
     "minimum",
     "maximum",
     "exclusiveMinimum",
+    "exclusiveMaximum",
     "properties",
     "additionalProperties",
     "required",
@@ -82,6 +83,7 @@ def _within_bounds(value, schema: dict) -> bool:
         value >= schema.get("minimum", value)
         and value <= schema.get("maximum", value)
         and ("exclusiveMinimum" not in schema or value > schema["exclusiveMinimum"])
+        and ("exclusiveMaximum" not in schema or value < schema["exclusiveMaximum"])
     )
 
 

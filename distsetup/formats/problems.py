@@ -120,12 +120,22 @@ def _describe(error) -> tuple[str, str]:
         if isinstance(value, str) and value in [str(c) for c in limit if not isinstance(c, str | bool)]:
             return f"{value!r} is a string, not the number it spells.", f"write {value} without quotes."
         return f"{value!r} is not allowed.", f"use one of {', '.join(map(repr, limit))}."
-    if error.validator in ("minimum", "exclusiveMinimum", "maximum"):
-        bound = {"minimum": "at least", "exclusiveMinimum": "above", "maximum": "at most"}[error.validator]
+    if error.validator in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        bound = {"minimum": "at least", "exclusiveMinimum": "above", "maximum": "at most", "exclusiveMaximum": "below"}[
+            error.validator
+        ]
         return f"{value!r} is out of range.", f"use a value {bound} {limit}."
     if error.validator == "type":
         expected = " or ".join(limit) if isinstance(limit, list) else limit
+        if isinstance(value, str) and {"number", "integer"} & set(limit if isinstance(limit, list) else [limit]):
+            number = _as(value, float if "number" in limit else int)
+            if number is not None and math.isfinite(number):  # written as JSON and PyYAML both read a number
+                return f"{value!r} is a string, not the number it spells.", f"write {_written(number)} without quotes."
         return f"{value!r} has the wrong type.", f"write a{'n' if expected[0] in 'aeiou' else ''} {expected}."
+    if error.validator in ("minItems", "maxItems"):
+        bound = "at least" if error.validator == "minItems" else "at most"
+        wanted = error.schema.get("description") or f"{bound} {limit} item(s)"
+        return f"{value!r} has {len(value)} item(s), {bound} {limit} wanted.", f"write {wanted}."
     if error.validator == "required":
         return error.message + ".", "add it."
     if error.validator in ("pattern", "maxLength") and "description" in error.schema:  # a form (jobs/forms.py)

@@ -112,6 +112,7 @@ def test_shipped_files_take_the_fast_path(label, name, document):
         (1, {"properties": {}, "not_a_keyword": False}),
         (1, False),  # a `false` schema accepts nothing
         (7, {"type": "integer", "exclusiveMinimum": 7}),
+        (1, {"type": "number", "exclusiveMaximum": 1}),  # a beta of 1 (deepspeed_params.BETAS)
         ({"a": 1}, {"properties": {"b": {}}, "additionalProperties": False}),
         ({}, {"required": ["a"]}),
         ([1, 2, 3], {"maxItems": 2}),
