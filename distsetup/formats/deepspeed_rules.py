@@ -293,6 +293,34 @@ def deepspeed_notes(config: dict) -> list[str]:
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu")
 
+# The "auto" values Accelerate fills from its own settings (DeepSpeedPlugin: `accelerate launch`'s flags, else its
+# defaults), not from what the HF Trainer knows: key -> (the flag, what it is without one, what that does)
+FILLED_BY_ACCELERATE = {
+    "zero_optimization.stage": ("--zero_stage", "2", ""),
+    "zero_optimization.offload_optimizer.device": ("--offload_optimizer_device", "none", ": nothing is offloaded"),
+    "zero_optimization.offload_param.device": ("--offload_param_device", "none", ": nothing is offloaded"),
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": (
+        "--zero3_save_16bit_model",
+        "false",
+        ": at ZeRO-3 the HF Trainer's save_model writes no model weights, only DeepSpeed's checkpoint",
+    ),
+}
+
+
+def accelerate_auto_notes(config: dict) -> list[str]:
+    """What each "auto" that Accelerate fills from its own settings becomes where nothing sets it (the HF Trainer
+    under torchrun; accelerate launch without the flag)."""
+    notes = []
+    for path in auto_paths(config):
+        where = join_path(path)
+        if where in FILLED_BY_ACCELERATE:
+            flag, default, meaning = FILLED_BY_ACCELERATE[where]
+            notes.append(
+                f'{where}: "auto" is Accelerate\'s setting (accelerate launch {flag}), {default} without one{meaning}; '
+                "write the value you mean."
+            )
+    return notes
+
 
 def deepspeed_problems(
     config: dict, world_size: int | None = None, hf: bool = False, batch_elsewhere: bool = True

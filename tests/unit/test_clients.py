@@ -445,3 +445,25 @@ def test_training_arguments_saved_by_transformers_itself_pass_validate(tmp_path)
     assert {"xla", "min_num_params"} <= set(json.loads(saved.read_text())["fsdp_config"])
     validated = validate_file(saved)
     assert validated.kind == "training_args" and validated.problems == []
+
+
+def test_validate_for_the_hf_trainer_notes_what_accelerate_fills_its_own_autos_with(tmp_path):
+    """ "auto" in the offload device or the 16-bit save is Accelerate's own setting, not the Trainer's: without
+    accelerate launch's flag, nothing is offloaded and save_model writes no weights at ZeRO-3 (validate --hf passed
+    them without a word)."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from distsetup.formats.validate import validate_file
+
+    zero = {"stage": 3, "offload_optimizer": {"device": "auto"}, "stage3_gather_16bit_weights_on_model_save": "auto"}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": zero}))
+    validated = validate_file(path, "deepspeed", hf=True)
+    assert validated.problems == []
+    notes = {note.split(":")[0]: note for note in validated.notes}
+    with mock.patch.dict(os.environ, {"PATH": os.environ["PATH"]}, clear=True):
+        filled = DeepSpeedPlugin(hf_ds_config=str(path)).hf_ds_config.config["zero_optimization"]
+    assert filled["offload_optimizer"]["device"] == "none"
+    assert "none without one" in notes["zero_optimization.offload_optimizer.device"]
+    assert filled["stage3_gather_16bit_weights_on_model_save"] is False
+    assert "false without one" in notes["zero_optimization.stage3_gather_16bit_weights_on_model_save"]
