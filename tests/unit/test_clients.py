@@ -247,8 +247,12 @@ def test_the_hf_trainer_reads_the_fsdp_file_as_meant(run_cli, tmp_path, monkeypa
         "-o", "run.sh",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    argv = run_script(tmp_path / "run.sh", tmp_path, "torchrun", cwd=tmp_path).stdout.splitlines()
+    ran = run_script(tmp_path / "run.sh", tmp_path, "torchrun", cwd=tmp_path)
+    argv = ran.stdout.splitlines()
     given = argv[argv.index("user.py") + 1 :]
+    # on a machine without GPUs only, as the accelerate script says of its own
+    warned = "the HF Trainer (through Accelerate) applies FSDP to GPU processes only" in ran.stderr
+    assert warned == ("no GPUs found" in ran.stderr)
     assert given == ["--fsdp", "--fsdp_config", "fsdp.json"]
     parser = transformers.HfArgumentParser(transformers.TrainingArguments)
     (arguments,) = parser.parse_args_into_dataclasses(args=[*given, "--output_dir", "out", "--report_to", "none"])
