@@ -235,7 +235,7 @@ def _block_problems(data: dict, kind) -> list[Problem]:
     fsdp = data.get("fsdp_config")
     if kind == "FSDP" and isinstance(fsdp, dict):
         # without fsdp_version Accelerate runs FSDP1
-        found = accelerate_yaml_fsdp_problems({"fsdp_version": 1, **fsdp})
+        found = accelerate_yaml_fsdp_problems({"fsdp_version": 1, **fsdp}, data.get("mixed_precision"))
         problems += [Problem(f"fsdp_config.{p.path}".rstrip("."), p.message, p.fix) for p in found]
     deepspeed = data.get("deepspeed_config")
     if kind == "DEEPSPEED" and isinstance(deepspeed, dict):

@@ -160,9 +160,43 @@ def fsdp_problems(config: dict) -> list[Problem]:
     return fsdp_findings(config)[0]
 
 
-def accelerate_yaml_fsdp_problems(config: dict) -> list[Problem]:
-    """fsdp_problems of an Accelerate config YAML's fsdp_config, which `accelerate launch` alone reads."""
-    return fsdp_findings(config, accelerate_yaml=True)[0]
+def accelerate_yaml_fsdp_problems(config: dict, mixed_precision) -> list[Problem]:
+    """fsdp_problems of an Accelerate config YAML's fsdp_config, which `accelerate launch` alone reads, and what it
+    reads there otherwise than the HF Trainer and distsetup's trainer read an FSDP file: each key as fsdp_ and the
+    key (accelerate/commands/launch.py), so the Trainer's cpu_offload and a precision here are ignored, and a policy
+    left unset wraps nothing. `mixed_precision`: the config's own, which `accelerate launch` trains in."""
+    written = {key if str(key).startswith("fsdp") else f"fsdp_{key}": key for key in config}  # as read -> as written
+    read = {key: config[original] for key, original in written.items()}
+    problems = []
+    if read.get(TRAINER_CPU_OFFLOAD) is True and read.get("fsdp_offload_params") is not True:
+        problems.append(
+            Problem(
+                written[TRAINER_CPU_OFFLOAD],
+                "is true, and accelerate launch reads only fsdp_offload_params (fsdp_cpu_offload is the HF Trainer's): "
+                "nothing is offloaded.",
+                "write fsdp_offload_params: true.",
+            )
+        )
+    given = read.get("fsdp_mixed_precision")
+    if given in MIXED_PRECISION.values() and given != (mixed_precision or "no"):
+        problems.append(
+            Problem(
+                written["fsdp_mixed_precision"],
+                f"is {given!r}, and accelerate launch takes the precision from the config's own mixed_precision "
+                f"({mixed_precision or 'no'}), not from here: it trains in that.",
+                f"set mixed_precision: {given} at the top of the config, and remove it here.",
+            )
+        )
+    if "fsdp_transformer_layer_cls_to_wrap" in read and "fsdp_auto_wrap_policy" not in read:
+        problems.append(
+            Problem(
+                "fsdp_auto_wrap_policy",
+                "is not set beside fsdp_transformer_layer_cls_to_wrap: accelerate launch then wraps nothing (the "
+                "model is one FSDP unit, gathered whole), where the HF Trainer would wrap the classes.",
+                f"add fsdp_auto_wrap_policy: {TRANSFORMER}.",
+            )
+        )
+    return problems + fsdp_findings(config, accelerate_yaml=True)[0]
 
 
 def fsdp_findings(

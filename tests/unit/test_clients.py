@@ -471,3 +471,27 @@ def test_validate_for_the_hf_trainer_notes_what_accelerate_fills_its_own_autos_w
     assert "none without one" in notes["zero_optimization.offload_optimizer.device"]
     assert filled["stage3_gather_16bit_weights_on_model_save"] is False
     assert "false without one" in notes["zero_optimization.stage3_gather_16bit_weights_on_model_save"]
+
+
+def test_validate_says_what_accelerate_launch_ignores_in_its_config_yamls_fsdp_block(tmp_path):
+    """An FSDP block in the HF Trainer's spelling, with a precision of its own: accelerate launch reads each key as
+    fsdp_<key>, so it offloads nothing (cpu_offload is the Trainer's), trains in the config's own precision, and,
+    with no policy, wraps nothing; validate said "no problems"."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from distsetup.formats.validate import validate_file
+
+    block = {"version": 2, "cpu_offload": True, "transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}
+    block |= {"reshard_after_forward": False, "mixed_precision": "bf16"}
+    config = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "no"}
+    config |= {"num_machines": 1, "num_processes": 2, "machine_rank": 0, "fsdp_config": block}
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    found = [p.path for p in validate_file(path).problems]
+    assert found == ["fsdp_config.cpu_offload", "fsdp_config.mixed_precision", "fsdp_config.fsdp_auto_wrap_policy"]
+    env = accelerate_environment(["--config_file", str(path), "user.py"])
+    plugin = built_in(env, FullyShardedDataParallelPlugin)
+    assert env["ACCELERATE_MIXED_PRECISION"] == "no" and plugin.mixed_precision_policy is None
+    assert not isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    assert plugin.auto_wrap_policy is None
