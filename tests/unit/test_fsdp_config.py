@@ -27,6 +27,10 @@ def test_quick_start_writes_accelerate_keys(run_cli, tmp_path):
     assert config["fsdp_transformer_layer_cls_to_wrap"] == "Block"
     assert all(k.startswith("fsdp_") or k == "mixed_precision" for k in config)
     assert fsdp_problems(config) == []
+    # the built-in model's block, said: a Hugging Face model has none, and Accelerate stops on it
+    assert "for a Hugging Face model give --transformer_layer_cls_to_wrap" in result.stderr
+    named = run_cli("fsdp", "--transformer_layer_cls_to_wrap", "LlamaDecoderLayer", "--output", out)
+    assert named.exit_code == 0 and "--transformer_layer_cls_to_wrap" not in named.stderr
 
 
 @pytest.mark.parametrize("strategy", SHARDING_STRATEGIES)

@@ -130,6 +130,13 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         and ctx.get_parameter_source("auto_wrap_policy") == click.core.ParameterSource.DEFAULT
     ):
         layers = (BUILTIN_BLOCK,)
+        remarks = [
+            f"Note: wrapping {BUILTIN_BLOCK}, the block of distsetup's built-in model; for a Hugging Face model give "
+            "--transformer_layer_cls_to_wrap (e.g. LlamaDecoderLayer): Accelerate and the HF Trainer stop where the "
+            "model has no such class."
+        ]
+    else:
+        remarks = []
     made: dict[str, Any] = {"fsdp_version": int(o["fsdp_version"]), "transformer_layer_cls_to_wrap": layers}
     spec = FsdpSpec(**spec_values(FsdpSpec, o, besides=tuple(made)), **made)
     warnings = check_fsdp_spec(spec)
@@ -140,6 +147,6 @@ def fsdp(ctx: click.Context, output, dry_run, **o):
         output,
         dry_run,
         next_step=f"distsetup launcher --use_fsdp --fsdp_config {shlex.quote(str(output))}",
-        remarks=[f"Warning: {w}" for w in warnings],
+        remarks=[f"Warning: {w}" for w in warnings] + remarks,
         kind="fsdp",
     )
