@@ -72,9 +72,9 @@ def complete_batch(
         accumulation = 1 if accumulation is None else accumulation
         return BatchSizes(micro, accumulation, global_batch_of(micro, accumulation, world_size), world_size)
     if micro is None:
-        given = accumulation is not None
-        accumulation = accumulation if given else 1
-        micro = _other_factor(train, accumulation, world_size, names.accumulation if given else None)
+        known_name = None if accumulation is None else names.accumulation  # none: DeepSpeed's accumulation of 1
+        accumulation = 1 if accumulation is None else accumulation
+        micro = _other_factor(train, accumulation, world_size, known_name)
     elif accumulation is None:
         accumulation = _other_factor(train, micro, world_size, names.micro)
     product = global_batch_of(micro, accumulation, world_size)

@@ -28,7 +28,7 @@ ADAM = {"lr": RATE, "betas": BETAS, "eps": RATE, "weight_decay": RATE, "amsgrad"
 TORCH_EXTRAS = {"maximize": FLAG, "foreach": FLAG, "capturable": FLAG, "differentiable": FLAG, "fused": FLAG}
 # optimizer (DeepSpeed's lower-case name) -> where it is built (on the device; cpu: the optimizer offloaded; torch:
 # torch_adam true) -> (the class DeepSpeed builds, the keys it takes)
-OPTIMIZERS = {
+OPTIMIZERS: dict[str, dict[str, tuple[str, dict]]] = {
     "adam": {
         "device": ("FusedAdam", {**ADAM, "bias_correction": FLAG, "set_grad_none": FLAG}),
         "cpu": ("DeepSpeedCPUAdam", {**ADAM, "bias_correction": FLAG}),
@@ -62,7 +62,7 @@ OPTIMIZERS["adamw"] = OPTIMIZERS["adam"]
 WARMUP_TYPE = {"enum": ["log", "linear"]}
 WARMUP = {"warmup_min_lr": RATE, "warmup_max_lr": RATE, "warmup_num_steps": STEPS, "warmup_type": WARMUP_TYPE}
 # scheduler -> (the keys it takes, the ones it needs)
-SCHEDULERS = {
+SCHEDULERS: dict[str, tuple[dict, tuple[str, ...]]] = {
     "WarmupLR": ({**WARMUP, "last_batch_iteration": ITERATION}, ()),
     "WarmupDecayLR": ({**WARMUP, "total_num_steps": STEPS, "last_batch_iteration": ITERATION}, ("total_num_steps",)),
     "WarmupCosineLR": (
