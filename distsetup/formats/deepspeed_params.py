@@ -1,6 +1,7 @@
 """The optimizer's and the scheduler's `params` in a DeepSpeed file, as DeepSpeed 0.19 hands them on: as keyword
 arguments to the class it builds (runtime/engine.py _configure_basic_optimizer, runtime/lr_schedules.py), which stops
-at start on a key it does not take and on a number written as text, and trains on with a negative rate. Each class's
+at start on a key it does not take, on a number written as text or on a step count it refuses, and trains on with a
+negative rate. Each class's
 keys are its constructor's (DeepSpeed 0.19.8, torch 2.13); an optimizer DeepSpeed hands to torch by another name (SGD,
 ...) or builds from another package is left to its class."""
 
@@ -12,7 +13,12 @@ from distsetup.formats.problems import Problem, schema_problems_in
 RATE = {"type": "number", "minimum": 0}  # a rate, a ratio or a decay: torch refuses a negative one, FusedAdam climbs
 FLAG = {"type": "boolean"}
 STEPS = {"type": "integer", "minimum": 0}
+POSITIVE_STEPS = {"type": "integer", "minimum": 1}  # "must be a positive integer" (lr_schedules.py)
 SOME_STEPS = {"type": ["integer", "null"], "minimum": 0}
+# a scheduler's rate: one for every parameter group, or a list of one each (_format_param); WarmupLR's max null: each
+# group's own lr
+PER_GROUP = {"type": ["number", "array", "null"], "minimum": 0, "items": RATE}
+MAYBE = {"type": ["boolean", "null"]}  # torch's None: its own choice
 ITERATION = {"type": "integer", "minimum": -1}
 BETAS = {
     "type": "array",
@@ -25,14 +31,16 @@ BETAS = {
 # what DeepSpeed takes out of an Adam's params before it builds one (engine.py get_optimizer_configuration)
 ADAM_SWITCHES = {"adam_w_mode": FLAG, "torch_adam": FLAG, "fp32_optimizer_states": FLAG}
 ADAM = {"lr": RATE, "betas": BETAS, "eps": RATE, "weight_decay": RATE, "amsgrad": FLAG, **ADAM_SWITCHES}
-TORCH_EXTRAS = {"maximize": FLAG, "foreach": FLAG, "capturable": FLAG, "differentiable": FLAG, "fused": FLAG}
+TORCH_EXTRAS = {"maximize": FLAG, "foreach": MAYBE, "capturable": FLAG, "differentiable": FLAG, "fused": MAYBE}
 # optimizer (DeepSpeed's lower-case name) -> where it is built (on the device; cpu: the optimizer offloaded; torch:
-# torch_adam true) -> (the class DeepSpeed builds, the keys it takes)
+# torch_adam true, torch_adam_no_w: and adam_w_mode false) -> (the class DeepSpeed builds, the keys it takes)
 OPTIMIZERS: dict[str, dict[str, tuple[str, dict]]] = {
     "adam": {
-        "device": ("FusedAdam", {**ADAM, "bias_correction": FLAG, "set_grad_none": FLAG}),
+        # FusedAdam stops on amsgrad true ("does not support the AMSGrad variant")
+        "device": ("FusedAdam", {**ADAM, "amsgrad": {"enum": [False]}, "bias_correction": FLAG, "set_grad_none": FLAG}),
         "cpu": ("DeepSpeedCPUAdam", {**ADAM, "bias_correction": FLAG}),
         "torch": ("torch.optim.AdamW", {**ADAM, **TORCH_EXTRAS}),
+        "torch_adam_no_w": ("torch.optim.Adam", {**ADAM, **TORCH_EXTRAS, "decoupled_weight_decay": FLAG}),
     },
     "adagrad": {
         "device": (
@@ -59,26 +67,33 @@ OPTIMIZERS: dict[str, dict[str, tuple[str, dict]]] = {
 }
 OPTIMIZERS["adamw"] = OPTIMIZERS["adam"]
 
-WARMUP_TYPE = {"enum": ["log", "linear"]}
-WARMUP = {"warmup_min_lr": RATE, "warmup_max_lr": RATE, "warmup_num_steps": STEPS, "warmup_type": WARMUP_TYPE}
+WARMUP_TYPE = {"type": "string"}  # log or linear; another: a warning, and log
+WARMUP = {
+    "warmup_min_lr": PER_GROUP,
+    "warmup_max_lr": PER_GROUP,
+    "warmup_num_steps": POSITIVE_STEPS,
+    "warmup_type": WARMUP_TYPE,
+}
 # scheduler -> (the keys it takes, the ones it needs)
 SCHEDULERS: dict[str, tuple[dict, tuple[str, ...]]] = {
     "WarmupLR": ({**WARMUP, "last_batch_iteration": ITERATION}, ()),
     "WarmupDecayLR": ({**WARMUP, "total_num_steps": STEPS, "last_batch_iteration": ITERATION}, ("total_num_steps",)),
     "WarmupCosineLR": (
-        {"total_num_steps": STEPS, "warmup_min_ratio": RATE, "warmup_num_steps": STEPS, "cos_min_ratio": RATE}
+        {"total_num_steps": STEPS, "warmup_min_ratio": RATE, "warmup_num_steps": POSITIVE_STEPS, "cos_min_ratio": RATE}
         | {"warmup_type": WARMUP_TYPE, "last_batch_iteration": ITERATION},
         ("total_num_steps",),
     ),
     "OneCycle": (
-        {"cycle_min_lr": RATE, "cycle_max_lr": RATE, "decay_lr_rate": RATE, "cycle_first_step_size": STEPS}
+        {"cycle_min_lr": PER_GROUP, "cycle_max_lr": PER_GROUP, "decay_lr_rate": RATE}
+        | {"cycle_first_step_size": POSITIVE_STEPS}
         | {"cycle_second_step_size": SOME_STEPS, "cycle_first_stair_count": STEPS}
         | {"cycle_second_stair_count": SOME_STEPS, "decay_step_size": STEPS, "cycle_momentum": FLAG}
-        | {"cycle_min_mom": RATE, "cycle_max_mom": RATE, "decay_mom_rate": RATE, "last_batch_iteration": ITERATION},
+        | {"cycle_min_mom": PER_GROUP, "cycle_max_mom": PER_GROUP, "decay_mom_rate": RATE}
+        | {"last_batch_iteration": ITERATION},
         ("cycle_min_lr", "cycle_max_lr"),
     ),
     "LRRangeTest": (
-        {"lr_range_test_min_lr": RATE, "lr_range_test_step_size": STEPS, "lr_range_test_step_rate": RATE}
+        {"lr_range_test_min_lr": PER_GROUP, "lr_range_test_step_size": POSITIVE_STEPS, "lr_range_test_step_rate": RATE}
         | {"lr_range_test_staircase": FLAG, "last_batch_iteration": ITERATION},
         (),
     ),
@@ -96,7 +111,7 @@ def params_problems(config: dict) -> list[Problem]:
         where = _where_built(name, params, offload_device(config, "offload_optimizer") in ("cpu", "nvme"))
         built, keys = OPTIMIZERS[name][where]
         problems += _against("optimizer.params", params, keys, built)
-    if scheduler.get("type") in SCHEDULERS:
+    if isinstance(scheduler.get("type"), str) and scheduler["type"] in SCHEDULERS:  # else a schema problem
         params = section_of(scheduler, "params")
         keys, needed = SCHEDULERS[scheduler["type"]]
         problems += _against("scheduler.params", params, keys, scheduler["type"])
@@ -115,7 +130,8 @@ def params_problems(config: dict) -> list[Problem]:
 def _where_built(name: str, params: dict, offloaded: bool) -> str:
     """Where DeepSpeed builds the optimizer `name` (a key of OPTIMIZERS[name])."""
     if name in ("adam", "adamw") and params.get("torch_adam") is True:
-        return "torch"
+        # Adam forces AdamW's decoupled weight decay unless adam_w_mode is false (engine.py)
+        return "torch_adam_no_w" if name == "adam" and params.get("adam_w_mode") is False else "torch"
     return "cpu" if offloaded and "cpu" in OPTIMIZERS[name] else "device"
 
 

@@ -299,6 +299,8 @@ FILLED_BY_ACCELERATE = {
     "zero_optimization.stage": ("--zero_stage", "2", ""),
     "zero_optimization.offload_optimizer.device": ("--offload_optimizer_device", "none", ": nothing is offloaded"),
     "zero_optimization.offload_param.device": ("--offload_param_device", "none", ": nothing is offloaded"),
+    "zero_optimization.offload_optimizer.nvme_path": ("--offload_optimizer_nvme_path", '"none"', ""),
+    "zero_optimization.offload_param.nvme_path": ("--offload_param_nvme_path", '"none"', ""),
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": (
         "--zero3_save_16bit_model",
         "false",
@@ -368,7 +370,7 @@ def deepspeed_problems(
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
-    stage = stage_as_read(section_of(original, "zero_optimization").get("stage", 0), hf)
+    stage = stage_as_read(section_of(original, "zero_optimization").get("stage", 0))
     if stage is not None:  # else the stage is a problem, and no rule of a stage applies
         spec = dataclasses.replace(DeepSpeedSpec.from_dict(config), zero_stage=stage)
         problems += [Problem(*worded(v, KeyWords())) for v in violations(spec)]
@@ -386,12 +388,12 @@ def deepspeed_problems(
     return problems
 
 
-def stage_as_read(value, hf: bool) -> int | None:
+def stage_as_read(value) -> int | None:
     """The ZeRO stage a file's zero_optimization.stage gives: "2" as 2 (DeepSpeed's config model reads it so; the
-    schema asks for the quotes to go), "auto" for the HF Trainer as Accelerate's default, 2 (accelerate launch
-    --zero_stage sets another), None where no reader takes it (4, "two")."""
+    schema asks for the quotes to go); None where it is not known here ("auto": Accelerate's setting, 2 unless
+    accelerate launch --zero_stage says another, said in a note) or no reader takes it (4, "two")."""
     if value == AUTO:
-        return 2 if hf else None
+        return None
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     return value if value in STAGE_NUMBERS and not isinstance(value, bool) else None

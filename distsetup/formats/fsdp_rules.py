@@ -235,6 +235,8 @@ def fsdp_findings(
         + [Problem(KEYS[v.option], v.message.format_map(words), v.fix.format_map(words)) for v in broken if not v.said]
     )
     notes = spellings + [v.message.format_map(words) for v in broken if v.said]
+    if hf_trainer:
+        notes += _hf_trainer_notes(readable)
     if not inline and (note := model_blocks_note(FsdpSpec.from_dict(readable), given)):
         notes.append(note.format_map(words))
     return problems, notes
@@ -252,8 +254,28 @@ def _without_hf_trainer_defaults(config: dict) -> dict:
 
 
 def _is_hf_trainer_default(key: str, value) -> bool:
-    default = HF_TRAINER_DEFAULTS.get(key.removeprefix("fsdp_"), object())
+    default = HF_TRAINER_DEFAULTS.get(str(key).removeprefix("fsdp_"), object())
     return type(value) is type(default) and value == default  # False is no 0, as JSON tells them apart
+
+
+def _hf_trainer_notes(config: dict) -> list[str]:
+    """What the HF Trainer's fsdp_config reads of a file otherwise than Accelerate, where TrainingArguments' `fsdp`
+    words (offload, shard_grad_op), which a file does not show, may still say it: notes, not problems."""
+    notes = []
+    if config.get("fsdp_offload_params") is True and TRAINER_CPU_OFFLOAD not in config:
+        notes.append(
+            "fsdp_offload_params: true, and the HF Trainer reads only fsdp_cpu_offload (cpu_offload): it offloads "
+            'only where TrainingArguments\' fsdp says offload; write "fsdp_cpu_offload": true beside it.'
+        )
+    strategy = config.get("fsdp_sharding_strategy")
+    if config.get("fsdp_version") == 1 and "fsdp_reshard_after_forward" not in config and strategy != "FULL_SHARD":
+        if strategy is not None:
+            notes.append(
+                f"fsdp_sharding_strategy: {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP1 "
+                "reads the strategy from fsdp_reshard_after_forward or TrainingArguments' fsdp words, FULL_SHARD "
+                f'where neither says it; write "fsdp_reshard_after_forward": "{strategy}" beside it.'
+            )
+    return notes
 
 
 def _spelling_problems(config: dict, accelerate_yaml: bool, hf_trainer: bool) -> list[Problem]:
@@ -307,25 +329,7 @@ def _reader_problems(config: dict, hf_trainer: bool = False) -> list[Problem]:
                 "write true (FULL_SHARD) or false (SHARD_GRAD_OP).",
             )
         )
-    if hf_trainer and config.get("fsdp_offload_params") is True and TRAINER_CPU_OFFLOAD not in config:
-        problems.append(
-            Problem(
-                "fsdp_offload_params",
-                "is true, and the HF Trainer reads only fsdp_cpu_offload (cpu_offload): it would not offload.",
-                'write "fsdp_cpu_offload": true beside it (Accelerate reads fsdp_offload_params).',
-            )
-        )
     strategy = config.get("fsdp_sharding_strategy")
-    if version == 1 and reshard is None and strategy not in (None, "FULL_SHARD") and hf_trainer:
-        problems.append(
-            Problem(
-                "fsdp_sharding_strategy",
-                f"is {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP1 reads the sharding "
-                "strategy from fsdp_reshard_after_forward alone (or TrainingArguments' fsdp words), FULL_SHARD unless "
-                "given.",
-                f'write "fsdp_reshard_after_forward": "{strategy}" beside it.',
-            )
-        )
     # for the HF Trainer (else reader_notes says who reads which; the launcher passes accelerate both); NO_SHARD and
     # the hybrid ones have a note of their own: no reshard setting makes Accelerate's FSDP2 do them
     if version == 2 and reshard is None and strategy == "SHARD_GRAD_OP" and hf_trainer:

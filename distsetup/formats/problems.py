@@ -52,7 +52,7 @@ def join_path(parts) -> str:
 def closest(word: str, choices) -> str | None:
     """The choice `word` is most likely a typo of (in any case: fsdp -> FSDP), or None where none is close."""
     by_lower = {str(choice).lower(): choice for choice in sorted(choices, key=str)}
-    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
     return by_lower[close[0]] if close else None
 
 
@@ -130,7 +130,11 @@ def _describe(error) -> tuple[str, str]:
         if isinstance(value, str) and {"number", "integer"} & set(limit if isinstance(limit, list) else [limit]):
             number = _as(value, float if "number" in limit else int)
             if number is not None and math.isfinite(number):  # written as JSON and PyYAML both read a number
-                return f"{value!r} is a string, not the number it spells.", f"write {_written(number)} without quotes."
+                written = _written(number)
+                unquoted = (
+                    "without quotes" if written == value.strip() else "unquoted, as YAML and JSON both read a number"
+                )
+                return f"{value!r} is a string, not the number it spells.", f"write {written} {unquoted}."
         return f"{value!r} has the wrong type.", f"write a{'n' if expected[0] in 'aeiou' else ''} {expected}."
     if error.validator in ("minItems", "maxItems"):
         bound = "at least" if error.validator == "minItems" else "at most"

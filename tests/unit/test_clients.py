@@ -407,7 +407,7 @@ HF_SPELLED = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "state_dic
 
 
 @pytest.mark.parametrize(
-    "settings, refused, built",
+    "settings, noted, built",
     [
         ({}, None, {"fsdp_version": 2}),  # no version: FSDP2 to the HF Trainer (required where the reader is unknown)
         ({"version": 2, "offload_params": True}, "fsdp_offload_params", {"cpu_offload": None}),
@@ -419,10 +419,11 @@ HF_SPELLED = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "state_dic
     ],
     ids=["no version", "accelerate's offload key", "fsdp1 strategy alone"],
 )
-def test_validate_for_the_hf_trainer_says_what_transformers_builds_of_the_file(tmp_path, settings, refused, built):
+def test_validate_for_the_hf_trainer_says_what_transformers_builds_of_the_file(tmp_path, settings, noted, built):
     """What TrainingArguments builds of an fsdp_config in its own spelling: a file without a version is FSDP2 there;
     offload_params alone offloads nothing (it reads cpu_offload), and FSDP1's strategy alone is FULL_SHARD (it reads
-    reshard_after_forward): validate --hf refused the first and passed the others."""
+    reshard_after_forward). validate --hf refused the first and passed the others without a word; they are notes,
+    since TrainingArguments' fsdp words (offload, shard_grad_op), which the file does not show, may say them."""
     from distsetup.formats.validate import validate_file
 
     config = {**HF_SPELLED, **settings}
@@ -430,7 +431,12 @@ def test_validate_for_the_hf_trainer_says_what_transformers_builds_of_the_file(t
     path.write_text(json.dumps(config))
     hf_args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, fsdp=True, fsdp_config=str(path))
     assert {key: hf_args.fsdp_plugin_args.get(key) for key in built} == built
-    assert [p.path for p in validate_file(path, "fsdp", hf=True).problems] == ([refused] if refused else [])
+    validated = validate_file(path, "fsdp", hf=True)
+    assert validated.problems == []
+    said = [note.split(":")[0] for note in validated.notes]
+    assert [key for key in said if key in ("fsdp_offload_params", "fsdp_sharding_strategy")] == (
+        [noted] if noted else []
+    )
     if not settings:  # for a reader not known, the version is asked for: accelerate launch's own default is FSDP1
         (problem,) = validate_file(path, "fsdp").problems
         assert problem.path == "fsdp_version" and "depends on who reads it" in problem.message

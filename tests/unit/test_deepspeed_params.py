@@ -26,7 +26,7 @@ def problems(tmp_path, config: dict, hf: bool = False) -> dict:
 @pytest.mark.parametrize(
     "section, change, path, words",
     [
-        ("optimizer", {"lr": "3e-4"}, "optimizer.params.lr", "write 0.0003 without quotes"),
+        ("optimizer", {"lr": "3e-4"}, "optimizer.params.lr", "write 0.0003 unquoted"),
         ("optimizer", {"weight_decay": "0.01"}, "optimizer.params.weight_decay", "not the number it spells"),
         ("optimizer", {"lrr": 0.1}, "optimizer.params.lrr", "DeepSpeedCPUAdam"),
         ("optimizer", {"betas": [0.9]}, "optimizer.params.betas", "two numbers"),
@@ -34,6 +34,7 @@ def problems(tmp_path, config: dict, hf: bool = False) -> dict:
         ("optimizer", {"max_grad_norm": 1.0}, "optimizer.params.max_grad_norm", "gradient_clipping"),
         ("scheduler", {"warmup_num_steps": "10"}, "scheduler.params.warmup_num_steps", "without quotes"),
         ("scheduler", {"warmup_num_stepz": 10}, "scheduler.params.warmup_num_stepz", "warmup_num_steps"),
+        ("scheduler", {"warmup_num_steps": 0}, "scheduler.params.warmup_num_steps", "at least 1"),
     ],
 )
 def test_what_deepspeeds_optimizer_or_scheduler_would_stop_on_is_a_problem(tmp_path, section, change, path, words):
@@ -54,6 +55,24 @@ def test_the_params_are_checked_against_the_class_the_file_makes_deepspeed_build
     assert list(problems(tmp_path, {**BASE, "optimizer": with_set_grad_none})) == ["optimizer.params.set_grad_none"]
     torch_adam = {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True, "foreach": False}}
     assert problems(tmp_path, {**BASE, "optimizer": torch_adam}) == {}
+
+
+def test_what_deepspeed_takes_beyond_one_number_passes_and_odd_values_are_no_crash(tmp_path):
+    """A rate per parameter group, WarmupLR's max left to each group's lr, torch's Adam (adam_w_mode false) with its
+    own decoupled_weight_decay, torch's None for foreach: DeepSpeed takes each (the review found them refused). A
+    scheduler type that is no name and a key that is no string are problems, not tracebacks."""
+    schedule = {"type": "WarmupLR", "params": {"warmup_min_lr": [0, 0], "warmup_max_lr": None}}
+    assert problems(tmp_path, {**BASE, "scheduler": schedule}) == {}
+    torch_adam = {"lr": 1e-4, "torch_adam": True, "adam_w_mode": False, "decoupled_weight_decay": False}
+    assert problems(tmp_path, {**BASE, "optimizer": {"type": "Adam", "params": {**torch_adam, "foreach": None}}}) == {}
+    assert list(problems(tmp_path, {**BASE, "scheduler": {"type": ["WarmupLR"], "params": {}}})) == ["scheduler.type"]
+    (tmp_path / "ds.yaml").write_text("train_micro_batch_size_per_gpu: 1\noptimizer: {type: AdamW, params: {1: 2}}\n")
+    found = [p.path for p in validate_file(tmp_path / "ds.yaml", "deepspeed").problems]
+    assert found == ["optimizer.params.[1]"], found
+    on_device = {**BASE, "zero_optimization": {"stage": 2}}
+    amsgrad = {"type": "AdamW", "params": {"lr": 1e-4, "amsgrad": True}}  # FusedAdam stops on it; CPU Adam takes it
+    assert list(problems(tmp_path, {**on_device, "optimizer": amsgrad})) == ["optimizer.params.amsgrad"]
+    assert problems(tmp_path, {**BASE, "optimizer": amsgrad}) == {}
 
 
 def test_the_hf_trainers_auto_and_a_needed_key_left_out(tmp_path):
@@ -87,6 +106,7 @@ def test_the_tables_are_the_constructors_deepspeed_and_torch_have():
         "FusedAdam": FusedAdam,
         "DeepSpeedCPUAdam": DeepSpeedCPUAdam,
         "torch.optim.AdamW": torch.optim.AdamW,
+        "torch.optim.Adam": torch.optim.Adam,
         "torch.optim.Adagrad": torch.optim.Adagrad,
         "DeepSpeedCPUAdagrad": DeepSpeedCPUAdagrad,
         "FusedLion": FusedLion,

@@ -122,12 +122,17 @@ def test_offload_to_nvme_is_missing_a_path_only_where_its_block_has_none(tmp_pat
 
 @pytest.mark.parametrize(
     "stage, hf, expected",
-    [("2", False, {"zero_optimization.stage"}), (4, False, {"zero_optimization.stage"}), ("auto", True, set())],
+    [
+        ("2", False, {"zero_optimization.stage", "zero_optimization.stage3_max_live_parameters"}),
+        (4, False, {"zero_optimization.stage"}),
+        ("auto", True, set()),
+    ],
 )
 def test_the_rules_of_a_stage_read_it_as_the_readers_do(tmp_path, stage, hf, expected):
-    """ "2" is stage 2 to DeepSpeed, and "auto" Accelerate's default, 2, for the HF Trainer: CPU offload is no problem
-    there (it was called meaningless "at zero_optimization.stage 0"); a stage no reader takes is the one problem."""
-    zero = {"stage": stage, "offload_optimizer": {"device": "cpu"}}
+    """ "2" is stage 2 to DeepSpeed: CPU offload is no problem there (it was called meaningless "at
+    zero_optimization.stage 0"); "auto" is Accelerate's (accelerate launch --zero_stage 3 fills it, said in a note), so
+    no rule of a stage applies to the HF Trainer's ZeRO-3 keys beside it; a stage no reader takes is the one problem."""
+    zero = {"stage": stage, "offload_optimizer": {"device": "cpu"}, "stage3_max_live_parameters": 10**9}
     batch = {"train_micro_batch_size_per_gpu": "auto"} if hf else {}
     found = problems_of(tmp_path, {**GOOD_DS, **batch, "zero_optimization": zero}, hf=hf)
     assert set(found) == expected, found
