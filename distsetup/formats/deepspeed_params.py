@@ -108,8 +108,15 @@ def params_problems(config: dict) -> list[Problem]:
     name = str(optimizer.get("type", "")).lower()
     if name in OPTIMIZERS:
         params = section_of(optimizer, "params")
-        where = _where_built(name, params, offload_device(config, "offload_optimizer") in ("cpu", "nvme"))
-        built, keys = OPTIMIZERS[name][where]
+        places = OPTIMIZERS[name]
+        device = section_of(section_of(config, "zero_optimization"), "offload_optimizer").get("device")
+        if device == AUTO and "cpu" in places and params.get("torch_adam") is not True:  # Accelerate's to decide
+            (on_device, device_keys), (on_cpu, cpu_keys) = places["device"], places["cpu"]
+            built, keys = f"{on_device} or {on_cpu}", {**device_keys, **cpu_keys}  # what either takes
+        else:
+            built, keys = places[
+                _where_built(name, params, offload_device(config, "offload_optimizer") in ("cpu", "nvme"))
+            ]
         problems += _against("optimizer.params", params, keys, built)
     if isinstance(scheduler.get("type"), str) and scheduler["type"] in SCHEDULERS:  # else a schema problem
         params = section_of(scheduler, "params")

@@ -268,13 +268,13 @@ def _hf_trainer_notes(config: dict) -> list[str]:
             'only where TrainingArguments\' fsdp says offload; write "fsdp_cpu_offload": true beside it.'
         )
     strategy = config.get("fsdp_sharding_strategy")
-    if config.get("fsdp_version") == 1 and "fsdp_reshard_after_forward" not in config and strategy != "FULL_SHARD":
-        if strategy is not None:
-            notes.append(
-                f"fsdp_sharding_strategy: {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP1 "
-                "reads the strategy from fsdp_reshard_after_forward or TrainingArguments' fsdp words, FULL_SHARD "
-                f'where neither says it; write "fsdp_reshard_after_forward": "{strategy}" beside it.'
-            )
+    fsdp1_strategy_alone = config.get("fsdp_version") == 1 and "fsdp_reshard_after_forward" not in config
+    if fsdp1_strategy_alone and strategy not in (None, "FULL_SHARD"):
+        notes.append(
+            f"fsdp_sharding_strategy: {strategy!r} without fsdp_reshard_after_forward: the HF Trainer's FSDP1 reads "
+            "the strategy from fsdp_reshard_after_forward or TrainingArguments' fsdp words, FULL_SHARD where neither "
+            f'says it; write "fsdp_reshard_after_forward": "{strategy}" beside it.'
+        )
     return notes
 
 

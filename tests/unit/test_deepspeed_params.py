@@ -75,6 +75,17 @@ def test_what_deepspeed_takes_beyond_one_number_passes_and_odd_values_are_no_cra
     assert problems(tmp_path, {**BASE, "optimizer": amsgrad}) == {}
 
 
+def test_an_offload_device_accelerate_decides_takes_what_either_class_takes(tmp_path):
+    """Under the HF Trainer, "auto" is accelerate launch --offload_optimizer_device's: DeepSpeedCPULion's
+    fp32_optimizer_states passes there (it was checked against FusedLion, as if on the device), not on the device."""
+    lion = {"type": "Lion", "params": {"lr": 1e-4, "fp32_optimizer_states": True}}
+    zero = {"stage": 2, "offload_optimizer": {"device": "auto"}}
+    config = {**BASE, "train_micro_batch_size_per_gpu": "auto", "zero_optimization": zero, "optimizer": lion}
+    assert problems(tmp_path, config, hf=True) == {}
+    on_device = {**config, "zero_optimization": {"stage": 2}}
+    assert list(problems(tmp_path, on_device, hf=True)) == ["optimizer.params.fp32_optimizer_states"]
+
+
 def test_the_hf_trainers_auto_and_a_needed_key_left_out(tmp_path):
     config = {**BASE, "train_micro_batch_size_per_gpu": "auto"}
     config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
