@@ -16,6 +16,7 @@ from distsetup.formats.deepspeed import (
     DeepSpeedSpec,
     batch_of,
     enabled_precisions,
+    offload_device,
     positive_int_at,
     section_of,
 )
@@ -190,13 +191,25 @@ def check_spec(spec: DeepSpeedSpec) -> list[str]:
             "warmup would take the whole run.",
             "warm up for a small part of the run (e.g. a tenth), or raise --total_num_steps.",
         )
-    warnings = []
-    if spec.offload_optimizer == "nvme" and spec.zero_stage in (1, 2):
-        warnings.append(
-            f"at ZeRO stage {spec.zero_stage} DeepSpeed keeps optimizer states in CPU memory; "
-            "it swaps them to NVMe only at stage 3."
+    bent = nvme_bent_at_stage(spec.zero_stage, spec.offload_optimizer)
+    return [bent] if bent else []
+
+
+def nvme_bent_at_stage(stage: int | None, offload_optimizer: str | None) -> str | None:
+    """What DeepSpeed makes of the optimizer offloaded to nvme below stage 3, where it bends it, else None."""
+    if offload_optimizer == "nvme" and stage in (1, 2):
+        return (
+            f"at ZeRO stage {stage} DeepSpeed keeps optimizer states in CPU memory; it swaps them to NVMe only at "
+            "stage 3."
         )
-    return warnings
+    return None
+
+
+def bent_settings_notes(config: dict) -> list[str]:
+    """What DeepSpeed bends of a file's settings (check_spec's warnings, which `distsetup deepspeed` gives)."""
+    stage = stage_as_read(section_of(config, "zero_optimization").get("stage", 0))
+    bent = nvme_bent_at_stage(stage, offload_device(config, "offload_optimizer"))
+    return [f"zero_optimization.offload_optimizer: {bent}"] if bent else []
 
 
 # Where "auto" is a value of DeepSpeed's own (its default), not one the HF Trainer fills

@@ -8,7 +8,12 @@ from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems
-from distsetup.formats.deepspeed_rules import accelerate_auto_notes, deepspeed_notes, deepspeed_problems
+from distsetup.formats.deepspeed_rules import (
+    accelerate_auto_notes,
+    bent_settings_notes,
+    deepspeed_notes,
+    deepspeed_problems,
+)
 from distsetup.formats.file_kinds import content_kind, wrong_kind_problem
 from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings
@@ -94,7 +99,8 @@ def validate_file(
     elif kind == "deepspeed":
         # a file for distsetup's trainer may leave the batch to the run config; one for the HF Trainer may not
         problems += deepspeed_problems(data, world_size, hf, batch_elsewhere=not hf)
-        return Validated(kind, problems, data, accelerate_auto_notes(data) if hf else deepspeed_notes(data))
+        notes = (accelerate_auto_notes(data) if hf else deepspeed_notes(data)) + bent_settings_notes(data)
+        return Validated(kind, problems, data, notes)
     else:
         found, said = fsdp_findings(data, hf_trainer=hf)
         return Validated(kind, problems + found, data, said + reader_notes(data))

@@ -195,10 +195,17 @@ def test_bad_flags_name_the_flag_and_write_nothing(run_cli, tmp_path, args, mess
     assert not out.exists()
 
 
-def test_nvme_at_stage_2_warns_that_states_stay_in_cpu_memory(run_cli):
+def test_nvme_at_stage_2_warns_that_states_stay_in_cpu_memory(run_cli, tmp_path):
+    """Said when the file is written, and again when validate reads it (it said nothing)."""
     result, config = invoke(run_cli, "--zero_stage", "2", "--offload_optimizer", "nvme", "--nvme_path", "/nvme")
     assert "keeps optimizer states in CPU memory" in result.stderr
     deepspeed_accepts(config)
+    for stage, said in ((2, True), (3, False)):
+        (tmp_path / "ds.json").write_text(
+            json.dumps({**config, "zero_optimization": {**config["zero_optimization"], "stage": stage}})
+        )
+        validated = run_cli("validate", tmp_path / "ds.json")
+        assert validated.exit_code == 0 and ("keeps optimizer states in CPU memory" in validated.output) == said
 
 
 def test_world_size_makes_the_batch_explicit(run_cli):
