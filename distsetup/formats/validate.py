@@ -8,12 +8,8 @@ from typing import NamedTuple
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.accelerate import accelerate_problems
-from distsetup.formats.deepspeed_rules import (
-    accelerate_auto_notes,
-    bent_settings_notes,
-    deepspeed_notes,
-    deepspeed_problems,
-)
+from distsetup.formats.deepspeed_notes import accelerate_auto_notes, bent_settings_notes, deepspeed_notes
+from distsetup.formats.deepspeed_rules import deepspeed_problems
 from distsetup.formats.file_kinds import content_kind, wrong_kind_problem
 from distsetup.formats.fsdp import FsdpSpec, reader_notes
 from distsetup.formats.fsdp_rules import fsdp_findings

@@ -32,7 +32,8 @@ from distsetup.formats.deepspeed import (
     SchedulerSpec,
     build_deepspeed_config,
 )
-from distsetup.formats.deepspeed_rules import applies, check_spec, deepspeed_notes, deepspeed_problems
+from distsetup.formats.deepspeed_notes import deepspeed_notes
+from distsetup.formats.deepspeed_rules import applies, check_spec, deepspeed_problems
 from distsetup.formats.lr_scaling import SCALING_RULES, scaled_lr
 
 OFFLOAD = click.Choice(["cpu", "nvme"])
