@@ -102,6 +102,7 @@ def schema_problems_in(data, schema: dict, hint: Hint | None = None) -> list[Pro
     for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
         if isinstance(error.instance, float) and not math.isfinite(error.instance):
             continue  # said above
+        error = _in_the_branch_of_its_type(error)
         path = list(error.absolute_path)
         if error.validator == "additionalProperties":
             known = error.schema.get("properties", {})
@@ -111,6 +112,19 @@ def schema_problems_in(data, schema: dict, hint: Hint | None = None) -> list[Pro
         else:
             problems.append(Problem(join_path(path), *_describe(error)))
     return problems
+
+
+def _in_the_branch_of_its_type(error):
+    """An anyOf's own message ("... is not valid under any of the given schemas") says nothing of what is wrong;
+    where a branch takes the value's type (a SkyPilot mount written as an object, not a string), its error does."""
+    if error.validator not in ("anyOf", "oneOf") or not error.context:
+        return error
+    of_its_type = [e for e in error.context if not (e.validator == "type" and not e.relative_path)]
+    if not of_its_type:
+        return error
+    from jsonschema.exceptions import best_match
+
+    return _in_the_branch_of_its_type(best_match(of_its_type))
 
 
 def _describe(error) -> tuple[str, str]:

@@ -47,7 +47,12 @@ SKYPILOT_STORE = object_schema(
         "source": {"type": ["string", "array"]},
         "store": STRING,
         "persistent": BOOLEAN,
-        "mode": {"enum": ["MOUNT", "COPY", "MOUNT_CACHED", "mount", "copy", "mount_cached"]},
+        "mode": {  # SkyPilot's case_insensitive_enum
+            "type": "string",
+            "pattern": "(?i)^(MOUNT|COPY|MOUNT_CACHED)$",
+            "description": "MOUNT, COPY or MOUNT_CACHED (in any case)",
+            "examples": ["MOUNT_CACHED"],
+        },
         "type": STRING,
         "config": ANY,
     }

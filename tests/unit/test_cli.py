@@ -82,6 +82,8 @@ def test_python_dash_m_and_version():
         # a value of another type or range, as Click says it (it exited 1 where docs/reference.md says 2)
         (["deepspeed", "--zero_stage", "two"], "Error: --zero_stage: 'two' is not a valid integer. HINT: `distsetup"),
         (["deepspeed", "--zero_stage", "5"], "Error: --zero_stage: 5 is not in the range 0<=x<=3."),
+        # a byte that is not UTF-8 (a lone surrogate here): it ended in a traceback when written into the script
+        (["launcher", "--script", "\udcff.py"], "Error: the argument '\\xff.py' (after --script) is not UTF-8,"),
     ],
 )
 def test_a_flag_click_refuses_is_one_line(args, said):
