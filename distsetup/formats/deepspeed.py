@@ -220,8 +220,20 @@ def accelerate_zero_stage(value) -> int | None:
 
 
 def zero_stage_of(config: dict) -> int:
-    stage = section_of(config, "zero_optimization").get("stage", 0)
-    return stage if stage in STAGE_NUMBERS else 0
+    """The ZeRO stage DeepSpeed runs the file at; 0 where stage_as_read does not know it."""
+    return stage_as_read(config) or 0
+
+
+def stage_as_read(config: dict) -> int | None:
+    """The ZeRO stage zero_optimization.stage gives: "2" as 2 (DeepSpeed's config model reads it so; the schema asks
+    for the quotes to go); None where it is not known here ("auto": Accelerate's setting, 2 unless accelerate
+    launch --zero_stage says another, said in a note) or no reader takes it (4, "two", true)."""
+    value = section_of(config, "zero_optimization").get("stage", 0)
+    if value == AUTO:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if value in STAGE_NUMBERS and not isinstance(value, bool) else None
 
 
 def offload_device(config: dict, block: str) -> str:

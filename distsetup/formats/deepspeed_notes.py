@@ -1,8 +1,8 @@
 """What `distsetup validate` says of a DeepSpeed file beside its problems: what a file for distsetup's trainer leaves
 to the run config, what each "auto" Accelerate fills from its own settings becomes, and what DeepSpeed bends."""
 
-from distsetup.formats.deepspeed import offload_device, section_of
-from distsetup.formats.deepspeed_rules import BATCH_KEYS, NO_BATCH, auto_paths, nvme_bent_at_stage, stage_as_read
+from distsetup.formats.deepspeed import offload_device, stage_as_read
+from distsetup.formats.deepspeed_rules import BATCH_KEYS, NO_BATCH, auto_paths, nvme_bent_at_stage
 from distsetup.formats.problems import join_path
 
 
@@ -50,6 +50,6 @@ def accelerate_auto_notes(config: dict) -> list[str]:
 
 def bent_settings_notes(config: dict) -> list[str]:
     """What DeepSpeed bends of a file's settings (check_spec's warnings, which `distsetup deepspeed` gives)."""
-    stage = stage_as_read(section_of(config, "zero_optimization").get("stage", 0))
+    stage = stage_as_read(config)
     bent = nvme_bent_at_stage(stage, offload_device(config, "offload_optimizer"))
     return [f"zero_optimization.offload_optimizer: {bent}"] if bent else []

@@ -18,6 +18,7 @@ from distsetup.formats.deepspeed import (
     enabled_precisions,
     positive_int_at,
     section_of,
+    stage_as_read,
 )
 from distsetup.formats.deepspeed_params import params_problems
 from distsetup.formats.deepspeed_refusals import refused_at_start
@@ -334,7 +335,7 @@ def deepspeed_problems(
                 "bf16.enabled", "fp16 and bf16 are both enabled.", "enable one of them (bf16 on Ampere or newer GPUs)."
             )
         )
-    stage = stage_as_read(section_of(original, "zero_optimization").get("stage", 0))
+    stage = stage_as_read(original)
     if stage is not None:  # else the stage is a problem, and no rule of a stage applies
         spec = dataclasses.replace(DeepSpeedSpec.from_dict(config), zero_stage=stage)
         problems += [Problem(*worded(v, KeyWords())) for v in violations(spec)]
@@ -350,17 +351,6 @@ def deepspeed_problems(
         )
     problems += _batch_problems(config, world_size)
     return problems
-
-
-def stage_as_read(value) -> int | None:
-    """The ZeRO stage a file's zero_optimization.stage gives: "2" as 2 (DeepSpeed's config model reads it so; the
-    schema asks for the quotes to go); None where it is not known here ("auto": Accelerate's setting, 2 unless
-    accelerate launch --zero_stage says another, said in a note) or no reader takes it (4, "two")."""
-    if value == AUTO:
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    return value if value in STAGE_NUMBERS and not isinstance(value, bool) else None
 
 
 def _batch_problems(config: dict, world_size: int | None) -> list[Problem]:

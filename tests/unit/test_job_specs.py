@@ -395,9 +395,13 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     # SkyPilot reads the mode in any case (its schema's case_insensitive_enum): the schema refused "Mount_Cached"
     assert manifest_problems([dict(task, file_mounts={BUCKET_MOUNT: {**store, "mode": "Mount_Cached"}})]) == []
     said = manifest_problems([dict(task, file_mounts={BUCKET_MOUNT: {**store, "mode": "MOUNTED"}})])
+    # it said "... is not valid under any of the given schemas" of the whole mount, a string or an object
     assert [(p.path, p.message) for p in said] == [
-        (f"Task/distsetup.file_mounts.{BUCKET_MOUNT}.mode", "'MOUNTED' is not MOUNT, COPY or MOUNT_CACHED (in any case).")
-    ]  # it said "... is not valid under any of the given schemas" of the whole mount, a string or an object
+        (
+            f"Task/distsetup.file_mounts.{BUCKET_MOUNT}.mode",
+            "'MOUNTED' is not MOUNT, COPY or MOUNT_CACHED (in any case).",
+        )
+    ]
     del task["resources"]["job_recovery"]["recover_on_exit_codes"]
     assert [p.path for p in manifest_problems([task])] == [
         "Task/distsetup.resources.job_recovery.recover_on_exit_codes"
