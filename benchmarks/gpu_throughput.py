@@ -68,8 +68,10 @@ def backend_overrides(backend: str, work: Path, a) -> list[str]:
 
 
 def zero3_file(work: Path, a) -> Path:
-    """The ZeRO-3 runs' file, as `distsetup deepspeed` writes it."""
+    """The ZeRO-3 runs' file, as `distsetup deepspeed` writes it, once for every run of this benchmark."""
     ds = work / "zero3.json"
+    if ds.exists():
+        return ds
     precision = ["--bf16"] if a.precision == "bf16" else []
     # --optimizer none: the runs hand DeepSpeed the torch AdamW the other runs use (DeepSpeed's own would be its
     # FusedAdam, compiled on first use with nvcc).
