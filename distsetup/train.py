@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, refuse_arguments_not_in_utf8
 from distsetup.formats.runconfig import RunConfig, names_user_code, resolve_config_path
 from distsetup.formats.runconfig_load import load_run_config
 from distsetup.formats.runconfig_rules import missing_file_fix
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     if (seconds := os.environ.get(STACKS_AFTER, "")).isdigit():  # the tests': where a run that hangs waits
         faulthandler.dump_traceback_later(int(seconds), repeat=True)
     try:
+        refuse_arguments_not_in_utf8(sys.argv[1:] if argv is None else argv)
         cfg = load_config(args)
         if args.check:
             check_the_world(cfg, config_folder(args))

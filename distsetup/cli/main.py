@@ -2,13 +2,12 @@
 when it runs (or when help lists it), so every command answers in a blink."""
 
 import importlib
-import os
 import sys
 
 import click
 
 from distsetup import __version__
-from distsetup.errors import DistsetupError
+from distsetup.errors import DistsetupError, refuse_arguments_not_in_utf8
 
 # command name -> "module:function" under distsetup.cli.commands
 COMMANDS = {
@@ -82,22 +81,9 @@ def cli():
 
 
 def main():
-    refuse_arguments_not_in_utf8(sys.argv[1:])
+    try:
+        refuse_arguments_not_in_utf8(sys.argv[1:])
+    except DistsetupError as e:
+        click.echo(f"Error: {e.format_message()}", err=True)
+        sys.exit(2)
     cli(prog_name="distsetup")
-
-
-def refuse_arguments_not_in_utf8(args: list[str]) -> None:
-    """A byte that is not UTF-8 in an argument (Python keeps it as a lone surrogate) ended the command in a
-    traceback when the value reached a script, a JSON or a YAML file, all UTF-8: refused at once, in one line."""
-    for at, arg in enumerate(args):
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
-            after = f" (after {args[at - 1]})" if at and args[at - 1].startswith("-") else ""
-            click.echo(
-                f"Error: the argument '{shown}'{after} is not UTF-8, and every file distsetup reads or writes is. "
-                "HINT: give it in UTF-8 (rename the file or folder).",
-                err=True,
-            )
-            sys.exit(2)

@@ -114,6 +114,10 @@ def test_check_reads_the_run_config_and_the_arguments_as_a_run_does_without_torc
     assert len(result.stderr.splitlines()) == 1 and result.stdout == "False\n"
     result = check("--config", str(tmp_path / "good.yaml"), "training.max_steps=3")
     assert (result.returncode, result.stdout, result.stderr) == (0, "False\n", "")
+    # a byte that is not UTF-8 (a lone surrogate here) was called "not valid YAML" with a hint to quote it
+    result = check("--config", str(tmp_path / "good.yaml"), "training.output_dir=out\udcff")
+    assert result.returncode == 1 and result.stderr.startswith("error: the argument 'training.output_dir=out\\xff'")
+    assert "is not UTF-8" in result.stderr and len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "out").exists()
     # the DeepSpeed file read as the ranks read it, also where no WORLD_SIZE says the world (passed before)
     (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": 4, "zero_optimizaton": {"stage": 2}}')
