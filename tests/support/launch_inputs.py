@@ -1,7 +1,7 @@
 """Inputs the launcher tests share: a DeepSpeed file, an FSDP file and a name that tests quoting."""
 
 WEIRD = "we ird 'dir\" $x"  # spaces, both quotes and a dollar: every path must survive quoting
-# what the launch options give accelerate for an FSDP2 file of HYBRID_SHARD (cli/launch_options.py)
+# what the launch options give accelerate for an FSDP2 file of HYBRID_SHARD (cli/launch_spec.py)
 ACCELERATE_HYBRID_FSDP = {
     "accelerate_fsdp_args": ("--use_fsdp", "--fsdp_version", "2", "--fsdp_transformer_layer_cls_to_wrap", WEIRD),
     "accelerate_hybrid_shard": True,

@@ -366,7 +366,7 @@ def test_relative_paths_hold_when_the_script_runs_from_another_folder(run_cli, p
 
 def test_workdir_keeps_the_shells_spelling_of_this_folder(run_cli, tmp_path, monkeypatch):
     """$PWD (symbolic links kept, as users see the folder) when it is this folder, else the resolved one."""
-    from distsetup.cli.launch_options import working_folder
+    from distsetup.cli.launch_spec import working_folder
 
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")

@@ -15,7 +15,7 @@ from distsetup.cli.init_setup import (
     refuse_existing,
     write_setup,
 )
-from distsetup.cli.launch_options import working_folder
+from distsetup.cli.launch_spec import working_folder
 from distsetup.cli.machine import Machine, this_machine
 from distsetup.cli.options import IntegerRange, option, positive
 from distsetup.errors import DistsetupError

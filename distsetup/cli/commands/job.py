@@ -11,10 +11,10 @@ import click
 from distsetup.cli.launch_options import (
     job_launch_options,
     launch_inputs,
-    launch_spec_from_options,
     regenerate_command,
     script_notes,
 )
+from distsetup.cli.launch_spec import launch_spec_from_options
 from distsetup.cli.options import IntegerRange, checked, option, positive
 from distsetup.cli.output import emit, refuse_generated_problems
 from distsetup.errors import DistsetupError

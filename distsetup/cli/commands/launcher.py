@@ -7,10 +7,10 @@ import click
 from distsetup.cli.launch_options import (
     launch_inputs,
     launch_options,
-    launch_spec_from_options,
     regenerate_command,
     script_notes,
 )
+from distsetup.cli.launch_spec import launch_spec_from_options
 from distsetup.cli.options import option, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.formats.default_paths import SCRIPTS

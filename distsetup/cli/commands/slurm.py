@@ -8,11 +8,11 @@ import click
 
 from distsetup.cli.launch_options import (
     launch_inputs,
-    launch_spec_from_options,
     regenerate_command,
     script_notes,
     slurm_launch_options,
 )
+from distsetup.cli.launch_spec import launch_spec_from_options
 from distsetup.cli.options import option, positive, renamed, take_renamed
 from distsetup.cli.output import emit
 from distsetup.errors import DistsetupError
