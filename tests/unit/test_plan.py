@@ -436,6 +436,20 @@ def test_bad_sizes_are_errors(run_cli):
     assert (parse_memory("80G"), parse_memory("80Gi"), parse_memory("80")) == (80e9, 80 * 2**30, 80e9)
 
 
+def test_gpus_in_total_and_per_node_give_the_nodes(run_cli):
+    """--num_gpus 16 --num_gpus_per_node 8 was refused as not matching --num_nodes 1, a flag not given."""
+    result = run_cli("plan", "--params", "70B", "--num_gpus", "16", "--num_gpus_per_node", "8", "--gpu_memory", "80GB")
+    assert result.exit_code == 0 and "; 2 node(s) x 8 GPU(s) of 80.0 GB" in result.stdout, result.stderr
+    result = run_cli("plan", "--params", "7B", "--num_gpus", "3", "--num_gpus_per_node", "2", "--gpu_memory", "8GB")
+    assert (result.exit_code, result.stderr.strip()) == (
+        1,
+        "Error: --num_gpus 3 does not fill whole nodes of --num_gpus_per_node 2. HINT: give a multiple of 2, or "
+        "--num_nodes with --num_gpus_per_node.",
+    )
+    given = run_cli("plan", "--params", "7B", "--num_gpus", "8", "--num_nodes", "1", "--num_gpus_per_node", "4")
+    assert given.exit_code == 1 and "does not match --num_nodes 1 x --num_gpus_per_node 4" in given.stderr
+
+
 SMALL_DECODER = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}
 HF_DECODERS = {  # class, and its config's keys beyond SMALL_DECODER
     "LlamaForCausalLM": {"intermediate_size": 96, "tie_word_embeddings": False},

@@ -62,7 +62,7 @@ plus what DeepSpeed and FSDP really allocate; activations follow Korthikanti et 
 @option("vocab_size", type=IntegerRange(1, MODEL_MAXIMA["vocab_size"]), help="Vocabulary size (for the logits).")
 @option("layer_cls", help="Your model's decoder-layer class, for FSDP wrapping (e.g. LlamaDecoderLayer).")
 @option("num_gpus", type=positive, help="GPUs in total (spread over --num_nodes).")
-@option("num_nodes", type=positive, default=1, show_default=True, help="Nodes.")
+@option("num_nodes", type=positive, help="Nodes [1; with --num_gpus and --num_gpus_per_node, their quotient].")
 @option("num_gpus_per_node", type=positive, help="GPUs per node.")
 @option("gpu_memory", help="Memory per GPU, e.g. 80GB or 24GiB [this machine's smallest GPU].")
 @option("cpu_memory", help="CPU memory per node (offload, the model built at set-up), e.g. 512GB [not judged].")
@@ -150,8 +150,15 @@ def plan_command(**o):
 
 
 def hardware_from_options(o: dict) -> Hardware:
-    nodes = o["num_nodes"]
     per_node = o["num_gpus_per_node"]
+    nodes = o["num_nodes"] or 1
+    if o["num_gpus"] and per_node and o["num_nodes"] is None:  # the nodes they fill
+        if o["num_gpus"] % per_node:
+            raise DistsetupError(
+                f"--num_gpus {o['num_gpus']} does not fill whole nodes of --num_gpus_per_node {per_node}.",
+                f"give a multiple of {per_node}, or --num_nodes with --num_gpus_per_node.",
+            )
+        nodes = o["num_gpus"] // per_node
     if o["num_gpus"]:
         if o["num_gpus"] % nodes or (per_node and per_node * nodes != o["num_gpus"]):
             raise DistsetupError(
