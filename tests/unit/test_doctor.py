@@ -71,7 +71,12 @@ def test_consistent_files_pass(run_cli, tmp_path):
     cfg = _write(tmp_path, ds=_ds())
     code, problems, findings = _doctor(run_cli, "--config", cfg, "--num_nodes", "2", "--num_gpus_per_node", "2")
     assert code == 0 and problems == []
-    assert any(f["topic"] == "configs" and "world size 4" in f["message"] for f in findings)
+    (said,) = [f["message"] for f in findings if f["topic"] == "configs"]
+    assert said.endswith(" agree for world size 4.") and "ds.json" in said, said
+    # a run config alone "agree"d
+    code, problems, findings = _doctor(run_cli, "--config", _write(tmp_path, backend="ddp"))
+    (said,) = [f["message"] for f in findings if f["topic"] == "configs"]
+    assert code == 0 and " is consistent (give --num_nodes/--num_gpus_per_node" in said and "agree" not in said, said
 
 
 def test_batch_identity_against_nodes_times_gpus(run_cli, tmp_path):

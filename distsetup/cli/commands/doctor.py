@@ -249,12 +249,12 @@ def consistency_findings(
         except DistsetupError:
             pass  # a file that cannot be read is a finding above already
     if not any(f.level == FAIL for f in found) and (config or ds_path or fsdp_path):
-        checked = ", ".join(str(p) for p in (config, ds_path, fsdp_path) if p)
+        files = [str(p) for p in (config, ds_path, fsdp_path) if p]
         found.append(
             Finding(
                 OK,
                 "configs",
-                f"{checked} agree"
+                (f"{', '.join(files)} agree" if len(files) > 1 else f"{files[0]} is consistent")
                 + (
                     f" for world size {world}."
                     if world
