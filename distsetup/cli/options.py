@@ -129,7 +129,7 @@ output_options = stack(
         "-o",
         type=click.Path(dir_okay=False),
         default=None,
-        help="File to write; '-' or nothing prints to stdout.",
+        help="File to write (its missing folders are made); '-' or nothing prints to stdout.",
     ),
     option("dry_run", is_flag=True, help="Print what would be written and write nothing."),
 )
