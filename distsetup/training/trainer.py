@@ -329,7 +329,7 @@ class Trainer:
         m, t, backend = self.cfg.model, self.t, self.backend
         torch.manual_seed(t.seed)
         whole, self.pretrained = whole_model(m, self.init_from, self.model_description, backend, self.world, self.say)
-        build = functools.partial(models.build, m, weights=False)
+        build = functools.partial(models.build_to_be_filled, m)
         # ZeRO-3: every rank constructs its partitions of the model (deepspeed.zero.Init), rank 0's values put in
         partitioned = backend.partitions_at_construction and self.model_description.builds_on_meta
         module = backend.construct(build, whole, self.pretrained) if partitioned else whole

@@ -54,7 +54,8 @@ def test_only_rank0_builds_the_values_and_they_are_single_process_ones(tmp_path,
     odd = {"odd_buffers": True} if backend == "ddp" else {}
     # an update of 1e-30 is below fp32's resolution at these weights: the checkpoint holds the initial ones
     # (the run config refuses lr 0)
-    model_args = {"checkpoint_ballast_mib": BALLAST_MIB, **odd}
+    # a non-persistent buffer every block holds: FSDP2 broadcast rank 0's uninitialised copy of it to the second block
+    model_args = {"checkpoint_ballast_mib": BALLAST_MIB, "shared_mask": True, **odd}
     out, built = tied_run(tmp_path, backend, steps=1, lr=1e-30, model_args=model_args)
     # rank 1 built it on the meta device only (and, under ZeRO-3, its partitions), never whole; rank 0 on the CPU
     assert {line.split()[1] for line in built if line.startswith("1 ")} == (
@@ -109,7 +110,9 @@ def test_zero3_from_an_export_reads_it_a_parameter_at_a_time_on_rank_0(tmp_path)
     pretrained = build().state_dict()
     pretrained["scale"] = torch.full((1,), 0.25)  # a persistent buffer unlike the one built
     torch.save(pretrained, tmp_path / "export.pt")
-    out, _ = tied_run(tmp_path, "zero3", steps=1, lr=1e-30, args=["--init_from", tmp_path / "export.pt"])
+    # a non-persistent buffer every block holds: rank 0's copy of the skeleton stopped with a KeyError
+    args = ["--init_from", tmp_path / "export.pt"]
+    out, _ = tied_run(tmp_path, "zero3", steps=1, lr=1e-30, args=args, model_args={"shared_mask": True})
     saved = consolidated_state_dict(latest_complete(out / "checkpoints"))
     for name, tensor in saved.items():
         torch.testing.assert_close(tensor, pretrained[name], rtol=0, atol=1e-28, msg=name)

@@ -60,13 +60,16 @@ def write_tokenizer(folder: Path, vocab_size: int = 320) -> Path:
     return folder
 
 
-def write_llama(folder: Path, vocab_size: int = 256, tie_word_embeddings: bool = False) -> Path:
+def write_llama(
+    folder: Path, vocab_size: int = 256, tie_word_embeddings: bool = False, pad_token_id: int | None = None
+) -> Path:
     """A tiny Llama's config.json (random weights when built), its BOS and EOS write_tokenizer's."""
     from transformers import LlamaConfig
 
     LlamaConfig(
         bos_token_id=0,
         eos_token_id=1,
+        pad_token_id=pad_token_id,
         tie_word_embeddings=tie_word_embeddings,
         vocab_size=vocab_size,
         hidden_size=32,

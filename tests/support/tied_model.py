@@ -1,5 +1,6 @@
 """A user's own language model with what sharding from rank 0 must keep (tests/processes/test_fsdp_from_rank0.py):
-an output head tied to the embedding by attribute, a non-persistent buffer the forward checks, and a persistent one.
+an output head tied to the embedding by attribute, a non-persistent buffer the forward checks, and a persistent one;
+with `shared_mask`, a non-persistent buffer that every block holds, which each block checks.
 Its builder notes, in the file BUILT_LOG names, on which device each rank built it, and before each training forward
 how many parameters ZeRO-3 holds gathered; with `checkpoint_ballast_mib`, each
 state_dict() (a checkpoint's) touches that much memory for a moment, which no training peak may count."""
@@ -20,11 +21,19 @@ class Block(nn.Module):
         self.norm, self.mix = nn.LayerNorm(width), nn.Linear(width, width)
 
     def forward(self, x):
+        if hasattr(self, "mask") and not torch.equal(self.mask, causal_mask()):
+            raise RuntimeError("the non-persistent buffer `mask` that every block shares was not restored")
         return x + torch.tanh(self.mix(self.norm(x)))
 
 
+def causal_mask() -> torch.Tensor:
+    return torch.ones(POSITIONS, POSITIONS, dtype=torch.bool).tril()
+
+
 class TiedLM(nn.Module):
-    def __init__(self, vocab: int, width: int, layers: int, odd_buffers: bool = False, wider: bool = False):
+    def __init__(
+        self, vocab: int, width: int, layers: int, odd_buffers: bool = False, wider: bool = False, shared_mask=False
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
@@ -35,6 +44,10 @@ class TiedLM(nn.Module):
         if odd_buffers:  # a float64 buffer (as numpy makes one), and one buffer that two modules hold
             self.register_buffer("steps", torch.arange(4, dtype=torch.float64))
             self.blocks[0].register_buffer("shared", self.scale)
+        if shared_mask:  # one non-persistent buffer that every block holds, as a model shares its causal mask
+            mask = causal_mask()
+            for block in self.blocks:
+                block.register_buffer("mask", mask, persistent=False)
         if wider:  # another shape than the other ranks build
             self.extra = nn.Linear(2, 3)
 
@@ -58,11 +71,13 @@ def build(
     odd_buffers: bool = False,
     wider_on_rank: int = -1,
     checkpoint_ballast_mib: int = 0,
+    shared_mask: bool = False,
 ) -> TiedLM:
     if log := os.environ.get("BUILT_LOG"):
         with open(log, "a") as f:
             f.write(f"{os.environ.get('RANK', '0')} {where_built()}\n")
-    model = TiedLM(vocab, width, layers, odd_buffers, wider=os.environ.get("RANK", "0") == str(wider_on_rank))
+    wider = os.environ.get("RANK", "0") == str(wider_on_rank)
+    model = TiedLM(vocab, width, layers, odd_buffers, wider, shared_mask)
     if log:
         model.register_forward_pre_hook(functools.partial(log_gathered_parameters, log=log))
     if checkpoint_ballast_mib:

@@ -46,6 +46,12 @@ def test_a_checkpoint_is_read_only_as_far_as_asked(tmp_path):
     with parameters_on_meta():
         wider = nn.Embedding(10, 5)
     assert not covers(Pretrained(tmp_path / "export.pt"), nn.ModuleDict({"embed": wider}))  # another shape
+    # a buffer its constructor computes from a parameter (an anchor to the initial weights) is on the meta device in
+    # a skeleton: the model is built whole on rank 0 (FSDP2 and ZeRO-3 stopped in a traceback copying out of meta)
+    with parameters_on_meta():
+        anchored = Tied()
+        anchored.register_buffer("anchor", anchored.embed.weight.detach().clone())
+    assert anchored.anchor.is_meta and not covers(Pretrained(tmp_path / "export.pt"), anchored)
 
 
 def test_an_export_that_every_rank_reads_a_part_of_is_mapped_once(tmp_path, monkeypatch):

@@ -100,15 +100,18 @@ class DeepSpeedBackend(Backend):
         try:
             return zero3_construction.partitioned(build, whole, source, self.ds_config, self.world.is_main, self.device)
         except zero3_construction.NotPartitioned as e:
+            m = self.cfg.model
+            builder = {"python": f"model.builder {m.builder}", "hf": f"transformers' model of {m.hf_path}"}
             cannot = (
-                f"model.builder cannot build the model inside deepspeed.zero.Init, which partitions each parameter as "
-                f"it is created (a size read from a parameter is 0 there): {e}"
+                f"{builder.get(m.type, 'the built-in GPT')} cannot be built inside deepspeed.zero.Init, which "
+                f"partitions each parameter as it is created (a size read from a parameter is 0 there): {e}"
             )
             if source is not None:  # no rank holds the values whole to replicate
+                sized = (
+                    "size the model from model.args, not from a parameter's shape, or " if m.type == "python" else ""
+                )
                 raise DistsetupError(
-                    f"{cannot}.",
-                    "size the model from model.args, not from a parameter's shape, or train it with ZeRO-2 or FSDP2.",
-                    alike_on_every_rank=True,
+                    f"{cannot}.", f"{sized}train it with ZeRO-2 or FSDP2.", alike_on_every_rank=True
                 ) from e
             self.notes.append(
                 f"{cannot}; every rank holds it whole instead (in fp32 on its device, with rank 0's values), and "

@@ -124,7 +124,7 @@ class FSDPBackend(Backend):
         model, blocks, source = parts.module, parts.blocks, parts.pretrained
         whole = from_rank0.whole_values(model, self.world.is_main) if source is None else None
         # where a checkpoint gives the values: each rank's skeleton's buffers, as built (rank 0's are broadcast)
-        built_buffers = dict(model.named_buffers()) if source is not None else {}
+        built_buffers = dict(model.named_buffers(remove_duplicate=False)) if source is not None else {}
         from_rank0.to_meta(model)
         units = self._units(model, blocks, parts.conditional)
         self._prepare_blocks(model, blocks)  # the blocks, whatever the wrapping policy

@@ -51,7 +51,7 @@ def partitioned(
     # zero.Init made the buffers in the run's 16-bit dtype and wherever their constructor put them; the engine,
     # given a model built that way, moves none: rank 0's, in the dtype it built them in (fp32 rotary frequencies
     # stay fp32, as the engine keeps them), onto this rank's device
-    from_rank0.broadcast_buffers(model, dict(whole.named_buffers()), device, is_main)
+    from_rank0.broadcast_buffers(model, dict(whole.named_buffers(remove_duplicate=False)), device, is_main)
     if source is not None:
         pretrained.read_persistent_buffers(model, source)
     return model

@@ -6,6 +6,7 @@ as the module it is, so its parameters keep their own names in checkpoints and e
 the builder is checked, the block classes found and the parameters counted."""
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,22 @@ def build(m, weights: bool = True) -> nn.Module:
             alike_on_every_rank=True,
         ) from None
     return model.float()
+
+
+def build_to_be_filled(m) -> nn.Module:
+    """build(m, weights=False) for a model whose every parameter is written afterwards (ZeRO-3's partitions, filled
+    from rank 0 or a checkpoint): where transformers is loaded (model.type hf, or a builder that uses it), its models
+    and torch's layers skip their initialisation, as transformers' own ZeRO-3 path does. Inside deepspeed.zero.Init
+    an embedding's padding row, zeroed by transformers' init, read an empty partition (Gemma's, OPT's, any config
+    with a pad_token_id), and the model was never partitioned."""
+    if "transformers" not in sys.modules:
+        return build(m, weights=False)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers before 5
+        from transformers.modeling_utils import no_init_weights
+    with no_init_weights():
+        return build(m, weights=False)
 
 
 def _call_builder(m) -> nn.Module:

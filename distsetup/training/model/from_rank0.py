@@ -41,7 +41,7 @@ def whole_values(model: nn.Module, is_main: bool) -> WholeValues | None:
     """Rank 0's values, kept before the model goes to the meta device; None on the other ranks."""
     if not is_main:
         return None
-    return WholeValues(dict(model.state_dict()), dict(model.named_buffers()))
+    return WholeValues(dict(model.state_dict()), dict(model.named_buffers(remove_duplicate=False)))
 
 
 def tied_parameters(model: nn.Module) -> Ties:

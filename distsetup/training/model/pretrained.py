@@ -164,12 +164,16 @@ def check_ties(source: Pretrained, model: nn.Module, described: str) -> None:
                 )
 
 
-def covers(source: Pretrained, model: nn.Module) -> bool:
-    """Whether `source` holds every parameter of `model` with its shape (else the model is built whole on rank 0,
-    as the library that made it would fill the rest: transformers initialises a new head)."""
+def covers(source: Pretrained, skeleton: nn.Module) -> bool:
+    """Whether `source` holds every parameter of `skeleton` with its shape, and the skeleton has every buffer (else
+    the model is built whole on rank 0: as the library that made it would fill the rest, transformers initialising a
+    new head; as its constructor computes a buffer from a parameter, which is on the meta device in a skeleton)."""
     names = source.names
+    if any(buffer.is_meta for buffer in skeleton.buffers()):
+        return False
     return all(
-        name in names and source.shape(name) == list(parameter.shape) for name, parameter in model.named_parameters()
+        name in names and source.shape(name) == list(parameter.shape)
+        for name, parameter in skeleton.named_parameters()
     )
 
 
@@ -201,7 +205,7 @@ def runnable_copy(skeleton: nn.Module) -> nn.Module:
     """A copy of `skeleton` that a forward can run on (rank 0's Hugging Face head check): its parameters allocated
     on the CPU but never written, so that only a forward that reads them makes them resident, and its buffers as
     built."""
-    built = {name: buffer.clone() for name, buffer in skeleton.named_buffers()}
+    built = {name: buffer.clone() for name, buffer in skeleton.named_buffers(remove_duplicate=False)}
     probe = copy.deepcopy(skeleton)  # its ties kept: deepcopy copies a shared Parameter once
     probe.to_empty(device="cpu")
     with torch.no_grad():
