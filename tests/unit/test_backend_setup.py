@@ -19,6 +19,19 @@ def test_size_based_wrap_takes_modules_with_enough_parameters_and_skips_containe
     assert all(sum(p.numel() for p in u.parameters()) >= 5000 for u in units)
 
 
+def test_size_based_wrap_leaves_a_tied_weight_to_the_unit_around_both_holders():
+    """A head tied to the embedding was made a unit of its own (the last module, taken first), its weight then in
+    two units, which FSDP2 refuses ("shared with a parameter already managed by another FSDP group")."""
+    from tied_model import TiedLM
+
+    from distsetup.training.backends.fsdp import _size_based_units
+
+    model = TiedLM(vocab=64, width=16, layers=2)  # embed and head share 1024 parameters; a block holds 304
+    units = _size_based_units(model, 300)
+    assert model.head not in units and model.embed not in units
+    assert units == [model.blocks[1], model.blocks[0]]
+
+
 @pytest.mark.parametrize(
     "strategy, world, local, shape",
     [

@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -370,12 +371,22 @@ def last_in_module_order(model: torch.nn.Module, units: list) -> torch.nn.Module
 
 
 def _size_based_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
-    """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit."""
+    """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit. A module that
+    holds a parameter also held outside it (a head tied to the embedding) is no unit: FSDP2 refuses a parameter in
+    two units, and the tie stays with the unit around both, the root's at last."""
+    holders: dict[int, list[int]] = defaultdict(list)  # id() of a parameter -> id() of the modules holding it
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                holders[id(parameter)].append(id(module))
     units: list[torch.nn.Module] = []
     taken: set[int] = set()  # id() of the parameters already in a unit
     for module in reversed(list(model.modules())[1:]):
         if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
             continue  # containers have no forward of their own, so their parameters would never be gathered
+        inside = {id(m) for m in module.modules()}
+        if any(not inside.issuperset(holders[id(p)]) for p in module.parameters()):
+            continue
         own = [p for p in module.parameters() if id(p) not in taken]
         if sum(p.numel() for p in own) >= min_num_params:
             units.append(module)

@@ -172,8 +172,7 @@ def covers(source: Pretrained, skeleton: nn.Module) -> bool:
     if any(buffer.is_meta for buffer in skeleton.buffers()):
         return False
     return all(
-        name in names and source.shape(name) == list(parameter.shape)
-        for name, parameter in skeleton.named_parameters()
+        name in names and source.shape(name) == list(parameter.shape) for name, parameter in skeleton.named_parameters()
     )
 
 
