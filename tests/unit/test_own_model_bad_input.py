@@ -400,6 +400,19 @@ class RotaryLike(torch.nn.Module):
         return self.linear(x * self.inv_freq).mean()
 
 
+class ScaledThenNormed(torch.nn.Module):
+    """An fp32 buffer scaling the embedding's output (as a scale a model registers), then a LayerNorm: on the CPU its
+    error names no 16-bit dtype ("mixed dtype (CPU): expect parameter to have scalar type of Float")."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+        self.register_buffer("scale", torch.full((1,), 0.5))
+
+    def forward(self, x):
+        return self.norm(x * self.scale).mean()
+
+
 @pytest.mark.parametrize("loss", [None, lambda model, batch: model(batch[0])], ids=["the model's own", "training.loss"])
 def test_a_forward_mixing_dtypes_beside_16_bit_weights_is_told_to_cast(loss):
     batch = (torch.zeros(2, 4, dtype=torch.bfloat16),)  # FSDP2 casts the root's inputs too
@@ -407,11 +420,13 @@ def test_a_forward_mixing_dtypes_beside_16_bit_weights_is_told_to_cast(loss):
     for weights_cast, told in ((cast, f"{cast} in the forward, with no torch.autocast: cast what it"), (None, "HINT")):
         objective = PythonObjective(loss, loss and "training.loss m:loss", "model.builder m:f", {})
         objective.weights_cast = weights_cast
-        model = RotaryLike()
-        model.linear.bfloat16()  # its weights, as FSDP2 gathers them; its buffer stays fp32
-        with pytest.raises(DistsetupError) as raised:
-            objective.micro_loss(model, batch)
-        assert told in str(raised.value) and (".to(x.dtype)" in str(raised.value)) == (weights_cast is not None)
+        for model in (RotaryLike(), ScaledThenNormed()):
+            for layer in model.children():
+                layer.bfloat16()  # its weights, as FSDP2 gathers them; its buffer stays fp32
+            with pytest.raises(DistsetupError) as raised:
+                objective.micro_loss(model, batch)
+            said = str(raised.value)
+            assert told in said and (".to(x.dtype)" in said) == (weights_cast is not None), (type(model), said)
 
 
 def test_a_device_out_of_memory_at_the_first_step_is_not_called_a_bad_batch():

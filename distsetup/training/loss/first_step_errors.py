@@ -26,7 +26,8 @@ def mixed_dtypes_fix(error: Exception, weights_cast: str | None) -> str | None:
     backend made, without torch.autocast (which single and DDP runs have, as Accelerate gives FSDP2 too, and which
     would cast it); None where that is not the error."""
     message = str(error)  # e.g. "mat1 and mat2 must have the same dtype, but got Float and BFloat16"
-    sixteen_bit = "BFloat16" in message or "Half" in message
+    # or a CPU LayerNorm's "mixed dtype (CPU): expect parameter to have scalar type of Float", its input fp32
+    sixteen_bit = "BFloat16" in message or "Half" in message or message.startswith("mixed dtype")
     if weights_cast is None or not sixteen_bit or not re.search(r"\bfloat\b", message, re.IGNORECASE):
         return None
     return (
