@@ -32,10 +32,10 @@ def launch_spec_from_options(o: dict, slurm: bool = False, files_here: bool = Tr
     _refuse_flags_that_conflict(o)
     found_config = _found_run_config(o)
     o = {**o, "config": o["config"] or found_config}
-    backend, files, notes, run_config = distributed_settings(o, files_here)
+    backend, files, notes, run_config, from_run_config = distributed_settings(o, files_here)
     if found_config:
         notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
-    spec = _spec(o, backend, files, slurm)
+    spec = replace(_spec(o, backend, files, slurm), backend_from_run_config=from_run_config)
     check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
     spec = _several_processes_with_ddp(spec, notes)
     if spec.env.timeout_minutes is not None and not spec.runs_default_trainer:
@@ -57,7 +57,7 @@ def _several_processes_with_ddp(spec: LaunchSpec, notes: list[str]) -> LaunchSpe
         f"distributed.backend single trains one process: the script trains its {processes} with ddp "
         "(set distributed.backend: ddp in the run config to say so there)."
     )
-    return replace(spec, backend="ddp")
+    return replace(spec, backend="ddp", backend_from_run_config=False)
 
 
 def _refuse_flags_that_conflict(o: dict) -> None:
@@ -179,11 +179,14 @@ POD_FILES = (
 )
 
 
-def distributed_settings(o: dict, files_here: bool = True) -> tuple[str, dict[str, str], list[str], RunConfig | None]:
-    """(backend, {"deepspeed"|"fsdp": file}, notes, the run config read) from the flags over the run config,
-    checked as the run config is. Paths from the flags go into the config as the user typed them (never parsed
-    as YAML), and every file is resolved as train.py resolves it (cwd, else next to the config), so the script
-    names it from here. Without a file, config/ds_config.json or config/fsdp_config.json is used when it exists."""
+def distributed_settings(
+    o: dict, files_here: bool = True
+) -> tuple[str, dict[str, str], list[str], RunConfig | None, bool]:
+    """(backend, {"deepspeed"|"fsdp": file}, notes, the run config read, whether the backend and its file are the
+    run config's own) from the flags over the run config, checked as the run config is. Paths from the flags go
+    into the config as the user typed them (never parsed as YAML), and every file is resolved as train.py resolves it
+    (cwd, else next to the config), so the script names it from here. Without a file, config/ds_config.json or
+    config/fsdp_config.json is used when it exists."""
     config = o["config"]
     base_dir = Path(config).parent if config else None
     raw = read_run_config(Path(config)) if config else {}
@@ -205,8 +208,10 @@ def distributed_settings(o: dict, files_here: bool = True) -> tuple[str, dict[st
             dist[f"{kind}_config"] = o[f"{kind}_config"]
     backend = backend_of(dist)
     notes = []
+    from_run_config = bool(config) and not flag and not any(o[f"{kind}_config"] for kind in BACKEND_FILES)
     if backend in BACKEND_FILES and not dist.get(f"{backend}_config"):
         default = BACKEND_FILES[backend]
+        from_run_config = False  # the file found here, which the trainer would not look for
         if Path(default).is_file():
             dist[f"{backend}_config"] = default
             notes.append(f"using {default} for {backend} (none given with --{backend}_config or in the run config).")
@@ -234,7 +239,7 @@ def distributed_settings(o: dict, files_here: bool = True) -> tuple[str, dict[st
         for kind in BACKEND_FILES
         if kind == backend and dist.get(f"{kind}_config")
     }
-    return backend, files, notes, run_config_from(raw, checked) if config else None
+    return backend, files, notes, run_config_from(raw, checked) if config else None, from_run_config
 
 
 def _gpus_and_nproc(gpus_text: str | None, num_gpus_per_node) -> tuple[tuple[int, ...] | None, int | None]:

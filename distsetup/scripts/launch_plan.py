@@ -61,6 +61,9 @@ class LaunchSpec:
     accelerate_fsdp_args: tuple[str, ...] = ()  # the FSDP file as `accelerate launch` flags
     accelerate_hybrid_shard: bool = False  # an FSDP2 file's HYBRID_*: Accelerate's 2-D mesh, nodes x processes
     fsdp1_strategy: str | None = None  # an FSDP1 file's, for the HF Trainer's Accelerate (FSDP_SHARDING_STRATEGY)
+    # the backend and its file are the run config's own (no flag chose them): distsetup's trainer reads them from it
+    # when it starts, so that an edit of the run config takes effect without a new script
+    backend_from_run_config: bool = False
 
     @property
     def world_size(self) -> int | None:
@@ -227,7 +230,8 @@ def launch_warnings(spec: LaunchSpec, run_command: str) -> list[str]:
 
 
 def train_args(spec: LaunchSpec) -> list[str]:
-    """Arguments after the script: the run config, the backend and its config file.
+    """Arguments after the script: the run config, the backend and its config file (for distsetup's trainer only
+    where a flag chose them: the run config's own are read from it when the run starts).
 
     `section.key=value` overrides are the trainer's syntax, so they go only to distsetup's trainer, which
     reads their values as YAML: a path goes JSON-quoted (`@x.json`, `yes` or `a: b.json` stay strings). Any
@@ -237,14 +241,16 @@ def train_args(spec: LaunchSpec) -> list[str]:
     would refuse the arguments.
     """
     args = ["--config", spec.config] if spec.config else []
+    left_to_the_run_config = spec.runs_default_trainer and spec.backend_from_run_config
     if spec.runs_default_trainer:
-        args.append(f"distributed.backend={spec.backend}")
-        if spec.backend == "fsdp" and spec.fsdp_config:
-            args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config, ensure_ascii=False)}")
+        if not left_to_the_run_config:
+            args.append(f"distributed.backend={spec.backend}")
+            if spec.backend == "fsdp" and spec.fsdp_config:
+                args.append(f"distributed.fsdp_config={json.dumps(spec.fsdp_config, ensure_ascii=False)}")
         if spec.env.timeout_minutes is not None:
             args.append(f"distributed.timeout_minutes={spec.env.timeout_minutes}")
     accelerate_reads_it = spec.launch_method == "accelerate" and not spec.runs_default_trainer
-    if spec.backend == "deepspeed" and spec.deepspeed_config and not accelerate_reads_it:
+    if spec.backend == "deepspeed" and spec.deepspeed_config and not accelerate_reads_it and not left_to_the_run_config:
         args += ["--deepspeed", spec.deepspeed_config]
     if spec.backend == "fsdp" and not spec.runs_default_trainer and not accelerate_reads_it:
         args += ["--fsdp", *(["--fsdp_config", spec.fsdp_config] if spec.fsdp_config else [])]  # the HF Trainer's

@@ -60,13 +60,13 @@ def assert_trained(root: Path, result, backend: str, steps: int = 4):
 @pytest.mark.parametrize(
     "backend_args, method, backend",
     [
-        (["--preflight"], "torchrun", "ddp"),
+        (["--preflight"], "torchrun", "fsdp"),  # the run config edited to fsdp after the script was written
         (["--use_fsdp"], "torchrun", "fsdp"),
         (["--use_deepspeed", "--deepspeed_config", "DS"], "torchrun", "deepspeed"),
         (["--use_deepspeed", "--deepspeed_config", "DS"], "deepspeed", "deepspeed"),
         ([], "accelerate", "ddp"),
     ],
-    ids=["torchrun-ddp-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"],
+    ids=["torchrun-edited-preflight", "torchrun-fsdp", "torchrun-deepspeed", "deepspeed-launcher", "accelerate-ddp"],
 )
 def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, backend):
     """On a free port, whichever launcher: 29500, the launchers' default, may be another run's (the tests of
@@ -74,6 +74,9 @@ def test_single_node_script_trains(run_cli, tmp_path, backend_args, method, back
     root = write_project(tmp_path / WEIRD)  # the real run goes through the weird folder too
     args = [str(root / "ds.json") if a == "DS" else a for a in backend_args]
     script = generate(run_cli, root, "--num_gpus_per_node", "2", "--launch_method", method, *args)
+    if not backend_args or backend_args == ["--preflight"]:  # the run config's own backend: read when the run starts
+        config = root / "config.yaml"  # (a script that passed distributed.backend=ddp trained DDP after this edit)
+        config.write_text(config.read_text().replace("backend: ddp", f"backend: {backend}"))
     result = subprocess.run(["bash", str(script)], cwd=root, env=run_env(), capture_output=True, text=True, timeout=400)
     log = assert_trained(root, result, backend)
     assert "no GPUs found: starting 2 CPU process(es) per node" in log

@@ -364,7 +364,7 @@ def test_a_skypilot_task_runs_the_entry_point_on_gpus_of_one_type_and_recovers_o
     assert (task["num_nodes"], task["resources"]["accelerators"], task["workdir"]) == (2, "H100:8", ".")
     assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == [RESTART_STATUS]
     assert task["file_mounts"] == {"/distsetup-work": {"source": "s3://my-bucket/runs", "mode": "MOUNT_CACHED"}}
-    assert "TRAIN_ARGS=(--config config.yaml distributed.backend=ddp)" in task["run"]  # the workdir's copy
+    assert "TRAIN_ARGS=(--config config.yaml)" in task["run"]  # the workdir's copy
     assert "TRAIN_ARGS+=('training.output_dir=\"/distsetup-work/runs/demo\"')" in task["run"]
     entry = project / "run.sh"
     entry.write_text(task["run"])

@@ -34,7 +34,9 @@ def test_writes_an_executable_script_and_says_what_next(run_cli, project):
     assert script.stat().st_mode & stat.S_IXUSR
     assert "Next: bash scripts/run_training.sh" in result.stderr
     text = script.read_text()
-    assert "--deepspeed config/ds_config.json" in text and "distributed.backend=deepspeed" in text
+    # the run config's own backend and file are read from it when the run starts: an edit of it takes effect (the
+    # script passed distributed.backend=deepspeed --deepspeed FILE, and a run config edited to fsdp trained ZeRO)
+    assert "TRAIN_ARGS=(--config config.yaml)" in text and "distributed.backend=" not in text
     assert "#   distsetup launcher --config config.yaml --num_gpus_per_node 2" in text
 
 

@@ -85,7 +85,7 @@ def build_to_be_filled(m) -> nn.Module:
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # transformers before 5
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import no_init_weights  # type: ignore[attr-defined,no-redef]
     with no_init_weights():
         return build(m, weights=False)
 
