@@ -273,6 +273,7 @@ def build_setup(answers: Answers, workdir: str) -> Setup:
         num_nodes=answers.num_nodes,
         nproc_per_node=answers.num_gpus_per_node,
         rdzv_backend="c10d" if answers.scheduler == "slurm" else "static",
+        backend_from_run_config=config["distributed"]["backend"] == choice.backend,  # read when the run starts
     )
     if answers.scheduler == "slurm":
         slurm = SlurmSpec(

@@ -272,6 +272,8 @@ def test_a_hugging_face_folder_is_planned_from_its_config(tmp_path):
     if fsdp:  # the planner's call; where it is FSDP, the model's own decoder layer is wrapped
         assert json.loads(fsdp[0])["fsdp_transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
     assert setup.next_command == "sbatch scripts/slurm_job.sh"
+    # the backend and its file are the run config's, read when the job starts: an edit of the run config counts
+    assert "TRAIN_ARGS=(--config config/config.yaml)\n" in setup.files["scripts/slurm_job.sh"][0]
 
 
 def test_fp16_never_gets_fsdp_which_the_trainer_cannot_scale(run_cli, tmp_path, monkeypatch):
