@@ -24,6 +24,19 @@ class World:
 SRUN_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
 
 
+# Set in a process that its scheduler or launcher started again with the command line of the first start
+RESTART_COUNTS = {"SLURM_RESTART_COUNT": "SLURM requeued the job", "TORCHELASTIC_RESTART_COUNT": "torchrun restarted"}
+
+
+def restarted_by() -> str | None:
+    """What started this process again with the first start's command line (a requeued SLURM job, torchrun's
+    restart of its workers), as "SLURM requeued the job (SLURM_RESTART_COUNT=1)"; None on a first start."""
+    for variable, by in RESTART_COUNTS.items():
+        if (count := os.environ.get(variable, "").strip()) not in ("", "0"):
+            return f"{by} ({variable}={count})"
+    return None
+
+
 def read_world(srun_stands_in: bool = False) -> World:
     """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process; the
     deepspeed launcher sets LOCAL_SIZE instead, and without either every rank is taken to share one node). With

@@ -25,7 +25,7 @@ from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.evaluations import Evaluations
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
-from distsetup.training.launch_env import read_world
+from distsetup.training.launch_env import read_world, restarted_by
 from distsetup.training.loop import Loop
 from distsetup.training.loss.micro_loss import MicroLoss, mean_terms
 from distsetup.training.loss.objective import objective_for
@@ -63,10 +63,15 @@ class Trainer:
         takes its output folder's lock. `config_folder`: the run config's (the user's modules are there);
         `no_resume`, `init_from`: the command line's --no_resume and --init_from."""
         self.cfg, self.t = cfg, cfg.training
-        self.no_resume, self.init_from = no_resume, init_from
+        self.init_from = init_from
         self.step_cap = step_cap()
         self.world = world = read_world()
         self.say = print if world.is_main else (lambda *a, **k: None)
+        # --no_resume is for the run's first start: a requeued job, given the same command line, resumes the
+        # checkpoints its first start wrote (it set aside everything older), else it would start over each time
+        self.no_resume = no_resume and not (restart := restarted_by())
+        if no_resume and restart:
+            self.say(f"note: --no_resume is for the run's first start: {restart}, so it resumes where it stopped")
         self.device = pick_device(world)
         self.backend = backend = make_backend(cfg.distributed.backend, cfg, world, self.device)
         backend.check_device_support()

@@ -68,9 +68,9 @@ distributed: {{backend: ddp}}
     return root
 
 
-def submit(run_cli, cluster, root: Path, *args, sbatch: tuple[str, ...] = ()) -> str:
+def submit(run_cli, cluster, root: Path, *args, sbatch: tuple[str, ...] = (), train: tuple[str, ...] = ()) -> str:
     """A two-node job running distsetup's trainer (python -m distsetup.train), submitted from `root` (`sbatch`: the
-    options sbatch is given)."""
+    options sbatch is given; `train`: the script's arguments, for the trainer)."""
     script = root / "job.sh"
     result = run_cli(
         "slurm",
@@ -94,7 +94,7 @@ def submit(run_cli, cluster, root: Path, *args, sbatch: tuple[str, ...] = ()) ->
     )
     assert result.exit_code == 0, result.output
     shellcheck([script])
-    return cluster.run("sbatch", "--parsable", *sbatch, str(script), cwd=root).stdout.strip().split(";")[0]
+    return cluster.run("sbatch", "--parsable", *sbatch, str(script), *train, cwd=root).stdout.strip().split(";")[0]
 
 
 def job_log(root: Path, job_id: str, name: str = "distsetup") -> str:
@@ -156,9 +156,10 @@ def wait_for_checkpoint(cluster, folder: Path, timeout: float = 120) -> None:
 
 
 def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
-    """Stopped twice, each time with a checkpoint that the requeued job resumes from, and said in the job's log."""
+    """Stopped twice, each time with a checkpoint that the requeued job resumes from, and said in the job's log; a
+    job submitted with --no_resume too (SLURM requeues it with the same arguments: it started over each time)."""
     root = slurm_project(tmp_path / "requeue", max_steps=300, checkpoint_interval=5)
-    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 60)
+    job = submit(run_cli, cluster, root, "--requeue", "--signal_seconds", 60, train=("--no_resume",))
     checkpoints = root / "out" / "checkpoints"
     wait_for_checkpoint(cluster, checkpoints / "step_0000005")  # training is under way
     # USR1 to the job steps, as `scancel --signal=USR1 JOB` or a site's --signal=USR1@N (without B:) send it: it
@@ -179,6 +180,7 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     assert state["JobState"] == "COMPLETED", log[-4000:]
     assert state["Restarts"] == "2", log[-4000:]
     assert log.count("distsetup: checkpointed for preemption: requeueing job") == 1  # the second, SLURM's own
+    assert log.count("note: --no_resume is for the run's first start: SLURM requeued the job") == 2, log[-4000:]
     preempted = [line for line in log.splitlines() if line.startswith("preempted: checkpoint at step ")]
     assert len(preempted) == 2, log[-4000:]
     steps = [int(line.rsplit(" ", 1)[1]) for line in preempted]

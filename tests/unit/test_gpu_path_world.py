@@ -73,3 +73,23 @@ def test_nccl_errors_reach_the_trainer_unless_the_user_chose(environ, added):
     """CleanUpOnly (2): the watchdog aborts the communicators and the failed collective raises in the trainer, which
     says which rank it lost; 1 and 3 end the process from the watchdog before it can."""
     assert nccl_error_handling(environ) == added
+
+
+@pytest.mark.parametrize(
+    "environment, said",
+    [
+        ({}, None),
+        ({"SLURM_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "0"}, None),  # a first start says 0
+        ({"SLURM_RESTART_COUNT": "2"}, "SLURM requeued the job (SLURM_RESTART_COUNT=2)"),
+        ({"TORCHELASTIC_RESTART_COUNT": "1"}, "torchrun restarted (TORCHELASTIC_RESTART_COUNT=1)"),
+    ],
+)
+def test_a_restart_with_the_first_starts_command_line_is_known(monkeypatch, environment, said):
+    """What makes --no_resume apply to the first start only: a requeued job with it started over each time."""
+    from distsetup.training.launch_env import RESTART_COUNTS, restarted_by
+
+    for name in RESTART_COUNTS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert restarted_by() == said
