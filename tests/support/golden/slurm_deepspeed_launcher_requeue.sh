@@ -169,7 +169,7 @@ exit "$status"
 SRUN_PID=$!
 wait_for_srun
 if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
-  echo "distsetup: checkpointed for preemption: requeueing job $SLURM_JOB_ID" >&2
+  echo "distsetup: preempted: requeueing job $SLURM_JOB_ID (it resumes from its last checkpoint)" >&2
   rm -f "$DISTSETUP_PREEMPTED_FILE"
   scontrol requeue "$SLURM_JOB_ID"
   exit 0

@@ -80,6 +80,11 @@ trap "" USR1
 RUNNER_PID=$!
 # shellcheck disable=SC2317  # run by the trap below
 hand_usr1_on_as_sigterm() {
+  # a preemption notice: a requeueing job is requeued whatever its ranks had done (one during their set-up left no
+  # checkpoint and no word of it, and the job FAILED); the shell of node 0 tells the batch shell, which runs there
+  if [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]] && ((NODE_RANK == 0)); then
+    : >"$DISTSETUP_PREEMPTED_FILE"
+  fi
   kill -TERM "$RUNNER_PID" 2>/dev/null || true
 }
 trap hand_usr1_on_as_sigterm USR1
