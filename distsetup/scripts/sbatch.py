@@ -110,21 +110,15 @@ class SlurmSpec:
 
 
 def time_limit_seconds(text: str) -> int | None:
-    """Seconds in a SLURM time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: UNLIMITED."""
+    """Seconds in a SLURM time limit (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None: UNLIMITED, or 0,
+    which sbatch reads as no limit. As sbatch, a field past its range counts on (25:61:00 is 1-02:01:00)."""
     if text.strip().upper() in _NO_LIMIT:
         return None
     for pattern, units in _TIME_FORMATS:
         match = pattern.match(text.strip())
         if match:
             values = dict(zip(units, map(int, match.groups()), strict=True))
-            if len(units) > 1 and any(values.get(u, 0) > 59 for u in ("minutes", "seconds") if u != units[0]):
-                break
-            if "days" in values and values.get("hours", 0) > 23:
-                break
-            total = sum(_UNIT_SECONDS[u] * v for u, v in values.items())
-            if total == 0:
-                break
-            return total
+            return sum(_UNIT_SECONDS[u] * v for u, v in values.items()) or None
     raise DistsetupError(
         f"time limit '{text}' is not one SLURM accepts.",
         "write minutes (90), MM:SS, HH:MM:SS (48:00:00), D-HH, D-HH:MM, D-HH:MM:SS (2-00:00:00) or UNLIMITED.",
@@ -162,10 +156,11 @@ def check_slurm(spec: SlurmSpec) -> None:
     if spec.time_limit is not None:
         limit = time_limit_seconds(spec.time_limit)
         if spec.requeue and limit is not None and spec.signal_seconds >= limit:
-            raise DistsetupError(
-                f"--signal_seconds {spec.signal_seconds} is not shorter than the time limit {spec.time_limit} "
-                f"({limit} s): the job would be warned as it starts, and requeued again and again.",
-                f"give --signal_seconds under {limit} (a few minutes before the end), or a longer --time_limit.",
+            raise DistsetupError(  # init writes the default warning: it has no --signal_seconds
+                f"the time limit {spec.time_limit} ({limit} s) is not longer than the preemption warning, "
+                f"{spec.signal_seconds} s before it (--signal_seconds): the job would be warned as it starts, and "
+                "requeued again and again.",
+                f"give a longer --time_limit, or (distsetup slurm) --signal_seconds under {limit}.",
             )
     check_partition(spec.partition)
     check_account(spec.account)

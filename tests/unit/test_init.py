@@ -107,8 +107,13 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(run_cli, tmp_path, mo
         (["--num_gpus_per_node", "0"], "--num_gpus_per_node: 0 is not in the range 1<=x<=1024."),
         (["--num_nodes", "0"], "--num_nodes: 0 is not in the range"),
         (
-            ["--scheduler", "slurm", "--gpu_memory", "none", "--time_limit", "25:99:00"],
-            "--time_limit: time limit '25:99:00' is not one SLURM accepts.",
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--time_limit", "25h"],
+            "--time_limit: time limit '25h' is not one SLURM accepts.",
+        ),
+        (  # its hint named only --signal_seconds, which init does not have
+            ["--scheduler", "slurm", "--gpu_memory", "none", "--time_limit", "2:00"],
+            "the time limit 2:00 (120 s) is not longer than the preemption warning, 120 s before it (--signal_seconds)"
+            ": the job would be warned as it starts, and requeued again and again. HINT: give a longer --time_limit",
         ),
         (["--gpu_memory", "lots"], "--gpu_memory: cannot read 'lots' as an amount of memory."),
         (["--data", "missing.jsonl"], "--data: file missing.jsonl does not exist."),
