@@ -385,7 +385,7 @@ def loss(model, batch):
 
 def test_a_checkpoint_of_another_model_section_says_what_changed(tmp_path):
     """A python model's model.args changed since its checkpoints: the load said "move step_N aside to resume from
-    the checkpoint before it", of which every one fails alike. It names what changed."""
+    the checkpoint before it", of which every one fails alike. It names what changed, once for the node."""
     (tmp_path / "resized.py").write_text(RESIZED)
     out = tmp_path / "out"
     config = tmp_path / "run.yaml"
@@ -396,7 +396,8 @@ def test_a_checkpoint_of_another_model_section_says_what_changed(tmp_path):
     }
     config.write_text(json.dumps(run))
     assert train(config, 1).returncode == 0
-    resumed = train(config, 1, "model.args.hidden=16", "training.max_steps=4")
+    # on 2 processes: said once for the node (each rank said it)
+    resumed = train(config, 2, "model.args.hidden=16", "training.max_steps=4")
     said = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]
     assert resumed.returncode == 1 and len(said) == 1, resumed.stderr[-3000:]
     assert f"cannot load checkpoint {out / 'checkpoints' / 'step_0000002'}: the run config's model section" in said[0]

@@ -276,6 +276,7 @@ def load_checkpoint(backend: Checkpointing, path: Path, world: World, model: dic
                 f"({'; '.join(changed)}): {reason.rstrip('.')}.",
                 "resume with the model section it was trained with, or start afresh in another training.output_dir "
                 f"(or with --no_resume); where it is as it was, move {path} aside to resume from the one before it.",
+                alike_on_every_rank=True,  # every rank's model differs alike: said once per node
             ) from None
         if isinstance(e, DistsetupError):
             raise
