@@ -4,6 +4,7 @@ from_pretrained loads, with the same logits, and that FSDP2 fine-tunes from, eac
 is checked in tests/unit/test_hf_layer_class.py.)"""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +25,7 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_in_transformers_and_in_fsdp2_a_
 
     config = write_llama_config(tmp_path, "LlamaDecoderLayer", tie_word_embeddings=True)  # one weight, two names
     run = yaml.safe_load(config.read_text())
+    llama = Path(run["model"]["hf_path"])
     batch = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 16}
     (tmp_path / "ds.json").write_text(json.dumps({**ds_file(3), **batch}))  # micro_batch_size 8 on 2 ranks
     run["training"].update(max_steps=4, checkpoint_interval=4)
@@ -69,3 +71,14 @@ def test_a_zero3_tied_llama_exported_as_hf_loads_in_transformers_and_in_fsdp2_a_
     read = json.loads((tmp_path / "tuned" / "summary.json").read_text())["pretrained_read_bytes"]
     weights = sum(p.numel() * 4 for p in loaded.parameters())
     assert sum(read) == weights and all(0.3 * weights < r < 0.7 * weights for r in read), (read, weights)
+
+    # the model folder moved since the run: named with --hf_path (the hint said to run the export from the folder
+    # the training ran in, the only fix, and the user was there)
+    llama.rename(tmp_path / "moved")
+    lost = run_cli("checkpoint", "export", tmp_path / "out", "-o", tmp_path / "again", "--format", "hf")
+    assert lost.exit_code == 1 and "has no config.json here. HINT: give the model folder" in lost.stderr, lost.output
+    assert "with --hf_path" in lost.stderr and not (tmp_path / "again").exists()
+    args = ["--format", "hf", "--max_shard_size", "60KB", "--hf_path", tmp_path / "moved"]
+    assert run_cli("checkpoint", "export", tmp_path / "out", "-o", tmp_path / "again", *args).exit_code == 0
+    for name in ("config.json", "model.safetensors.index.json"):
+        assert (tmp_path / "again" / name).read_text() == (exported / name).read_text(), name

@@ -80,7 +80,13 @@ def ls(run: Path, as_json: bool):
     "from_pretrained loads (model.type hf).",
 )
 @option("max_shard_size", help="--format hf: shard above this size, as save_pretrained  [default: 50GB]")
-def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str | None):
+@option(
+    "hf_path",
+    type=checked(click.Path(file_okay=False, path_type=Path)),
+    help="--format hf: the model folder the run trained (its config.json and tokenizer), where it is now "
+    "[the run's model.hf_path].",
+)
+def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str | None, hf_path: Path | None):
     """Write the newest complete checkpoint of RUN (any backend, any world size; RUN may also name one of its
     checkpoints/step_N folders) into the new folder OUTPUT:
     model.safetensors and model.json (the model section of its run config), or with --format hf a Hugging Face
@@ -92,9 +98,10 @@ def export(run: Path, output: Path, dtype: str, layout: str, max_shard_size: str
     from distsetup.training.checkpoint.export import export_hf, export_safetensors
 
     if layout == "hf":
-        used, count = export_hf(run, output, dtype, max_shard_size or "50GB")
-    elif max_shard_size is not None:
-        raise DistsetupError("--max_shard_size shards a Hugging Face folder.", "add --format hf, or leave it out.")
+        used, count = export_hf(run, output, dtype, max_shard_size or "50GB", hf_path)
+    elif max_shard_size is not None or hf_path is not None:
+        flag = "--max_shard_size shards" if max_shard_size is not None else "--hf_path names the model folder of"
+        raise DistsetupError(f"{flag} a Hugging Face folder.", "add --format hf, or leave it out.")
     else:
         used, count = export_safetensors(run, output, dtype)
     click.echo(f"exported {count} tensors ({dtype}) from {used} to {output}")

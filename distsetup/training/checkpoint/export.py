@@ -132,11 +132,12 @@ HF_FILES = (
 )
 
 
-def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Path, int]:
+def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str, hf_path: Path | None = None) -> tuple[Path, int]:
     """The newest complete checkpoint of an `hf` run as a Hugging Face folder that `from_pretrained` loads:
     config.json (the model folder's, with the exported dtype), the tokenizer and generation files it holds, and
     the weights sharded as `save_pretrained` shards them (model.safetensors, or numbered shards and an index
-    above `max_shard_size`). Written whole into a new folder or not at all."""
+    above `max_shard_size`). Written whole into a new folder or not at all. `hf_path`: the model folder where it is
+    now (default: the run's model.hf_path)."""
     require_transformers()
     from huggingface_hub import split_torch_state_dict_into_shards
     from huggingface_hub.serialization._base import parse_size_to_int
@@ -153,11 +154,13 @@ def export_hf(run: Path, out: Path, dtype: str, max_shard_size: str) -> tuple[Pa
             f"{path} holds {held}; --format hf is for Hugging Face models (model.type hf).",
             "export it without --format hf (model.safetensors with its own parameter names, and model.json).",
         )
-    source = Path(model["hf_path"])
+    source = hf_path or Path(model["hf_path"])
     if not (source / "config.json").is_file():
+        given = f"--hf_path {source}" if hf_path else f"model.hf_path {source} of the run"
         raise DistsetupError(
-            f"model.hf_path {source} of the run has no config.json here.",
-            "run the export from the folder the training ran in (a relative hf_path is read from there).",
+            f"{given} has no config.json here.",
+            "give the model folder the run trained, where it is now"
+            + ("." if hf_path else ", with --hf_path (a relative model.hf_path is read from this folder)."),
         )
     with read_errors(path, "export"):
         config = json.loads((source / "config.json").read_text())
