@@ -35,6 +35,8 @@ def launch_spec_from_options(o: dict, slurm: bool = False, files_here: bool = Tr
     backend, files, notes, run_config, from_run_config = distributed_settings(o, files_here)
     if found_config:
         notes.insert(0, f"using {found_config} for the trainer (none given with --config).")
+    # accelerate launch takes the backend's file as its own flags, fixed in the script: the trainer is given it too
+    from_run_config = from_run_config and o["launch_method"] != "accelerate"
     spec = replace(_spec(o, backend, files, slurm), backend_from_run_config=from_run_config)
     check_launch(spec)  # node and GPU counts first: the file checks below need a sane world size
     spec = _several_processes_with_ddp(spec, notes)

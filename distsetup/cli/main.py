@@ -85,5 +85,5 @@ def main():
         refuse_arguments_not_in_utf8(sys.argv[1:])
     except DistsetupError as e:
         click.echo(f"Error: {e.format_message()}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     cli(prog_name="distsetup")

@@ -66,6 +66,9 @@ def node_launch(spec: JobSpec) -> LaunchSpec:
         node_rank=None,
         master_addr=None,
         master_port=launch.master_port or DEFAULT_MASTER_PORT,
+        # a pod's run config is the ConfigMap's copy, whose backend file is shipped beside it under another name:
+        # passed to the trainer as the pod sees it
+        backend_from_run_config=launch.backend_from_run_config and on_skypilot,
     )
 
 

@@ -49,7 +49,7 @@ SKYPILOT_STORE = object_schema(
         "persistent": BOOLEAN,
         "mode": {  # SkyPilot's case_insensitive_enum
             "type": "string",
-            "pattern": "(?i)^(MOUNT|COPY|MOUNT_CACHED)$",
+            "pattern": "(?i)^(MOUNT|COPY|MOUNT_CACHED)\\Z",  # Python's $ takes a trailing newline too
             "description": "MOUNT, COPY or MOUNT_CACHED (in any case)",
             "examples": ["MOUNT_CACHED"],
         },

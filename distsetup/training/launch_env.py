@@ -37,6 +37,16 @@ def restarted_by() -> str | None:
     return None
 
 
+def run_identity() -> str | None:
+    """The run a restart keeps (a SLURM job's id, requeued or not; torchrun's run id across its restarts of the
+    workers), as "SLURM job 42"; None where neither launched this process."""
+    if job := os.environ.get("SLURM_JOB_ID", "").strip():
+        return f"SLURM job {job}"
+    if run := os.environ.get("TORCHELASTIC_RUN_ID", "").strip():
+        return f"torchrun run {run}"
+    return None
+
+
 def read_world(srun_stands_in: bool = False) -> World:
     """The one place that reads RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (a plain run: 1 process; the
     deepspeed launcher sets LOCAL_SIZE instead, and without either every rank is taken to share one node). With

@@ -37,6 +37,27 @@ def set_aside(out_dir: Path, names: tuple[str, ...] = RECORD) -> Path | None:
     return aside
 
 
+# The run (a SLURM job, a torchrun run) that last started afresh here (--no_resume), once it has set the previous
+# run's record aside: its restarts resume, with the same command line, what it wrote since
+FRESH_START = ".fresh_start"
+
+
+def note_fresh_start(out_dir: Path, run: str | None) -> None:
+    """Rank 0's note that `run` (launch_env.run_identity; None: a run nothing restarts) started afresh here."""
+    marker = out_dir / FRESH_START
+    if run is None:
+        marker.unlink(missing_ok=True)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(run + "\n")
+
+
+def started_afresh_here(out_dir: Path, run: str | None) -> bool:
+    """Whether `run` is the one that last started afresh in `out_dir` (and set the previous record aside)."""
+    marker = out_dir / FRESH_START
+    return run is not None and marker.is_file() and marker.read_text().strip() == run
+
+
 def continue_metrics(path: Path, step: int) -> int:
     """metrics.jsonl made the record of a run that goes on from `step`: the lines of later steps removed, and a
     line cut short by a crash (the next line would be glued to it). Returns how many lines were removed."""

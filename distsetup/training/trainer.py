@@ -25,7 +25,7 @@ from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.evaluations import Evaluations
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
-from distsetup.training.launch_env import read_world, restarted_by
+from distsetup.training.launch_env import read_world, restarted_by, run_identity
 from distsetup.training.loop import Loop
 from distsetup.training.loss.micro_loss import MicroLoss, mean_terms
 from distsetup.training.loss.objective import objective_for
@@ -63,15 +63,10 @@ class Trainer:
         takes its output folder's lock. `config_folder`: the run config's (the user's modules are there);
         `no_resume`, `init_from`: the command line's --no_resume and --init_from."""
         self.cfg, self.t = cfg, cfg.training
-        self.init_from = init_from
+        self.no_resume, self.init_from = no_resume, init_from
         self.step_cap = step_cap()
         self.world = world = read_world()
         self.say = print if world.is_main else (lambda *a, **k: None)
-        # --no_resume is for the run's first start: a requeued job, given the same command line, resumes the
-        # checkpoints its first start wrote (it set aside everything older), else it would start over each time
-        self.no_resume = no_resume and not (restart := restarted_by())
-        if no_resume and restart:
-            self.say(f"note: --no_resume is for the run's first start: {restart}, so it resumes where it stopped")
         self.device = pick_device(world)
         self.backend = backend = make_backend(cfg.distributed.backend, cfg, world, self.device)
         backend.check_device_support()
@@ -258,6 +253,7 @@ class Trainer:
         return opened[0] if opened else MetricsLog(self.out_dir, False, self.report_to, wandb, self.step)
 
     def _resume_decision(self) -> Path | None:
+        self._no_resume_once()
         resume = resuming.resume_decision(self.ckpt_root, self.no_resume, self.backend, self.model_section, self.say)
         if self.lock.unsupported:
             self.say(f"note: {self.lock.unsupported}")
@@ -285,15 +281,30 @@ class Trainer:
         else:
             self.say(f"weights from {self.init_from}; the optimizer and the schedule start at step 0")
 
+    def _no_resume_once(self) -> None:
+        """--no_resume is for the run's first start: a requeued SLURM job, or workers torchrun restarts, given the
+        same command line, resume what the run wrote once its first start had set the previous record aside (each
+        requeue started over). A first start stopped before that point, or another job that inherited a restart
+        count, still starts afresh."""
+        if not self.no_resume or not (restart := restarted_by()):
+            return
+        run = run_identity()
+        if decided_by_rank0(lambda: run_record.started_afresh_here(self.out_dir, run)):
+            self.no_resume = False
+            self.say(f"note: --no_resume is for the run's first start: {restart}, so it resumes where it stopped")
+
     def _set_aside_previous_run(self, resume: Path | None) -> None:
         """A run that starts afresh sets the previous run's record aside, so that a plot does not mix the two: with
-        --no_resume all of it (else a later resume would pick a stale step); where no checkpoint was there to resume
-        (a crash before the first, the checkpoints removed or passed over as damaged), its metrics and summary."""
+        --no_resume all of it (else a later resume would pick a stale step), noting which run did, for its restarts;
+        where no checkpoint was there to resume (a crash before the first, the checkpoints removed or passed over as
+        damaged), its metrics and summary."""
         if resume is None and self.world.is_main:
             names = run_record.RECORD if self.no_resume else run_record.METRICS_AND_SUMMARY
             if aside := run_record.set_aside(self.out_dir, names):
                 why = "--no_resume" if self.no_resume else "note: no checkpoint to resume"
                 self.say(f"{why}: moved the previous run's record to {aside}")
+            if self.no_resume:
+                run_record.note_fresh_start(self.out_dir, run_identity())
         barrier()
 
     def _datasets(self) -> Datasets:

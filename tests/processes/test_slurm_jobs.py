@@ -191,7 +191,8 @@ def test_requeue_checkpoints_and_resumes(run_cli, cluster, tmp_path):
     assert state["JobState"] == "COMPLETED", log[-4000:]
     assert state["Restarts"] == "3", log[-4000:]
     assert log.count("distsetup: preempted: requeueing job") == 2  # the third, SLURM's own
-    assert log.count("note: --no_resume is for the run's first start: SLURM requeued the job") == 3, log[-4000:]
+    # the requeue after a stop during set-up resumes where that start had set the previous record aside already
+    assert log.count("note: --no_resume is for the run's first start: SLURM requeued the job") in (2, 3), log[-4000:]
     preempted = [line for line in log.splitlines() if line.startswith("preempted: checkpoint at step ")]
     steps = [int(line.rsplit(" ", 1)[1]) for line in preempted][-2:]  # a first one where set-up was quick
     assert len(preempted) in (2, 3) and 5 <= steps[0] < steps[1] < 300, log[-4000:]

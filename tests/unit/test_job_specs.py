@@ -344,6 +344,20 @@ def test_the_engine_must_be_named(run_cli, project):
     one_line_error(run_cli("job", "--config", "config.yaml", "--num_gpus_per_node", 8, "--image", "i:1"), "--target")
 
 
+def test_a_pod_passes_the_shipped_copy_of_the_run_configs_own_deepspeed_file(run_cli, project):
+    """A run config naming its DeepSpeed file (as init writes it): the pod's entry point passes the ConfigMap's copy.
+    Left to the run config, the pod's trainer looked for config/ds_config.json in the image (or beside the mounted
+    config), not the file the job checked and shipped."""
+    (project / "config").mkdir()
+    (project / "config" / "ds_config.json").write_text('{"train_micro_batch_size_per_gpu": 2}')
+    config = {**CONFIG, "distributed": {"backend": "deepspeed", "deepspeed_config": "config/ds_config.json"}}
+    (project / "config.yaml").write_text(yaml.safe_dump(config))
+    assert write(run_cli, "jobset").exit_code == 0
+    text = (project / "k8s" / "jobset.yaml").read_text()
+    passed = "TRAIN_ARGS=(--config /etc/distsetup/config.yaml distributed.backend=deepspeed --deepspeed"
+    assert f"{passed} /etc/distsetup/ds_config.json)" in text, text
+
+
 def test_a_world_the_deepspeed_files_batch_does_not_divide_is_refused(run_cli, project):
     (project / "ds.json").write_text('{"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3}')
     result = write(run_cli, "jobset", "--deepspeed_config", "ds.json", nodes=2)  # 2 x 8 GPUs do not divide 24

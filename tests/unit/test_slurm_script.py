@@ -78,7 +78,7 @@ def test_requeue_trap_forwards_term_and_requeues():
     assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text
     # requeued however the steps were signalled, but where SLURM terminates the job (and requeues it or not) itself
-    assert 'if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]' in text
+    assert 'if ((!terminated && status != 0)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]' in text
     assert text.index('trap "terminated=1" TERM') < text.index('srun "${SRUN_ARGS[@]}"')
     program = srun_program(text)  # torchrun as a child, with USR1 ignored: the node's shell hands it TERM instead
     assert program.index('trap "" USR1') < program.index('"${LAUNCH[@]}"') < program.index("trap hand_usr1_on_as")

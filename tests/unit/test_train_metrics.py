@@ -174,3 +174,25 @@ def test_a_fresh_start_sets_the_previous_runs_record_aside_whole(tmp_path):
     assert sorted(p.name for p in first.iterdir()) == ["checkpoints", "metrics.jsonl", "summary.json"]
     assert (second / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name, "wandb_run_id"])
+
+
+def test_only_the_run_that_started_afresh_resumes_on_its_restarts(tmp_path, monkeypatch):
+    """--no_resume on a requeue: the job that set the previous record aside resumes what it wrote since; another job
+    (one that inherited SLURM_RESTART_COUNT), or a first start stopped before it set the record aside, does not."""
+    from distsetup.training import run_record
+    from distsetup.training.launch_env import run_identity
+
+    for name in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert run_identity() is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "distsetup")
+    assert run_identity() == "torchrun run distsetup"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # under SLURM the job, which a requeue keeps, whatever torchrun's id
+    assert run_identity() == "SLURM job 42"
+    out = tmp_path / "out"
+    assert not run_record.started_afresh_here(out, "SLURM job 42")  # stopped before it set anything aside
+    run_record.note_fresh_start(out, "SLURM job 42")
+    assert run_record.started_afresh_here(out, "SLURM job 42")
+    assert not run_record.started_afresh_here(out, "SLURM job 43") and not run_record.started_afresh_here(out, None)
+    run_record.note_fresh_start(out, None)  # a fresh start that nothing restarts: no older note stands
+    assert not (out / run_record.FRESH_START).exists()

@@ -117,8 +117,9 @@ SRUN_ARGS=(--nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --export=A
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
   SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # srun does not inherit it from sbatch
 fi
-# Each rank that stops for preemption with its checkpoint written says so here, whatever sent the signal (a USR1
-# or SIGTERM to the job steps as well): the job is then requeued. Node 0 runs this shell, and its ranks stop too.
+# A preemption of the job steps is said here: by each rank that stops for one with its checkpoint written, whatever
+# sent the signal (a USR1 or SIGTERM to the job steps as well), and by node 0's program when it gets a USR1 (the
+# ranks may still be setting up). A run that did not end well is then requeued. Node 0 runs this shell too.
 export DISTSETUP_PREEMPTED_FILE="${TMPDIR:-/tmp}/distsetup-preempted-$SLURM_JOB_ID"
 rm -f "$DISTSETUP_PREEMPTED_FILE"  # a requeued job runs this script again
 # SLURM sends SIGTERM to this shell too (scancel, scontrol requeue, the time limit): caught, so that it lives until
@@ -168,7 +169,7 @@ exit "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
 wait_for_srun
-if ((!terminated)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then
+if ((!terminated && status != 0)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]; then  # a run that ended well stays so
   echo "distsetup: preempted: requeueing job $SLURM_JOB_ID (it resumes from its last checkpoint)" >&2
   rm -f "$DISTSETUP_PREEMPTED_FILE"
   scontrol requeue "$SLURM_JOB_ID"
