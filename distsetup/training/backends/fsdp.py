@@ -2,7 +2,6 @@
 
 import contextlib
 import copy
-from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -374,18 +373,14 @@ def _size_based_units(model: nn.Module, min_num_params: int) -> list[nn.Module]:
     """Submodules (children first) that gather at least min_num_params not yet taken by a smaller unit. A module that
     holds a parameter also held outside it (a head tied to the embedding) is no unit: FSDP2 refuses a parameter in
     two units, and the tie stays with the unit around both, the root's at last."""
-    holders: dict[int, list[int]] = defaultdict(list)  # id() of a parameter -> id() of the modules holding it
-    for module in model.modules():
-        for parameter in module._parameters.values():
-            if parameter is not None:
-                holders[id(parameter)].append(id(module))
+    ties = [{id(holder) for holder, _ in places} for places in from_rank0.tied_parameters(model)]
     units: list[torch.nn.Module] = []
     taken: set[int] = set()  # id() of the parameters already in a unit
     for module in reversed(list(model.modules())[1:]):
         if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
             continue  # containers have no forward of their own, so their parameters would never be gathered
-        inside = {id(m) for m in module.modules()}
-        if any(not inside.issuperset(holders[id(p)]) for p in module.parameters()):
+        inside = {id(m) for m in module.modules()} if ties else set()
+        if any(holders & inside and not holders <= inside for holders in ties):
             continue
         own = [p for p in module.parameters() if id(p) not in taken]
         if sum(p.numel() for p in own) >= min_num_params:
