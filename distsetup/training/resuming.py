@@ -1,17 +1,33 @@
-"""Where a run resumes, and the checkpoint loaded into it, with a note for each setting of this run's that the
-checkpoint's overrides (its learning-rate schedule, its global batch's data position)."""
+"""Where a run resumes (--no_resume on its first start only), and the checkpoint loaded into it, with a note for
+each setting of this run's that the checkpoint's overrides (its learning-rate schedule, its global batch's data
+position)."""
 
 import math
 from collections.abc import Callable
 from pathlib import Path
 
 from distsetup.formats.checkpoint_folder import Marker, passed_over, resume_point
+from distsetup.training import run_record
 from distsetup.training.backends.base import Backend
 from distsetup.training.checkpoint import files as ckpt
 from distsetup.training.data.datasets import ShardedSampler
-from distsetup.training.launch_env import World
+from distsetup.training.launch_env import World, restarted_by, run_identity
 from distsetup.training.optim import follow_this_runs_schedule
 from distsetup.training.world import decided_by_rank0
+
+
+def afresh(no_resume: bool, out_dir: Path, say: Callable[[str], None]) -> bool:
+    """Whether this start ignores the checkpoints (--no_resume). It is for the run's first start: a requeued SLURM
+    job, or workers torchrun restarts, given the same command line, resume what the run wrote once its first start
+    had set the previous record aside (each requeue started over). A first start stopped before that point, or
+    another job that inherited a restart count, still starts afresh."""
+    if not no_resume or not (restart := restarted_by()):
+        return no_resume
+    run = run_identity()
+    if not decided_by_rank0(lambda: run_record.started_afresh_here(out_dir, run)):
+        return True
+    say(f"note: --no_resume is for the run's first start: {restart}, so it resumes where it stopped")
+    return False
 
 
 def resume_decision(

@@ -25,7 +25,7 @@ from distsetup.training.data.evaluation import evaluate
 from distsetup.training.data.loader import StepLoader
 from distsetup.training.evaluations import Evaluations
 from distsetup.training.host_allocator import hand_back_freed_heap, map_large_tensors_apart, mapped_apart_from
-from distsetup.training.launch_env import read_world, restarted_by, run_identity
+from distsetup.training.launch_env import read_world, run_identity
 from distsetup.training.loop import Loop
 from distsetup.training.loss.micro_loss import MicroLoss, mean_terms
 from distsetup.training.loss.objective import objective_for
@@ -253,7 +253,7 @@ class Trainer:
         return opened[0] if opened else MetricsLog(self.out_dir, False, self.report_to, wandb, self.step)
 
     def _resume_decision(self) -> Path | None:
-        self._no_resume_once()
+        self.no_resume = resuming.afresh(self.no_resume, self.out_dir, self.say)
         resume = resuming.resume_decision(self.ckpt_root, self.no_resume, self.backend, self.model_section, self.say)
         if self.lock.unsupported:
             self.say(f"note: {self.lock.unsupported}")
@@ -280,18 +280,6 @@ class Trainer:
             )
         else:
             self.say(f"weights from {self.init_from}; the optimizer and the schedule start at step 0")
-
-    def _no_resume_once(self) -> None:
-        """--no_resume is for the run's first start: a requeued SLURM job, or workers torchrun restarts, given the
-        same command line, resume what the run wrote once its first start had set the previous record aside (each
-        requeue started over). A first start stopped before that point, or another job that inherited a restart
-        count, still starts afresh."""
-        if not self.no_resume or not (restart := restarted_by()):
-            return
-        run = run_identity()
-        if decided_by_rank0(lambda: run_record.started_afresh_here(self.out_dir, run)):
-            self.no_resume = False
-            self.say(f"note: --no_resume is for the run's first start: {restart}, so it resumes where it stopped")
 
     def _set_aside_previous_run(self, resume: Path | None) -> None:
         """A run that starts afresh sets the previous run's record aside, so that a plot does not mix the two: with
