@@ -80,8 +80,11 @@ def test_requeue_trap_forwards_term_and_requeues():
     # requeued however the steps were signalled, but where SLURM terminates the job (and requeues it or not) itself
     assert 'if ((!terminated && status != 0)) && [[ -e "$DISTSETUP_PREEMPTED_FILE" ]]' in text
     assert text.index('trap "terminated=1" TERM') < text.index('srun "${SRUN_ARGS[@]}"')
-    program = srun_program(text)  # torchrun as a child, with USR1 ignored: the node's shell hands it TERM instead
-    assert program.index('trap "" USR1') < program.index('"${LAUNCH[@]}"') < program.index("trap hand_usr1_on_as")
+    # the node's shell takes USR1 from its first line, before it says it started (the signal may come then), and
+    # hands torchrun TERM instead; torchrun, its child, starts with USR1 ignored
+    program = srun_program(text)
+    assert program.index("trap hand_usr1_on_as_sigterm USR1") < program.index("node_rank $NODE_RANK of")
+    assert '(trap "" USR1 && exec "${LAUNCH[@]}" -m "$MODULE" "$@") &' in program
 
 
 GOLDEN = {
