@@ -3,6 +3,8 @@ and requeue lines, the folder it enters, golden files, and shellcheck over a gri
 programs."""
 
 import itertools
+import os
+import subprocess
 
 import pytest
 from golden_files import GOLDEN_DIR, check_golden
@@ -69,7 +71,7 @@ def test_job_enters_the_folder_it_was_written_in_before_anything_else():
     assert "export WORKDIR='/we ird '\"'\"'dir\" $x'" in text
     assert text.index('cd "$WORKDIR" ||') < text.index("module load") < text.index("source .venv/bin/activate")
     assert 'cd "$WORKDIR"' in srun_program(text)
-    assert "MODULE=distsetup.train" in text and '"${LAUNCH[@]}" -m "$MODULE" "$@" &' in srun_program(text)
+    assert "MODULE=distsetup.train" in text and 'exec "${LAUNCH[@]}" -m "$MODULE" "$@") &' in srun_program(text)
 
 
 def test_requeue_trap_forwards_term_and_requeues():
@@ -85,6 +87,47 @@ def test_requeue_trap_forwards_term_and_requeues():
     program = srun_program(text)
     assert program.index("trap hand_usr1_on_as_sigterm USR1") < program.index("node_rank $NODE_RANK of")
     assert '(trap "" USR1 && exec "${LAUNCH[@]}" -m "$MODULE" "$@") &' in program
+
+
+FAKE_TORCHRUN = """#!/bin/bash
+trap 'echo term >>"$MARKS/torchrun"; exit 143' TERM
+echo started >>"$MARKS/torchrun"
+while :; do sleep 0.1; done
+"""
+# the node program asks for the node's name where SLURM gave none: this one signals that program meanwhile
+USR1_FROM_HOSTNAME = """#!/bin/bash
+until [[ -s "$MARKS/node_pid" ]]; do sleep 0.01; done
+kill -USR1 "$(cat "$MARKS/node_pid")"
+echo n1
+"""
+
+
+def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_preemption(tmp_path):
+    """SLURM may send USR1 to the job steps while a node's program still sets up, before torchrun exists (a real
+    cluster hit it only now and then, as the job started: the node's shell died of it, no checkpoint, no requeue).
+    The shell takes it from its first line: torchrun stops as it starts, and node 0 marks the preemption for the
+    batch shell, which then requeues the job."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "node.sh").write_text(srun_program(build(requeue=True)))
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    for name, body in (("torchrun", FAKE_TORCHRUN), ("hostname", USR1_FROM_HOSTNAME)):
+        (fake / name).write_text(body)
+        (fake / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(
+        PATH=f"{fake}:{env['PATH']}",
+        MARKS=str(marks),
+        SLURM_NODEID="0",
+        **dict(NNODES="2", NPROC_PER_NODE="1", MASTER_ADDR="n1", MASTER_PORT="20001", RDZV_ID="1"),
+        **dict(MODULE="distsetup.train", WORKDIR=str(tmp_path), DISTSETUP_PREEMPTED_FILE=str(marks / "preempted")),
+    )
+    with subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env) as node:
+        (marks / "node_pid").write_text(str(node.pid))
+        status = node.wait(timeout=30)
+    # torchrun ended by SIGTERM; before, the shell died of USR1 (status -10) and marked nothing
+    assert (status, (marks / "preempted").exists()) == (143, True)
 
 
 GOLDEN = {

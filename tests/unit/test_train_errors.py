@@ -1,12 +1,8 @@
 """Bad input ends with one clear line and a non-zero status before any training starts."""
 
 import json
-import math
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -357,15 +353,14 @@ def build_model():
 
 
 def build_dataset(split):
-    time.sleep(300)  # a run that hangs
+    time.sleep(30)  # a run that hangs
 """
 
 
 def test_a_run_that_hangs_fails_its_test_with_where_it_waits(tmp_path):
     """DISTSETUP_STACKS_AFTER_S (the tests set it below train()'s timeout): the run prints every thread's stack, and
-    train() fails with the end of its output instead of a bare timeout. The stacks come every 2 s; the run has the
-    time this machine takes now to import the trainer (seconds when quiet, more while the suite runs beside it)
-    twice over, and 4 s more, to reach the builder that hangs."""
+    train() fails with the end of its output instead of a bare timeout. The stacks come every 2 s. A run still
+    importing torch when stopped (a busy machine took more than 8 s) tries again, with three times the time."""
     from train_runs import STACKS_AFTER
 
     (tmp_path / "slow.py").write_text(SLOW)
@@ -376,9 +371,9 @@ def test_a_run_that_hangs_fails_its_test_with_where_it_waits(tmp_path):
         "distributed": {"backend": "single"},
     }
     (tmp_path / "run.yaml").write_text(json.dumps(config))
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import distsetup.training.trainer"], check=True)
-    timeout = 4 + 2 * math.ceil(time.monotonic() - started)
-    with pytest.raises(AssertionError, match=f"the run took more than {timeout} s") as failed:
-        train(tmp_path / "run.yaml", 1, timeout=timeout, env={STACKS_AFTER: "2"})
+    for timeout in (8, 24):
+        with pytest.raises(AssertionError, match=f"the run took more than {timeout} s") as failed:
+            train(tmp_path / "run.yaml", 1, timeout=timeout, env={STACKS_AFTER: "2"})
+        if "in build_dataset" in str(failed.value):
+            break
     assert re.search(r'slow.py", line \d+ in build_dataset', str(failed.value)), str(failed.value)
