@@ -85,14 +85,18 @@ def test_requeue_trap_forwards_term_and_requeues():
     # the node's shell takes USR1 from its first line, before it says it started (the signal may come then), and
     # hands torchrun TERM instead; torchrun, its child, starts with USR1 ignored
     program = srun_program(text)
-    assert program.index("trap hand_usr1_on_as_sigterm USR1") < program.index("node_rank $NODE_RANK of")
+    assert program.index("trap take_preemption_notice USR1") < program.index("node_rank $NODE_RANK of")
     assert '(trap "" USR1 && exec "${LAUNCH[@]}" -m "$MODULE" "$@") &' in program
 
 
-FAKE_TORCHRUN = """#!/bin/bash
-trap 'echo term >>"$MARKS/torchrun"; exit 143' TERM
-echo started >>"$MARKS/torchrun"
+# a launcher that trains until SIGTERM; SLURM's scontrol, which the deepspeed launcher's node program asks for the hosts
+FAKE_LAUNCHER = """#!/bin/bash
+trap 'exit 143' TERM
+echo started >>"$MARKS/launcher"
 while :; do sleep 0.1; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+printf "n1\\nn2\\n"
 """
 # the node program asks for the node's name where SLURM gave none: this one signals that program meanwhile
 USR1_FROM_HOSTNAME = """#!/bin/bash
@@ -102,32 +106,37 @@ echo n1
 """
 
 
-def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_preemption(tmp_path):
-    """SLURM may send USR1 to the job steps while a node's program still sets up, before torchrun exists (a real
+@pytest.mark.parametrize("launcher, status", [("torchrun", 143), ("deepspeed", 138)])
+def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_preemption(launcher, status, tmp_path):
+    """SLURM may send USR1 to the job steps while a node's program still sets up, before the launcher exists (a real
     cluster hit it only now and then, as the job started: the node's shell died of it, no checkpoint, no requeue).
-    The shell takes it from its first line: torchrun stops as it starts, and node 0 marks the preemption for the
-    batch shell, which then requeues the job."""
+    The shell takes it from its first line, and node 0 marks the preemption for the batch shell, which then requeues
+    the job. torchrun, which starts with USR1 ignored, stops as it starts (SIGTERM: 143); the deepspeed launcher,
+    which would never get the signal, does not start (138, as if it had died of USR1)."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    (tmp_path / "node.sh").write_text(srun_program(build(requeue=True)))
+    (tmp_path / "node.sh").write_text(srun_program(build(requeue=True, launch={"launch_method": launcher})))
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    for name, body in (("torchrun", FAKE_TORCHRUN), ("hostname", USR1_FROM_HOSTNAME)):
+    for name, body in ((launcher, FAKE_LAUNCHER), ("scontrol", FAKE_SCONTROL), ("hostname", USR1_FROM_HOSTNAME)):
         (fake / name).write_text(body)
         (fake / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(
         PATH=f"{fake}:{env['PATH']}",
         MARKS=str(marks),
-        SLURM_NODEID="0",
-        **dict(NNODES="2", NPROC_PER_NODE="1", MASTER_ADDR="n1", MASTER_PORT="20001", RDZV_ID="1"),
-        **dict(MODULE="distsetup.train", WORKDIR=str(tmp_path), DISTSETUP_PREEMPTED_FILE=str(marks / "preempted")),
+        TMPDIR=str(tmp_path),
+        **dict(SLURM_NODEID="0", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="n[1-2]", NNODES="2", NPROC_PER_NODE="1"),
+        **dict(MASTER_ADDR="n1", MASTER_PORT="20001", RDZV_ID="7", MODULE="distsetup.train", WORKDIR=str(tmp_path)),
+        DISTSETUP_PREEMPTED_FILE=str(marks / "preempted"),
     )
     with subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env) as node:
         (marks / "node_pid").write_text(str(node.pid))
-        status = node.wait(timeout=30)
-    # torchrun ended by SIGTERM; before, the shell died of USR1 (status -10) and marked nothing
-    assert (status, (marks / "preempted").exists()) == (143, True)
+        ended = node.wait(timeout=30)
+    # before, the shell died of USR1 (-10) and marked nothing
+    assert (ended, (marks / "preempted").exists()) == (status, True)
+    if launcher == "deepspeed":
+        assert not (marks / "launcher").exists()
 
 
 GOLDEN = {

@@ -130,6 +130,20 @@ trap "terminated=1" TERM
 srun "${SRUN_ARGS[@]}" bash -c '
 set -euo pipefail
 NODE_RANK="$SLURM_NODEID"
+# SLURM may send USR1 to every process of the job (scancel --signal=USR1, --signal=USR1@N without B:). This shell
+# takes it from its first line: node 0 tells the batch shell, which runs there, and a requeueing job is requeued
+# whatever its ranks had done (during their set-up they die of it, leaving no checkpoint and no word of it).
+# The deepspeed launcher dies of it; the ranks, in its process group, get it too: those training checkpoint and
+# stop (the trainer takes it as SIGTERM), and this shell waits for them.
+usr1_received=0
+# shellcheck disable=SC2317  # run by the trap below
+take_preemption_notice() {
+  usr1_received=1
+  if [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]] && ((NODE_RANK == 0)); then
+    : >"$DISTSETUP_PREEMPTED_FILE"
+  fi
+}
+trap take_preemption_notice USR1
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 HOSTFILE="${TMPDIR:-/tmp}/distsetup-hostfile-$SLURM_JOB_ID-$NODE_RANK"
@@ -142,6 +156,9 @@ echo "distsetup: preflight: all-reduce and barrier across the world before train
 # The process of the deepspeed launcher (runner.py) has a SIGTERM handler only with pdsh: SIGTERM ends it alone,
 # while the launch.py it started (which has one: it stops the ranks, SIGKILL 30 s later) and the ranks go on. So
 # this shell starts it as a child rather than becoming it, and ends with it and what it started.
+if ((usr1_received)); then  # a preemption notice before the launcher had started, which it would never get
+  exit 138
+fi
 "${LAUNCH[@]}" --module "$MODULE" "$@" &
 RUNNER_PID=$!
 trap : TERM  # SLURM signals every process of the job; caught, not ignored, so that the launcher keeps the default

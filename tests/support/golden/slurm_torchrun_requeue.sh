@@ -120,22 +120,22 @@ trap "terminated=1" TERM
 srun "${SRUN_ARGS[@]}" bash -c '
 set -euo pipefail
 NODE_RANK="$SLURM_NODEID"
-# SLURM may send USR1 to every process of the job (scancel --signal=USR1, --signal=USR1@N without B:), and
-# torchrun has no handler for it: it would die of it, and its processes train on alone. So this shell
-# takes it from its first line, and hands the launcher SIGTERM instead, which it forwards: they checkpoint and stop.
+# SLURM may send USR1 to every process of the job (scancel --signal=USR1, --signal=USR1@N without B:). This shell
+# takes it from its first line: node 0 tells the batch shell, which runs there, and a requeueing job is requeued
+# whatever its ranks had done (during their set-up they die of it, leaving no checkpoint and no word of it).
+# torchrun has no handler for it: it would die of it, and its processes train on alone. So it starts with
+# the signal ignored, and this shell hands it SIGTERM instead, which it forwards: they checkpoint and stop.
 RUNNER_PID=""
 usr1_received=0
 # shellcheck disable=SC2317  # run by the trap below
-hand_usr1_on_as_sigterm() {
+take_preemption_notice() {
   usr1_received=1
-  # a preemption notice: a requeueing job is requeued whatever its ranks had done (one during their set-up left no
-  # checkpoint and no word of it, and the job FAILED); the shell of node 0 tells the batch shell, which runs there
   if [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]] && ((NODE_RANK == 0)); then
     : >"$DISTSETUP_PREEMPTED_FILE"
   fi
   [[ -z "$RUNNER_PID" ]] || kill -TERM "$RUNNER_PID" 2>/dev/null || true
 }
-trap hand_usr1_on_as_sigterm USR1
+trap take_preemption_notice USR1
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
 LAUNCH=(torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE")
