@@ -41,6 +41,17 @@ def test_slurm_job_checks_the_run_config_once_in_the_batch_shell_before_srun(tmp
     assert "distsetup: job 7" not in result.stderr
 
 
+def test_slurm_job_without_its_venv_stops_in_one_line_before_srun(tmp_path):
+    """A --venv the first node does not have (a typo, a path of another machine): one line naming it, exit 1, no
+    node started; bash's own "No such file or directory" before."""
+    text = build_slurm(nodes=2, gpus=2, venv=f"{tmp_path}/no env", launch={"workdir": str(tmp_path)})
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+    result = run_script(text, tmp_path, "srun", "scontrol", env=env)
+    assert (result.returncode, result.stdout) == (1, "")  # srun never ran
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"distsetup: --venv {tmp_path}/no env: no bin/activate there on "), line
+
+
 def test_the_check_runs_on_the_python_beside_the_launcher_with_the_launchs_arguments(tmp_path):
     """The launcher runs the trainer on its own interpreter: that of a venv or conda env sits beside it."""
     text = build_launcher_script(LaunchSpec(config="c.yaml", nproc_per_node=2), command_line="distsetup launcher")

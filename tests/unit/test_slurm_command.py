@@ -137,6 +137,19 @@ def test_warns_about_one_cpu_per_node(run_cli, tmp_path, monkeypatch, args, warn
     assert ("--cpus_per_task 16 (8 per GPU)" in result.stderr) == warned
 
 
+@pytest.mark.parametrize("made", [True, False])
+def test_warns_about_a_venv_that_is_not_here(run_cli, tmp_path, monkeypatch, made):
+    """--venv names the folder the job activates: one without bin/activate here is said when the script is written
+    (the job itself stops with one line where there is none: test_errors_once_scripts)."""
+    monkeypatch.chdir(tmp_path)
+    if made:
+        (tmp_path / "envs" / "train" / "bin").mkdir(parents=True)
+        (tmp_path / "envs" / "train" / "bin" / "activate").write_text("")
+    result = run_cli("slurm", "--venv", "envs/train", "--cpus_per_task", "8", "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert ("Warning: --venv envs/train: no bin/activate there on this machine" in result.stderr) == (not made)
+
+
 def test_submit_prints_the_job_id(run_cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "bin"

@@ -58,7 +58,7 @@ def test_setup_lines():
         launch={"env": EnvSpec(extra=(("WANDB_MODE", "offline"), ("NOTE", WEIRD)))},
     )
     assert "module load cuda/12.4\nmodule load nccl\n" in text
-    assert "source 'we ird '\"'\"'dir\" $x/.venv'/bin/activate" in text
+    assert "VENV='we ird '\"'\"'dir\" $x/.venv'" in text and 'source "$VENV/bin/activate"' in text
     assert "export WANDB_MODE=offline" in text
     assert "conda activate 'my env'" in build(conda_env="my env")
 
@@ -69,7 +69,8 @@ def test_job_enters_the_folder_it_was_written_in_before_anything_else():
     ../scripts/slurm_job.sh` finds src/train.py and every relative path."""
     text = build(venv=".venv", modules=("cuda/12.4",), launch={"workdir": f"/{WEIRD}"})
     assert "export WORKDIR='/we ird '\"'\"'dir\" $x'" in text
-    assert text.index('cd "$WORKDIR" ||') < text.index("module load") < text.index("source .venv/bin/activate")
+    setup = ['cd "$WORKDIR" ||', "module load", "VENV=.venv", 'source "$VENV/bin/activate"']
+    assert [text.index(line) for line in setup] == sorted(text.index(line) for line in setup)
     assert 'cd "$WORKDIR"' in srun_program(text)
     assert "MODULE=distsetup.train" in text and 'exec "${LAUNCH[@]}" -m "$MODULE" "$@") &' in srun_program(text)
 

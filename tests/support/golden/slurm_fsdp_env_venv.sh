@@ -34,8 +34,13 @@ TRAIN_ARGS=(--config config.yaml distributed.backend=fsdp 'distributed.fsdp_conf
 
 # --- environment ---
 cd "$WORKDIR" || { echo "distsetup: cannot enter $WORKDIR (where this script was written): regenerate it in the project folder or edit WORKDIR" >&2; exit 1; }
+VENV=.venv
+if [[ ! -f "$VENV/bin/activate" ]]; then
+  echo "distsetup: --venv $VENV: no bin/activate there on $(hostname): regenerate this script with the folder of a virtual environment the nodes see" >&2
+  exit 1
+fi
 # shellcheck source=/dev/null
-source .venv/bin/activate
+source "$VENV/bin/activate"
 export OMP_NUM_THREADS=8  # CPU threads per process (torchrun sets 1 when unset)
 export NCCL_DEBUG=INFO  # NCCL logging: WARN, INFO (connection set-up), TRACE
 export NCCL_SOCKET_IFNAME=ib0  # network interface NCCL uses between nodes
