@@ -123,14 +123,10 @@ def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_pre
         (fake / name).write_text(body)
         (fake / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(
-        PATH=f"{fake}:{env['PATH']}",
-        MARKS=str(marks),
-        TMPDIR=str(tmp_path),
-        **dict(SLURM_NODEID="0", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="n[1-2]", NNODES="2", NPROC_PER_NODE="1"),
-        **dict(MASTER_ADDR="n1", MASTER_PORT="20001", RDZV_ID="7", MODULE="distsetup.train", WORKDIR=str(tmp_path)),
-        DISTSETUP_PREEMPTED_FILE=str(marks / "preempted"),
-    )
+    env |= {"PATH": f"{fake}:{env['PATH']}", "MARKS": str(marks), "TMPDIR": str(tmp_path), "WORKDIR": str(tmp_path)}
+    env |= {"SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "NNODES": "2"}
+    env |= {"NPROC_PER_NODE": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "20001", "RDZV_ID": "7"}
+    env |= {"MODULE": "distsetup.train", "DISTSETUP_PREEMPTED_FILE": str(marks / "preempted")}
     with subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env) as node:
         (marks / "node_pid").write_text(str(node.pid))
         ended = node.wait(timeout=30)
