@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from distsetup.cli.launch_options import venv_warnings
 from distsetup.cli.output import json_text, refuse_generated_problems, write_atomic
 from distsetup.errors import DistsetupError
 from distsetup.formats.batch import check_world_counts, per_rank_batch
@@ -287,7 +288,8 @@ def build_setup(answers: Answers, workdir: str) -> Setup:
             requeue=True,
         )
         text, run_command = build_slurm_script(slurm, answers.command_line(), script), f"sbatch {script}"
-        warnings = slurm_warnings(slurm)  # SLURM names the nodes: no launch_warnings
+        # SLURM names the nodes: no launch_warnings
+        warnings = slurm_warnings(slurm) + venv_warnings(slurm.venv, slurm.launch.workdir)
     else:
         text, run_command = build_launcher_script(launch, answers.command_line(), script), f"bash {script}"
         warnings = launch_warnings(launch, run_command)

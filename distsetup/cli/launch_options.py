@@ -157,6 +157,17 @@ def script_notes(spec: LaunchSpec, run_command: str | None) -> list[str]:
     return [f"--script {spec.script}: no such file in {spec.workdir} yet; the script stops with one line until it is."]
 
 
+def venv_warnings(venv: str | None, workdir: str | None) -> list[str]:
+    """A --venv without bin/activate in the folder the SLURM script starts from (where distsetup runs): a warning,
+    not a refusal (the venv may be the cluster's only); the job's batch shell checks again and stops in one line."""
+    if venv is None or (Path(workdir or ".") / venv / "bin" / "activate").is_file():
+        return []
+    return [
+        f"--venv {venv}: no bin/activate there on this machine; the job activates it on its first node, and stops "
+        "with one line where there is none."
+    ]
+
+
 def regenerate_command(name: str) -> str:
     """`distsetup NAME --option value ...` for the options given on the command line (for the header)."""
     ctx = click.get_current_context()

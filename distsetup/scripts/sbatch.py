@@ -7,7 +7,6 @@ Nothing here touches Click, the environment or the disk.
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from distsetup.errors import DistsetupError
 from distsetup.formats.default_paths import SCRIPTS
@@ -216,11 +215,6 @@ def slurm_warnings(spec: SlurmSpec) -> list[str]:
             f"no --cpus_per_task: SLURM may give each node's single task 1 CPU, shared by all "
             f"{nproc} process(es) and their data loaders; add e.g. --cpus_per_task {8 * nproc} "
             "(8 per GPU), or --exclusive for whole nodes."
-        )
-    if spec.venv and not (Path(spec.launch.workdir or ".") / spec.venv / "bin" / "activate").is_file():
-        warnings.append(
-            f"--venv {spec.venv}: no bin/activate there on this machine; the job activates it on its first node, "
-            "and stops with one line where there is none."
         )
     return warnings
 

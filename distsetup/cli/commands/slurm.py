@@ -11,6 +11,7 @@ from distsetup.cli.launch_options import (
     regenerate_command,
     script_notes,
     slurm_launch_options,
+    venv_warnings,
 )
 from distsetup.cli.launch_spec import launch_spec_from_options
 from distsetup.cli.options import option, positive, renamed, take_renamed
@@ -96,7 +97,8 @@ def slurm(output, dry_run, submit, **opts):
     notes += script_notes(spec.launch, run_command)
     text = build_slurm_script(spec, command_line=regenerate_command("slurm"), output=output)
     # launch_warnings are the launcher script's: SLURM names the nodes (the deepspeed launcher's hostfile too)
-    remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in slurm_warnings(spec)]
+    warnings = slurm_warnings(spec) + venv_warnings(spec.venv, spec.launch.workdir)
+    remarks = [f"Note: {note}" for note in notes] + [f"Warning: {w}" for w in warnings]
     emit(
         text,
         output,
