@@ -124,12 +124,12 @@ def test_the_rules_catch_a_crossing():
     assert place_of("distsetup.cli.commands.plan") == place_of("distsetup.cli.launch_options")
 
 
-# Each module imported in a child forked from one interpreter that has imported torch (the slow part) and
-# nothing of distsetup: every child starts with no module of ours loaded, as a fresh interpreter would. Two
-# children at a time, one per core.
+# Each module imported in a child forked from one interpreter that has imported the libraries the package builds
+# on (the slow part: torch, and the file formats' jsonschema, yaml, jinja2; Click) and nothing of distsetup: every
+# child starts with no module of ours loaded, as a fresh interpreter would. Two children at a time, one per core.
 IMPORT_EACH_ALONE = """
 import os, sys, traceback
-import torch  # noqa: F401
+import click, jinja2, jsonschema, torch, yaml  # noqa: F401
 importing = {}
 def reap():
     pid, status = os.wait()
