@@ -4,7 +4,10 @@ programs."""
 
 import itertools
 import os
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from golden_files import GOLDEN_DIR, check_golden
@@ -107,19 +110,27 @@ echo n1
 """
 
 
-@pytest.mark.parametrize("launcher, status", [("torchrun", 143), ("deepspeed", 138)])
-def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_preemption(launcher, status, tmp_path):
-    """SLURM may send USR1 to the job steps while a node's program still sets up, before the launcher exists (a real
-    cluster hit it only now and then, as the job started: the node's shell died of it, no checkpoint, no requeue).
-    The shell takes it from its first line, and node 0 marks the preemption for the batch shell, which then requeues
-    the job. torchrun, which starts with USR1 ignored, stops as it starts (SIGTERM: 143); the deepspeed launcher,
-    which would never get the signal, does not start (138, as if it had died of USR1)."""
+# a torchrun that, told to stop, waits a second for its ranks' checkpoint, as torchrun does (a second SIGTERM would cut
+# that wait short: torch's elastic agent raises out of it)
+STOPPING_TORCHRUN = """#!/bin/bash
+trap 'echo SIGTERM >>"$MARKS/launcher_got"; stopping=1' TERM
+stopping=0
+echo started >>"$MARKS/launcher"
+until ((stopping)); do sleep 0.1; done
+sleep 1
+exit 143
+"""
+
+
+def start_node_program(tmp_path, launcher: str, tools: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    """Node 0's program of a requeueing job of 2 nodes, started with the fake `tools` (name: body) first on PATH;
+    returns it and the folder of marks the fakes and the program leave."""
     marks = tmp_path / "marks"
     marks.mkdir()
     (tmp_path / "node.sh").write_text(srun_program(build(requeue=True, launch={"launch_method": launcher})))
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    for name, body in ((launcher, FAKE_LAUNCHER), ("scontrol", FAKE_SCONTROL), ("hostname", USR1_FROM_HOSTNAME)):
+    for name, body in tools.items():
         (fake / name).write_text(body)
         (fake / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
@@ -127,13 +138,43 @@ def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_pre
     env |= {"SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "NNODES": "2"}
     env |= {"NPROC_PER_NODE": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "20001", "RDZV_ID": "7"}
     env |= {"MODULE": "distsetup.train", "DISTSETUP_PREEMPTED_FILE": str(marks / "preempted")}
-    with subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env) as node:
-        (marks / "node_pid").write_text(str(node.pid))
+    node = subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env)
+    (marks / "node_pid").write_text(str(node.pid))
+    return node, marks
+
+
+@pytest.mark.parametrize("launcher, status", [("torchrun", 143), ("deepspeed", 138)])
+def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_preemption(launcher, status, tmp_path):
+    """SLURM may send USR1 to the job steps while a node's program still sets up, before the launcher exists (a real
+    cluster hit it only now and then, as the job started: the node's shell died of it, no checkpoint, no requeue).
+    The shell takes it from its first line, and node 0 marks the preemption for the batch shell, which then requeues
+    the job. torchrun, which starts with USR1 ignored, stops as it starts (SIGTERM: 143); the deepspeed launcher,
+    which would never get the signal, does not start (138, as if it had died of USR1)."""
+    tools = {launcher: FAKE_LAUNCHER, "scontrol": FAKE_SCONTROL, "hostname": USR1_FROM_HOSTNAME}
+    node, marks = start_node_program(tmp_path, launcher, tools)
+    with node:
         ended = node.wait(timeout=30)
     # before, the shell died of USR1 (-10) and marked nothing
     assert (ended, (marks / "preempted").exists()) == (status, True)
     if launcher == "deepspeed":
         assert not (marks / "launcher").exists()
+
+
+def test_a_second_notice_hands_torchrun_no_second_sigterm(tmp_path):
+    """Two notices while torchrun waits for its ranks' checkpoint (scancel --signal=USR1 twice, say) give it one
+    SIGTERM: before, each USR1 handed on another, which ends torchrun's wait while its ranks still write."""
+    tools = {"torchrun": STOPPING_TORCHRUN, "hostname": "#!/bin/bash\necho n1\n"}
+    node, marks = start_node_program(tmp_path, "torchrun", tools)
+    with node:
+        for _ in range(300):  # until torchrun has started (up to 30 s)
+            if (marks / "launcher").exists():
+                break
+            time.sleep(0.1)
+        for _ in range(2):
+            node.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)  # the first handled and torchrun stopping
+        ended = node.wait(timeout=30)
+    assert (ended, (marks / "launcher_got").read_text(), (marks / "preempted").exists()) == (143, "SIGTERM\n", True)
 
 
 GOLDEN = {

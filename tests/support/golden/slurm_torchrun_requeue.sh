@@ -133,7 +133,16 @@ take_preemption_notice() {
   if [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]] && ((NODE_RANK == 0)); then
     : >"$DISTSETUP_PREEMPTED_FILE"
   fi
-  [[ -z "$RUNNER_PID" ]] || kill -TERM "$RUNNER_PID" 2>/dev/null || true
+  hand_notice_on_as_sigterm
+}
+# Once, and only to a launcher that has started (called again as it starts): a second SIGTERM would end its wait for
+# the checkpoint of its ranks, and it would exit while they still write it.
+sigterm_handed_on=0
+hand_notice_on_as_sigterm() {
+  if [[ -n "$RUNNER_PID" ]] && ((usr1_received && !sigterm_handed_on)); then
+    sigterm_handed_on=1
+    kill -TERM "$RUNNER_PID" 2>/dev/null || true
+  fi
 }
 trap take_preemption_notice USR1
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
@@ -143,9 +152,7 @@ LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_
 # Started with USR1 ignored, which it keeps (the handler of this shell, from _usr1_on_node, is reset in a child)
 (trap "" USR1 && exec "${LAUNCH[@]}" -m "$MODULE" "$@") &
 RUNNER_PID=$!
-if ((usr1_received)); then  # a preemption notice before the launcher had started: it stops as it starts
-  kill -TERM "$RUNNER_PID" 2>/dev/null || true
-fi
+hand_notice_on_as_sigterm  # a preemption notice before the launcher had started: it stops as it starts
 trap : TERM  # SLURM signals every process of the job; caught, so that this shell waits for the checkpoint
 status=0
 wait "$RUNNER_PID" || status=$?
