@@ -29,11 +29,20 @@ def shellcheck(paths: list[Path]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def srun_program(script: str) -> str:
-    """The single-quoted program that `srun ... bash -c '...'` runs on each node, as a script of its own."""
+def _srun_program_lines(script: str) -> str:
     match = re.search(r"bash -c '\n(.*?)\n' distsetup-node ", script, re.S)
     assert match, "no srun bash -c program in the script"
-    return "#!/bin/bash\n" + match.group(1) + "\n"
+    return match.group(1) + "\n"
+
+
+def srun_program(script: str) -> str:
+    """The single-quoted program that `srun ... bash -c '...'` runs on each node, as a script of its own."""
+    return "#!/bin/bash\n" + _srun_program_lines(script)
+
+
+def job_shell(script: str) -> str:
+    """The job script with the lines of its srun program left out: what its batch shell runs."""
+    return script.replace(_srun_program_lines(script), "")
 
 
 def fake_tools(tmp_path: Path, *names: str, show_env=()) -> Path:

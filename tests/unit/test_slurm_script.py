@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from golden_files import GOLDEN_DIR, check_golden
 from launch_inputs import ACCELERATE_HYBRID_FSDP, WEIRD
-from shell_checks import shellcheck, srun_program
+from shell_checks import job_shell, shellcheck, srun_program
 from slurm_scripts import build, spec
 
 from distsetup.scripts.environment import EnvSpec
@@ -30,7 +30,7 @@ def test_one_world_across_nodes_with_per_node_values_expanding_on_each_node():
     assert 'export MASTER_ADDR="${HOSTS[0]:?' in text
     assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 12000))"' in text
     assert 'NODE_RANK="$SLURM_NODEID"' in program  # inside the single quotes: expands per node
-    outside = text.replace(program[len("#!/bin/bash\n") :], "")
+    outside = job_shell(text)
     assert not [line for line in outside.splitlines() if "SLURM_NODEID" in line and not line.startswith("#")]
     assert '--nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE"' in program
     assert '--rdzv_id "$RDZV_ID"' in program and 'export RDZV_ID="$SLURM_JOB_ID"' in text
@@ -271,7 +271,7 @@ def test_shellcheck_grid_and_per_node_programs(tmp_path):
         program = srun_program(job)
         assert "'" not in program
         node_programs.add(program)
-        job_shells.setdefault(job.replace(program[len("#!/bin/bash\n") :], ""), job)
+        job_shells.setdefault(job_shell(job), job)
     assert len(node_programs) > 10 and len(job_shells) > 50
     paths = []
     for i, content in enumerate([*job_shells.values(), *sorted(node_programs)]):
