@@ -122,9 +122,11 @@ exit 143
 """
 
 
-def start_node_program(tmp_path, launcher: str, tools: dict[str, str]) -> tuple[subprocess.Popen, Path]:
-    """Node 0's program of a requeueing job of 2 nodes, started with the fake `tools` (name: body) first on PATH;
-    returns it and the folder of marks the fakes and the program leave."""
+def start_node_program(
+    tmp_path, launcher: str, tools: dict[str, str], node_rank: int = 0
+) -> tuple[subprocess.Popen, Path]:
+    """The program of node `node_rank` of a requeueing job of 2 nodes, started with the fake `tools` (name: body) first
+    on PATH; returns it and the folder of marks the fakes and the program leave."""
     marks = tmp_path / "marks"
     marks.mkdir()
     (tmp_path / "node.sh").write_text(srun_program(build(requeue=True, launch={"launch_method": launcher})))
@@ -135,7 +137,7 @@ def start_node_program(tmp_path, launcher: str, tools: dict[str, str]) -> tuple[
         (fake / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env |= {"PATH": f"{fake}:{env['PATH']}", "MARKS": str(marks), "TMPDIR": str(tmp_path), "WORKDIR": str(tmp_path)}
-    env |= {"SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "NNODES": "2"}
+    env |= {"SLURM_NODEID": str(node_rank), "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "NNODES": "2"}
     env |= {"NPROC_PER_NODE": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "20001", "RDZV_ID": "7"}
     env |= {"MODULE": "distsetup.train", "DISTSETUP_PREEMPTED_FILE": str(marks / "preempted")}
     node = subprocess.Popen(["bash", str(tmp_path / "node.sh"), "distsetup-node"], env=env)
@@ -158,6 +160,21 @@ def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_pre
     assert (ended, (marks / "preempted").exists()) == (status, True)
     if launcher == "deepspeed":
         assert not (marks / "launcher").exists()
+
+
+@pytest.mark.parametrize("launcher, status", [("torchrun", 143), ("deepspeed", 138)])
+def test_another_node_stopped_by_the_notice_ends_with_the_step(launcher, status, tmp_path):
+    """Node 1, stopped by a notice, ends when SLURM ends the step (SIGTERM), not at once: its end had srun end the step
+    (--kill-on-bad-exit) before node 0, which tells the batch shell, took the same notice (a real cluster's notices
+    came seconds apart now and then), and the job failed unrequeued. Node 1 marks nothing itself."""
+    tools = {launcher: FAKE_LAUNCHER, "scontrol": FAKE_SCONTROL, "hostname": USR1_FROM_HOSTNAME}
+    node, marks = start_node_program(tmp_path, launcher, tools, node_rank=1)
+    with node:
+        with pytest.raises(subprocess.TimeoutExpired):  # before, it ended within a second
+            node.wait(timeout=1.5)
+        node.send_signal(signal.SIGTERM)
+        ended = node.wait(timeout=5)
+    assert (ended, (marks / "preempted").exists()) == (status, False)
 
 
 def test_a_second_notice_hands_torchrun_no_second_sigterm(tmp_path):

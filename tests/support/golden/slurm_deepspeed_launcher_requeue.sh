@@ -143,6 +143,19 @@ take_preemption_notice() {
     : >"$DISTSETUP_PREEMPTED_FILE"
   fi
 }
+# Ends this program with status $1. A node other than 0 that took a notice and failed waits first, up to 10 s or until
+# SLURM ends the step (SIGTERM): its end would have srun end the step (--kill-on-bad-exit) before node 0, which tells
+# the batch shell, took the same notice (SLURM may send it to the nodes seconds apart).
+end_node_program() {
+  if (($1 != 0 && usr1_received && NODE_RANK != 0)) && [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]]; then
+    local seconds=0 step_ending=0
+    trap "step_ending=1" TERM
+    while ((!step_ending && seconds++ < 10)); do
+      sleep 1 || true  # SLURM signals it too
+    done
+  fi
+  exit "$1"
+}
 trap take_preemption_notice USR1
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
@@ -157,7 +170,7 @@ echo "distsetup: preflight: all-reduce and barrier across the world before train
 # while the launch.py it started (which has one: it stops the ranks, SIGKILL 30 s later) and the ranks go on. So
 # this shell starts it as a child rather than becoming it, and ends with it and what it started.
 if ((usr1_received)); then  # a preemption notice before the launcher had started, which it would never get
-  exit 138
+  end_node_program 138
 fi
 "${LAUNCH[@]}" --module "$MODULE" "$@" &
 RUNNER_PID=$!
@@ -182,7 +195,7 @@ done
 while others_left; do
   sleep 1
 done
-exit "$status"
+end_node_program "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@" &
 SRUN_PID=$!
 wait_for_srun

@@ -100,6 +100,19 @@ hand_notice_on_as_sigterm() {
     kill -TERM "$RUNNER_PID" 2>/dev/null || true
   fi
 }
+# Ends this program with status $1. A node other than 0 that took a notice and failed waits first, up to 10 s or until
+# SLURM ends the step (SIGTERM): its end would have srun end the step (--kill-on-bad-exit) before node 0, which tells
+# the batch shell, took the same notice (SLURM may send it to the nodes seconds apart).
+end_node_program() {
+  if (($1 != 0 && usr1_received && NODE_RANK != 0)) && [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]]; then
+    local seconds=0 step_ending=0
+    trap "step_ending=1" TERM
+    while ((!step_ending && seconds++ < 10)); do
+      sleep 1 || true  # SLURM signals it too
+    done
+  fi
+  exit "$1"
+}
 trap take_preemption_notice USR1
 echo "distsetup: node ${SLURMD_NODENAME:-$(hostname)}: node_rank $NODE_RANK of $NNODES, $NPROC_PER_NODE process(es)" >&2
 cd "$WORKDIR"  # srun starts here already; a node without the folder would start in /tmp instead
@@ -116,5 +129,5 @@ while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the 
   status=0
   wait "$RUNNER_PID" || status=$?
 done
-exit "$status"
+end_node_program "$status"
 ' distsetup-node "${TRAIN_ARGS[@]}" "$@"
