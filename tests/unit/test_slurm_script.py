@@ -2,6 +2,7 @@
 and requeue lines, the folder it enters, golden files, and shellcheck over a grid of scripts and their per-node
 programs."""
 
+import contextlib
 import itertools
 import os
 import signal
@@ -123,13 +124,14 @@ exit 143
 
 
 def start_node_program(
-    tmp_path, launcher: str, tools: dict[str, str], node_rank: int = 0
+    tmp_path, launcher: str, tools: dict[str, str], node_rank: int = 0, preflight: bool = False
 ) -> tuple[subprocess.Popen, Path]:
-    """The program of node `node_rank` of a requeueing job of 2 nodes, started with the fake `tools` (name: body) first
-    on PATH; returns it and the folder of marks the fakes and the program leave."""
+    """The program of node `node_rank` of a requeueing job of 2 nodes (with --preflight), started with the fake `tools`
+    (name: body) first on PATH; returns it and the folder of marks the fakes and the program leave."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    (tmp_path / "node.sh").write_text(srun_program(build(requeue=True, launch={"launch_method": launcher})))
+    launch = {"launch_method": launcher, "preflight": preflight}
+    (tmp_path / "node.sh").write_text(srun_program(build(requeue=True, launch=launch)))
     fake = tmp_path / "fakebin"
     fake.mkdir()
     for name, body in tools.items():
@@ -162,19 +164,52 @@ def test_a_usr1_before_the_launcher_has_started_stops_the_node_and_marks_the_pre
         assert not (marks / "launcher").exists()
 
 
-@pytest.mark.parametrize("launcher, status", [("torchrun", 143), ("deepspeed", 138)])
-def test_another_node_stopped_by_the_notice_ends_with_the_step(launcher, status, tmp_path):
+@pytest.mark.parametrize(
+    "launcher, preflight, status", [("torchrun", False, 143), ("deepspeed", False, 138), ("torchrun", True, 138)]
+)
+def test_another_node_stopped_by_the_notice_ends_with_the_step(launcher, preflight, status, tmp_path):
     """Node 1, stopped by a notice, ends when SLURM ends the step (SIGTERM), not at once: its end had srun end the step
     (--kill-on-bad-exit) before node 0, which tells the batch shell, took the same notice (a real cluster's notices
-    came seconds apart now and then), and the job failed unrequeued. Node 1 marks nothing itself."""
-    tools = {launcher: FAKE_LAUNCHER, "scontrol": FAKE_SCONTROL, "hostname": USR1_FROM_HOSTNAME}
-    node, marks = start_node_program(tmp_path, launcher, tools, node_rank=1)
+    came seconds apart now and then), and the job failed unrequeued. Node 1 marks nothing itself. With --preflight,
+    the notice ends the preflight's launcher (it has no USR1 ignored), 138."""
+    tools = {"scontrol": FAKE_SCONTROL, "hostname": USR1_FROM_HOSTNAME}
+    tools[launcher] = "#!/bin/bash\nexit 138\n" if preflight else FAKE_LAUNCHER
+    node, marks = start_node_program(tmp_path, launcher, tools, node_rank=1, preflight=preflight)
     with node:
-        with pytest.raises(subprocess.TimeoutExpired):  # before, it ended within a second
-            node.wait(timeout=1.5)
+        for _ in range(300):  # until it waits (up to 30 s): before, it ended at once
+            if node.poll() is not None or "sleep" in children_names(node.pid):
+                break
+            time.sleep(0.1)
+        assert node.poll() is None
         node.send_signal(signal.SIGTERM)
         ended = node.wait(timeout=5)
     assert (ended, (marks / "preempted").exists()) == (status, False)
+
+
+def children_names(pid: int) -> list[str]:
+    """The command names of the processes that `pid` started."""
+    names = []
+    with contextlib.suppress(OSError):  # ended meanwhile
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            names.append(Path(f"/proc/{child}/comm").read_text().strip())
+    return names
+
+
+def test_another_node_whose_step_ends_while_torchrun_stops_ends_with_it(tmp_path):
+    """The usual case of a notice to every node: node 0 ends first, SLURM ends the step (SIGTERM) while node 1's
+    torchrun still stops. Node 1 then ends as soon as torchrun has, not 10 s later."""
+    tools = {"torchrun": STOPPING_TORCHRUN, "hostname": "#!/bin/bash\necho n1\n"}
+    node, marks = start_node_program(tmp_path, "torchrun", tools, node_rank=1)
+    with node:
+        for _ in range(300):  # until torchrun has started (up to 30 s)
+            if (marks / "launcher").exists():
+                break
+            time.sleep(0.1)
+        node.send_signal(signal.SIGUSR1)
+        time.sleep(0.3)  # torchrun stopping, for a second
+        node.send_signal(signal.SIGTERM)
+        ended = node.wait(timeout=5)
+    assert ended == 143
 
 
 def test_a_second_notice_hands_torchrun_no_second_sigterm(tmp_path):

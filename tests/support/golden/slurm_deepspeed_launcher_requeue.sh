@@ -136,6 +136,7 @@ NODE_RANK="$SLURM_NODEID"
 # The deepspeed launcher dies of it; the ranks, in its process group, get it too: those training checkpoint and
 # stop (the trainer takes it as SIGTERM), and this shell waits for them.
 usr1_received=0
+step_ending=0  # a SIGTERM came: SLURM ends the step (trapped so from the launch on)
 # shellcheck disable=SC2317  # run by the trap below
 take_preemption_notice() {
   usr1_received=1
@@ -148,7 +149,7 @@ take_preemption_notice() {
 # the batch shell, took the same notice (SLURM may send it to the nodes seconds apart).
 end_node_program() {
   if (($1 != 0 && usr1_received && NODE_RANK != 0)) && [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]]; then
-    local seconds=0 step_ending=0
+    local seconds=0
     trap "step_ending=1" TERM
     while ((!step_ending && seconds++ < 10)); do
       sleep 1 || true  # SLURM signals it too
@@ -165,7 +166,7 @@ scontrol show hostnames "$SLURM_JOB_NODELIST" | while read -r host; do
 done >"$HOSTFILE"
 LAUNCH=(deepspeed --hostfile "$HOSTFILE" --no_ssh --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 echo "distsetup: preflight: all-reduce and barrier across the world before training" >&2
-"${LAUNCH[@]}" --no_local_rank --module distsetup.preflight
+"${LAUNCH[@]}" --no_local_rank --module distsetup.preflight || end_node_program "$?"
 # The process of the deepspeed launcher (runner.py) has a SIGTERM handler only with pdsh: SIGTERM ends it alone,
 # while the launch.py it started (which has one: it stops the ranks, SIGKILL 30 s later) and the ranks go on. So
 # this shell starts it as a child rather than becoming it, and ends with it and what it started.
@@ -174,7 +175,8 @@ if ((usr1_received)); then  # a preemption notice before the launcher had starte
 fi
 "${LAUNCH[@]}" --module "$MODULE" "$@" &
 RUNNER_PID=$!
-trap : TERM  # SLURM signals every process of the job; caught, not ignored, so that the launcher keeps the default
+# SLURM signals every process of the job: caught, not ignored, so that the launcher keeps the default
+trap "step_ending=1" TERM
 # The processes of this task (its own process group) other than this shell: launch.py and the ranks, which outlive
 # a runner.py that SIGTERM ended (SLURM kills the rest of a step once its task ends).
 others_left() {

@@ -127,6 +127,7 @@ NODE_RANK="$SLURM_NODEID"
 # the signal ignored, and this shell hands it SIGTERM instead, which it forwards: they checkpoint and stop.
 RUNNER_PID=""
 usr1_received=0
+step_ending=0  # a SIGTERM came: SLURM ends the step (trapped so from the launch on)
 # shellcheck disable=SC2317  # run by the trap below
 take_preemption_notice() {
   usr1_received=1
@@ -149,7 +150,7 @@ hand_notice_on_as_sigterm() {
 # the batch shell, took the same notice (SLURM may send it to the nodes seconds apart).
 end_node_program() {
   if (($1 != 0 && usr1_received && NODE_RANK != 0)) && [[ -n "${DISTSETUP_PREEMPTED_FILE:-}" ]]; then
-    local seconds=0 step_ending=0
+    local seconds=0
     trap "step_ending=1" TERM
     while ((!step_ending && seconds++ < 10)); do
       sleep 1 || true  # SLURM signals it too
@@ -166,7 +167,7 @@ LAUNCH+=(--rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_
 (trap "" USR1 && exec "${LAUNCH[@]}" -m "$MODULE" "$@") &
 RUNNER_PID=$!
 hand_notice_on_as_sigterm  # a preemption notice before the launcher had started: it stops as it starts
-trap : TERM  # SLURM signals every process of the job; caught, so that this shell waits for the checkpoint
+trap "step_ending=1" TERM  # SLURM signals every process of the job; caught, so that this shell waits for the checkpoint
 status=0
 wait "$RUNNER_PID" || status=$?
 while kill -0 "$RUNNER_PID" 2>/dev/null; do  # a signal ended the wait, not the launcher: wait for it
