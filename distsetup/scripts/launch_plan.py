@@ -294,6 +294,8 @@ def launch_context(spec: LaunchSpec, under_slurm: bool = False) -> dict:
         "outlives_deepspeed_runner": deepspeed_here and under_slurm,
         # under SLURM the node's program hands a USR1 on to torchrun or accelerate as the SIGTERM they forward
         "hands_usr1_on_as_sigterm": under_slurm and spec.launch_method != "deepspeed",
+        # the node's program ends through end_node_program (templates/_usr1_on_node.sh.j2)
+        "under_slurm": under_slurm,
         "single_node": one_node_here,
         "rdzv_backend": spec.rdzv_backend,
         "rdzv_id": spec.rdzv_id,

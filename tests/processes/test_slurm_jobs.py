@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from launch_inputs import WEIRD
+from process_tree import parent
 from shell_checks import shellcheck
 from slurm_scripts import GRACE, build
 
@@ -166,8 +167,7 @@ def node_program(job: str, node_rank: int) -> int:
     for entry in Path("/proc").iterdir():
         try:
             if wanted <= set((entry / "environ").read_bytes().split(b"\0")):
-                parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                if Path(f"/proc/{parent}/comm").read_text().strip() == "slurmstepd":
+                if Path(f"/proc/{parent(int(entry.name))}/comm").read_text().strip() == "slurmstepd":
                     return int(entry.name)
         except (OSError, ValueError):
             continue

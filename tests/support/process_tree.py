@@ -23,6 +23,11 @@ def running(pids) -> list[int]:
     return [pid for pid in pids if (fields := _stat(pid)) and fields[0] != "Z"]
 
 
+def parent(pid: int) -> int | None:
+    """`pid`'s parent; none where it is gone."""
+    return int(fields[1]) if (fields := _stat(pid)) else None
+
+
 def _stat(pid: int) -> list[str]:
     """/proc/PID/stat's fields after the command's name: state, parent pid, ...; none where it is gone."""
     try:

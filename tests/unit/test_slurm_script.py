@@ -123,6 +123,13 @@ exit 143
 """
 
 
+def wait_until(condition, seconds: float = 30) -> None:
+    """Polls `condition` every 0.1 s until it holds or `seconds` have passed (the test's asserts then say what)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def start_node_program(
     tmp_path, launcher: str, tools: dict[str, str], node_rank: int = 0, preflight: bool = False
 ) -> tuple[subprocess.Popen, Path]:
@@ -176,10 +183,8 @@ def test_another_node_stopped_by_the_notice_ends_with_the_step(launcher, preflig
     tools[launcher] = "#!/bin/bash\nexit 138\n" if preflight else FAKE_LAUNCHER
     node, marks = start_node_program(tmp_path, launcher, tools, node_rank=1, preflight=preflight)
     with node:
-        for _ in range(300):  # until it waits (up to 30 s): before, it ended at once
-            if node.poll() is not None or "sleep" in children_names(node.pid):
-                break
-            time.sleep(0.1)
+        # until it waits: before, it ended at once
+        wait_until(lambda: node.poll() is not None or "sleep" in children_names(node.pid))
         assert node.poll() is None
         node.send_signal(signal.SIGTERM)
         ended = node.wait(timeout=5)
@@ -201,10 +206,7 @@ def test_another_node_whose_step_ends_while_torchrun_stops_ends_with_it(tmp_path
     tools = {"torchrun": STOPPING_TORCHRUN, "hostname": "#!/bin/bash\necho n1\n"}
     node, marks = start_node_program(tmp_path, "torchrun", tools, node_rank=1)
     with node:
-        for _ in range(300):  # until torchrun has started (up to 30 s)
-            if (marks / "launcher").exists():
-                break
-            time.sleep(0.1)
+        wait_until(lambda: (marks / "launcher").exists())  # torchrun has started
         node.send_signal(signal.SIGUSR1)
         time.sleep(0.3)  # torchrun stopping, for a second
         node.send_signal(signal.SIGTERM)
@@ -218,10 +220,7 @@ def test_a_second_notice_hands_torchrun_no_second_sigterm(tmp_path):
     tools = {"torchrun": STOPPING_TORCHRUN, "hostname": "#!/bin/bash\necho n1\n"}
     node, marks = start_node_program(tmp_path, "torchrun", tools)
     with node:
-        for _ in range(300):  # until torchrun has started (up to 30 s)
-            if (marks / "launcher").exists():
-                break
-            time.sleep(0.1)
+        wait_until(lambda: (marks / "launcher").exists())  # torchrun has started
         for _ in range(2):
             node.send_signal(signal.SIGUSR1)
             time.sleep(0.3)  # the first handled and torchrun stopping
